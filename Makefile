@@ -1,0 +1,73 @@
+# efficiency: `make demo` brings the whole service up with demo data; `make test` runs the tests.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+VAR := var
+WEB_ADDR ?= 127.0.0.1:8000
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+.PHONY: demo test stop services venv migrate lint format bench help
+
+help:
+	@echo "make demo    install, start Postgres/Redis/Prometheus, load demo data, run web + worker + beat"
+	@echo "make test    run the test suite (starts the services it needs)"
+	@echo "make stop    stop everything make demo started"
+	@echo "make lint    ruff check and format check"
+
+$(PY):
+	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-dev >/dev/null; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+venv: $(VENV)/.installed
+
+services:
+	@.ci/services start
+
+migrate: venv services
+	$(PY) manage.py migrate --noinput
+
+demo: migrate
+	$(PY) manage.py load_demo
+	@mkdir -p $(VAR)/run
+	@$(MAKE) --no-print-directory _stop_app
+	$(VENV)/bin/gunicorn efficiency.wsgi --bind $(WEB_ADDR) --workers 2 --timeout 60 --daemon \
+	  --pid $(VAR)/run/web.pid --access-logfile $(VAR)/run/web-access.log --error-logfile $(VAR)/run/web.log
+	$(VENV)/bin/celery -A efficiency worker --loglevel INFO --concurrency 2 --detach \
+	  --pidfile $(VAR)/run/worker.pid --logfile $(VAR)/run/worker.log
+	$(VENV)/bin/celery -A efficiency beat --loglevel INFO --detach --schedule $(VAR)/run/beat-schedule \
+	  --pidfile $(VAR)/run/beat.pid --logfile $(VAR)/run/beat.log
+	@for i in $$(seq 60); do curl -fsS -o /dev/null http://$(WEB_ADDR)/login/ && break; sleep 0.5; done
+	@echo
+	@echo "  efficiency is running:  http://$(WEB_ADDR)/"
+	@echo "  log in as:              demo / demo-password   (staff; admin at /admin/)"
+	@echo "  health:                 http://$(WEB_ADDR)/healthz"
+	@echo "  stop with:              make stop"
+
+_stop_app:
+	@for p in web worker beat; do \
+	  if [ -f $(VAR)/run/$$p.pid ]; then kill $$(cat $(VAR)/run/$$p.pid) 2>/dev/null || true; rm -f $(VAR)/run/$$p.pid; fi; \
+	done
+
+stop: _stop_app
+	@.ci/services stop
+
+test: venv
+	@WITH_BROWSER=1 .ci/services start
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: venv services
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,0 +1,5 @@
+"""Django project for the efficiency service; loads the Celery app so shared_task binds to it."""
+
+from .celery import app as celery_app
+
+__all__ = ("celery_app",)

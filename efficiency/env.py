@@ -1,0 +1,179 @@
+"""Typed environment-variable helpers that fail loudly.
+
+Every setting the service reads from the environment goes through one of these, so a typo such as
+``DEBUG=ture`` or ``TARGET_MFU=45`` stops the process at start-up with a message naming the variable,
+instead of running with a silently wrong value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class EnvError(ValueError):
+    """A configuration variable is missing or malformed."""
+
+
+def _raw(name: str, env: Mapping[str, str] | None) -> str | None:
+    source = os.environ if env is None else env
+    value = source.get(name)
+    return None if value is None else value.strip()
+
+
+def env_str(name: str, default: str | None = None, *, env: Mapping[str, str] | None = None) -> str:
+    """A string variable; without a default the variable is required."""
+    value = _raw(name, env)
+    if value is None or value == "":
+        if default is None:
+            raise EnvError(f"{name} is required but not set")
+        return default
+    return value
+
+
+def env_bool(name: str, default: bool, *, env: Mapping[str, str] | None = None) -> bool:
+    """A boolean: 1/true/yes/on or 0/false/no/off (case-insensitive); anything else is an error."""
+    value = _raw(name, env)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise EnvError(f"{name}={value!r} is not a boolean (use true/false, 1/0, yes/no, on/off)")
+
+
+def env_int(
+    name: str,
+    default: int,
+    *,
+    min_value: int | None = None,
+    max_value: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """An integer within optional bounds."""
+    value = _raw(name, env)
+    if value is None or value == "":
+        return default
+    try:
+        parsed = int(value)
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not an integer") from None
+    _check_bounds(name, parsed, min_value, max_value)
+    return parsed
+
+
+def env_float(
+    name: str,
+    default: float,
+    *,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> float:
+    """A finite float within optional bounds."""
+    value = _raw(name, env)
+    if value is None or value == "":
+        return default
+    try:
+        parsed = float(value)
+    except ValueError:
+        raise EnvError(f"{name}={value!r} is not a number") from None
+    if parsed != parsed or parsed in (float("inf"), float("-inf")):
+        raise EnvError(f"{name}={value!r} must be a finite number")
+    _check_bounds(name, parsed, min_value, max_value)
+    return parsed
+
+
+def _check_bounds(name: str, value: float, lo: float | None, hi: float | None) -> None:
+    if lo is not None and value < lo:
+        raise EnvError(f"{name}={value} is below the minimum {lo}")
+    if hi is not None and value > hi:
+        raise EnvError(f"{name}={value} is above the maximum {hi}")
+
+
+def env_list(name: str, default: list[str], *, env: Mapping[str, str] | None = None) -> list[str]:
+    """A comma-separated list; blanks dropped."""
+    value = _raw(name, env)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_choice(
+    name: str, default: str, choices: tuple[str, ...], *, env: Mapping[str, str] | None = None
+) -> str:
+    """One of a fixed set of values."""
+    value = env_str(name, default, env=env)
+    if value not in choices:
+        raise EnvError(f"{name}={value!r} must be one of: {', '.join(choices)}")
+    return value
+
+
+def env_url(
+    name: str, default: str, *, schemes: tuple[str, ...], env: Mapping[str, str] | None = None
+) -> str:
+    """A URL with one of the given schemes and a host."""
+    value = env_str(name, default, env=env)
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or not parts.netloc:
+        raise EnvError(f"{name}={value!r} must be a URL like {schemes[0]}://host:port/...")
+    return value.rstrip("/") if parts.scheme in ("http", "https") else value
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """Connection settings parsed from a postgres:// URL."""
+
+    name: str
+    user: str
+    password: str
+    host: str
+    port: int | None
+    options: dict[str, str]
+
+    def as_django(self) -> dict[str, object]:
+        """The ``DATABASES['default']`` dict for Django's postgresql backend."""
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": self.name,
+            "USER": self.user,
+            "PASSWORD": self.password,
+            "HOST": self.host,
+            "PORT": str(self.port) if self.port else "",
+            "OPTIONS": dict(self.options),
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }
+
+
+def parse_database_url(url: str, *, name: str = "DATABASE_URL") -> DatabaseConfig:
+    """Parse ``postgres://user:pass@host:port/db?sslmode=...``; a socket dir may be given as ``?host=/x``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise EnvError(
+            f"{name} must start with postgres:// (got scheme {parts.scheme!r}); only PostgreSQL is supported"
+        )
+    db = unquote(parts.path.lstrip("/"))
+    if not db:
+        raise EnvError(f"{name} has no database name (postgres://user:pass@host:5432/DBNAME)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise EnvError(f"{name} has an invalid port") from None
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    host = query.pop("host", None) or unquote(parts.hostname or "")
+    return DatabaseConfig(
+        name=db,
+        user=unquote(parts.username or ""),
+        password=unquote(parts.password or ""),
+        host=host,
+        port=port,
+        options=query,
+    )

@@ -1,0 +1,22 @@
+"""Top-level routes: pages, admin, API v1 with its OpenAPI schema and docs, health."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
+
+from jobs.views import healthz
+
+admin.site.site_header = "efficiency administration"
+admin.site.site_title = "efficiency admin"
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("jobs.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-docs"),
+    path("", include("jobs.urls")),
+]

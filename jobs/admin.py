@@ -1,0 +1,118 @@
+"""Admin: teams and members, the GPU catalog and price book (editable), jobs, tokens, deliveries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from jobs.models import (
+    ApiToken,
+    Artifact,
+    Baseline,
+    Finding,
+    GpuModel,
+    Job,
+    Membership,
+    PriceEntry,
+    ReportDelivery,
+    Team,
+)
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "created_at"]
+    search_fields = ["name", "slug"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline]
+
+
+class PriceInline(admin.TabularInline):
+    model = PriceEntry
+    extra = 1
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "vendor", "memory_gb", "bandwidth_tbps", "sm_count", "tdp_w", "single_source"]
+    list_filter = ["vendor", "single_source"]
+    search_fields = ["name", "aliases"]
+    inlines = [PriceInline]
+
+
+@admin.register(PriceEntry)
+class PriceEntryAdmin(admin.ModelAdmin):
+    list_display = ["gpu_model", "tier", "usd_per_gpu_hour", "effective_from", "source"]
+    list_filter = ["tier", "gpu_model"]
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = [
+        "external_id",
+        "name",
+        "team",
+        "model_name",
+        "gpu_model",
+        "gpu_count",
+        "status",
+        "started_at",
+        "mfu",
+    ]
+    list_filter = ["status", "team", "gpu_model"]
+    search_fields = ["external_id", "name", "model_name", "owner"]
+    date_hierarchy = "started_at"
+    readonly_fields = ["created_at", "updated_at", "config_fingerprint"]
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = ["original_name", "job", "kind", "rank", "status", "size_bytes", "uploaded_at"]
+    list_filter = ["status", "kind"]
+    search_fields = ["original_name", "sha256", "job__external_id"]
+    readonly_fields = ["sha256", "size_bytes", "analysis"]
+
+
+@admin.register(Finding)
+class FindingAdmin(admin.ModelAdmin):
+    list_display = ["code", "job", "severity", "confidence", "waste_per_day_usd", "updated_at"]
+    list_filter = ["code", "severity"]
+    search_fields = ["job__external_id"]
+
+
+@admin.register(Baseline)
+class BaselineAdmin(admin.ModelAdmin):
+    list_display = ["model_name", "fingerprint", "team", "created_at", "retired_at"]
+    list_filter = ["team"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are created here; the key is shown once in a message and only its hash is stored."""
+
+    list_display = ["name", "user", "prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "created_at", "last_used_at"]
+    autocomplete_fields = ["user"]
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        token, key = ApiToken.issue(obj.user, obj.name)
+        obj.pk, obj.prefix, obj.key_hash = token.pk, token.prefix, token.key_hash
+        messages.warning(request, f"Token for {obj.user}: {key} — copy it now, it will not be shown again.")
+
+
+@admin.register(ReportDelivery)
+class ReportDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["team", "week_start", "status", "attempts", "sent_at"]
+    list_filter = ["status", "team"]

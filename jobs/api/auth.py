@@ -1,0 +1,85 @@
+"""Token authentication for machines and the team-scoped write permission."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
+
+from jobs.models import ApiToken, Team
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Token <key>`; the key is looked up by its sha256, revoked tokens are refused."""
+
+    keyword = "Token"
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header: expected 'Token <key>'.")
+        try:
+            key = header[1].decode()
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("Token contains invalid characters.") from None
+        token = (
+            ApiToken.objects.select_related("user")
+            .filter(key_hash=ApiToken.hash_key(key), revoked_at__isnull=True)
+            .first()
+        )
+        if token is None or not token.user.is_active:
+            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+        now = timezone.now()
+        # Bounded write rate: recording every request's use would turn reads into writes.
+        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword
+
+
+def writable_team_ids(user: Any) -> set[int] | None:
+    """Teams the user may write to; None means all (staff)."""
+    if user.is_staff or user.is_superuser:
+        return None
+    return set(Team.objects.filter(memberships__user=user).values_list("id", flat=True))
+
+
+def can_write_team(user: Any, team: Team | int) -> bool:
+    """True when `user` may create or change objects owned by `team`."""
+    team_id = team if isinstance(team, int) else team.pk
+    allowed = writable_team_ids(user)
+    return allowed is None or team_id in allowed
+
+
+class TeamScopedWrite(permissions.BasePermission):
+    """Anyone authenticated may read; only the owning team's members (or staff) may write."""
+
+    message = "You can only change objects that belong to one of your teams."
+
+    def has_object_permission(self, request: Request, view: Any, obj: Any) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        team = obj if isinstance(obj, Team) else obj.team
+        return can_write_team(request.user, team)
+
+
+class ApiTokenScheme(OpenApiAuthenticationExtension):
+    """Documents `Authorization: Token <key>` in the OpenAPI schema."""
+
+    target_class = "jobs.api.auth.ApiTokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "`Token <key>`; keys are created by an admin and shown once.",
+        }

@@ -1,0 +1,11 @@
+"""Routes of /api/v1/."""
+
+from rest_framework.routers import DefaultRouter
+
+from jobs.api.views import BaselineViewSet, JobViewSet
+
+router = DefaultRouter(trailing_slash=True)
+router.register("jobs", JobViewSet, basename="job")
+router.register("baselines", BaselineViewSet, basename="baseline")
+
+urlpatterns = router.urls

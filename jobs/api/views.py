@@ -1,0 +1,140 @@
+"""REST endpoints under /api/v1/: jobs (register, update, end, summary), progress, baselines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from jobs.api.auth import TeamScopedWrite, can_write_team
+from jobs.api.serializers import (
+    BaselineSerializer,
+    JobEndSerializer,
+    JobRegisterSerializer,
+    ProgressSerializer,
+)
+from jobs.models import Baseline, Job
+from jobs.registry import RegistryError, record_progress, register_job, update_job
+from jobs.summary import job_summary, summary_queryset
+
+_SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
+
+
+class JobViewSet(viewsets.ViewSet):
+    """Jobs, addressed by their external id (the scheduler's id)."""
+
+    permission_classes = [IsAuthenticated, TeamScopedWrite]
+    lookup_field = "external_id"
+    lookup_value_regex = r"[^/]+"
+
+    def _get(self, request: Request, external_id: str) -> Job:
+        job = get_object_or_404(summary_queryset(), external_id=external_id)
+        self.check_object_permissions(request, job)
+        return job
+
+    @extend_schema(responses={200: _SUMMARY})
+    def list(self, request: Request) -> Response:
+        """Jobs, newest first; filter with ?team=slug&status=running."""
+        qs = Job.objects.select_related("team", "gpu_model").order_by("-started_at")
+        if team := request.query_params.get("team"):
+            qs = qs.filter(team__slug=team)
+        if job_status := request.query_params.get("status"):
+            qs = qs.filter(status=job_status)
+        try:
+            limit = min(int(request.query_params.get("limit", 100)), 1000)
+            offset = max(int(request.query_params.get("offset", 0)), 0)
+        except ValueError:
+            raise ValidationError({"limit": "limit and offset must be integers"}) from None
+        rows = qs[offset : offset + limit]
+        return Response(
+            {
+                "count": qs.count(),
+                "results": [
+                    {
+                        "external_id": j.external_id,
+                        "name": j.name,
+                        "team": j.team.slug,
+                        "status": j.status,
+                        "model_name": j.model_name,
+                        "gpu_model": j.gpu_model.name if j.gpu_model else None,
+                        "gpu_count": j.gpu_count,
+                        "started_at": j.started_at,
+                        "ended_at": j.ended_at,
+                        "mfu": j.mfu,
+                        "waste_per_day_usd": j.waste_per_day_usd,
+                    }
+                    for j in rows
+                ],
+            }
+        )
+
+    @extend_schema(request=JobRegisterSerializer, responses={200: _SUMMARY, 201: _SUMMARY})
+    def create(self, request: Request) -> Response:
+        """Register a job. Idempotent on external_id: re-posting updates it and answers 200."""
+        body = JobRegisterSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        team = body.validated_data["team"]
+        if not can_write_team(request.user, team):
+            raise PermissionDenied(f"you are not a member of team {team.slug!r}")
+        try:
+            outcome = register_job(body.validated_data)
+        except RegistryError as exc:
+            raise PermissionDenied(str(exc)) from None
+        job = summary_queryset().get(pk=outcome.job.pk)
+        return Response(
+            job_summary(job), status=status.HTTP_201_CREATED if outcome.created else status.HTTP_200_OK
+        )
+
+    @extend_schema(responses={200: _SUMMARY})
+    def retrieve(self, request: Request, external_id: str) -> Response:
+        """The job summary: config, metrics (MFU, cost, waste), findings, artifacts, ingestion state."""
+        return Response(job_summary(self._get(request, external_id)))
+
+    @extend_schema(request=JobEndSerializer, responses={200: _SUMMARY})
+    def partial_update(self, request: Request, external_id: str) -> Response:
+        """End a job (`ended_at`) or correct its name, tokens per step, throughput query or price tier."""
+        job = self._get(request, external_id)
+        body = JobEndSerializer(data=request.data, partial=True)
+        body.is_valid(raise_exception=True)
+        try:
+            update_job(job, body.validated_data)
+        except RegistryError as exc:
+            raise ValidationError({"ended_at": str(exc)}) from None
+        return Response(job_summary(summary_queryset().get(pk=job.pk)))
+
+    @extend_schema(
+        request=ProgressSerializer(many=True),
+        responses={202: OpenApiResponse(description="stored")},
+    )
+    @action(detail=True, methods=["post"])
+    def progress(self, request: Request, external_id: str) -> Response:
+        """Push progress: one {timestamp, step, tokens} object or a list of them (cumulative counts)."""
+        job = self._get(request, external_id)
+        payload: Any = request.data if isinstance(request.data, list) else [request.data]
+        if len(payload) > 10_000:
+            raise ValidationError("at most 10000 progress points per request")
+        body = ProgressSerializer(data=payload, many=True)
+        body.is_valid(raise_exception=True)
+        stored = record_progress(job, body.validated_data)
+        return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)
+
+
+class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
+    """Healthy baselines per model + config fingerprint."""
+
+    serializer_class = BaselineSerializer
+
+    def get_queryset(self) -> Any:
+        qs = Baseline.objects.select_related("team").prefetch_related("runs")
+        if self.request.query_params.get("include_retired") != "1":
+            qs = qs.filter(retired_at__isnull=True)
+        if fingerprint := self.request.query_params.get("fingerprint"):
+            qs = qs.filter(fingerprint=fingerprint)
+        return qs

@@ -1,0 +1,251 @@
+"""Cost, waste and energy of GPU jobs (definitions from ``reference/formulas.md``). Pure Python, no Django.
+
+- cost per day  = GPUs x price per GPU-hour x 24
+- waste per day = cost per day x max(0, 1 - MFU / reference MFU)
+- the cost of a window follows the dated price book: the window is split wherever the price changes.
+- energy from the DCGM TOTAL_ENERGY_CONSUMPTION counter (mJ) or by integrating POWER_USAGE (W).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, time
+
+HOURS_PER_DAY = 24.0
+SECONDS_PER_HOUR = 3600.0
+# The organisation's target MFU when a model/config has no healthy baseline (formulas.md: default 45 %).
+DEFAULT_REFERENCE_MFU = 0.45
+# 1 kWh = 3.6e6 J = 3.6e9 mJ (DCGM's energy counter is in millijoules).
+MJ_PER_KWH = 3.6e9
+J_PER_KWH = 3.6e6
+# dcgm-exporter is usually scraped every 15-30 s. A hole longer than 2 minutes means the exporter or the
+# node was down: we do not know the power then, and a straight line across it would invent energy.
+DEFAULT_MAX_POWER_GAP_S = 120.0
+
+
+@dataclass(frozen=True)
+class CostSegment:
+    """Part of a window billed at one price."""
+
+    start: datetime
+    end: datetime
+    usd_per_gpu_hour: float
+    gpu_hours: float
+    usd: float
+
+
+@dataclass(frozen=True)
+class WindowCost:
+    """Cost of ``gpus`` GPUs over [start, end] under a dated price list."""
+
+    usd: float
+    gpu_hours: float
+    segments: tuple[CostSegment, ...]
+
+
+@dataclass(frozen=True)
+class EnergyEstimate:
+    """Energy integrated from a power series, with how much of the span it actually covers."""
+
+    kwh: float
+    covered_s: float
+    gaps_skipped: int
+    samples_used: int
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _number(name: str, value: object) -> float:
+    # bool is an int subclass; a True GPU count is always a bug upstream.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return number
+
+
+def _non_negative(name: str, value: object) -> float:
+    number = _number(name, value)
+    if number < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return number
+
+
+def _positive(name: str, value: object) -> float:
+    number = _number(name, value)
+    if number <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return number
+
+
+def _window(start: datetime, end: datetime) -> float:
+    """Length of [start, end] in seconds; rejects reversed windows and naive/aware mixes."""
+    if not isinstance(start, datetime) or not isinstance(end, datetime):
+        raise ValueError("start and end must be datetimes")
+    if (start.tzinfo is None) != (end.tzinfo is None):
+        raise ValueError("start and end must both be timezone-aware or both naive")
+    seconds = (end - start).total_seconds()
+    if seconds < 0:
+        raise ValueError(f"end ({end.isoformat()}) is before start ({start.isoformat()})")
+    return seconds
+
+
+def _as_datetime(value: datetime | date, like: datetime) -> datetime:
+    # A price book date means "from midnight that day", in the window's timezone so the two compare.
+    if isinstance(value, datetime):
+        if (value.tzinfo is None) != (like.tzinfo is None):
+            raise ValueError("price effective_from and the window must both be timezone-aware or both naive")
+        return value
+    if isinstance(value, date):
+        return datetime.combine(value, time.min, tzinfo=like.tzinfo)
+    raise ValueError(f"effective_from must be a date or datetime, got {value!r}")
+
+
+# -------------------------------------------------------------------------------------------- cost
+
+
+def cost_per_day(gpus: float, usd_per_gpu_hour: float) -> float:
+    """USD per day for ``gpus`` GPUs at ``usd_per_gpu_hour``: GPUs x price x 24."""
+    return _non_negative("gpus", gpus) * _non_negative("usd_per_gpu_hour", usd_per_gpu_hour) * HOURS_PER_DAY
+
+
+def waste_per_day(daily_cost: float, mfu: float, reference_mfu: float = DEFAULT_REFERENCE_MFU) -> float:
+    """USD per day lost to inefficiency: cost x max(0, 1 - MFU / reference MFU); never negative.
+
+    A job better than its reference wastes nothing (it does not earn credit against other jobs).
+    """
+    cost = _non_negative("daily_cost", daily_cost)
+    value = _non_negative("mfu", mfu)
+    reference = _positive("reference_mfu", reference_mfu)
+    return cost * max(0.0, 1.0 - value / reference)
+
+
+def gpu_hours(gpus: float, start: datetime, end: datetime) -> float:
+    """GPU-hours of ``gpus`` GPUs held over [start, end]."""
+    return _non_negative("gpus", gpus) * _window(start, end) / SECONDS_PER_HOUR
+
+
+def window_cost(
+    prices: Iterable[tuple[datetime | date, float]], start: datetime, end: datetime, gpus: float
+) -> WindowCost:
+    """Cost of ``gpus`` GPUs over [start, end] when the price changes during the window.
+
+    ``prices`` is a list of (effective_from, usd_per_gpu_hour); each price holds until the next one. The
+    window is split at every change inside it. A window that starts before the first price raises
+    ValueError: guessing a price would put a wrong dollar figure on the page.
+    """
+    count = _non_negative("gpus", gpus)
+    _window(start, end)
+    entries: list[tuple[datetime, float]] = []
+    for effective_from, price in prices:
+        entries.append((_as_datetime(effective_from, start), _non_negative("usd_per_gpu_hour", price)))
+    if not entries:
+        raise ValueError("no prices given")
+    entries.sort(key=lambda entry: entry[0])
+    for (first, _), (second, _) in itertools.pairwise(entries):
+        if first == second:
+            raise ValueError(f"two prices take effect at the same time ({first.isoformat()})")
+    if entries[0][0] > start:
+        raise ValueError(
+            f"no price in effect at the window start {start.isoformat()} "
+            f"(first price from {entries[0][0].isoformat()})"
+        )
+
+    segments: list[CostSegment] = []
+    for index, (effective_from, price) in enumerate(entries):
+        effective_to = entries[index + 1][0] if index + 1 < len(entries) else None
+        seg_start = max(start, effective_from)
+        seg_end = end if effective_to is None else min(end, effective_to)
+        if seg_end <= seg_start:
+            continue
+        hours = count * (seg_end - seg_start).total_seconds() / SECONDS_PER_HOUR
+        segments.append(CostSegment(seg_start, seg_end, price, hours, hours * price))
+    return WindowCost(
+        usd=sum(segment.usd for segment in segments),
+        gpu_hours=sum(segment.gpu_hours for segment in segments),
+        segments=tuple(segments),
+    )
+
+
+# ------------------------------------------------------------------------------------------ energy
+
+
+def energy_kwh_from_mj(increase_mj: float) -> float:
+    """kWh from an increase of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (millijoules) over a window."""
+    return _non_negative("energy increase (mJ)", increase_mj) / MJ_PER_KWH
+
+
+def energy_counter_increase_mj(samples: Sequence[float | None]) -> float:
+    """Increase of the energy counter over ordered samples, treating a drop as a counter reset.
+
+    The counter restarts at zero when the driver reloads; like Prometheus ``increase()``, the value after a
+    reset counts in full. Missing samples (None, NaN) are skipped.
+    """
+    total = 0.0
+    previous: float | None = None
+    for sample in samples:
+        if sample is None or (isinstance(sample, numbers.Real) and math.isnan(sample)):
+            continue
+        value = _non_negative("energy counter sample", sample)
+        if previous is not None:
+            total += value - previous if value >= previous else value
+        previous = value
+    return total
+
+
+def _seconds(timestamp: datetime | float) -> float:
+    if isinstance(timestamp, datetime):
+        if timestamp.tzinfo is None:
+            raise ValueError("power sample timestamps must be timezone-aware datetimes or epoch seconds")
+        return timestamp.timestamp()
+    return _number("timestamp", timestamp)
+
+
+def energy_kwh_from_power(
+    samples: Iterable[tuple[datetime | float, float | None]],
+    max_gap_s: float = DEFAULT_MAX_POWER_GAP_S,
+) -> EnergyEstimate:
+    """kWh from power samples (W) by the trapezoid rule, without bridging gaps longer than ``max_gap_s``.
+
+    A missing power value (None or NaN) also breaks the series: both intervals touching it are skipped.
+    Timestamps are epoch seconds or timezone-aware datetimes; samples need not be sorted.
+    """
+    gap_limit = _positive("max_gap_s", max_gap_s)
+    points: list[tuple[float, float | None]] = []
+    for timestamp, watts in samples:
+        if watts is None or (isinstance(watts, numbers.Real) and math.isnan(watts)):
+            points.append((_seconds(timestamp), None))
+        else:
+            points.append((_seconds(timestamp), _non_negative("power (W)", watts)))
+    points.sort(key=lambda point: point[0])
+
+    joules = 0.0
+    covered = 0.0
+    gaps = 0
+    used: set[int] = set()
+    for index in range(1, len(points)):
+        t0, w0 = points[index - 1]
+        t1, w1 = points[index]
+        if w0 is None or w1 is None:
+            continue
+        width = t1 - t0
+        if width > gap_limit:
+            gaps += 1
+            continue
+        joules += 0.5 * (w0 + w1) * width
+        covered += width
+        used.update((index - 1, index))
+    return EnergyEstimate(
+        kwh=joules / J_PER_KWH, covered_s=covered, gaps_skipped=gaps, samples_used=len(used)
+    )
+
+
+def energy_cost(kwh: float, usd_per_kwh: float) -> float:
+    """USD for ``kwh`` of energy at ``usd_per_kwh``."""
+    return _non_negative("kwh", kwh) * _non_negative("usd_per_kwh", usd_per_kwh)

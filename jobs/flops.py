@@ -1,0 +1,555 @@
+"""Training FLOPs per token, MFU, HFU and the DCGM tensor-pipe cross-check.
+
+Pure Python (no Django) so the management command, the API and the tests share one definition.
+Definitions follow ``reference/formulas.md``:
+
+- model FLOPs per token: 6N, plus the PaLM attention term 12·L·H·Q·T (optionally halved for causal masks);
+  N is the non-embedding parameter count, for MoE the parameters ACTIVE per token;
+- hardware FLOPs per token (HFU) add what recomputation executes again;
+- Megatron (Narayanan et al. 2021, eq. 3) per iteration, divided here by B·s to give a per-token figure.
+
+Published tables disagree by which variant they use, so every estimate carries a ``variant`` string that
+the pages show next to the number.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+RecomputeMode = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+
+# A factor of two between MFU and the tensor-pipe estimate is the size of the config mistakes we want to
+# catch (FP8 vs BF16 peak, sparse vs dense datasheet peak, total vs active MoE parameters are each >= 2x),
+# while honest jobs stay inside it: the estimate is an upper bound, recomputation adds at most 4/3 and the
+# attention variants differ by well under 2x.
+CROSS_CHECK_FACTOR = 2.0
+# Below this level (2 % of peak) both numbers are dominated by noise and idle time; a ratio means nothing.
+CROSS_CHECK_MIN_LEVEL = 0.02
+# DCGM ratios are 0-1; a value above this is almost certainly a percentage passed by mistake.
+_RATIO_INPUT_LIMIT = 1.05
+
+
+@dataclass(frozen=True)
+class FlopsEstimate:
+    """FLOPs per token and the definition that produced them.
+
+    ``kind`` is "model" (what MFU counts) or "hardware" (what HFU counts, recomputation included).
+    """
+
+    flops_per_token: float
+    variant: str
+    kind: Literal["model", "hardware"]
+    parameter_flops_per_token: float
+    attention_flops_per_token: float
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """MFU or HFU of a job: achieved FLOP/s over the peak FLOP/s of all its devices."""
+
+    value: float
+    kind: Literal["MFU", "HFU"]
+    variant: str
+    achieved_flops_per_s: float
+    peak_flops_per_s: float
+
+    @property
+    def exceeds_peak(self) -> bool:
+        """True when the value is above 1: physically impossible, so the inputs are wrong."""
+        return self.value > 1.0
+
+
+@dataclass(frozen=True)
+class MfuWindow:
+    """One stretch of a job for aggregation: tokens processed over ``duration_s`` on ``devices`` GPUs."""
+
+    flops_per_token: float
+    tokens: float
+    duration_s: float
+    devices: int
+    peak_flops_per_device: float
+    variant: str = ""
+
+
+@dataclass(frozen=True)
+class AggregateMfu:
+    """MFU over several windows: total model FLOPs over total peak FLOP capacity (peak x device-seconds)."""
+
+    value: float
+    total_flops: float
+    total_peak_flops: float
+    windows: int
+    variant: str
+
+
+@dataclass(frozen=True)
+class TensorEstimate:
+    """Upper estimate of the tensor FLOP/s one device delivers, read from DCGM PIPE_TENSOR_ACTIVE."""
+
+    flops_per_s: float
+    fraction_of_peak: float
+    clock_ratio: float
+    variant: str
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    """MFU compared with the tensor-pipe upper estimate (both as fractions of the same dense peak)."""
+
+    mfu: float
+    tensor_estimate: float
+    ratio: float | None
+    disagrees: bool
+    direction: Literal["agree", "mfu_above_hardware", "mfu_far_below_hardware", "insufficient_signal"]
+    explanation: str
+    factor: float
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def _number(name: str, value: object) -> float:
+    # bool is an int subclass; True as a parameter count is always a bug upstream.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return number
+
+
+def _positive(name: str, value: object) -> float:
+    number = _number(name, value)
+    if number <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return number
+
+
+def _non_negative(name: str, value: object) -> float:
+    number = _number(name, value)
+    if number < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return number
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be at least 1, got {value!r}")
+    return int(value)
+
+
+def _devices(value: object) -> int:
+    return _count("devices", value)
+
+
+def _ratio(name: str, value: object) -> float:
+    number = _non_negative(name, value)
+    if number > _RATIO_INPUT_LIMIT:
+        raise ValueError(f"{name} must be a ratio between 0 and 1, got {value!r} (a percentage?)")
+    # Rates computed from counters can overshoot 1 by a hair; that is not information.
+    return min(number, 1.0)
+
+
+def _attention_core(
+    n_layers: object, n_heads: object, head_dim: object, seq_len: object, attention: bool
+) -> float:
+    """L·H·Q·T, or 0 when attention is not counted. Raises when the shape is needed but incomplete."""
+    if not attention:
+        return 0.0
+    shape = {"n_layers": n_layers, "n_heads": n_heads, "head_dim": head_dim, "seq_len": seq_len}
+    missing = [name for name, value in shape.items() if value is None]
+    if missing:
+        raise ValueError(
+            f"the attention term needs n_layers, n_heads, head_dim and seq_len; missing {', '.join(missing)} "
+            "(pass attention=False for the 6N variant)"
+        )
+    product = 1.0
+    for name, value in shape.items():
+        product *= _positive(name, value)
+    return product
+
+
+# Share of one forward pass repeated, as (weights part 2N, attention part 4LHQT, label).
+_RECOMPUTE_EXTRA: dict[str, tuple[float, float, str]] = {
+    "none": (0.0, 0.0, "no recomputation"),
+    "selective": (0.0, 1.0, "selective recomputation: attention core recomputed"),
+    "full": (1.0, 1.0, "full recomputation: one extra forward"),
+}
+
+
+def _attention_label(attention: bool, causal: bool) -> str:
+    if not attention:
+        return "attention not counted"
+    if causal:
+        return "PaLM attention with causal halving"
+    return "PaLM, no causal halving"
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+# ------------------------------------------------------------------------------------- FLOPs per token
+
+
+def moe_active_params(
+    total_params: float, routed_expert_params: float, num_experts: int, top_k: int
+) -> float:
+    """Parameters used per token by a mixture-of-experts model (torchtitan's rule).
+
+    ``routed_expert_params`` is the size of ALL routed experts together; each token visits ``top_k`` of
+    ``num_experts``, while router, attention, dense and shared-expert weights are always used.
+    """
+    total = _positive("total_params", total_params)
+    routed = _non_negative("routed_expert_params", routed_expert_params)
+    if routed > total:
+        raise ValueError(f"routed_expert_params ({routed:g}) cannot exceed total_params ({total:g})")
+    experts = _count("num_experts", num_experts)
+    k = _count("top_k", top_k)
+    if k > experts:
+        raise ValueError(f"top_k ({k}) cannot exceed num_experts ({experts})")
+    return total - routed + routed * k / experts
+
+
+def model_flops_per_token(
+    n_params: float,
+    *,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    head_dim: int | None = None,
+    seq_len: int | None = None,
+    attention: bool = True,
+    causal: bool = False,
+    moe: bool = False,
+) -> FlopsEstimate:
+    """Model FLOPs per training token (what MFU counts): 6N + 12·L·H·Q·T (PaLM appendix B).
+
+    ``causal=True`` halves the attention term as Megatron-LM does for causal masks. ``moe=True`` only
+    labels the variant: pass the ACTIVE parameter count (see :func:`moe_active_params`) as ``n_params``.
+    """
+    n = _positive("n_params", n_params)
+    core = _attention_core(n_layers, n_heads, head_dim, seq_len, attention)
+    attention_factor = 6.0 if causal else 12.0
+    parameter_flops = 6.0 * n
+    attention_flops = attention_factor * core
+    formula = "6N" if not attention else f"6N+{attention_factor:g}LHQT"
+    variant = f"{formula} ({_attention_label(attention, causal)})"
+    if moe:
+        variant += ", N = active parameters (MoE)"
+    return FlopsEstimate(
+        flops_per_token=parameter_flops + attention_flops,
+        variant=variant,
+        kind="model",
+        parameter_flops_per_token=parameter_flops,
+        attention_flops_per_token=attention_flops,
+    )
+
+
+def hardware_flops_per_token(
+    n_params: float,
+    *,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    head_dim: int | None = None,
+    seq_len: int | None = None,
+    recompute: RecomputeMode | float = "none",
+    attention: bool = True,
+    causal: bool = False,
+    moe: bool = False,
+) -> FlopsEstimate:
+    """FLOPs executed per training token (what HFU counts), recomputation included.
+
+    ``recompute``: "none" (= model FLOPs), "selective" (the attention core's forward is run again:
+    6N + 16LHQT), "full" (one more forward of everything: 8N + 16LHQT), or a fraction f in [0, 1] of the
+    forward pass recomputed: 6N + 12LHQT + f·(2N + 4LHQT). With ``causal=True`` every attention term halves.
+    """
+    n = _positive("n_params", n_params)
+    core = _attention_core(n_layers, n_heads, head_dim, seq_len, attention)
+    half = 0.5 if causal else 1.0
+    # One forward pass costs 2N for the weights and 4LHQT for attention; recomputation repeats part of it.
+    named = isinstance(recompute, str)
+    if isinstance(recompute, str):
+        mode = recompute.strip().lower()
+        if mode not in _RECOMPUTE_EXTRA:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES} or a fraction, got {recompute!r}")
+        extra_param, extra_attention, label = _RECOMPUTE_EXTRA[mode]
+    else:
+        fraction = _non_negative("recompute fraction", recompute)
+        if fraction > 1.0:
+            raise ValueError(f"recompute fraction must be between 0 and 1, got {recompute!r}")
+        extra_param = extra_attention = fraction
+        label = f"recompute fraction {_fmt(fraction)} of the forward pass"
+
+    parameter_flops = (6.0 + 2.0 * extra_param) * n
+    attention_flops = (12.0 + 4.0 * extra_attention) * half * core
+    if named:
+        formula = f"{_fmt(6.0 + 2.0 * extra_param)}N"
+        if attention:
+            formula += f"+{_fmt((12.0 + 4.0 * extra_attention) * half)}LHQT"
+    elif attention:
+        formula = f"6N+{_fmt(12.0 * half)}LHQT+{_fmt(extra_param)}·(2N+{_fmt(4.0 * half)}LHQT)"
+    else:
+        formula = f"6N+{_fmt(extra_param)}·2N"
+    variant = f"{formula} (HFU, {label}; {_attention_label(attention, causal)})"
+    if moe:
+        variant += ", N = active parameters (MoE)"
+    return FlopsEstimate(
+        flops_per_token=parameter_flops + attention_flops,
+        variant=variant,
+        kind="hardware",
+        parameter_flops_per_token=parameter_flops,
+        attention_flops_per_token=attention_flops,
+    )
+
+
+def megatron_flops_per_iteration(
+    *,
+    batch_size: int,
+    seq_len: int,
+    n_layers: int,
+    hidden_size: int,
+    vocab_size: int,
+    recompute: bool = True,
+) -> float:
+    """Megatron (Narayanan et al. 2021, eq. 3) FLOPs per iteration of ``batch_size`` sequences.
+
+    With full recomputation: 96·B·s·l·h²·(1 + s/6h + V/16lh); without: 72·B·s·l·h²·(1 + s/6h + V/12lh).
+    """
+    b = _positive("batch_size", batch_size)
+    s = _positive("seq_len", seq_len)
+    layers = _positive("n_layers", n_layers)
+    h = _positive("hidden_size", hidden_size)
+    v = _positive("vocab_size", vocab_size)
+    if recompute:
+        return 96.0 * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
+    return 72.0 * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * layers * h))
+
+
+def megatron_flops_per_token(
+    *, seq_len: int, n_layers: int, hidden_size: int, vocab_size: int, recompute: bool = True
+) -> FlopsEstimate:
+    """Megatron eq. 3 divided by B·s tokens. With ``recompute=True`` it counts executed FLOPs (HFU-style)."""
+    total = megatron_flops_per_iteration(
+        batch_size=1,
+        seq_len=seq_len,
+        n_layers=n_layers,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        recompute=recompute,
+    )
+    per_token = total / float(seq_len)
+    # The s/6h term is attention scores and values; the rest (weights and logits) is parameter work.
+    leading = 96.0 if recompute else 72.0
+    attention = leading * float(n_layers) * float(hidden_size) * float(seq_len) / 6.0
+    kind: Literal["model", "hardware"] = "hardware" if recompute else "model"
+    if recompute:
+        variant = "Megatron eq. 3 / (B·s): 96·l·h²·(1 + s/6h + V/16lh) (full recomputation, HFU-style)"
+    else:
+        variant = "Megatron eq. 3 / (B·s): 72·l·h²·(1 + s/6h + V/12lh) (no recomputation)"
+    return FlopsEstimate(
+        flops_per_token=per_token,
+        variant=variant,
+        kind=kind,
+        parameter_flops_per_token=per_token - attention,
+        attention_flops_per_token=attention,
+    )
+
+
+# ---------------------------------------------------------------------------------------- MFU and HFU
+
+
+def _utilization(
+    kind: Literal["MFU", "HFU"],
+    flops_per_token: float | FlopsEstimate,
+    tokens_per_s: float,
+    devices: int,
+    peak_flops_per_device: float,
+) -> Utilization:
+    if isinstance(flops_per_token, FlopsEstimate):
+        expected = "model" if kind == "MFU" else "hardware"
+        if flops_per_token.kind != expected:
+            raise ValueError(
+                f"{kind} needs {expected} FLOPs per token, got a {flops_per_token.kind} estimate "
+                f"({flops_per_token.variant})"
+            )
+        fpt = flops_per_token.flops_per_token
+        variant = flops_per_token.variant
+    else:
+        fpt = _positive("flops_per_token", flops_per_token)
+        variant = "FLOPs per token given by the caller"
+    rate = _non_negative("tokens_per_s", tokens_per_s)
+    count = _devices(devices)
+    peak = _positive("peak_flops_per_device", peak_flops_per_device)
+    achieved = fpt * rate
+    total_peak = count * peak
+    return Utilization(
+        value=achieved / total_peak,
+        kind=kind,
+        variant=variant,
+        achieved_flops_per_s=achieved,
+        peak_flops_per_s=total_peak,
+    )
+
+
+def mfu(
+    flops_per_token: float | FlopsEstimate, tokens_per_s: float, devices: int, peak_flops_per_device: float
+) -> Utilization:
+    """Model FLOPs utilisation: FLOPs/token x tokens/s / (devices x dense peak FLOP/s per device)."""
+    return _utilization("MFU", flops_per_token, tokens_per_s, devices, peak_flops_per_device)
+
+
+def hfu(
+    flops_per_token: float | FlopsEstimate, tokens_per_s: float, devices: int, peak_flops_per_device: float
+) -> Utilization:
+    """Hardware FLOPs utilisation: like :func:`mfu` but with executed FLOPs (recomputation included)."""
+    return _utilization("HFU", flops_per_token, tokens_per_s, devices, peak_flops_per_device)
+
+
+def aggregate_mfu(windows: Iterable[MfuWindow]) -> AggregateMfu | None:
+    """MFU over many windows as total FLOPs / total peak FLOP capacity; None when there are no windows.
+
+    Averaging per-window MFUs would let a short idle window weigh as much as a day of training.
+    """
+    total_flops = 0.0
+    total_peak = 0.0
+    count = 0
+    variants: set[str] = set()
+    for window in windows:
+        fpt = _positive("flops_per_token", window.flops_per_token)
+        tokens = _non_negative("tokens", window.tokens)
+        duration = _non_negative("duration_s", window.duration_s)
+        devices = _devices(window.devices)
+        peak = _positive("peak_flops_per_device", window.peak_flops_per_device)
+        total_flops += fpt * tokens
+        total_peak += devices * peak * duration
+        count += 1
+        if window.variant:
+            variants.add(window.variant)
+    if count == 0:
+        return None
+    if total_peak == 0:
+        raise ValueError("the windows cover no time: total duration is zero")
+    if len(variants) == 1:
+        variant = variants.pop()
+    elif variants:
+        variant = "mixed: " + "; ".join(sorted(variants))
+    else:
+        variant = "FLOPs per token given by the caller"
+    return AggregateMfu(
+        value=total_flops / total_peak,
+        total_flops=total_flops,
+        total_peak_flops=total_peak,
+        windows=count,
+        variant=variant,
+    )
+
+
+def capacity_weighted_mfu(items: Iterable[tuple[float, float]]) -> float | None:
+    """Combine stored MFU values, each with its peak capacity (devices x peak FLOP/s x seconds).
+
+    Weighting by capacity makes this exactly total FLOPs / total capacity, so jobs on different GPU models
+    combine correctly. Returns None when the total capacity is zero or there are no items.
+    """
+    flops = 0.0
+    capacity = 0.0
+    for value, weight in items:
+        ratio = _non_negative("mfu", value)
+        cap = _non_negative("peak capacity", weight)
+        flops += ratio * cap
+        capacity += cap
+    if capacity == 0:
+        return None
+    return flops / capacity
+
+
+# ------------------------------------------------------------------------------ hardware cross-check
+
+
+def tensor_flops_upper_estimate(
+    tensor_active: float,
+    dense_peak_flops: float,
+    sm_clock_mhz: float | None = None,
+    boost_clock_mhz: float | None = None,
+) -> TensorEstimate:
+    """Upper estimate of one device's tensor FLOP/s: tensor_active x dense peak x SM clock / boost clock.
+
+    The dense peak assumes the boost clock, so a throttled SM clock scales it down. Without both clocks the
+    estimate is left uncorrected (and the variant says so).
+    """
+    active = _ratio("tensor_active", tensor_active)
+    peak = _positive("dense_peak_flops", dense_peak_flops)
+    if sm_clock_mhz is not None and boost_clock_mhz is not None:
+        ratio = _non_negative("sm_clock_mhz", sm_clock_mhz) / _positive("boost_clock_mhz", boost_clock_mhz)
+        variant = "tensor_active x dense peak x SM clock / boost clock"
+    else:
+        ratio = 1.0
+        variant = "tensor_active x dense peak (no clock correction: SM or boost clock unknown)"
+    fraction = active * ratio
+    return TensorEstimate(
+        flops_per_s=fraction * peak, fraction_of_peak=fraction, clock_ratio=ratio, variant=variant
+    )
+
+
+def cross_check_mfu(
+    mfu_value: float | Utilization,
+    tensor_active: float,
+    sm_clock_mhz: float | None = None,
+    boost_clock_mhz: float | None = None,
+    *,
+    factor: float = CROSS_CHECK_FACTOR,
+) -> CrossCheck:
+    """Compare MFU with the tensor-pipe upper estimate and flag a disagreement wider than ``factor``.
+
+    Both are fractions of the same dense peak, so the peak itself cancels. MFU well above the estimate means
+    FLOPs are counted that the tensor cores did not do (parameters overstated, wrong dtype peak, work on
+    non-tensor pipes); MFU far below means the tensor pipes are busy with work MFU does not count, or the
+    configured peak is too high (e.g. FP8 peak for a BF16 job).
+    """
+    value = mfu_value.value if isinstance(mfu_value, Utilization) else _non_negative("mfu", mfu_value)
+    limit = _positive("factor", factor)
+    if limit < 1.0:
+        raise ValueError(f"factor must be at least 1, got {factor!r}")
+    estimate = tensor_flops_upper_estimate(tensor_active, 1.0, sm_clock_mhz, boost_clock_mhz).fraction_of_peak
+    if value < CROSS_CHECK_MIN_LEVEL and estimate < CROSS_CHECK_MIN_LEVEL:
+        return CrossCheck(
+            mfu=value,
+            tensor_estimate=estimate,
+            ratio=None,
+            disagrees=False,
+            direction="insufficient_signal",
+            explanation="MFU and tensor activity are both near zero; nothing to compare",
+            factor=limit,
+        )
+    ratio = value / estimate if estimate > 0 else math.inf
+    if ratio > limit:
+        direction: Literal["agree", "mfu_above_hardware", "mfu_far_below_hardware"] = "mfu_above_hardware"
+        explanation = (
+            f"MFU {value:.1%} is above the tensor-pipe upper estimate {estimate:.1%}: check the parameter "
+            "count (total vs active for MoE), the dtype and its peak, or the model runs on non-tensor pipes"
+        )
+    elif ratio < 1.0 / limit:
+        direction = "mfu_far_below_hardware"
+        explanation = (
+            f"MFU {value:.1%} is far below the tensor-pipe estimate {estimate:.1%}: the tensor cores do work "
+            "MFU does not count (recomputation, padding, understated parameters) or the configured peak is "
+            "too high for the dtype actually used"
+        )
+    else:
+        direction = "agree"
+        explanation = f"MFU {value:.1%} is consistent with the tensor-pipe upper estimate {estimate:.1%}"
+    return CrossCheck(
+        mfu=value,
+        tensor_estimate=estimate,
+        ratio=None if math.isinf(ratio) else ratio,
+        disagrees=direction != "agree",
+        direction=direction,
+        explanation=explanation,
+        factor=limit,
+    )

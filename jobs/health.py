@@ -1,0 +1,52 @@
+"""Reachability checks for /healthz: database, Redis broker, Prometheus."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from jobs.prometheus import PrometheusClient
+
+log = logging.getLogger(__name__)
+
+
+def _timed(check: Callable[[], None]) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        check()
+    except Exception as exc:  # any failure of a dependency is a health result, not a crash
+        log.warning("health check failed: %s: %s", check.__name__, exc)
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"ok": True, "latency_ms": round((time.monotonic() - started) * 1000, 1)}
+
+
+def _database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def _redis() -> None:
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def _prometheus() -> None:
+    with PrometheusClient(settings.PROMETHEUS_URL, timeout_s=3.0, retries=0) as client:
+        health = client.ping()
+    if not health.ok:
+        raise ConnectionError(f"{settings.PROMETHEUS_URL}: {health.detail}")
+
+
+def run_checks() -> dict[str, Any]:
+    """All checks; `ok` is true only when every dependency answered."""
+    checks = {"database": _timed(_database), "redis": _timed(_redis), "prometheus": _timed(_prometheus)}
+    return {"ok": all(c["ok"] for c in checks.values()), "checks": checks}

@@ -1,0 +1,431 @@
+"""Data model: teams, the GPU catalog and price book, jobs with their archived series, artifacts,
+findings, baselines, API tokens and weekly report deliveries."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Team(models.Model):
+    """A group of people who own jobs; writes through the API are scoped to the caller's teams."""
+
+    slug = models.SlugField(unique=True, max_length=64)
+    name = models.CharField(max_length=200)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+    extra_report_recipients = ArrayField(
+        models.EmailField(),
+        default=list,
+        blank=True,
+        help_text="Addresses outside the team that get the weekly email.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """A user in a team; `weekly_report` is the per-user opt-out of the cost-waste email."""
+
+    class Role(models.TextChoices):
+        MEMBER = "member", "Member"
+        LEAD = "lead", "Lead"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    weekly_report = models.BooleanField(default=True, help_text="Receive the weekly cost-waste email.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team}"
+
+
+class GpuModel(models.Model):
+    """A GPU model of the catalog: dense peak TFLOP/s per dtype and the specs the math needs."""
+
+    name = models.CharField(max_length=100, unique=True, help_text="Canonical name, e.g. 'H100 SXM'.")
+    vendor = models.CharField(max_length=32, default="NVIDIA")
+    aliases = ArrayField(models.CharField(max_length=100), default=list, blank=True)
+    peak_tflops = models.JSONField(
+        default=dict,
+        help_text="Dense (no sparsity) peak TFLOP/s per dtype: fp64, fp64_tensor, tf32, bf16, fp16, fp8…",
+    )
+    memory_gb = models.FloatField(null=True, blank=True)
+    bandwidth_tbps = models.FloatField(null=True, blank=True, verbose_name="memory bandwidth (TB/s)")
+    sm_count = models.PositiveIntegerField(null=True, blank=True)
+    tdp_w = models.FloatField(null=True, blank=True, verbose_name="TDP (W)")
+    boost_clock_mhz = models.PositiveIntegerField(null=True, blank=True)
+    mamf_bf16_tflops = models.FloatField(
+        null=True, blank=True, help_text="Measured best dense BF16 matmul (achievable ceiling), TFLOP/s."
+    )
+    single_source = models.BooleanField(
+        default=False, help_text="Some figures rest on one source only: verify."
+    )
+    source = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["vendor", "name"]
+        verbose_name = "GPU model"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """Dense peak in FLOP/s for a dtype, or None when the catalog has no figure for it."""
+        value = self.peak_tflops.get(dtype)
+        return float(value) * 1e12 if value else None
+
+
+class PriceEntry(models.Model):
+    """USD per GPU-hour for a GPU model and tier, in force from `effective_from` until the next entry."""
+
+    class Tier(models.TextChoices):
+        ON_DEMAND = "on_demand", "On-demand"
+        RESERVED = "reserved", "Reserved / committed"
+        SPOT = "spot", "Spot"
+        ON_PREM = "on_prem", "On-prem amortised"
+
+    gpu_model = models.ForeignKey(GpuModel, on_delete=models.CASCADE, related_name="prices")
+    tier = models.CharField(max_length=16, choices=Tier.choices)
+    usd_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, validators=[MinValueValidator(0)])
+    effective_from = models.DateTimeField()
+    source = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["gpu_model", "tier", "-effective_from"]
+        verbose_name_plural = "price entries"
+        constraints = [
+            models.UniqueConstraint(fields=["gpu_model", "tier", "effective_from"], name="price_entry_unique")
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.gpu_model} {self.tier} ${self.usd_per_gpu_hour}/GPU-h from {self.effective_from:%Y-%m-%d}"
+        )
+
+
+class Job(models.Model):
+    """A training job: who ran what model/config on which GPUs and when, plus its computed summary."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        ENDED = "ended", "Ended (finalizing)"
+        FINALIZED = "finalized", "Finalized"
+
+    class Recompute(models.TextChoices):
+        NONE = "none", "None"
+        SELECTIVE = "selective", "Selective"
+        FULL = "full", "Full"
+
+    external_id = models.CharField(
+        max_length=200, unique=True, help_text="The scheduler's id, e.g. a Slurm job id."
+    )
+    name = models.CharField(max_length=200, blank=True)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.CharField(max_length=150, blank=True, help_text="User name of the person who launched it.")
+    model_name = models.CharField(max_length=200, blank=True)
+    model_config = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="n_params, n_layers, n_heads, head_dim, hidden, seq_len, vocab, active_params",
+    )
+    dtype = models.CharField(max_length=16, default="bf16")
+    parallelism = models.JSONField(default=dict, blank=True, help_text="tp, pp, dp, ep")
+    micro_batch = models.PositiveIntegerField(null=True, blank=True)
+    global_batch = models.PositiveIntegerField(null=True, blank=True)
+    recompute = models.CharField(max_length=16, choices=Recompute.choices, default=Recompute.NONE)
+    gpu_model = models.ForeignKey(
+        GpuModel, on_delete=models.PROTECT, null=True, blank=True, related_name="jobs"
+    )
+    gpu_model_name = models.CharField(
+        max_length=200, blank=True, help_text="The name as reported; kept when it matches no catalog entry."
+    )
+    gpu_count = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    price_tier = models.CharField(max_length=16, choices=PriceEntry.Tier.choices, blank=True)
+    tokens_per_step = models.PositiveBigIntegerField(null=True, blank=True)
+    throughput_query = models.TextField(blank=True, help_text="PromQL giving tokens/s for this job.")
+    gpus = models.JSONField(default=list, blank=True, help_text="[{hostname, gpu}] explicit GPU mapping")
+    selector = models.JSONField(
+        default=dict, blank=True, help_text="{label: value or regex} on exporter series"
+    )
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    config_fingerprint = models.CharField(max_length=64, blank=True, db_index=True)
+
+    # Ingestion state.
+    last_polled_at = models.DateTimeField(null=True, blank=True)
+    data_until = models.DateTimeField(null=True, blank=True, help_text="Series are archived up to here.")
+    finalized_at = models.DateTimeField(null=True, blank=True)
+    ingest_error = models.TextField(
+        blank=True, help_text="Why the last poll failed; empty when data is fresh."
+    )
+    missing_signals = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+
+    # Summary, recomputed after each poll (null = not computable, never 0 by default).
+    mfu = models.FloatField(null=True, blank=True)
+    hfu = models.FloatField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+    gpu_util_mean = models.FloatField(null=True, blank=True)
+    sm_active_mean = models.FloatField(null=True, blank=True)
+    tensor_active_mean = models.FloatField(null=True, blank=True)
+    gpu_hours = models.FloatField(null=True, blank=True)
+    cost_usd = models.FloatField(null=True, blank=True)
+    cost_per_day_usd = models.FloatField(null=True, blank=True)
+    waste_per_day_usd = models.FloatField(null=True, blank=True)
+    summary = models.JSONField(
+        default=dict, blank=True, help_text="Computed details: variants, prices, energy."
+    )
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [
+            models.Index(fields=["team", "started_at"]),
+            models.Index(fields=["status", "started_at"]),
+            models.Index(fields=["model_name"]),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(ended_at__isnull=True) | Q(ended_at__gte=models.F("started_at")),
+                name="job_ends_after_start",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name or self.external_id
+
+    @property
+    def is_running(self) -> bool:
+        """True while the job has no end time."""
+        return self.ended_at is None
+
+    def window_end(self) -> timezone.datetime:
+        """End of the job's window: its end, or now while it runs."""
+        return self.ended_at or timezone.now()
+
+
+class ProgressSample(models.Model):
+    """Pushed training progress: at `timestamp` the job had done `step` steps and `tokens` tokens in total."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="progress")
+    timestamp = models.DateTimeField()
+    step = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens = models.PositiveBigIntegerField()
+
+    class Meta:
+        ordering = ["job", "timestamp"]
+        constraints = [models.UniqueConstraint(fields=["job", "timestamp"], name="progress_unique_ts")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} @ {self.timestamp:%Y-%m-%d %H:%M:%S}: {self.tokens} tokens"
+
+
+class JobSeries(models.Model):
+    """An archived chunk of one signal for one job, so pages work after Prometheus drops the data.
+
+    `stat` is mean/min/max across the job's GPUs, or `gpu` with `gpu_key` naming one GPU (heatmaps).
+    Values are ratios 0-1 for utilisation signals; NaN marks a missing sample (never 0).
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="series")
+    signal = models.CharField(max_length=64)
+    stat = models.CharField(max_length=8)
+    gpu_key = models.CharField(max_length=200, blank=True)
+    step_seconds = models.PositiveIntegerField()
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    timestamps = ArrayField(models.FloatField(), help_text="Unix seconds")
+    values = ArrayField(models.FloatField(null=True))
+
+    class Meta:
+        verbose_name_plural = "job series"
+        indexes = [models.Index(fields=["job", "signal", "stat", "start"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "signal", "stat", "gpu_key", "start"], name="series_chunk_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        gpu = f"/{self.gpu_key}" if self.gpu_key else ""
+        return f"{self.signal}/{self.stat}{gpu} from {self.start:%Y-%m-%d %H:%M}"
+
+
+class Baseline(models.Model):
+    """Healthy reference for a model + config fingerprint: robust statistics over one or more runs."""
+
+    fingerprint = models.CharField(max_length=64, db_index=True)
+    model_name = models.CharField(max_length=200)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="baselines")
+    config = models.JSONField(
+        default=dict, help_text="The canonical config the fingerprint was computed from."
+    )
+    runs = models.ManyToManyField(Job, related_name="baselines", blank=True)
+    stats = models.JSONField(default=dict, help_text="metric -> {median, mad, iqr, n, min, max}")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["model_name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["fingerprint"],
+                condition=Q(retired_at__isnull=True),
+                name="one_active_baseline_per_fingerprint",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_name} [{self.fingerprint[:8]}]"
+
+
+class Artifact(models.Model):
+    """An uploaded profiling file, stored content-addressed, parsed by a worker into `analysis`."""
+
+    class Kind(models.TextChoices):
+        KINETO = "kineto", "PyTorch profiler / Kineto trace"
+        NSYS_SQLITE = "nsys_sqlite", "Nsight Systems SQLite export"
+        NSYS_STATS = "nsys_stats_csv", "nsys stats CSV"
+        NCU = "ncu_csv", "Nsight Compute CSV"
+        PYSPY_RAW = "pyspy_raw", "py-spy raw"
+        PYSPY_SPEEDSCOPE = "pyspy_speedscope", "py-spy speedscope JSON"
+        NVIDIA_SMI = "nvidia_smi_csv", "nvidia-smi CSV"
+        DSTAT = "dstat_csv", "dstat CSV"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        PARSING = "parsing", "Parsing"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    original_name = models.CharField(max_length=255)
+    sha256 = models.CharField(max_length=64, db_index=True)
+    size_bytes = models.PositiveBigIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    error = models.TextField(blank=True)
+    analysis = models.JSONField(default=dict, blank=True)
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    uploaded_at = models.DateTimeField(auto_now_add=True)
+    parsed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-uploaded_at"]
+        constraints = [models.UniqueConstraint(fields=["job", "sha256"], name="artifact_unique_per_job")]
+
+    def __str__(self) -> str:
+        return f"{self.original_name} ({self.get_kind_display()})"
+
+
+class Finding(models.Model):
+    """A diagnosis of one job: a stable code, its evidence and windows, the fix, and the $/day it explains."""
+
+    class Severity(models.TextChoices):
+        INFO = "info", "Info"
+        WARNING = "warning", "Warning"
+        CRITICAL = "critical", "Critical"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="findings")
+    code = models.CharField(max_length=64)
+    severity = models.CharField(max_length=16, choices=Severity.choices)
+    confidence = models.FloatField(validators=[MinValueValidator(0), MaxValueValidator(1)])
+    title = models.CharField(max_length=300)
+    window_start = models.DateTimeField(null=True, blank=True)
+    window_end = models.DateTimeField(null=True, blank=True)
+    windows = models.JSONField(default=list, blank=True, help_text="[[start_unix, end_unix], ...]")
+    evidence = models.JSONField(default=list, help_text="[{label, value, unit}] numbers behind the finding")
+    recommendation = models.TextField()
+    waste_per_day_usd = models.FloatField(default=0, validators=[MinValueValidator(0)])
+    missing_signals = ArrayField(models.CharField(max_length=64), default=list, blank=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-waste_per_day_usd", "code"]
+        constraints = [models.UniqueConstraint(fields=["job", "code"], name="finding_unique_per_job_code")]
+
+    def __str__(self) -> str:
+        return f"{self.code} on {self.job}"
+
+
+class ApiToken(models.Model):
+    """A machine credential for the REST API. Only a hash of the key is stored; the key is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, help_text="What uses it, e.g. 'slurm prolog on cluster A'.")
+    prefix = models.CharField(max_length=8, help_text="First characters of the key, to recognise it.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…) for {self.user}"
+
+    @staticmethod
+    def hash_key(key: str) -> str:
+        """sha256 of the key: tokens are long random strings, so a plain hash suffices (no guessing)."""
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user: object, name: str) -> tuple[ApiToken, str]:
+        """Create a token for `user`; returns the row and the plaintext key (shown once, never stored)."""
+        key = secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, prefix=key[:8], key_hash=cls.hash_key(key))
+        return token, key
+
+
+class ReportDelivery(models.Model):
+    """One weekly email per team and ISO week; the row is claimed before sending so it goes out once."""
+
+    class Status(models.TextChoices):
+        CLAIMED = "claimed", "Sending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="report_deliveries")
+    week_start = models.DateField(help_text="Monday of the ISO week reported on.")
+    status = models.CharField(max_length=16, choices=Status.choices)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claim_token = models.CharField(max_length=64, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    recipients = ArrayField(models.EmailField(), default=list, blank=True)
+    error = models.TextField(blank=True)
+    message_id = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        verbose_name_plural = "report deliveries"
+        ordering = ["-week_start", "team"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "week_start"], name="one_report_per_team_week")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team} week of {self.week_start}: {self.status}"

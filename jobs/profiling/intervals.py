@@ -1,0 +1,119 @@
+"""Vectorised interval arithmetic on [start, end) nanosecond intervals.
+
+An "interval set" is a pair of int64 arrays (starts, ends), sorted and disjoint once `union` made it so.
+Everything is O(n log n) numpy: the 20k-kernel traces we see take milliseconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+Intervals = tuple[I64, I64]
+
+EMPTY: Intervals = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def union(starts: I64, ends: I64) -> Intervals:
+    """Merge possibly overlapping intervals into a sorted, disjoint set.
+
+    Touching intervals (one ends where the next starts) merge, as HTA's `merge_kernel_intervals` does.
+    Zero- and negative-length intervals are dropped: they cover no time.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    keep = ends > starts
+    if not keep.all():
+        starts, ends = starts[keep], ends[keep]
+    if starts.size == 0:
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    running_end = np.maximum.accumulate(e)
+    # A new merged interval begins where the start is beyond every earlier end.
+    new_group = np.empty(s.size, dtype=bool)
+    new_group[0] = True
+    new_group[1:] = s[1:] > running_end[:-1]
+    first = np.flatnonzero(new_group)
+    last = np.append(first[1:] - 1, s.size - 1)
+    return s[first], running_end[last]
+
+
+def total(intervals: Intervals) -> int:
+    """Summed length of a disjoint interval set."""
+    s, e = intervals
+    return int((e - s).sum()) if s.size else 0
+
+
+def _combine(a: Intervals, b: Intervals, want: int) -> Intervals:
+    """Sweep two disjoint sets; keep time where the coverage code equals `want` (1: only a, 3: both)."""
+    if a[0].size == 0 and b[0].size == 0:
+        return EMPTY
+    times = np.concatenate([a[0], a[1], b[0], b[1]])
+    deltas = np.concatenate(
+        [
+            np.full(a[0].size, 1, dtype=np.int64),
+            np.full(a[1].size, -1, dtype=np.int64),
+            np.full(b[0].size, 2, dtype=np.int64),
+            np.full(b[1].size, -2, dtype=np.int64),
+        ]
+    )
+    order = np.argsort(times, kind="stable")
+    times, deltas = times[order], deltas[order]
+    code = np.cumsum(deltas)
+    seg_start, seg_end, seg_code = times[:-1], times[1:], code[:-1]
+    mask = (seg_code == want) & (seg_end > seg_start)
+    if not mask.any():
+        return EMPTY
+    return union(seg_start[mask], seg_end[mask])
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """Time covered by both disjoint sets."""
+    if a[0].size == 0 or b[0].size == 0:
+        return EMPTY
+    return _combine(a, b, 3)
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """Time covered by `a` but not by `b` (both disjoint sets)."""
+    if a[0].size == 0:
+        return EMPTY
+    if b[0].size == 0:
+        return a
+    return _combine(a, b, 1)
+
+
+def clip(a: Intervals, lo: int, hi: int) -> Intervals:
+    """The part of a disjoint set inside [lo, hi)."""
+    s, e = a
+    if s.size == 0 or hi <= lo:
+        return EMPTY
+    s2 = np.maximum(s, lo)
+    e2 = np.minimum(e, hi)
+    keep = e2 > s2
+    return s2[keep], e2[keep]
+
+
+def overlap_with_bins(a: Intervals, edges: I64) -> I64:
+    """Covered time of a disjoint set inside each bin [edges[i], edges[i+1]).
+
+    Uses the cumulative coverage function: covered(t) = time covered before t, evaluated at the edges.
+    """
+    s, e = a
+    if s.size == 0:
+        return np.zeros(max(edges.size - 1, 0), dtype=np.int64)
+    cum_len = np.concatenate([[0], np.cumsum(e - s)])
+
+    def covered_before(t: I64) -> I64:
+        # Index of the last interval starting at or before t.
+        idx = np.searchsorted(s, t, side="right") - 1
+        out = np.zeros(t.size, dtype=np.int64)
+        valid = idx >= 0
+        iv = idx[valid]
+        out[valid] = cum_len[iv] + np.minimum(t[valid], e[iv]) - s[iv]
+        return out
+
+    cov = covered_before(np.asarray(edges, dtype=np.int64))
+    return np.diff(cov)

@@ -1,0 +1,377 @@
+"""Parse Nsight Compute CSV (`ncu --csv`) and summarise kernels by name.
+
+Three layouts are accepted: `--page details` (long: one row per metric), `--page raw` (wide: one row per
+kernel launch, the second row holds the units) and `--print-summary per-kernel` (long, with
+Invocations/Minimum/Maximum/Average). `==PROF==` lines and program output before the header are ignored.
+Values are normalised: times to ns, sizes to bytes, rates to bytes/s, clocks to Hz, percents kept.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from jobs.profiling.detect import DEFAULT_MAX_BYTES, decode_text, load_bytes
+from jobs.profiling.errors import ArtifactError
+
+_TIME = {
+    "nsecond": 1.0,
+    "ns": 1.0,
+    "usecond": 1e3,
+    "us": 1e3,
+    "msecond": 1e6,
+    "ms": 1e6,
+    "second": 1e9,
+    "s": 1e9,
+}
+_BYTES = {
+    "byte": 1.0,
+    "b": 1.0,
+    "kbyte": 1e3,
+    "kb": 1e3,
+    "mbyte": 1e6,
+    "mb": 1e6,
+    "gbyte": 1e9,
+    "gb": 1e9,
+    "tbyte": 1e12,
+    "tb": 1e12,
+    "kibyte": 1024.0,
+    "kib": 1024.0,
+    "mibyte": 1024.0**2,
+    "mib": 1024.0**2,
+    "gibyte": 1024.0**3,
+    "gib": 1024.0**3,
+}
+_FREQ = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9}
+_PER_TIME = {
+    "second": 1.0,
+    "s": 1.0,
+    "msecond": 1e3,
+    "ms": 1e3,
+    "usecond": 1e6,
+    "us": 1e6,
+    "nsecond": 1e9,
+    "ns": 1e9,
+}
+
+# Display names (details page) and raw metric names (raw page, --metrics) for the metrics we summarise.
+# A canonical key ending in a unit is only used when the value's normalised unit matches.
+_CANONICAL: dict[str, tuple[str, ...]] = {
+    "duration_ns": ("duration", "gpu__time_duration.sum", "gpu__time_duration.avg", "gpu__time_duration"),
+    "sm_throughput_pct": (
+        "compute (sm) throughput",
+        "compute (sm) [%]",
+        "sm [%]",
+        "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    ),
+    "memory_throughput_pct": (
+        "memory throughput",
+        "memory [%]",
+        "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    ),
+    "memory_throughput_bytes_per_s": ("memory throughput", "dram__bytes.sum.per_second"),
+    "dram_throughput_pct": ("dram throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "l1_throughput_pct": ("l1/tex cache throughput", "l1tex__throughput.avg.pct_of_peak_sustained_active"),
+    "l2_throughput_pct": ("l2 cache throughput", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "achieved_occupancy_pct": ("achieved occupancy", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+    "theoretical_occupancy_pct": ("theoretical occupancy", "sm__maximum_warps_per_active_cycle_pct"),
+    "registers_per_thread": ("registers per thread", "launch__registers_per_thread"),
+    "block_size": ("block size", "launch__block_size"),
+    "grid_size": ("grid size", "launch__grid_size"),
+    "threads": ("threads", "launch__thread_count"),
+    "waves_per_sm": ("waves per sm", "launch__waves_per_multiprocessor"),
+    "sm_frequency_hz": ("sm frequency", "gpc__cycles_elapsed.avg.per_second"),
+    "dram_frequency_hz": ("dram frequency", "dram__cycles_elapsed.avg.per_second"),
+    "elapsed_cycles": ("elapsed cycles", "gpc__cycles_elapsed.max"),
+    "sm_active_cycles": ("sm active cycles", "sm__cycles_active.avg"),
+    "tensor_pipe_active_pct": (
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+        "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
+    ),
+    "dynamic_shared_memory_per_block_bytes": ("dynamic shared memory per block",),
+    "static_shared_memory_per_block_bytes": ("static shared memory per block",),
+    "num_sms": ("# sms", "device__attribute_multiprocessor_count"),
+}
+_LOOKUP: dict[str, list[str]] = {}
+for _key, _names in _CANONICAL.items():
+    for _name in _names:
+        _LOOKUP.setdefault(_name, []).append(_key)
+
+_IDENTITY = {
+    "id": "id",
+    "process id": "pid",
+    "process name": "process",
+    "host name": "host",
+    "kernel name": "kernel",
+    "function name": "kernel",
+    "demangled name": "kernel",
+    "context": "context",
+    "stream": "stream",
+    "block size": "block_dim",
+    "grid size": "grid_dim",
+    "device": "device",
+    "cc": "cc",
+    "kernel time": "kernel_time",
+    "invocations": "invocations",
+}
+_SLUG = re.compile(r"[^a-z0-9]+")
+# ncu's own SOL rule: both throughputs below 60 % of peak point at latency, not bandwidth or compute.
+LATENCY_BOUND_PCT = 60.0
+BALANCED_MARGIN_PCT = 10.0
+
+
+def _number(text: str) -> float | None:
+    cleaned = text.strip().replace(",", "")
+    if not cleaned or cleaned.lower() in {"n/a", "nan", "-nan", "inf", "-inf"}:
+        return None
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
+def normalize_value(text: str, unit: str) -> tuple[float | str | None, str]:
+    """Normalise one ncu value: ("1,234.5", "usecond") -> (1234500.0, "ns").
+
+    Returns the value (float, or the raw string when not numeric) and its normalised unit suffix:
+    "ns", "bytes", "bytes_per_s", "hz", "pct", or the tool's unit slugged.
+    """
+    value = _number(text)
+    if value is None:
+        stripped = text.strip()
+        return (stripped or None), _slug(unit)
+    u = unit.strip().lower()
+    if u == "%":
+        return value, "pct"
+    if u in _TIME:
+        return value * _TIME[u], "ns"
+    if u in _BYTES:
+        return value * _BYTES[u], "bytes"
+    if u in _FREQ:
+        return value * _FREQ[u], "hz"
+    if "/" in u:
+        num, den = u.split("/", 1)
+        if num in _BYTES and den in _PER_TIME:
+            return value * _BYTES[num] * _PER_TIME[den], "bytes_per_s"
+        if num == "cycle" and den in _PER_TIME:
+            return value * _PER_TIME[den], "hz"
+        if num in _BYTES and den == "block":
+            return value * _BYTES[num], "bytes"  # "Shared Memory Per Block": the name says per block
+    return value, _slug(unit)
+
+
+def _slug(text: str) -> str:
+    return _SLUG.sub("_", text.strip().lower()).strip("_")
+
+
+def _metric_key(name: str, unit_suffix: str) -> str:
+    """Canonical key for a metric, or its slug with the unit suffix when we do not know it."""
+    for key in _LOOKUP.get(name.strip().lower(), []):
+        wanted = key.rsplit("_", 1)[-1] if key.endswith(("_ns", "_pct", "_hz", "_bytes")) else None
+        if key.endswith("_bytes_per_s"):
+            wanted = "bytes_per_s"
+        if wanted is None or wanted == unit_suffix:
+            return key
+    slug = _slug(name) or "metric"
+    return f"{slug}_{unit_suffix}" if unit_suffix and not slug.endswith(unit_suffix) else slug
+
+
+def _read_rows(text: str) -> tuple[list[str], list[list[str]]]:
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("==")]
+    errors = [line.strip() for line in text.splitlines() if line.lstrip().startswith("==ERROR==")]
+    for index, line in enumerate(lines):
+        if '"Kernel Name"' in line or '"Function Name"' in line or line.startswith('"ID",'):
+            try:
+                rows = list(csv.reader(io.StringIO("\n".join(lines[index:]))))
+            except csv.Error as exc:
+                raise ArtifactError(f"The ncu CSV is malformed: {exc}.") from exc
+            return [cell.strip() for cell in rows[0]], rows[1:]
+    detail = f" ncu reported: {errors[0][:300]}" if errors else ""
+    raise ArtifactError(
+        'No ncu CSV header found (expected a line with "Kernel Name" from `ncu --csv --page details` '
+        f"or `--page raw`).{detail}"
+    )
+
+
+def parse_ncu_csv(source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[dict[str, Any]]:
+    """Parse `ncu --csv` output into one record per profiled kernel launch.
+
+    Each record: {"id", "kernel", "block_dim", "grid_dim", "device", "cc", "stream", "instances",
+    "metrics": {canonical_or_slug_with_unit: value}}. Raises ArtifactError on malformed input.
+    """
+    text = decode_text(load_bytes(source, max_bytes, what="ncu CSV"))
+    header, rows = _read_rows(text)
+    lowered = [h.lower() for h in header]
+    if "kernel name" not in lowered and "function name" not in lowered:
+        raise ArtifactError('The ncu CSV header has no "Kernel Name" column.')
+    if "metric name" in lowered and ("metric value" in lowered or "average" in lowered):
+        launches = _parse_long(header, rows)
+    else:
+        launches = _parse_wide(header, rows)
+    if not launches:
+        raise ArtifactError("The ncu CSV has a header but no kernel rows.")
+    return launches
+
+
+def _identity(header: list[str], cells: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for title, cell in zip(header, cells, strict=False):
+        key = _IDENTITY.get(title.lower())
+        if key and key not in out:
+            out[key] = cell.strip()
+    return out
+
+
+def _parse_long(header: list[str], rows: list[list[str]]) -> list[dict[str, Any]]:
+    col = {h.lower(): i for i, h in enumerate(header)}
+    name_i, unit_i = col["metric name"], col.get("metric unit")
+    value_i = col.get("metric value", col.get("average"))
+    assert value_i is not None  # guaranteed by the caller's layout check
+    launches: dict[tuple[str, str], dict[str, Any]] = {}
+    for cells in rows:
+        if len(cells) <= max(name_i, value_i) or not cells[name_i].strip():
+            continue  # rule rows (empty metric name) and truncated lines
+        ident = _identity(header, cells)
+        key = (ident.get("id", ""), ident.get("kernel", ""))
+        launch = launches.get(key)
+        if launch is None:
+            launch = {**ident, "metrics": {}}
+            launch["instances"] = int(_number(ident.get("invocations", "")) or 1)
+            launch.pop("invocations", None)
+            launches[key] = launch
+        unit = cells[unit_i] if unit_i is not None and unit_i < len(cells) else ""
+        value, suffix = normalize_value(cells[value_i], unit)
+        metric = _metric_key(cells[name_i], suffix)
+        launch["metrics"].setdefault(metric, value)
+    return list(launches.values())
+
+
+def _parse_wide(header: list[str], rows: list[list[str]]) -> list[dict[str, Any]]:
+    if not rows:
+        return []
+    units = ["" for _ in header]
+    kernel_i = next(i for i, h in enumerate(header) if h.lower() in ("kernel name", "function name"))
+    if kernel_i < len(rows[0]) and not rows[0][kernel_i].strip():
+        units = [*rows[0], *[""] * len(header)][: len(header)]
+        rows = rows[1:]
+    launches = []
+    for cells in rows:
+        if len(cells) <= kernel_i or not cells[kernel_i].strip():
+            continue
+        launch: dict[str, Any] = {**_identity(header, cells), "metrics": {}, "instances": 1}
+        for title, unit, cell in zip(header, units, cells, strict=False):
+            if title.lower() in _IDENTITY or not title:
+                continue
+            value, suffix = normalize_value(cell, unit)
+            launch["metrics"].setdefault(_metric_key(title, suffix), value)
+        launches.append(launch)
+    return launches
+
+
+def _bound(sm: float | None, mem: float | None) -> str:
+    if sm is None or mem is None:
+        return "unknown"
+    if max(sm, mem) < LATENCY_BOUND_PCT:
+        return "latency"
+    if abs(sm - mem) < BALANCED_MARGIN_PCT:
+        return "balanced"
+    return "memory" if mem > sm else "compute"
+
+
+def _weighted(values: list[tuple[float, float]]) -> float | None:
+    weight = sum(w for _, w in values)
+    if values and weight > 0:
+        return sum(v * w for v, w in values) / weight
+    return sum(v for v, _ in values) / len(values) if values else None
+
+
+def _aggregate(name: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
+    instances = sum(launch["instances"] for launch in launches)
+    durations = [launch["metrics"].get("duration_ns") for launch in launches]
+    total_ns = sum(
+        d * launch["instances"] for d, launch in zip(durations, launches, strict=True) if _is_num(d)
+    )
+    metric_values: dict[str, list[tuple[float, float]]] = {}
+    for launch, duration in zip(launches, durations, strict=True):
+        weight = (duration if _is_num(duration) else 0.0) * launch["instances"]
+        for key, value in launch["metrics"].items():
+            if _is_num(value):
+                metric_values.setdefault(key, []).append((float(value), weight))
+    metrics = {key: _round(_weighted(vals)) for key, vals in metric_values.items()}
+    sm, mem = metrics.get("sm_throughput_pct"), metrics.get("memory_throughput_pct")
+    first = launches[0]
+    return {
+        "kernel": name,
+        "launches": instances,
+        "total_duration_ms": round(total_ns / 1e6, 6) if total_ns else None,
+        "avg_duration_us": round(total_ns / instances / 1e3, 4) if total_ns and instances else None,
+        "sm_throughput_pct": sm,
+        "memory_throughput_pct": mem,
+        "dram_throughput_pct": metrics.get("dram_throughput_pct"),
+        "achieved_occupancy_pct": metrics.get("achieved_occupancy_pct"),
+        "theoretical_occupancy_pct": metrics.get("theoretical_occupancy_pct"),
+        "registers_per_thread": metrics.get("registers_per_thread"),
+        "tensor_pipe_active_pct": metrics.get("tensor_pipe_active_pct"),
+        "block_dim": first.get("block_dim"),
+        "grid_dim": first.get("grid_dim"),
+        "bound": _bound(sm, mem),
+        "metrics": metrics,
+    }
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def analyze_ncu(
+    source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, top_n: int = 100
+) -> dict[str, Any]:
+    """Per kernel name: duration, SM/memory throughput, occupancy, registers, launch shape, bound class;
+    plus a duration-weighted summary. Metrics absent from the CSV are None.
+    """
+    launches = parse_ncu_csv(source, max_bytes=max_bytes)
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for launch in launches:
+        by_name.setdefault(launch.get("kernel") or "?", []).append(launch)
+    kernels = [_aggregate(name, group) for name, group in by_name.items()]
+    kernels.sort(key=lambda k: (k["total_duration_ms"] or 0.0, k["launches"]), reverse=True)
+    total_ms = sum(k["total_duration_ms"] or 0.0 for k in kernels)
+
+    def weighted(key: str) -> float | None:
+        pairs = [(k[key], k["total_duration_ms"] or 0.0) for k in kernels if k[key] is not None]
+        return _round(_weighted(pairs))
+
+    bound_counts = Counter(k["bound"] for k in kernels)
+    bound_time: dict[str, float] = {}
+    for k in kernels:
+        bound_time[k["bound"]] = bound_time.get(k["bound"], 0.0) + (k["total_duration_ms"] or 0.0)
+    devices = sorted({str(launch.get("device")) for launch in launches if launch.get("device")})
+    return {
+        "format": "ncu_csv",
+        "kernel_launches": sum(launch["instances"] for launch in launches),
+        "distinct_kernels": len(kernels),
+        "devices": devices,
+        "total_duration_ms": round(total_ms, 6) if total_ms else None,
+        "duration_weighted_sm_throughput_pct": weighted("sm_throughput_pct"),
+        "duration_weighted_memory_throughput_pct": weighted("memory_throughput_pct"),
+        "duration_weighted_achieved_occupancy_pct": weighted("achieved_occupancy_pct"),
+        "memory_bound_kernels": bound_counts.get("memory", 0),
+        "compute_bound_kernels": bound_counts.get("compute", 0),
+        "latency_bound_kernels": bound_counts.get("latency", 0),
+        "balanced_kernels": bound_counts.get("balanced", 0),
+        "unclassified_kernels": bound_counts.get("unknown", 0),
+        "bound_time_share_pct": {
+            name: round(100.0 * t / total_ms, 3) for name, t in sorted(bound_time.items()) if total_ms
+        },
+        "kernels": kernels[:top_n],
+        "kernels_truncated": max(0, len(kernels) - top_n),
+    }

@@ -1,0 +1,477 @@
+"""Parse py-spy profiles (raw collapsed stacks, speedscope JSON) into a bounded icicle tree, hot frames
+and a classification of where the Python time went (data loading, tokenisation, collate, framework...).
+
+SVG flame graphs are refused: they are pictures with scripts, and their frame widths are rounded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from jobs.profiling.detect import DEFAULT_MAX_BYTES, REJECTED_KINDS, SVG, decode_text, load_bytes
+from jobs.profiling.errors import ArtifactError
+
+CLASSES = ("data_loading", "tokenization", "collate", "framework", "stdlib", "user_code")
+INPUT_PIPELINE_CLASSES = ("data_loading", "tokenization", "collate")
+MAX_NODES = 2000
+
+_RAW_LINE = re.compile(r"^(.*\S)\s+(\d+(?:\.\d+)?)\s*$")
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+_PROCESS = re.compile(r'^process \d+:".*"$', re.DOTALL)
+_THREAD = re.compile(r"^thread \((?:0x[0-9A-Fa-f]+|\d+)\)(?::.*)?$")
+_TOKENIZE = re.compile(r"tokeni[sz]|(^|[^a-z])bpe([^a-z]|$)|tiktoken|sentencepiece", re.IGNORECASE)
+_TOKENIZE_FUNCS = frozenset(
+    {
+        "encode",
+        "encode_batch",
+        "encode_ordinary",
+        "encode_ordinary_batch",
+        "encode_plus",
+        "_encode_plus",
+        "batch_encode_plus",
+        "_batch_encode_plus",
+        "apply_chat_template",
+    }
+)
+_COLLATE = re.compile(r"collat", re.IGNORECASE)
+_DATA_FILE = re.compile(
+    r"torch/utils/data/|(^|/)datasets/|webdataset|(^|/)dali/|petastorm|streaming/base|(^|/)ffcv/",
+    re.IGNORECASE,
+)
+_DATA_FUNC = re.compile(r"dataloader|_worker_loop|get_batch|load_batch|next_batch", re.IGNORECASE)
+_DATA_GETITEM = frozenset({"__getitem__", "__getitems__"})
+_FRAMEWORK_PACKAGES = frozenset(
+    {
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "transformers",
+        "accelerate",
+        "deepspeed",
+        "megatron",
+        "apex",
+        "numpy",
+        "triton",
+        "flash_attn",
+        "xformers",
+        "lightning",
+        "pytorch_lightning",
+        "jax",
+        "jaxlib",
+        "flax",
+        "optax",
+        "tensorflow",
+        "keras",
+        "safetensors",
+        "einops",
+        "timm",
+        "vllm",
+        "peft",
+        "bitsandbytes",
+        "fairscale",
+        "tqdm",
+        "wandb",
+        "PIL",
+        "scipy",
+        "pandas",
+        "sklearn",
+        "cupy",
+        "numba",
+        "onnxruntime",
+        "tensorrt",
+    }
+)
+_STDLIB = frozenset(sys.stdlib_module_names)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame: function, file and line (0 when unknown); kind is "python", "process" or "thread"."""
+
+    func: str
+    file: str
+    line: int
+    kind: str = "python"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        # Tree nodes and hot frames merge a function's lines, as flame graphs do without --lineno.
+        return (self.kind, self.func, self.file)
+
+    def label(self) -> str:
+        if self.kind != "python" or not self.file:
+            return self.func
+        return f"{self.func} ({_short(self.file)})"
+
+
+@dataclass
+class Profile:
+    """Aggregated stacks (root first) with their weight, and what the weight means."""
+
+    format: str
+    stacks: dict[tuple[Frame, ...], float]
+    samples: int
+    weight_unit: str  # "samples" or "seconds"
+    skipped_lines: int = 0
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    if m := re.search(r"/lib/python\d+(?:\.\d+)?t?/(.*)$", path):
+        return m.group(1)
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 2 else path
+
+
+def _parse_frame(text: str) -> Frame:
+    if _PROCESS.match(text):
+        return Frame(text, "", 0, "process")
+    if _THREAD.match(text):
+        return Frame(text, "", 0, "thread")
+    if m := _FRAME.match(text):
+        return Frame(m.group("func"), m.group("file"), int(m.group("line") or 0))
+    return Frame(text, "", 0)
+
+
+def parse_pyspy_raw(text: str) -> Profile:
+    """Parse `py-spy record --format raw` output: one `frame;frame;...;leaf COUNT` line per stack."""
+    stacks: Counter[tuple[Frame, ...]] = Counter()
+    frames: dict[str, Frame] = {}
+    bad = good = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _RAW_LINE.match(line)
+        if m is None or not m.group(1).strip():
+            bad += 1
+            continue
+        good += 1
+        stack = []
+        for part in m.group(1).split(";"):
+            frame = frames.get(part)
+            if frame is None:
+                frame = frames[part] = _parse_frame(part)
+            stack.append(frame)
+        stacks[tuple(stack)] += float(m.group(2))
+    if good == 0 or bad > good:
+        raise ArtifactError(
+            "This is not py-spy raw output: expected lines like "
+            "'main (train.py:10);step (train.py:42) 17' (a stack and a sample count)."
+        )
+    total = sum(stacks.values())
+    return Profile("pyspy_raw", dict(stacks), int(total), "samples", skipped_lines=bad)
+
+
+def parse_speedscope(data: bytes) -> Profile:
+    """Parse a speedscope JSON file (sampled profiles; evented profiles are converted to durations)."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise ArtifactError(f"The speedscope file is not valid JSON: {exc}.") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("profiles"), list):
+        raise ArtifactError("The speedscope file has no 'profiles' list.")
+    raw_frames = (doc.get("shared") or {}).get("frames")
+    if not isinstance(raw_frames, list):
+        raise ArtifactError("The speedscope file has no 'shared.frames' list.")
+    frames = []
+    for item in raw_frames:
+        if not isinstance(item, dict):
+            raise ArtifactError("A speedscope frame is not an object.")
+        line = item.get("line")
+        frames.append(
+            Frame(
+                str(item.get("name", "?")), str(item.get("file") or ""), line if isinstance(line, int) else 0
+            )
+        )
+    stacks: Counter[tuple[Frame, ...]] = Counter()
+    samples = 0
+    units = set()
+    for number, profile in enumerate(doc["profiles"]):
+        if not isinstance(profile, dict):
+            raise ArtifactError(f"Profile {number} of the speedscope file is not an object.")
+        thread = Frame(str(profile.get("name") or f"profile {number}"), "", 0, "thread")
+        units.add(str(profile.get("unit", "none")))
+        if profile.get("type") == "evented":
+            samples += _add_evented(profile, frames, thread, stacks)
+        else:
+            samples += _add_sampled(profile, frames, thread, stacks, number)
+    if not stacks:
+        raise ArtifactError("The speedscope file holds no samples.")
+    unit = "seconds" if units == {"seconds"} else "samples" if units <= {"none"} else "/".join(sorted(units))
+    return Profile("pyspy_speedscope", dict(stacks), samples, unit)
+
+
+def _frame_at(frames: list[Frame], index: Any) -> Frame:
+    if not isinstance(index, int) or not 0 <= index < len(frames):
+        raise ArtifactError(f"The speedscope file refers to frame {index!r}, which does not exist.")
+    return frames[index]
+
+
+def _add_sampled(
+    profile: dict[str, Any],
+    frames: list[Frame],
+    thread: Frame,
+    stacks: Counter[tuple[Frame, ...]],
+    number: int,
+) -> int:
+    samples, weights = profile.get("samples"), profile.get("weights")
+    if not isinstance(samples, list) or not isinstance(weights, list) or len(samples) != len(weights):
+        raise ArtifactError(
+            f"Profile {number} of the speedscope file needs 'samples' and 'weights' of equal length."
+        )
+    cache: dict[tuple[int, ...], tuple[Frame, ...]] = {}
+    for sample, weight in zip(samples, weights, strict=True):
+        if not isinstance(sample, list) or not isinstance(weight, int | float):
+            raise ArtifactError(f"Profile {number} of the speedscope file has a malformed sample.")
+        key = tuple(sample)
+        stack = cache.get(key)
+        if stack is None:
+            stack = cache[key] = (thread, *(_frame_at(frames, i) for i in sample))
+        stacks[stack] += float(weight)
+    return len(samples)
+
+
+def _add_evented(
+    profile: dict[str, Any], frames: list[Frame], thread: Frame, stacks: Counter[tuple[Frame, ...]]
+) -> int:
+    events = profile.get("events")
+    if not isinstance(events, list):
+        raise ArtifactError("An evented speedscope profile has no 'events' list.")
+    open_frames: list[Frame] = []
+    last_at: float | None = None
+    count = 0
+    for event in events:
+        if not isinstance(event, dict) or not isinstance(event.get("at"), int | float):
+            raise ArtifactError("An evented speedscope profile has a malformed event.")
+        at = float(event["at"])
+        if open_frames and last_at is not None and at > last_at:
+            stacks[(thread, *open_frames)] += at - last_at
+            count += 1
+        last_at = at
+        frame = _frame_at(frames, event.get("frame"))
+        if event.get("type") == "O":
+            open_frames.append(frame)
+        elif event.get("type") == "C" and open_frames:
+            open_frames.pop()
+    return count
+
+
+def parse_pyspy(
+    source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, filename: str | None = None
+) -> Profile:
+    """Parse a py-spy raw or speedscope file (chosen by content). SVG flame graphs raise ArtifactError."""
+    data = load_bytes(source, max_bytes, what="py-spy profile")
+    head = data[:2048].lstrip().lower()
+    if head.startswith((b"<?xml", b"<svg", b"<!doctype svg")) or (filename or "").lower().endswith(".svg"):
+        raise ArtifactError(REJECTED_KINDS[SVG])
+    if head.startswith(b"{"):
+        return parse_speedscope(data)
+    return parse_pyspy_raw(decode_text(data))
+
+
+def frame_class(frame: Frame) -> str:
+    """Class of one frame on its own: tokenization, collate, data_loading, framework, stdlib or user_code
+    ("thread"/"process" for py-spy's synthetic frames)."""
+    path = frame.file.replace("\\", "/")
+    func = frame.func
+    if frame.kind != "python":
+        return frame.kind
+    if _TOKENIZE.search(func) or _TOKENIZE.search(path):
+        return "tokenization"
+    if func in _TOKENIZE_FUNCS and not re.search(r"(^|/)(json|codecs|base64|email|encodings)/", path):
+        return "tokenization"
+    if _COLLATE.search(func) or _COLLATE.search(path):
+        return "collate"
+    if _DATA_FILE.search(path) or _DATA_FUNC.search(func):
+        return "data_loading"
+    if func in _DATA_GETITEM and re.search(r"data", path, re.IGNORECASE):
+        return "data_loading"
+    return _library_class(path)
+
+
+def _library_class(path: str) -> str:
+    if not path or path.startswith("<string>"):
+        return "user_code"
+    if path.startswith("<frozen") or path.startswith("<built-in"):
+        return "stdlib"
+    if "site-packages/" in path or "dist-packages/" in path or path.endswith((".so", ".dylib", ".dll")):
+        return "framework"
+    if re.search(r"/lib/python\d+(?:\.\d+)?t?/", path):
+        return "stdlib"
+    top = path.lstrip("./").split("/", 1)[0].removesuffix(".py")
+    if "/" in path and not path.startswith("/") and top in _FRAMEWORK_PACKAGES:
+        return "framework"  # py-spy's short file names are relative to sys.path
+    if top in _STDLIB and not path.startswith("/"):
+        return "stdlib"
+    return "user_code"
+
+
+def _sample_class(stack: tuple[Frame, ...], cache: dict[Frame, str]) -> str:
+    """A sample belongs to the input pipeline if any frame on its stack does (most specific wins);
+    otherwise to whoever owns the leaf frame (framework, stdlib or user code)."""
+    classes = set()
+    leaf_class = "user_code"
+    for frame in stack:
+        if frame.kind != "python":
+            continue
+        cls = cache.get(frame)
+        if cls is None:
+            cls = cache[frame] = frame_class(frame)
+        classes.add(cls)
+        leaf_class = cls
+    for cls in ("tokenization", "collate", "data_loading"):
+        if cls in classes:
+            return cls
+    return leaf_class if leaf_class in ("framework", "stdlib", "user_code") else "user_code"
+
+
+def _icicle(profile: Profile, max_nodes: int) -> dict[str, Any]:
+    # Build the full tree (node = path of frame keys), then keep the heaviest nodes; a child never
+    # outweighs its parent, so sorting by (-value, depth) keeps every kept node's parent.
+    children: dict[int, dict[tuple[str, str, str], int]] = {0: {}}
+    value = [0.0]
+    depth = [0]
+    parent = [-1]
+    frame_of: list[Frame | None] = [None]
+    for stack, weight in profile.stacks.items():
+        node = 0
+        value[0] += weight
+        for frame in stack:
+            kids = children[node]
+            child = kids.get(frame.key)
+            if child is None:
+                child = kids[frame.key] = len(value)
+                children[child] = {}
+                value.append(0.0)
+                depth.append(depth[node] + 1)
+                parent.append(node)
+                frame_of.append(frame)
+            value[child] += weight
+            node = child
+    total_nodes = len(value)
+    budget = max(1, max_nodes)
+    keep_count = min(budget, total_nodes)
+    while True:
+        kept = heapq.nsmallest(keep_count, range(total_nodes), key=lambda n: (-value[n], depth[n], n))
+        kept_set = set(kept)
+        others = {n for n in kept if any(c not in kept_set for c in children[n].values())}
+        if keep_count + len(others) <= budget or keep_count <= 1:
+            break
+        keep_count = max(1, budget - len(others))
+    kept.sort(key=lambda n: (depth[n], n))
+    ids, labels, parents, values, classes = [], [], [], [], []
+    cache: dict[Frame, str] = {}
+    for n in kept:
+        frame = frame_of[n]
+        ids.append(f"n{n}")
+        labels.append("all" if frame is None else frame.label())
+        parents.append("" if n == 0 else f"n{parent[n]}")
+        values.append(round(value[n], 6))
+        classes.append("" if frame is None else cache.setdefault(frame, frame_class(frame)))
+    for n in sorted(others):
+        dropped = sum(value[c] for c in children[n].values() if c not in kept_set)
+        ids.append(f"n{n}-other")
+        labels.append("other")
+        parents.append(f"n{n}")
+        values.append(round(dropped, 6))
+        classes.append("other")
+    return {
+        "ids": ids,
+        "labels": labels,
+        "parents": parents,
+        "values": values,
+        "classes": classes,
+        "branchvalues": "total",
+        "total_nodes": total_nodes,
+        "kept_nodes": len(kept),
+    }
+
+
+def _hot_frames(profile: Profile, total: float, top_n: int, cache: dict[Frame, str]) -> dict[str, Any]:
+    self_w: Counter[tuple[str, str, str]] = Counter()
+    incl_w: Counter[tuple[str, str, str]] = Counter()
+    example: dict[tuple[str, str, str], Frame] = {}
+    for stack, weight in profile.stacks.items():
+        python = [f for f in stack if f.kind == "python"]
+        if not python:
+            continue
+        self_w[python[-1].key] += weight
+        for frame in python:
+            example.setdefault(frame.key, frame)
+        for key in {f.key for f in python}:  # recursion counts once per sample
+            incl_w[key] += weight
+
+    def row(key: tuple[str, str, str]) -> dict[str, Any]:
+        frame = example[key]
+        return {
+            "function": frame.func,
+            "file": frame.file,
+            "label": frame.label(),
+            "class": cache.setdefault(frame, frame_class(frame)),
+            "self_pct": round(100.0 * self_w[key] / total, 3),
+            "inclusive_pct": round(100.0 * incl_w[key] / total, 3),
+        }
+
+    return {
+        "hot_self": [row(k) for k, _ in self_w.most_common(top_n)],
+        "hot_inclusive": [row(k) for k, _ in incl_w.most_common(top_n)],
+        "distinct_functions": len(incl_w),
+    }
+
+
+def analyze_pyspy(
+    source: bytes | str | Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    filename: str | None = None,
+    max_nodes: int = MAX_NODES,
+    top_n: int = 30,
+) -> dict[str, Any]:
+    """Analyse a py-spy raw or speedscope profile.
+
+    Returns totals, per-thread shares, class shares in % of samples (data_loading, tokenization,
+    collate, framework, stdlib, user_code; `input_pipeline_pct` sums the first three), hot frames by
+    self and inclusive share, and an icicle tree (ids/labels/parents/values, at most `max_nodes` nodes,
+    the rest of each parent's children folded into one "other" node).
+    """
+    profile = parse_pyspy(source, max_bytes=max_bytes, filename=filename)
+    total = sum(profile.stacks.values())
+    if total <= 0:
+        raise ArtifactError("The profile's samples all have zero weight.")
+    cache: dict[Frame, str] = {}
+    class_w: Counter[str] = Counter()
+    thread_w: Counter[str] = Counter()
+    for stack, weight in profile.stacks.items():
+        class_w[_sample_class(stack, cache)] += weight
+        threads = [f.func for f in stack if f.kind == "thread"]
+        thread_w[threads[-1] if threads else "(all threads)"] += weight
+    classes_pct = {cls: round(100.0 * class_w[cls] / total, 3) for cls in CLASSES}
+    return {
+        "format": profile.format,
+        "samples": profile.samples,
+        "total_weight": round(total, 6),
+        "weight_unit": profile.weight_unit,
+        "distinct_stacks": len(profile.stacks),
+        "skipped_lines": profile.skipped_lines,
+        "threads": [
+            {"thread": name, "share_pct": round(100.0 * w / total, 3)} for name, w in thread_w.most_common(50)
+        ],
+        "classes_pct": classes_pct,
+        "input_pipeline_pct": round(sum(classes_pct[c] for c in INPUT_PIPELINE_CLASSES), 3),
+        **_hot_frames(profile, total, top_n, cache),
+        "icicle": _icicle(profile, max_nodes),
+    }

@@ -1,0 +1,155 @@
+"""The job registry: register (idempotently), update and end jobs, record pushed progress."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from jobs.catalog import match_gpu_name
+from jobs.models import GpuModel, Job, ProgressSample
+from jobs.robust import config_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+class RegistryError(Exception):
+    """A registration that conflicts with what is stored (e.g. the external id belongs to another team)."""
+
+
+def resolve_gpu_model(reported: str) -> GpuModel | None:
+    """The catalog entry for a device name as torch, nvidia-smi or dcgm-exporter report it, or None.
+
+    An admin-added name or alias wins; otherwise the built-in token matcher (which keeps "L40S" apart
+    from "L4") names the canonical model. Never a default: unknown stays unknown.
+    """
+    name = reported.strip()
+    if not name:
+        return None
+    for gpu in GpuModel.objects.all():
+        if name.lower() == gpu.name.lower() or name.lower() in (a.lower() for a in gpu.aliases):
+            return gpu
+    spec = match_gpu_name(name)
+    if spec is None:
+        return None
+    return GpuModel.objects.filter(name=spec.name).first()
+
+
+def fingerprint_for(job: Job) -> str:
+    """The model + config fingerprint baselines are keyed by."""
+    par = job.parallelism or {}
+    return config_fingerprint(
+        model_name=job.model_name,
+        gpu_model=job.gpu_model.name if job.gpu_model else job.gpu_model_name,
+        gpu_count=job.gpu_count,
+        dtype=job.dtype,
+        tp=par.get("tp", 1),
+        pp=par.get("pp", 1),
+        dp=par.get("dp", 1),
+        ep=par.get("ep", 1),
+        micro_batch=job.micro_batch,
+        global_batch=job.global_batch,
+        seq_len=(job.model_config or {}).get("seq_len"),
+        recompute=job.recompute,
+    )
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Outcome of a registration: the job and whether it was new."""
+
+    job: Job
+    created: bool
+
+
+_REGISTERED_FIELDS = (
+    "name",
+    "owner",
+    "dtype",
+    "micro_batch",
+    "global_batch",
+    "recompute",
+    "tokens_per_step",
+    "throughput_query",
+    "started_at",
+    "ended_at",
+)
+
+
+@transaction.atomic
+def register_job(data: dict[str, Any]) -> Registration:
+    """Create the job, or update it in place when the external id is known (scheduler retries are safe).
+
+    `data` is a validated JobRegisterSerializer payload. The caller has checked the team permission.
+    """
+    model = dict(data["model"])
+    values: dict[str, Any] = {field: data.get(field) for field in _REGISTERED_FIELDS if field in data}
+    values.update(
+        team=data["team"],
+        model_name=model.pop("name"),
+        model_config=model,
+        parallelism=dict(data.get("parallelism") or {"tp": 1, "pp": 1, "dp": 1, "ep": 1}),
+        gpu_model_name=data["gpu_model"],
+        gpu_model=resolve_gpu_model(data["gpu_model"]),
+        gpu_count=data["gpu_count"],
+        price_tier=data.get("price_tier") or "",
+        gpus=[dict(g) for g in data.get("gpus") or []],
+        selector=dict(data.get("selector") or {}),
+    )
+    for optional in ("micro_batch", "global_batch", "tokens_per_step"):
+        values.setdefault(optional, None)
+    job = Job.objects.select_for_update().filter(external_id=data["external_id"]).first()
+    created = job is None
+    if job is None:
+        job = Job(external_id=data["external_id"])
+    elif job.team_id != values["team"].pk:
+        raise RegistryError(f"job {job.external_id!r} is registered to another team")
+    for field, value in values.items():
+        setattr(job, field, value)
+    if job.ended_at is not None and job.status == Job.Status.RUNNING:
+        job.status = Job.Status.ENDED
+    job.config_fingerprint = fingerprint_for(job)
+    job.save()
+    if job.gpu_model is None:
+        log.warning(
+            "job %s: unknown GPU model %r (add it to the catalog)", job.external_id, job.gpu_model_name
+        )
+    return Registration(job=job, created=created)
+
+
+@transaction.atomic
+def update_job(job: Job, data: dict[str, Any]) -> Job:
+    """Apply a PATCH: end the job (or re-open it with ended_at null) and correct simple fields."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    for field in ("name", "tokens_per_step", "throughput_query", "price_tier"):
+        if field in data:
+            setattr(job, field, data[field] if data[field] is not None else None)
+    if "ended_at" in data:
+        ended: datetime | None = data["ended_at"]
+        if ended is not None and ended < job.started_at:
+            raise RegistryError("ended_at is before started_at")
+        job.ended_at = ended
+        if ended is None:
+            job.status, job.finalized_at = Job.Status.RUNNING, None
+        elif job.status == Job.Status.RUNNING:
+            job.status = Job.Status.ENDED
+    job.save()
+    return job
+
+
+def record_progress(job: Job, points: list[dict[str, Any]]) -> int:
+    """Store pushed progress points; a point at an already-stored timestamp is replaced (retries are safe)."""
+    rows = [
+        ProgressSample(job=job, timestamp=p["timestamp"], step=p.get("step"), tokens=p["tokens"])
+        for p in points
+    ]
+    ProgressSample.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["job", "timestamp"],
+        update_fields=["step", "tokens"],
+    )
+    return len(rows)

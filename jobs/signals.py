@@ -1,0 +1,487 @@
+"""Registry of the DCGM fields the product reads, the PromQL that reads them, and the per-job result.
+
+Pure: no Django and no HTTP. `fetch_job_signals` takes any client with `range()` and `label_values()`
+(`jobs.prometheus.PrometheusClient`).
+
+Every signal is aggregated across the job's GPUs on the server (one query per signal returns mean, min,
+max and count series, told apart by a `stat` label), so the number of queries grows with the number of
+signals, never with the number of GPUs. A second, optional query per signal returns one series per GPU
+(`by (Hostname, hostname, exported_*, gpu)`) at a coarse step for the heatmap.
+
+Values are normalised in PromQL to the registry's `unit` (ratios 0-1 for utilisations; GPU_UTIL and
+MEM_COPY_UTIL arrive in percent, and so does DCGM 4.6's `DCGM_FI_DEV_GPU_UTIL_RATIO` despite its name:
+DCGM still stores NVML's integer percent). Missing signals are reported with a reason, never as zeros.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from jobs.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key
+
+MEAN, MIN, MAX, COUNT = "mean", "min", "max", "count"
+NONZERO = "nonzero"  # XID: number of GPUs with a non-zero code
+STAT_LABEL = "stat"
+DEFAULT_RATE_WINDOW_S = 300.0
+
+
+class Reading(enum.StrEnum):
+    """How a field's samples are turned into a time series."""
+
+    GAUGE = "gauge"  # sampled value, scaled
+    RATE = "rate"  # counter of ns throttled: rate(x[w]) / 1e9 = share of time
+    ENERGY = "energy"  # counter of mJ: rate(x[w]) / 1e3 = average W; increase over the job = energy
+    COUNTER = "counter"  # other counters: rate(x[w]) * scale
+    CODE = "code"  # last error code (XID): any non-zero value matters, averages do not
+    BITMASK = "bitmask"  # clock event reasons: share of GPUs with each reason bit set
+
+
+# Clock event reason bits worth a finding (DCGM_CLOCKS_EVENT_REASON_*); idle/app clocks/display are not.
+THROTTLE_BITS: dict[str, int] = {
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One DCGM field: its Prometheus names, units, how to read it, and what its absence costs."""
+
+    key: str
+    field: str  # the DCGM field name as dcgm-exporter's counters CSV spells it (pre-4.6)
+    metrics: tuple[str, ...]  # accepted Prometheus names, released name first, DCGM 4.6 name after
+    raw_unit: str
+    unit: str  # after `scale`
+    scale: float
+    reading: Reading
+    default_enabled: bool
+    prom_type: str  # gauge | counter, as in the counters CSV
+    help: str
+    hides: str
+    group: str
+
+    @property
+    def enable_line(self) -> str:
+        """The line to add to dcgm-exporter's counters CSV (`-f`) to collect this field."""
+        return f"{self.field}, {self.prom_type}, {self.help}"
+
+    @property
+    def stats(self) -> tuple[str, ...]:
+        """Names of the aggregate series `aggregate_query` returns for this signal."""
+        if self.reading is Reading.CODE:
+            return (MAX, NONZERO, COUNT)
+        if self.reading is Reading.BITMASK:
+            return (*THROTTLE_BITS, COUNT)
+        return (MEAN, MIN, MAX, COUNT)
+
+    def normalise(self, raw: np.ndarray | float) -> np.ndarray:
+        """Raw exporter values (gauges) in `unit`, e.g. GPU_UTIL percent -> ratio."""
+        return np.asarray(raw, dtype=np.float64) * self.scale
+
+
+def _s(
+    key: str,
+    field_name: str,
+    new: str | None,
+    raw_unit: str,
+    unit: str,
+    scale: float,
+    reading: Reading,
+    default: bool,
+    help_text: str,
+    hides: str,
+    group: str,
+) -> Signal:
+    counter = reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER)
+    metrics = (field_name,) if new is None else (field_name, new)
+    return Signal(key, field_name, metrics, raw_unit, unit, scale, reading, default,
+                  "counter" if counter else "gauge", help_text, hides, group)  # fmt: skip
+
+
+_G, _R = Reading.GAUGE, Reading.RATE
+_P = "DCGM_FI_PROF_"
+_D = "DCGM_FI_DEV_"
+
+SIGNALS: dict[str, Signal] = {s.key: s for s in (
+    _s("gpu_util", f"{_D}GPU_UTIL", f"{_D}GPU_UTIL_RATIO", "%", "ratio", 0.01, _G, True,
+       "GPU utilization (in %).",
+       "the nvidia-smi number itself: idle GPUs and the false-saturation comparison", "utilisation"),
+    _s("gr_engine_active", f"{_P}GR_ENGINE_ACTIVE", f"{_P}GR_ENGINE_UTIL_RATIO", "ratio", "ratio", 1.0, _G,
+       True, "Ratio of time the graphics engine is active.",
+       "a finer GPU-busy measure when GPU_UTIL is coarse", "utilisation"),
+    _s("sm_active", f"{_P}SM_ACTIVE", f"{_P}SM_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
+       "The ratio of cycles an SM has at least 1 warp assigned.",
+       "false saturation, launch overhead and stragglers: whether busy GPUs actually use their SMs",
+       "utilisation"),
+    _s("sm_occupancy", f"{_P}SM_OCCUPANCY", f"{_P}SM_OCCUPANCY_RATIO", "ratio", "ratio", 1.0, _G, False,
+       "The ratio of number of warps resident on an SM.",
+       "how full the SMs are (small kernels, low parallelism)", "utilisation"),
+    _s("tensor_active", f"{_P}PIPE_TENSOR_ACTIVE", f"{_P}TENSOR_UTIL_RATIO", "ratio", "ratio", 1.0, _G,
+       True, "Ratio of cycles the tensor (HMMA) pipe is active.",
+       "idle tensor cores, memory-bound work and the hardware cross-check of MFU", "utilisation"),
+    _s("tensor_hmma_active", f"{_P}PIPE_TENSOR_HMMA_ACTIVE", f"{_P}HMMA_UTIL_RATIO", "ratio", "ratio", 1.0,
+       _G, False, "Ratio of cycles the HMMA pipe is active.",
+       "whether tensor work is half precision (bf16/fp16) as configured", "pipes"),
+    _s("tensor_imma_active", f"{_P}PIPE_TENSOR_IMMA_ACTIVE", f"{_P}IMMA_UTIL_RATIO", "ratio", "ratio", 1.0,
+       _G, False, "Ratio of cycles the IMMA pipe is active.", "integer (int8) tensor work", "pipes"),
+    _s("tensor_dfma_active", f"{_P}PIPE_TENSOR_DFMA_ACTIVE", f"{_P}DFMA_UTIL_RATIO", "ratio", "ratio", 1.0,
+       _G, False, "Ratio of cycles the DFMA pipe is active.", "FP64 tensor work", "pipes"),
+    _s("fp16_active", f"{_P}PIPE_FP16_ACTIVE", f"{_P}FP16_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
+       "Ratio of cycles the fp16 pipes are active.", "non-tensor half-precision math", "pipes"),
+    _s("fp32_active", f"{_P}PIPE_FP32_ACTIVE", f"{_P}FP32_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
+       "Ratio of cycles the fp32 pipes are active.",
+       "fp32 math where tensor cores were expected (AMP off)", "pipes"),
+    _s("fp64_active", f"{_P}PIPE_FP64_ACTIVE", f"{_P}FP64_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
+       "Ratio of cycles the fp64 pipes are active.", "accidental double-precision math", "pipes"),
+    _s("dram_active", f"{_P}DRAM_ACTIVE", f"{_P}DRAM_UTIL_RATIO", "ratio", "ratio", 1.0, _G, True,
+       "Ratio of cycles the device memory interface is active sending or receiving data.",
+       "memory-bound kernels (DRAM busy, tensor idle)", "memory"),
+    _s("mem_copy_util", f"{_D}MEM_COPY_UTIL", None, "%", "ratio", 0.01, _G, True,
+       "Memory utilization (in %).", "device-memory traffic when DRAM_ACTIVE is off", "memory"),
+    _s("fb_used", f"{_D}FB_USED", None, "MiB", "MiB", 1.0, _G, True, "Framebuffer memory used (in MiB).",
+       "memory headroom (room for a larger micro-batch)", "memory"),
+    _s("fb_free", f"{_D}FB_FREE", None, "MiB", "MiB", 1.0, _G, True, "Framebuffer memory free (in MiB).",
+       "the GPU's memory capacity, hence headroom as a share", "memory"),
+    _s("pcie_tx_bytes", f"{_P}PCIE_TX_BYTES", None, "B/s", "B/s", 1.0, _G, True,
+       "The rate of data transmitted over the PCIe bus - including both protocol headers and data "
+       "payloads - in bytes per second.", "device-to-host copies", "interconnect"),
+    _s("pcie_rx_bytes", f"{_P}PCIE_RX_BYTES", None, "B/s", "B/s", 1.0, _G, True,
+       "The rate of data received over the PCIe bus - including both protocol headers and data "
+       "payloads - in bytes per second.", "host-to-device copies (pageable memory, data on the host)",
+       "interconnect"),
+    _s("nvlink_tx_bytes", f"{_P}NVLINK_TX_BYTES", None, "B/s", "B/s", 1.0, _G, False,
+       "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+       "collective traffic per direction (communication wait)", "interconnect"),
+    _s("nvlink_rx_bytes", f"{_P}NVLINK_RX_BYTES", None, "B/s", "B/s", 1.0, _G, False,
+       "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+       "collective traffic per direction (communication wait)", "interconnect"),
+    # NVML's NVLink throughput counters count KiB; rate() * 1024 gives bytes/s (both directions).
+    _s("nvlink_bandwidth_total", f"{_D}NVLINK_BANDWIDTH_TOTAL", f"{_D}NVLINK_THROUGHPUT_TOTAL", "KiB",
+       "B/s", 1024.0, Reading.COUNTER, True, "Total number of NVLink bandwidth counters for all lanes.",
+       "collective traffic bursts when NVLink TX/RX bytes are off", "interconnect"),
+    _s("power_usage", f"{_D}POWER_USAGE", f"{_D}BOARD_POWER_WATTS", "W", "W", 1.0, _G, True,
+       "Power draw (in W).", "power-cap throttling and idle GPUs drawing idle power", "power"),
+    _s("total_energy", f"{_D}TOTAL_ENERGY_CONSUMPTION", None, "mJ", "W", 1e-3, Reading.ENERGY, True,
+       "Total energy consumption since boot (in mJ).", "energy per job (and average power)", "power"),
+    _s("gpu_temp", f"{_D}GPU_TEMP", f"{_D}GPU_TEMP_CELSIUS", "C", "C", 1.0, _G, True,
+       "GPU temperature (in C).", "thermal throttling causes", "power"),
+    _s("memory_temp", f"{_D}MEMORY_TEMP", f"{_D}MEMORY_TEMP_CELSIUS", "C", "C", 1.0, _G, True,
+       "Memory temperature (in C).", "HBM thermal throttling", "power"),
+    _s("sm_clock", f"{_D}SM_CLOCK", None, "MHz", "MHz", 1.0, _G, True, "SM clock frequency (in MHz).",
+       "clocks below boost (throttling, stragglers) and the clock ratio of the MFU cross-check", "clocks"),
+    _s("mem_clock", f"{_D}MEM_CLOCK", None, "MHz", "MHz", 1.0, _G, True, "Memory clock frequency (in MHz).",
+       "memory clock drops", "clocks"),
+    _s("clock_throttle_reasons", f"{_D}CLOCK_THROTTLE_REASONS", f"{_D}CLOCKS_EVENT_REASONS", "bitmask",
+       "share of GPUs", 1.0, Reading.BITMASK, False, "Current clock throttle reasons.",
+       "why clocks are low (power cap, thermal, HW slowdown)", "clocks"),
+    _s("power_violation", f"{_D}POWER_VIOLATION", None, "ns", "share of time", 1e-9, _R, False,
+       "Throttling duration due to power constraints (in ns).", "how long clocks were power-capped",
+       "clocks"),
+    _s("thermal_violation", f"{_D}THERMAL_VIOLATION", None, "ns", "share of time", 1e-9, _R, False,
+       "Throttling duration due to thermal constraints (in ns).", "how long clocks were thermally capped",
+       "clocks"),
+    _s("xid_errors", f"{_D}XID_ERRORS", f"{_D}XID_ERROR", "code", "code", 1.0, Reading.CODE, True,
+       "Value of the last XID error encountered.", "GPU hardware and driver errors during the job",
+       "errors"),
+)}  # fmt: skip
+
+DEFAULT_DISABLED: frozenset[str] = frozenset(k for k, s in SIGNALS.items() if not s.default_enabled)
+"""Signal keys a default dcgm-exporter does not emit (SM_ACTIVE among them)."""
+
+_BY_METRIC: dict[str, Signal] = {m: s for s in SIGNALS.values() for m in s.metrics}
+
+
+def signal_for_metric(metric: str) -> Signal | None:
+    """The signal a Prometheus metric name belongs to (old or DCGM 4.6 name), or None."""
+    return _BY_METRIC.get(metric)
+
+
+# --------------------------------------------------------------------------------------------------
+# PromQL
+
+
+def base_vector(signal: Signal, selector: Selector, rate_window_s: float = DEFAULT_RATE_WINDOW_S) -> str:
+    """Per-GPU instant vector of `signal` in its normalised unit (counters already turned into rates)."""
+    if signal.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER):
+        expr = selector.select_range(signal.metrics, "rate", rate_window_s)
+    else:
+        expr = selector.select(signal.metrics)
+    return f"({expr})" if signal.scale == 1.0 else f"({expr}) * {signal.scale!r}"
+
+
+def _tag(expr: str, stat: str) -> str:
+    # label_replace with an empty source label and regex always matches: it just adds stat="...".
+    return f'label_replace({expr}, "{STAT_LABEL}", "{stat}", "", "")'
+
+
+def aggregate_query(signal: Signal, selector: Selector, rate_window_s: float = DEFAULT_RATE_WINDOW_S) -> str:
+    """One query whose series (labelled `stat`) are the cross-GPU aggregates in `signal.stats`."""
+    base = base_vector(signal, selector, rate_window_s)
+    parts: list[str] = []
+    for stat in signal.stats:
+        if stat == MEAN:
+            parts.append(_tag(f"avg({base})", MEAN))
+        elif stat in (MIN, MAX, COUNT):
+            parts.append(_tag(f"{stat}({base})", stat))
+        elif stat == NONZERO:
+            # `count(x != 0)` is empty, not 0, when no GPU has an error: `or vector(0)` keeps a line.
+            parts.append(_tag(f"(count({base} != 0) or vector(0))", NONZERO))
+        else:  # a throttle reason: share of reporting GPUs with that bit set
+            bit = THROTTLE_BITS[stat]
+            parts.append(_tag(f"avg(floor({base} / {bit}) % 2)", stat))
+    return " or ".join(parts)
+
+
+def per_gpu_query(signal: Signal, selector: Selector, rate_window_s: float = DEFAULT_RATE_WINDOW_S) -> str:
+    """One series per GPU, keyed by every host-label spelling and `gpu`.
+
+    `avg by` also merges copies of one GPU's series (an `hpc_job` label emits one per job); codes and
+    bitmasks use `max` because an average of codes means nothing.
+    """
+    base = base_vector(signal, selector, rate_window_s)
+    agg = "max" if signal.reading in (Reading.CODE, Reading.BITMASK) else "avg"
+    return f"{agg} by ({', '.join((*HOST_LABEL_SPELLINGS, 'gpu'))}) ({base})"
+
+
+def window_total_query(signal: Signal, selector: Selector, window_s: float) -> str:
+    """Instant query (evaluate at the job's end) for a counter's total over the job across its GPUs:
+    energy in J for TOTAL_ENERGY_CONSUMPTION, GPU-seconds throttled for the *_VIOLATION counters."""
+    if signal.reading not in (Reading.ENERGY, Reading.RATE, Reading.COUNTER):
+        raise ValueError(f"{signal.key} is not a counter")
+    expr = selector.select_range(signal.metrics, "increase", window_s)
+    return f"sum({expr}) * {signal.scale!r}"
+
+
+def xid_codes_query(selector: Selector, window_s: float) -> str:
+    """Instant query (at the job's end): per GPU, the highest XID code seen in the window (0 = none)."""
+    sig = SIGNALS["xid_errors"]
+    expr = selector.select_range(sig.metrics, "max_over_time", window_s)
+    return f"max by ({', '.join((*HOST_LABEL_SPELLINGS, 'gpu'))}) ({expr})"
+
+
+DCGM_NAME_REGEX = "DCGM_FI_.+"
+
+
+# --------------------------------------------------------------------------------------------------
+# Readiness
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """One line of the readiness panel."""
+
+    key: str
+    field: str
+    present: bool
+    default_enabled: bool
+    hides: str
+    enable: str
+    metrics: tuple[str, ...]
+
+
+def readiness(present: Iterable[str]) -> list[Readiness]:
+    """Per registered field: present or missing, what its absence hides, and how to enable it.
+
+    `present` may hold Prometheus metric names (old or DCGM 4.6 spelling, e.g. from
+    `label_values("__name__", ...)`) or signal keys.
+    """
+    seen = set(present)
+    out = []
+    for sig in SIGNALS.values():
+        here = sig.key in seen or any(m in seen for m in sig.metrics)
+        if sig.default_enabled:
+            how = (
+                "in dcgm-exporter's default counters: check the exporter runs on the node and is scraped"
+                + ("; profiling fields need a datacenter GPU (Volta or newer)" if "PROF" in sig.field else "")
+            )
+        else:
+            how = f"add to the counters CSV (-f): {sig.enable_line}"
+        out.append(Readiness(sig.key, sig.field, here, sig.default_enabled, sig.hides, how, sig.metrics))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-job result
+
+
+@dataclass(frozen=True, slots=True)
+class GpuKey:
+    """One GPU of a job: host name and index."""
+
+    hostname: str
+    gpu: str
+
+    def __str__(self) -> str:
+        return f"{self.hostname}/{self.gpu}"
+
+
+@dataclass(slots=True)
+class SignalSeries:
+    """One signal over a job: aggregate stats on `timestamps`, optional per-GPU matrix (NaN = no sample)."""
+
+    key: str
+    unit: str
+    timestamps: np.ndarray
+    stats: dict[str, np.ndarray]
+    gpus: tuple[GpuKey, ...] = ()
+    gpu_timestamps: np.ndarray | None = None
+    per_gpu: np.ndarray | None = None  # shape (len(gpus), len(gpu_timestamps))
+
+    @property
+    def mean(self) -> np.ndarray | None:
+        """Cross-GPU mean (None for codes and bitmasks)."""
+        return self.stats.get(MEAN)
+
+    @property
+    def min(self) -> np.ndarray | None:
+        """Cross-GPU minimum."""
+        return self.stats.get(MIN)
+
+    @property
+    def max(self) -> np.ndarray | None:
+        """Cross-GPU maximum."""
+        return self.stats.get(MAX)
+
+    @property
+    def count(self) -> np.ndarray | None:
+        """Number of GPUs reporting at each timestamp."""
+        return self.stats.get(COUNT)
+
+
+@dataclass(slots=True)
+class JobSignals:
+    """All signals of one job on one time grid; `missing` maps absent signal keys to reasons."""
+
+    start: float
+    end: float
+    step: float
+    timestamps: np.ndarray
+    signals: dict[str, SignalSeries] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> SignalSeries | None:
+        """The signal's series, or None when it is missing."""
+        return self.signals.get(key)
+
+    @property
+    def present(self) -> set[str]:
+        """Keys of the signals that have data."""
+        return set(self.signals)
+
+
+def grid(start: float, end: float, step: float) -> np.ndarray:
+    """The evaluation timestamps Prometheus uses for a range query (start, start+step, ... <= end)."""
+    n = int(np.floor((end - start) / step + 1e-9)) + 1
+    return start + step * np.arange(max(n, 0), dtype=np.float64)
+
+
+def stats_from_series(series: Sequence[Any], timestamps: np.ndarray) -> dict[str, np.ndarray]:
+    """Aggregate-query series (objects with `labels` and `on_grid`) -> {stat: values on the grid}."""
+    out: dict[str, np.ndarray] = {}
+    for s in series:
+        stat = s.labels.get(STAT_LABEL)
+        if stat:
+            out[stat] = s.on_grid(timestamps)
+    return out
+
+
+def per_gpu_matrix(series: Sequence[Any], timestamps: np.ndarray) -> tuple[tuple[GpuKey, ...], np.ndarray]:
+    """Per-GPU series -> (sorted GPU keys, matrix gpus x time with NaN where a GPU has no sample)."""
+    rows: dict[GpuKey, np.ndarray] = {}
+    for s in series:
+        key = GpuKey(*gpu_key(s.labels))
+        row = s.on_grid(timestamps)
+        if key in rows:  # same GPU under two host spellings: keep what either has
+            row = np.where(np.isnan(rows[key]), row, rows[key])
+        rows[key] = row
+    keys = tuple(sorted(rows, key=lambda k: (k.hostname, int(k.gpu) if k.gpu.isdigit() else -1, k.gpu)))
+    matrix = np.vstack([rows[k] for k in keys]) if keys else np.empty((0, len(timestamps)))
+    return keys, matrix
+
+
+class RangeClient(Protocol):
+    """What `fetch_job_signals` needs from a client (PrometheusClient satisfies it)."""
+
+    def range(self, query: str, start: Any, end: Any, step: float | None = None) -> Sequence[Any]: ...
+
+    def label_values(
+        self, label: str, match: Sequence[str] = (), start: Any = None, end: Any = None
+    ) -> list[str]: ...
+
+
+def missing_reason(signal: Signal, found_metric: bool) -> str:
+    """Human reason for a missing signal (shown next to the empty chart and in readiness)."""
+    if found_metric:
+        return "the metric exists but has no samples for this job's GPUs in the window"
+    if not signal.default_enabled:
+        return f"not collected: off in dcgm-exporter's default counters ({signal.enable_line})"
+    return "not collected although in the default counters: is the exporter scraped on these nodes?"
+
+
+def fetch_job_signals(
+    client: RangeClient,
+    selector: Selector,
+    start: float,
+    end: float,
+    step: float,
+    *,
+    keys: Iterable[str] | None = None,
+    per_gpu_step: float | None = None,
+    rate_window_s: float | None = None,
+) -> JobSignals:
+    """Read a job's signals: 1 presence query, then 1 aggregate (+1 per-GPU) range query per signal.
+
+    `per_gpu_step` None skips the per-GPU matrices. The rate window defaults to max(5 min, step).
+    """
+    window = rate_window_s or max(DEFAULT_RATE_WINDOW_S, step)
+    duration(window)  # validates
+    wanted = [SIGNALS[k] for k in (keys if keys is not None else SIGNALS)]
+    present = set(client.label_values("__name__", selector.series_selectors(DCGM_NAME_REGEX), start, end))
+    ts = grid(start, end, step)
+    result = JobSignals(start, end, step, ts)
+    for sig in wanted:
+        found = any(m in present for m in sig.metrics)
+        if not found:
+            result.missing[sig.key] = missing_reason(sig, False)
+            continue
+        stats = stats_from_series(client.range(aggregate_query(sig, selector, window), start, end, step), ts)
+        # `count` is NaN wherever no GPU reported; `or vector(0)` lines do not count as data.
+        if COUNT not in stats or np.isnan(stats[COUNT]).all():
+            result.missing[sig.key] = missing_reason(sig, True)
+            continue
+        series = SignalSeries(sig.key, sig.unit, ts, stats)
+        if per_gpu_step:
+            gts = grid(start, end, per_gpu_step)
+            raw = client.range(per_gpu_query(sig, selector, window), start, end, per_gpu_step)
+            series.gpus, series.per_gpu = per_gpu_matrix(raw, gts)
+            series.gpu_timestamps = gts
+        result.signals[sig.key] = series
+    return result
+
+
+def describe(keys: Iterable[str] | None = None) -> list[Mapping[str, Any]]:
+    """The registry as plain dicts (for docs, the API and the readiness page)."""
+    chosen = [SIGNALS[k] for k in (keys if keys is not None else SIGNALS)]
+    return [
+        {
+            "key": s.key,
+            "field": s.field,
+            "metrics": list(s.metrics),
+            "raw_unit": s.raw_unit,
+            "unit": s.unit,
+            "reading": s.reading.value,
+            "default_enabled": s.default_enabled,
+            "hides": s.hides,
+            "enable_line": s.enable_line,
+            "group": s.group,
+        }
+        for s in chosen
+    ]

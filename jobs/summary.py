@@ -1,0 +1,98 @@
+"""The job summary: one JSON shape for the API, the `job_summary` command and the job page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from jobs.models import Job
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    """Everything known about a job, with units in key names and the definition behind each number."""
+    findings = list(job.findings.all())
+    artifacts = list(job.artifacts.all())
+    return {
+        "external_id": job.external_id,
+        "name": job.name,
+        "team": job.team.slug,
+        "owner": job.owner,
+        "status": job.status,
+        "model": {"name": job.model_name, **(job.model_config or {})},
+        "dtype": job.dtype,
+        "parallelism": job.parallelism,
+        "micro_batch": job.micro_batch,
+        "global_batch": job.global_batch,
+        "recompute": job.recompute,
+        "gpu_model": job.gpu_model.name if job.gpu_model else None,
+        "gpu_model_reported": job.gpu_model_name,
+        "gpu_model_known": job.gpu_model is not None,
+        "gpu_count": job.gpu_count,
+        "gpus": job.gpus,
+        "selector": job.selector,
+        "started_at": _iso(job.started_at),
+        "ended_at": _iso(job.ended_at),
+        "config_fingerprint": job.config_fingerprint,
+        "ingestion": {
+            "last_polled_at": _iso(job.last_polled_at),
+            "data_until": _iso(job.data_until),
+            "finalized_at": _iso(job.finalized_at),
+            "stale": bool(job.ingest_error),
+            "error": job.ingest_error or None,
+            "missing_signals": job.missing_signals,
+        },
+        "metrics": {
+            "mfu": job.mfu,
+            "hfu": job.hfu,
+            "tokens_per_second": job.tokens_per_second,
+            "gpu_util_mean": job.gpu_util_mean,
+            "sm_active_mean": job.sm_active_mean,
+            "tensor_active_mean": job.tensor_active_mean,
+            "gpu_hours": job.gpu_hours,
+            "cost_usd": job.cost_usd,
+            "cost_per_day_usd": job.cost_per_day_usd,
+            "waste_per_day_usd": job.waste_per_day_usd,
+            "target_mfu": settings.TARGET_MFU,
+            "details": job.summary,
+        },
+        "findings": [
+            {
+                "code": f.code,
+                "severity": f.severity,
+                "confidence": f.confidence,
+                "title": f.title,
+                "window_start": _iso(f.window_start),
+                "window_end": _iso(f.window_end),
+                "windows": f.windows,
+                "evidence": f.evidence,
+                "recommendation": f.recommendation,
+                "waste_per_day_usd": f.waste_per_day_usd,
+                "missing_signals": f.missing_signals,
+            }
+            for f in sorted(findings, key=lambda f: (-f.waste_per_day_usd, f.code))
+        ],
+        "artifacts": [
+            {
+                "id": a.pk,
+                "kind": a.kind,
+                "rank": a.rank,
+                "name": a.original_name,
+                "sha256": a.sha256,
+                "size_bytes": a.size_bytes,
+                "status": a.status,
+                "error": a.error or None,
+                "uploaded_at": _iso(a.uploaded_at),
+            }
+            for a in artifacts
+        ],
+    }
+
+
+def summary_queryset() -> Any:
+    """Jobs with what job_summary reads, fetched in a fixed number of queries."""
+    return Job.objects.select_related("team", "gpu_model").prefetch_related("findings", "artifacts")

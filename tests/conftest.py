@@ -1,0 +1,118 @@
+"""Shared test fixtures: where ../shared lives, and skipping cleanly when it is absent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+SAMPLES = SHARED / "samples"
+
+
+@pytest.fixture
+def samples_dir() -> Path:
+    """The real profiling artifacts in ../shared/samples (skips the test when absent)."""
+    if not SAMPLES.is_dir():
+        pytest.skip(f"{SAMPLES} is absent: real sample artifacts are not available on this machine")
+    return SAMPLES
+
+
+def sample_path(relative: str) -> Path:
+    """Path of one sample file; skips the calling test when ../shared/samples is absent."""
+    path = SAMPLES / relative
+    if not path.exists():
+        pytest.skip(f"{path} is absent: real sample artifacts are not available on this machine")
+    return path
+
+
+# Database fixtures. Imports stay inside the fixtures so that pure unit tests can run without Django.
+
+
+@pytest.fixture
+def make_team(db):
+    """Factory: a team with the given slug (created on first use)."""
+    from jobs.models import Team
+
+    def make(slug: str = "llm", name: str | None = None):
+        team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name or slug.upper()})
+        return team
+
+    return make
+
+
+@pytest.fixture
+def make_user(db):
+    """Factory: a user, optionally a member of teams, optionally staff."""
+    from django.contrib.auth import get_user_model
+
+    from jobs.models import Membership
+
+    def make(username: str = "alice", teams=(), staff: bool = False, password: str = "pw-correct-horse"):
+        user = get_user_model().objects.create_user(
+            username=username, password=password, email=f"{username}@example.com", is_staff=staff
+        )
+        for team in teams:
+            Membership.objects.create(team=team, user=user)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def api_client_for(db):
+    """Factory: a DRF APIClient authenticated with a fresh API token of `user`."""
+    from rest_framework.test import APIClient
+
+    from jobs.models import ApiToken
+
+    def make(user):
+        _, key = ApiToken.issue(user, "test")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        return client
+
+    return make
+
+
+def job_body(external_id: str = "48213", team: str = "llm", **overrides):
+    """A valid POST /api/v1/jobs/ body (Llama-like 7B on 8 H100s)."""
+    body = {
+        "external_id": external_id,
+        "name": "pretrain-7b",
+        "team": team,
+        "owner": "alice",
+        "model": {
+            "name": "llama-7b",
+            "n_params": 6.7e9,
+            "n_layers": 32,
+            "n_heads": 32,
+            "head_dim": 128,
+            "hidden": 4096,
+            "seq_len": 4096,
+            "vocab": 32000,
+        },
+        "dtype": "bf16",
+        "parallelism": {"tp": 1, "pp": 1, "dp": 8, "ep": 1},
+        "micro_batch": 4,
+        "global_batch": 256,
+        "recompute": "none",
+        "gpu_model": "NVIDIA H100 80GB HBM3",
+        "tokens_per_step": 256 * 4096,
+        "started_at": "2026-11-23T08:00:00Z",
+        "gpus": [{"hostname": "gpu-node-017", "gpu": str(i)} for i in range(8)],
+    }
+    body.update(overrides)
+    return body
+
+
+@pytest.fixture(scope="session")
+def prometheus_server(tmp_path_factory):
+    """A real, empty Prometheus on a free loopback port for the whole session (skips when not installed)."""
+    from tests.prom_server import PrometheusProcess, prometheus_binary
+
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    with PrometheusProcess(tmp_path_factory.mktemp("prom-empty")) as prom:
+        yield prom

@@ -1,0 +1,275 @@
+"""FLOPs per token, MFU/HFU and the tensor-pipe cross-check (jobs/flops.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from jobs import flops
+
+# PaLM 540B, Table 3 inputs (reference/formulas.md).
+PALM_N = 540.35e9
+PALM_SHAPE = {"n_layers": 118, "n_heads": 48, "head_dim": 256, "seq_len": 2048}
+PALM_TOKENS_PER_S = 238.3e3
+PALM_DEVICES = 6144
+TPU_V4_BF16 = 275e12
+
+
+def _palm_utilization(estimate: flops.FlopsEstimate) -> float:
+    compute = flops.mfu if estimate.kind == "model" else flops.hfu
+    return compute(estimate, PALM_TOKENS_PER_S, PALM_DEVICES, TPU_V4_BF16).value
+
+
+def test_palm_540b_mfu_reproduces_46_2_percent() -> None:
+    estimate = flops.model_flops_per_token(PALM_N, **PALM_SHAPE)
+    assert _palm_utilization(estimate) == pytest.approx(0.4623, abs=5e-5)
+    assert estimate.variant == "6N+12LHQT (PaLM, no causal halving)"
+
+
+def test_palm_540b_mfu_without_attention_is_45_73_percent() -> None:
+    estimate = flops.model_flops_per_token(PALM_N, attention=False)
+    assert _palm_utilization(estimate) == pytest.approx(0.4573, abs=5e-5)
+    assert estimate.attention_flops_per_token == 0
+    assert "attention not counted" in estimate.variant
+
+
+def test_palm_540b_hfu_full_recompute_is_61_6_percent() -> None:
+    estimate = flops.hardware_flops_per_token(PALM_N, recompute="full", **PALM_SHAPE)
+    assert _palm_utilization(estimate) == pytest.approx(0.616, abs=5e-4)
+    assert estimate.variant.startswith("8N+16LHQT")
+
+
+def test_palm_540b_hfu_with_recompute_fraction_0_751_is_57_8_percent() -> None:
+    estimate = flops.hardware_flops_per_token(PALM_N, recompute=0.751, **PALM_SHAPE)
+    assert _palm_utilization(estimate) == pytest.approx(0.578, abs=5e-4)
+    assert "0.751" in estimate.variant
+
+
+def test_hfu_without_recompute_equals_mfu() -> None:
+    model = flops.model_flops_per_token(PALM_N, **PALM_SHAPE)
+    hardware = flops.hardware_flops_per_token(PALM_N, recompute="none", **PALM_SHAPE)
+    assert hardware.flops_per_token == model.flops_per_token
+    assert hardware.kind == "hardware"
+
+
+def test_recompute_mode_is_case_insensitive() -> None:
+    upper = flops.hardware_flops_per_token(1e9, attention=False, recompute="FULL")  # type: ignore[arg-type]
+    assert upper.flops_per_token == pytest.approx(8e9)
+
+
+def test_selective_recompute_adds_only_attention_forward() -> None:
+    core = 118 * 48 * 256 * 2048
+    estimate = flops.hardware_flops_per_token(PALM_N, recompute="selective", **PALM_SHAPE)
+    assert estimate.parameter_flops_per_token == pytest.approx(6 * PALM_N)
+    assert estimate.attention_flops_per_token == pytest.approx(16 * core)
+
+
+def test_recompute_fraction_endpoints_match_named_modes() -> None:
+    none = flops.hardware_flops_per_token(PALM_N, recompute="none", **PALM_SHAPE)
+    full = flops.hardware_flops_per_token(PALM_N, recompute="full", **PALM_SHAPE)
+    assert flops.hardware_flops_per_token(
+        PALM_N, recompute=0.0, **PALM_SHAPE
+    ).flops_per_token == pytest.approx(none.flops_per_token)
+    assert flops.hardware_flops_per_token(
+        PALM_N, recompute=1.0, **PALM_SHAPE
+    ).flops_per_token == pytest.approx(full.flops_per_token)
+
+
+def test_causal_halving_halves_attention_term_and_says_so() -> None:
+    plain = flops.model_flops_per_token(PALM_N, **PALM_SHAPE)
+    causal = flops.model_flops_per_token(PALM_N, causal=True, **PALM_SHAPE)
+    assert causal.attention_flops_per_token == pytest.approx(plain.attention_flops_per_token / 2)
+    assert causal.parameter_flops_per_token == plain.parameter_flops_per_token
+    assert "causal halving" in causal.variant and "6N+6LHQT" in causal.variant
+    full_causal = flops.hardware_flops_per_token(PALM_N, recompute="full", causal=True, **PALM_SHAPE)
+    assert full_causal.variant.startswith("8N+8LHQT")
+
+
+def test_moe_uses_active_parameters() -> None:
+    # 8 experts of 5e9 each, top-2, plus 7e9 always-on parameters: 7e9 + 40e9 * 2/8 = 17e9 active.
+    active = flops.moe_active_params(47e9, 40e9, num_experts=8, top_k=2)
+    assert active == pytest.approx(17e9)
+    estimate = flops.model_flops_per_token(active, attention=False, moe=True)
+    assert estimate.flops_per_token == pytest.approx(6 * 17e9)
+    assert "active parameters (MoE)" in estimate.variant
+
+
+def test_moe_rejects_top_k_above_expert_count() -> None:
+    with pytest.raises(ValueError, match="top_k"):
+        flops.moe_active_params(47e9, 40e9, num_experts=8, top_k=9)
+
+
+def test_megatron_per_token_matches_eq3_divided_by_batch_tokens() -> None:
+    shape = {"seq_len": 2048, "n_layers": 96, "hidden_size": 12288, "vocab_size": 51200}
+    for recompute in (True, False):
+        per_iteration = flops.megatron_flops_per_iteration(batch_size=1536, recompute=recompute, **shape)
+        per_token = flops.megatron_flops_per_token(recompute=recompute, **shape)
+        assert per_token.flops_per_token == pytest.approx(per_iteration / (1536 * 2048))
+
+
+def test_megatron_full_recompute_is_hardware_kind_and_four_thirds_of_no_recompute_body() -> None:
+    shape = {"seq_len": 2048, "n_layers": 96, "hidden_size": 12288, "vocab_size": 51200}
+    with_rc = flops.megatron_flops_per_token(recompute=True, **shape)
+    without = flops.megatron_flops_per_token(recompute=False, **shape)
+    assert with_rc.kind == "hardware" and without.kind == "model"
+    # The logit term is not recomputed, so the ratio sits a little under 4/3.
+    assert 1.3 < with_rc.flops_per_token / without.flops_per_token < 4 / 3
+    h, layers, s, v = 12288, 96, 2048, 51200
+    expected = 96 * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h)) / s
+    assert with_rc.flops_per_token == pytest.approx(expected)
+    assert "96·l·h²" in with_rc.variant
+
+
+def test_mfu_refuses_hardware_estimate_and_hfu_refuses_model_estimate() -> None:
+    hardware = flops.hardware_flops_per_token(PALM_N, recompute="full", **PALM_SHAPE)
+    model = flops.model_flops_per_token(PALM_N, **PALM_SHAPE)
+    with pytest.raises(ValueError, match="MFU needs model FLOPs"):
+        flops.mfu(hardware, 1.0, 1, 1e12)
+    with pytest.raises(ValueError, match="HFU needs hardware FLOPs"):
+        flops.hfu(model, 1.0, 1, 1e12)
+
+
+def test_mfu_from_plain_float_reports_caller_variant_and_flags_above_peak() -> None:
+    result = flops.mfu(6e9, 200e12 / 6e9 * 2, 1, 100e12)
+    assert result.value == pytest.approx(4.0)
+    assert result.exceeds_peak
+    assert result.variant == "FLOPs per token given by the caller"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"n_params": -1.0}, "n_params must be positive"),
+        ({"n_params": 0}, "n_params must be positive"),
+        ({"n_params": math.nan}, "finite"),
+        ({"n_params": True}, "must be a number"),
+        ({"n_params": 1e9, "n_layers": 2, "n_heads": 2, "head_dim": 64}, "missing seq_len"),
+        ({"n_params": 1e9, "n_layers": -2, "n_heads": 2, "head_dim": 64, "seq_len": 8}, "n_layers"),
+    ],
+)
+def test_model_flops_input_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        flops.model_flops_per_token(**kwargs)
+
+
+@pytest.mark.parametrize("recompute", ["partial", 1.5, -0.1])
+def test_hardware_flops_rejects_unknown_recompute(recompute: object) -> None:
+    with pytest.raises(ValueError, match="recompute"):
+        flops.hardware_flops_per_token(1e9, attention=False, recompute=recompute)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((6e9, 1000.0, 0, 1e15), "devices must be at least 1"),
+        ((6e9, 1000.0, 2.0, 1e15), "devices must be a whole number"),
+        ((6e9, -1.0, 1, 1e15), "tokens_per_s must not be negative"),
+        ((6e9, 1000.0, 1, 0.0), "peak_flops_per_device must be positive"),
+        ((-6e9, 1000.0, 1, 1e15), "flops_per_token must be positive"),
+    ],
+)
+def test_mfu_input_validation(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        flops.mfu(*args)
+
+
+def test_aggregate_mfu_is_sum_of_flops_over_sum_of_peak_seconds_not_mean_of_ratios() -> None:
+    peak = 1e15
+    busy = flops.MfuWindow(
+        flops_per_token=1e9, tokens=5e5 * 3600, duration_s=3600, devices=8, peak_flops_per_device=peak
+    )
+    idle = flops.MfuWindow(
+        flops_per_token=1e9, tokens=0, duration_s=60, devices=8, peak_flops_per_device=peak
+    )
+    result = flops.aggregate_mfu([busy, idle])
+    assert result is not None
+    busy_mfu = 1e9 * 5e5 / (8 * peak)
+    expected = busy_mfu * 3600 / 3660
+    assert result.value == pytest.approx(expected)
+    assert result.value != pytest.approx(busy_mfu / 2)  # the mean of ratios would halve it
+    assert result.windows == 2
+
+
+def test_aggregate_mfu_weights_windows_with_different_gpu_counts_and_peaks() -> None:
+    small = flops.MfuWindow(
+        1e9, tokens=1e6, duration_s=10, devices=1, peak_flops_per_device=1e15, variant="6N"
+    )
+    large = flops.MfuWindow(
+        1e9, tokens=1e6, duration_s=10, devices=9, peak_flops_per_device=1e15, variant="6N"
+    )
+    result = flops.aggregate_mfu([small, large])
+    assert result is not None
+    assert result.value == pytest.approx(2e15 / (10 * 10 * 1e15))
+    assert result.variant == "6N"
+
+
+def test_aggregate_mfu_of_no_windows_is_none_and_zero_duration_raises() -> None:
+    assert flops.aggregate_mfu([]) is None
+    with pytest.raises(ValueError, match="no time"):
+        flops.aggregate_mfu([flops.MfuWindow(1e9, 0, 0, 1, 1e15)])
+
+
+def test_aggregate_mfu_labels_mixed_variants() -> None:
+    a = flops.MfuWindow(1e9, 1, 1, 1, 1e15, variant="6N")
+    b = flops.MfuWindow(1e9, 1, 1, 1, 1e15, variant="6N+12LHQT")
+    result = flops.aggregate_mfu([a, b])
+    assert result is not None and result.variant.startswith("mixed:")
+
+
+def test_capacity_weighted_mfu_equals_total_flops_over_total_capacity() -> None:
+    assert flops.capacity_weighted_mfu([(0.5, 100.0), (0.1, 300.0)]) == pytest.approx(80.0 / 400.0)
+    assert flops.capacity_weighted_mfu([]) is None
+
+
+def test_tensor_estimate_scales_by_sm_clock_over_boost_clock() -> None:
+    estimate = flops.tensor_flops_upper_estimate(0.5, 989.5e12, sm_clock_mhz=1372.5, boost_clock_mhz=1830)
+    assert estimate.clock_ratio == pytest.approx(0.75)
+    assert estimate.flops_per_s == pytest.approx(0.5 * 989.5e12 * 0.75)
+    assert "SM clock / boost clock" in estimate.variant
+
+
+def test_tensor_estimate_without_clocks_is_uncorrected_and_says_so() -> None:
+    estimate = flops.tensor_flops_upper_estimate(0.4, 1e15)
+    assert estimate.clock_ratio == 1.0 and "no clock correction" in estimate.variant
+
+
+def test_tensor_estimate_rejects_percentages() -> None:
+    with pytest.raises(ValueError, match="percentage"):
+        flops.tensor_flops_upper_estimate(45.0, 1e15)
+
+
+def test_cross_check_agrees_within_factor() -> None:
+    check = flops.cross_check_mfu(0.40, 0.55, sm_clock_mhz=1830, boost_clock_mhz=1830)
+    assert not check.disagrees and check.direction == "agree"
+
+
+def test_cross_check_flags_mfu_far_above_tensor_activity() -> None:
+    check = flops.cross_check_mfu(0.45, 0.10)
+    assert check.disagrees and check.direction == "mfu_above_hardware"
+    assert check.ratio == pytest.approx(4.5)
+    assert check.factor == flops.CROSS_CHECK_FACTOR
+
+
+def test_cross_check_flags_mfu_far_below_tensor_activity() -> None:
+    # e.g. FP8 peak configured for a BF16 job halves MFU while the tensor pipes stay busy.
+    check = flops.cross_check_mfu(0.15, 0.70)
+    assert check.disagrees and check.direction == "mfu_far_below_hardware"
+
+
+def test_cross_check_throttled_clock_lowers_the_estimate() -> None:
+    unthrottled = flops.cross_check_mfu(0.35, 0.6, sm_clock_mhz=1830, boost_clock_mhz=1830)
+    throttled = flops.cross_check_mfu(0.35, 0.6, sm_clock_mhz=900, boost_clock_mhz=1830)
+    assert not unthrottled.disagrees
+    assert throttled.tensor_estimate < unthrottled.tensor_estimate
+
+
+def test_cross_check_near_zero_signals_are_not_compared() -> None:
+    check = flops.cross_check_mfu(0.001, 0.005)
+    assert not check.disagrees and check.direction == "insufficient_signal" and check.ratio is None
+
+
+def test_cross_check_accepts_utilization_object() -> None:
+    utilization = flops.mfu(1e9, 4e5, 1, 1e15)
+    check = flops.cross_check_mfu(utilization, 0.5)
+    assert check.mfu == pytest.approx(0.4)
