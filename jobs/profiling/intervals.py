@@ -117,3 +117,33 @@ def overlap_with_bins(a: Intervals, edges: I64) -> I64:
 
     cov = covered_before(np.asarray(edges, dtype=np.int64))
     return np.diff(cov)
+
+
+def coverage_by_code(sets: list[Intervals]) -> dict[int, int]:
+    """Time covered by each combination of disjoint sets: {bitmask of the sets covering: ns}.
+
+    Set i contributes bit 1 << i, so with [compute, comm] the key 3 is "compute overlapping comm".
+    Time covered by none of the sets is not reported.
+    """
+    parts_t: list[I64] = []
+    parts_d: list[I64] = []
+    for i, (s, e) in enumerate(sets):
+        parts_t += [s, e]
+        parts_d += [np.full(s.size, 1 << i, dtype=np.int64), np.full(e.size, -(1 << i), dtype=np.int64)]
+    if not parts_t:
+        return {}
+    times = np.concatenate(parts_t)
+    if times.size == 0:
+        return {}
+    deltas = np.concatenate(parts_d)
+    order = np.argsort(times, kind="stable")
+    times, deltas = times[order], deltas[order]
+    code = np.cumsum(deltas)[:-1]
+    lengths = np.diff(times)
+    keep = (code > 0) & (lengths > 0)
+    out: dict[int, int] = {}
+    if keep.any():
+        codes, inverse = np.unique(code[keep], return_inverse=True)
+        sums = np.bincount(inverse, weights=lengths[keep].astype(np.float64))
+        out = {int(c): int(round(v)) for c, v in zip(codes, sums, strict=True)}
+    return out

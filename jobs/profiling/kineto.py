@@ -34,8 +34,8 @@ from jobs.profiling.events import (
     CPU_OP_COLUMNS,
     GPU_COLUMNS,
     RUNTIME_COLUMNS,
-    AnnotationSource,
     Annotations,
+    AnnotationSource,
     ColumnBuilder,
     CopyKind,
     CpuOps,
@@ -86,14 +86,14 @@ class _Event(msgspec.Struct):
 
 
 class _Document(msgspec.Struct):
-    traceEvents: list[_Event] | None = None  # noqa: N815 (Kineto's key)
-    deviceProperties: Any = None  # noqa: N815
-    computeProperties: Any = None  # noqa: N815 (2021 schema)
-    distributedInfo: Any = None  # noqa: N815
-    baseTimeNanoseconds: Any = None  # noqa: N815
-    displayTimeUnit: Any = None  # noqa: N815
-    schemaVersion: Any = None  # noqa: N815
-    traceName: Any = None  # noqa: N815
+    traceEvents: list[_Event] | None = None  # Kineto's camelCase keys, verbatim
+    deviceProperties: Any = None
+    computeProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    schemaVersion: Any = None
+    traceName: Any = None
 
 
 _DECODER = msgspec.json.Decoder(type=_Document | list[_Event])

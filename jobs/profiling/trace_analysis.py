@@ -1,0 +1,383 @@
+"""Trace analyses over the columnar event model, defined to match HolisticTraceAnalysis (HTA).
+
+`analyze_trace(trace)` returns one JSON-serialisable dict with, per rank, HTA's temporal breakdown and idle
+time breakdown, kernel breakdown, launch statistics, memcpy/memset/sync time, comm/compute overlap, step
+times and the TensorBoard profiler plugin's GPU metrics (see `gpu_stats` and `tb_metrics`).
+
+How each number relates to HTA 0.5.0 (read from its source: hta/analyzers/breakdown_analysis.py,
+communication_analysis.py, cuda_kernel_analysis.py, hta/common/trace.py, trace_parser.py):
+
+* Analysis window: HTA's `TraceAnalysis` drops the last profiler step by default
+  (`_filter_irrelevant_gpu_kernels`): when the trace has at least two distinct ``ProfilerStep#N`` names,
+  it keeps only GPU ops whose launching CPU call (same correlation id) starts before the last
+  ``ProfilerStep`` starts. The last step is usually cut short by the profiler stopping, so its GPU work is
+  incomplete. We do the same (`include_last_profiler_step=False`).
+* Temporal breakdown: span = first GPU op start to last GPU op end, over every GPU-timeline op HTA sees
+  (kernels, memcpy, memset and CUDA sync records); idle = span - union of those ops; compute = union of
+  COMPUTATION-class kernels; non-compute = span - compute - idle. Percentages of span.
+* Idle breakdown: per (device, stream), ops (kernels, memcpy, memset; not sync records) sorted by start;
+  the gap before each op is *host wait* if its launching runtime call started after the previous op
+  ended, else *kernel wait* if the gap is below `consecutive_kernel_delay` (HTA's default 30 -- in its
+  microsecond units, so 30 us here), else *other*. HTA reports per stream; the rank figures here sum the
+  streams (HTA's per-stream rows are in `streams`).
+
+Deliberate differences, each small on real traces (see benchmarks/hta_parity.py):
+
+* Nanosecond precision. HTA rounds float timestamps to whole microseconds (start up, end down) because of
+  an old PyTorch overlap bug; we keep the nanoseconds the trace has.
+* HTA classifies a "Stream Wait Event" sync record as a compute kernel (its name matches no exclusion
+  rule); we count sync records as OTHER.
+* A negative gap between ops on one stream (overlap) counts as zero idle time, where HTA would subtract it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from jobs.profiling import intervals as iv
+from jobs.profiling.events import (
+    AnnotationSource,
+    GpuOps,
+    KernelClass,
+    OpKind,
+    RankTrace,
+    RuntimeCalls,
+    Trace,
+)
+
+NS_PER_MS = 1_000_000
+NS_PER_US = 1_000
+_PROFILER_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+# Step-like NVTX range names when there is no ProfilerStep: "step 12", "train_step#3", "iteration_7".
+_NVTX_STEP_RE = re.compile(r"^(?:train[_ ]?)?(?:step|iter(?:ation)?)[\s_#:=-]*(\d+)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """Knobs of the analyses; the defaults are HTA's and the TensorBoard plugin's."""
+
+    include_last_profiler_step: bool = False
+    consecutive_kernel_delay_ns: int = 30 * NS_PER_US
+    top_kernels: int = 20
+    tiny_kernel_ns: int = 10 * NS_PER_US
+    runtime_cutoff_ns: int = 50 * NS_PER_US
+    launch_delay_cutoff_ns: int = 100 * NS_PER_US
+
+
+def ms(ns: float | int) -> float:
+    """Nanoseconds to milliseconds, rounded for display."""
+    return round(float(ns) / NS_PER_MS, 6)
+
+
+def pct(part: float | int, whole: float | int) -> float | None:
+    """`part` as a percentage of `whole` (None when whole is 0)."""
+    return round(100.0 * float(part) / float(whole), 4) if whole else None
+
+
+def analysis_window(
+    trace: Trace, rank: RankTrace, include_last_profiler_step: bool = False
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_], dict[str, Any]]:
+    """HTA's filter of GPU ops and runtime calls to the traced iterations.
+
+    Returns (gpu_mask, runtime_mask, description).
+    """
+    gpu, runtime, ann = rank.gpu, rank.runtime, rank.annotations
+    all_gpu = np.ones(len(gpu), dtype=bool)
+    all_rt = np.ones(len(runtime), dtype=bool)
+    step_name_ids = {
+        i for i in np.unique(ann.name).tolist() if "ProfilerStep" in trace.strings[int(i)]
+    } if len(ann) else set()
+    info: dict[str, Any] = {
+        "profiler_steps": len(step_name_ids),
+        "excludes_last_profiler_step": False,
+        "gpu_ops_total": int(len(gpu)),
+        "gpu_ops_analysed": int(len(gpu)),
+    }
+    if len(step_name_ids) < 2:
+        info["note"] = (
+            "No ProfilerStep annotations: the whole trace is analysed."
+            if not step_name_ids
+            else "Only one profiler step: the whole trace is analysed."
+        )
+        return all_gpu, all_rt, info
+    is_step = np.isin(ann.name, np.fromiter(step_name_ids, dtype=np.int32))
+    last_start = int(ann.start_ns[is_step].max())
+    last_end = int((ann.start_ns[is_step] + ann.dur_ns[is_step]).max())
+    if include_last_profiler_step:
+        rt_mask = runtime.start_ns <= last_end
+    else:
+        rt_mask = runtime.start_ns < last_start
+    launched = runtime.correlation[rt_mask & (runtime.correlation >= 0)]
+    gpu_mask = (gpu.correlation >= 0) & np.isin(gpu.correlation, launched)
+    info.update(
+        excludes_last_profiler_step=not include_last_profiler_step,
+        gpu_ops_analysed=int(gpu_mask.sum()),
+        note=(
+            "GPU ops launched before the last ProfilerStep began (HTA's default window)."
+            if not include_last_profiler_step
+            else "GPU ops launched up to the end of the last ProfilerStep."
+        ),
+    )
+    return gpu_mask, rt_mask, info
+
+
+def temporal_breakdown(gpu: GpuOps) -> dict[str, Any]:
+    """HTA's temporal breakdown of one rank's GPU time: idle, compute and non-compute."""
+    keys = ("idle_pct", "compute_pct", "non_compute_pct", "idle_ms", "compute_ms", "non_compute_ms", "span_ms")
+    if len(gpu) == 0:
+        return dict.fromkeys(keys)
+    end = gpu.end_ns
+    span = int(end.max() - gpu.start_ns.min())
+    busy = iv.total(iv.union(gpu.start_ns, end))
+    is_compute = gpu.kclass == KernelClass.COMPUTATION
+    compute = iv.total(iv.union(gpu.start_ns[is_compute], end[is_compute]))
+    idle = span - busy
+    non_compute = span - compute - idle
+    if span <= 0:
+        return dict.fromkeys(keys)
+    return {
+        "idle_pct": pct(idle, span),
+        "compute_pct": pct(compute, span),
+        "non_compute_pct": pct(non_compute, span),
+        "idle_ms": ms(idle),
+        "compute_ms": ms(compute),
+        "non_compute_ms": ms(non_compute),
+        "span_ms": ms(span),
+    }
+
+
+def launch_start_of(gpu: GpuOps, runtime: RuntimeCalls) -> npt.NDArray[np.float64]:
+    """Start of the runtime call that launched each GPU op (NaN when the trace lacks it).
+
+    With several CPU calls sharing a correlation id, the last one in trace order wins, as in HTA.
+    """
+    out = np.full(len(gpu), np.nan)
+    if len(runtime) == 0 or len(gpu) == 0:
+        return out
+    has = runtime.correlation >= 0
+    corr = runtime.correlation[has]
+    starts = runtime.start_ns[has]
+    order = np.argsort(corr, kind="stable")
+    corr, starts = corr[order], starts[order]
+    pos = np.searchsorted(corr, gpu.correlation, side="right") - 1
+    ok = (pos >= 0) & (gpu.correlation >= 0)
+    ok[ok] = corr[pos[ok]] == gpu.correlation[ok]
+    out[ok] = starts[pos[ok]]
+    return out
+
+
+def idle_breakdown(gpu: GpuOps, runtime: RuntimeCalls, consecutive_kernel_delay_ns: int) -> dict[str, Any]:
+    """HTA's idle time breakdown (host wait / kernel wait / other), per stream and summed over streams."""
+    ops = gpu.take(gpu.kind != OpKind.SYNC)
+    empty = {
+        "host_wait_pct": None,
+        "kernel_wait_pct": None,
+        "other_pct": None,
+        "host_wait_ms": 0.0,
+        "kernel_wait_ms": 0.0,
+        "other_ms": 0.0,
+        "idle_ms": 0.0,
+        "consecutive_kernel_delay_us": consecutive_kernel_delay_ns / NS_PER_US,
+        "streams": [],
+    }
+    if len(ops) == 0:
+        return empty
+    launch = launch_start_of(ops, runtime)
+    order = np.lexsort((ops.start_ns, ops.stream, ops.device))
+    dev, stream = ops.device[order], ops.stream[order]
+    start, end, launch = ops.start_ns[order], ops.end_ns[order], launch[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (dev[1:] != dev[:-1]) | (stream[1:] != stream[:-1])
+    prev_end = np.empty_like(end)
+    prev_end[1:] = end[:-1]
+    gap = np.where(first, 0, np.maximum(start - prev_end, 0))
+    host = ~first & (launch > prev_end)  # NaN launch compares False: not host wait
+    kernel = ~first & ~host & (start - prev_end < consecutive_kernel_delay_ns)
+    other = ~first & ~host & ~kernel
+    group_start = np.flatnonzero(first)
+    streams: list[dict[str, Any]] = []
+    totals = {"host": 0, "kernel": 0, "other": 0}
+    for gi, lo in enumerate(group_start):
+        hi = group_start[gi + 1] if gi + 1 < len(group_start) else len(order)
+        h = int(gap[lo:hi][host[lo:hi]].sum())
+        k = int(gap[lo:hi][kernel[lo:hi]].sum())
+        o = int(gap[lo:hi][other[lo:hi]].sum())
+        tot = h + k + o
+        totals["host"] += h
+        totals["kernel"] += k
+        totals["other"] += o
+        streams.append(
+            {
+                "device": int(dev[lo]),
+                "stream": int(stream[lo]),
+                "ops": int(hi - lo),
+                "host_wait_ms": ms(h),
+                "kernel_wait_ms": ms(k),
+                "other_ms": ms(o),
+                "idle_ms": ms(tot),
+                "host_wait_pct": pct(h, tot),
+                "kernel_wait_pct": pct(k, tot),
+                "other_pct": pct(o, tot),
+            }
+        )
+    total = totals["host"] + totals["kernel"] + totals["other"]
+    streams.sort(key=lambda s: -s["idle_ms"])
+    return {
+        "host_wait_pct": pct(totals["host"], total),
+        "kernel_wait_pct": pct(totals["kernel"], total),
+        "other_pct": pct(totals["other"], total),
+        "host_wait_ms": ms(totals["host"]),
+        "kernel_wait_ms": ms(totals["kernel"]),
+        "other_ms": ms(totals["other"]),
+        "idle_ms": ms(total),
+        "consecutive_kernel_delay_us": consecutive_kernel_delay_ns / NS_PER_US,
+        "streams": streams,
+    }
+
+
+def step_times(trace: Trace, rank: RankTrace) -> dict[str, Any]:
+    """Step durations from ProfilerStep#N annotations (CPU side), else GPU-side ones, else NVTX ranges."""
+    ann = rank.annotations
+    result: dict[str, Any] = {"source": None, "count": 0, "steps": []}
+    if len(ann) == 0:
+        return result
+    names = [trace.strings[int(i)] for i in ann.name]
+    candidates: list[tuple[str, npt.NDArray[np.bool_], re.Pattern[str]]] = [
+        ("ProfilerStep", ann.source == AnnotationSource.CPU, _PROFILER_STEP_RE),
+        ("ProfilerStep (GPU)", ann.source == AnnotationSource.GPU, _PROFILER_STEP_RE),
+        ("NVTX ProfilerStep", ann.source == AnnotationSource.NVTX, _PROFILER_STEP_RE),
+        ("NVTX", ann.source == AnnotationSource.NVTX, _NVTX_STEP_RE),
+    ]
+    for label, source_mask, pattern in candidates:
+        rows: list[tuple[int, int, int, str]] = []
+        for i in np.flatnonzero(source_mask):
+            m = pattern.search(names[i]) if pattern is _PROFILER_STEP_RE else pattern.match(names[i])
+            if m:
+                rows.append((int(ann.start_ns[i]), int(ann.dur_ns[i]), int(m.group(1)), names[i]))
+        if not rows:
+            continue
+        rows.sort()
+        origin = rows[0][0]
+        durs = np.array([r[1] for r in rows], dtype=np.float64)
+        result.update(
+            source=label,
+            count=len(rows),
+            steps=[
+                {"step": step, "name": name, "start_ms": ms(start - origin), "duration_ms": ms(dur)}
+                for start, dur, step, name in rows
+            ],
+            mean_ms=ms(durs.mean()),
+            median_ms=ms(float(np.median(durs))),
+            min_ms=ms(durs.min()),
+            max_ms=ms(durs.max()),
+            std_ms=ms(durs.std()),
+        )
+        return result
+    return result
+
+
+def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None = None) -> dict[str, Any]:
+    """Every analysis for one rank, as a JSON-serialisable dict."""
+    from jobs.profiling import gpu_stats, tb_metrics  # local: they import helpers from this module
+
+    opts = options or AnalysisOptions()
+    gpu_mask, rt_mask, window = analysis_window(trace, rank, opts.include_last_profiler_step)
+    gpu = rank.gpu.take(gpu_mask)
+    runtime = rank.runtime.take(rt_mask)
+    kernels = gpu.kind == OpKind.KERNEL
+    out: dict[str, Any] = {
+        "rank": rank.rank,
+        "label": rank.label,
+        "devices": [d.as_dict() for d in rank.devices],
+        "distributed": rank.distributed.as_dict() if rank.distributed else None,
+        "counts": {
+            "gpu_ops": int(len(rank.gpu)),
+            "kernels": int((rank.gpu.kind == OpKind.KERNEL).sum()),
+            "memcpy": int((rank.gpu.kind == OpKind.MEMCPY).sum()),
+            "memset": int((rank.gpu.kind == OpKind.MEMSET).sum()),
+            "sync": int((rank.gpu.kind == OpKind.SYNC).sum()),
+            "runtime_calls": int(len(rank.runtime)),
+            "cpu_ops": int(len(rank.cpu_ops)),
+            "annotations": int(len(rank.annotations)),
+        },
+        "has_gpu_kernels": bool(kernels.any()),
+        "window": window,
+        "temporal_breakdown": temporal_breakdown(gpu),
+        "idle_breakdown": idle_breakdown(gpu, runtime, opts.consecutive_kernel_delay_ns),
+        "kernel_breakdown": gpu_stats.kernel_breakdown(trace, gpu, opts.top_kernels, opts.tiny_kernel_ns),
+        "launch_stats": gpu_stats.launch_stats(
+            trace, gpu, runtime, opts.runtime_cutoff_ns, opts.launch_delay_cutoff_ns
+        ),
+        "memcpy": gpu_stats.memcpy_stats(gpu),
+        "memset": gpu_stats.memset_stats(gpu),
+        "sync": gpu_stats.sync_stats(trace, gpu, runtime),
+        "comm_compute_overlap": gpu_stats.comm_compute_overlap(gpu),
+        "tensor_cores": gpu_stats.tensor_core_share(trace, gpu),
+        "step_times": step_times(trace, rank),
+    }
+    out.update(tb_metrics.tb_metrics(trace, rank))
+    return out
+
+
+def analyze_trace(trace: Trace, options: AnalysisOptions | None = None) -> dict[str, Any]:
+    """All analyses for every rank of a parsed trace, as one JSON-serialisable dict.
+
+    Keys: `source`, `options`, `warnings`, `metadata`, `ranks` (one dict per rank with `rank`,
+    `temporal_breakdown`, `idle_breakdown`, `kernel_breakdown`, `launch_stats`, `memcpy`, `memset`,
+    `sync`, `comm_compute_overlap`, `tensor_cores`, `step_times`, `tb_gpu_metrics`, `step_breakdown`)
+    and `summary` (means over ranks with GPU work). Units are in the key names.
+    """
+    opts = options or AnalysisOptions()
+    ranks = [analyze_rank(trace, r, opts) for r in trace.ranks]
+    return {
+        "source": trace.source,
+        "options": asdict(opts),
+        "warnings": list(trace.warnings),
+        "metadata": _jsonable(trace.metadata),
+        "ranks": ranks,
+        "summary": _summary(ranks),
+    }
+
+
+def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    gpu_ranks = [r for r in ranks if r["temporal_breakdown"]["idle_pct"] is not None]
+
+    def mean_of(section: str, key: str) -> float | None:
+        vals = [r[section][key] for r in gpu_ranks if r[section].get(key) is not None]
+        return round(sum(vals) / len(vals), 4) if vals else None
+
+    def extreme(section: str, key: str, pick: Any) -> dict[str, Any] | None:
+        vals = [(r[section][key], r["rank"]) for r in gpu_ranks if r[section].get(key) is not None]
+        if not vals:
+            return None
+        value, rank = pick(vals)
+        return {"rank": rank, key: value}
+
+    return {
+        "ranks": len(ranks),
+        "ranks_with_gpu_ops": len(gpu_ranks),
+        "idle_pct_mean": mean_of("temporal_breakdown", "idle_pct"),
+        "compute_pct_mean": mean_of("temporal_breakdown", "compute_pct"),
+        "non_compute_pct_mean": mean_of("temporal_breakdown", "non_compute_pct"),
+        "host_wait_pct_mean": mean_of("idle_breakdown", "host_wait_pct"),
+        "most_idle_rank": extreme("temporal_breakdown", "idle_pct", max),
+        "least_idle_rank": extreme("temporal_breakdown", "idle_pct", min),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
