@@ -83,6 +83,8 @@ DATABASES = {
         env_str("DATABASE_URL", "postgres://efficiency:efficiency@127.0.0.1:55432/efficiency")
     ).as_django()
 }
+# Lets concurrent test runs on one server use separate test databases.
+DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_efficiency")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -246,7 +246,7 @@ class JobSeries(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="series")
     signal = models.CharField(max_length=64)
-    stat = models.CharField(max_length=8)
+    stat = models.CharField(max_length=32)
     gpu_key = models.CharField(max_length=200, blank=True)
     step_seconds = models.PositiveIntegerField()
     start = models.DateTimeField()

@@ -347,6 +347,8 @@ class RankTrace:
     #: The profiling window (Kineto's "PyTorch Profiler (0)" span, nsys analysis range), if known.
     window_ns: tuple[int, int] | None = None
     label: str = ""
+    #: Kineto timestamps with sub-microsecond digits: HTA rounds these to whole microseconds.
+    sub_us_timestamps: bool = False
 
     def device_by_id(self, device_id: int) -> DeviceInfo | None:
         """Properties of a device, if the trace recorded them."""
@@ -401,6 +403,7 @@ def combine_traces(traces: list[Trace]) -> Trace:
                     unix_offset_ns=rank.unix_offset_ns,
                     window_ns=rank.window_ns,
                     label=rank.label,
+                    sub_us_timestamps=rank.sub_us_timestamps,
                 )
             )
         warnings.extend(trace.warnings)

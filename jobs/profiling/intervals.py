@@ -15,17 +15,20 @@ Intervals = tuple[I64, I64]
 EMPTY: Intervals = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
-def union(starts: I64, ends: I64) -> Intervals:
+def union(starts: I64, ends: I64, *, keep_empty: bool = False) -> Intervals:
     """Merge possibly overlapping intervals into a sorted, disjoint set.
 
     Touching intervals (one ends where the next starts) merge, as HTA's `merge_kernel_intervals` does.
-    Zero- and negative-length intervals are dropped: they cover no time.
+    Zero- and negative-length intervals are dropped (they cover no time) unless `keep_empty`, which
+    reproduces HTA exactly: it keeps them, so a lone negative-length interval (an artefact of its
+    microsecond rounding) becomes a "merged" interval of negative length.
     """
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
-    keep = ends > starts
-    if not keep.all():
-        starts, ends = starts[keep], ends[keep]
+    if not keep_empty:
+        keep = ends > starts
+        if not keep.all():
+            starts, ends = starts[keep], ends[keep]
     if starts.size == 0:
         return EMPTY
     order = np.argsort(starts, kind="stable")
@@ -36,12 +39,11 @@ def union(starts: I64, ends: I64) -> Intervals:
     new_group[0] = True
     new_group[1:] = s[1:] > running_end[:-1]
     first = np.flatnonzero(new_group)
-    last = np.append(first[1:] - 1, s.size - 1)
-    return s[first], running_end[last]
+    return s[first], np.maximum.reduceat(e, first)
 
 
 def total(intervals: Intervals) -> int:
-    """Summed length of a disjoint interval set."""
+    """Summed length of a disjoint interval set (negative lengths count, see `union(keep_empty=True)`)."""
     s, e = intervals
     return int((e - s).sum()) if s.size else 0
 
@@ -145,5 +147,5 @@ def coverage_by_code(sets: list[Intervals]) -> dict[int, int]:
     if keep.any():
         codes, inverse = np.unique(code[keep], return_inverse=True)
         sums = np.bincount(inverse, weights=lengths[keep].astype(np.float64))
-        out = {int(c): int(round(v)) for c, v in zip(codes, sums, strict=True)}
+        out = {int(c): round(v) for c, v in zip(codes, sums, strict=True)}
     return out

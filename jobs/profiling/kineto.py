@@ -204,11 +204,17 @@ def _read_source(source: bytes | bytearray | str | Path | BinaryIO, limit: int) 
 
 def _read_stream(handle: BinaryIO | io.BufferedReader, limit: int) -> bytes:
     # Compressed input is smaller than the decompressed limit, and plain JSON must be under it, so
-    # reading one byte past the limit is enough to know either way.
-    data = handle.read(limit + 1)
-    if not isinstance(data, bytes | bytearray):
-        raise ArtifactError("The trace source did not return bytes.")
-    return bytes(data)
+    # reading one byte past the limit is enough to know either way. Chunked: read(limit) would
+    # allocate the whole limit up front.
+    buf = bytearray()
+    while len(buf) <= limit:
+        chunk = handle.read(min(_CHUNK * 8, limit + 1 - len(buf)))
+        if not chunk:
+            break
+        if not isinstance(chunk, bytes | bytearray):
+            raise ArtifactError("The trace source did not return bytes.")
+        buf += chunk
+    return bytes(buf)
 
 
 def _gunzip_bounded(raw: bytes | bytearray, limit: int) -> bytearray:
@@ -486,6 +492,9 @@ def _build_trace(events: list[_Event], meta: _Document, rank_override: int | Non
         w = _to_ns(np.array(window, dtype=np.float64))
         rank_trace.window_ns = (int(w[0]), int(w[1]))
     rank_trace.label = f"rank {rank_trace.rank}"
+    rank_trace.sub_us_timestamps = any(
+        len(ts) and bool(np.any(np.frombuffer(ts, dtype=np.float64) % 1.0)) for ts, _ in times.values()
+    )
 
     metadata: dict[str, Any] = {
         "schema_version": meta.schemaVersion if isinstance(meta.schemaVersion, int | str) else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -24,7 +25,15 @@ from jobs.profiling.errors import ArtifactError
 
 IDLE_UTIL_PCT = 5.0
 MAX_POINTS = 2000
-_NA = {"", "[n/a]", "n/a", "[not supported]", "[unknown error]", "[insufficient permissions]", "[gpu is lost]"}
+_NA = {
+    "",
+    "[n/a]",
+    "n/a",
+    "[not supported]",
+    "[unknown error]",
+    "[insufficient permissions]",
+    "[gpu is lost]",
+}
 _SLUG = re.compile(r"[^a-z0-9]+")
 _HEADER_UNIT = re.compile(r"^(.*?)\s*\[([^\]]*)\]\s*$")
 _VALUE_UNIT = re.compile(r"^([-+]?\d+(?:\.\d+)?)\s*(%|W|MiB|GiB|KiB|MHz|C|mW|V)?$")
@@ -32,9 +41,31 @@ _UNIT_SUFFIX = {"%": "pct", "w": "w", "mhz": "mhz", "c": "c", "mib": "bytes", "g
 _UNIT_SCALE = {"mib": 1024.0**2, "gib": 1024.0**3, "kib": 1024.0}
 # Custom logger headers (e.g. temperature_C, utilization_gpu_percent, power_W) end in a unit word.
 _NAME_UNIT = re.compile(r"^(.*?)[_.](c|percent|pct|w|mhz|mib|watts|celsius)$")
-_NAME_UNIT_SUFFIX = {"c": "c", "celsius": "c", "percent": "pct", "pct": "pct", "w": "w", "watts": "w", "mhz": "mhz"}
+_NAME_UNIT_SUFFIX = {
+    "c": "c",
+    "celsius": "c",
+    "percent": "pct",
+    "pct": "pct",
+    "w": "w",
+    "watts": "w",
+    "mhz": "mhz",
+}
 # Fields nvidia-smi prints without a unit in the header.
 _DEFAULT_SUFFIX = {"temperature_gpu": "c", "temperature_memory": "c"}
+# Units of --query-gpu fields, for a field list given without units (format=csv,noheader).
+_KNOWN_UNITS = (
+    ("utilization_", "%"),
+    ("memory_total", "mib"),
+    ("memory_used", "mib"),
+    ("memory_free", "mib"),
+    ("memory_reserved", "mib"),
+    ("power_", "w"),
+    ("enforced_power_limit", "w"),
+    ("clocks_event", ""),
+    ("clocks_throttle", ""),
+    ("clocks_", "mhz"),
+    ("fan_speed", "%"),
+)
 _ALIASES = {
     "power_w": "power_draw_w",
     "temperature_c": "temperature_gpu_c",
@@ -65,9 +96,14 @@ def _column_key(title: str) -> tuple[str, float]:
     if unit is None and (m := _NAME_UNIT.match(title.strip().lower())):
         word = m.group(2)
         if word in _NAME_UNIT_SUFFIX:
-            base, unit = _slug(m.group(1)), {"c": "c", "celsius": "c", "watts": "w", "percent": "%"}.get(word, word)
+            base, unit = (
+                _slug(m.group(1)),
+                {"c": "c", "celsius": "c", "watts": "w", "percent": "%"}.get(word, word),
+            )
         elif word == "mib":
             base, unit = _slug(m.group(1)), "mib"
+    if unit is None:
+        unit = next((u for prefix, u in _KNOWN_UNITS if base.startswith(prefix)), None) or None
     suffix = _UNIT_SUFFIX.get(unit or "", _DEFAULT_SUFFIX.get(base, _slug(unit or "")))
     key = f"{base}_{suffix}" if suffix else base
     return _ALIASES.get(key, key), _UNIT_SCALE.get(unit or "", 1.0)
@@ -136,10 +172,10 @@ def _downsample(t: np.ndarray, columns: dict[str, np.ndarray], max_points: int) 
             out[key] = [None if np.isnan(v) else round(float(v), 4) for v in col]
         return out
     edges = np.linspace(0, n, max_points + 1).astype(int)
-    out = {"t_unix_s": [round(float(t[a:b].mean()), 3) for a, b in zip(edges[:-1], edges[1:], strict=True)]}
+    out = {"t_unix_s": [round(float(t[a:b].mean()), 3) for a, b in itertools.pairwise(edges)]}
     for key, col in columns.items():
         series = []
-        for a, b in zip(edges[:-1], edges[1:], strict=True):
+        for a, b in itertools.pairwise(edges):
             chunk = col[a:b]
             chunk = chunk[~np.isnan(chunk)]
             series.append(round(float(chunk.mean()), 4) if chunk.size else None)
@@ -149,7 +185,9 @@ def _downsample(t: np.ndarray, columns: dict[str, np.ndarray], max_points: int) 
 
 def _rows(text: str) -> list[list[str]]:
     try:
-        return [row for row in csv.reader(io.StringIO(text), skipinitialspace=True) if any(c.strip() for c in row)]
+        return [
+            row for row in csv.reader(io.StringIO(text), skipinitialspace=True) if any(c.strip() for c in row)
+        ]
     except csv.Error as exc:
         raise ArtifactError(f"The CSV is malformed: {exc}.") from exc
 
@@ -222,7 +260,9 @@ def analyze_nvidia_smi(
                 continue
             entry["values"].setdefault(key, []).append(np.nan if value is None else value)
     if not gpus:
-        raise ArtifactError(f"No usable nvidia-smi rows ({bad} malformed); check the header and the timestamps.")
+        raise ArtifactError(
+            f"No usable nvidia-smi rows ({bad} malformed); check the header and the timestamps."
+        )
     return _smi_result(gpus, time_i is not None, bad, idle_util_pct, max_points)
 
 
@@ -265,11 +305,19 @@ def _smi_result(
     util_all = np.concatenate(all_util) if all_util else np.array([])
 
     def mean_of(key: str) -> float | None:
-        means = [g["stats"][key]["mean"] for g in per_gpu if key in g["stats"] and g["stats"][key]["mean"] is not None]
+        means = [
+            g["stats"][key]["mean"]
+            for g in per_gpu
+            if key in g["stats"] and g["stats"][key]["mean"] is not None
+        ]
         return round(float(np.mean(means)), 4) if means else None
 
     def max_of(key: str) -> float | None:
-        maxes = [g["stats"][key]["max"] for g in per_gpu if key in g["stats"] and g["stats"][key]["max"] is not None]
+        maxes = [
+            g["stats"][key]["max"]
+            for g in per_gpu
+            if key in g["stats"] and g["stats"][key]["max"] is not None
+        ]
         return round(float(max(maxes)), 4) if maxes else None
 
     return {
@@ -283,7 +331,9 @@ def _smi_result(
         "duration_s": round(float(times.max() - times.min()), 3) if has_time else None,
         "median_interval_s": round(float(np.median(intervals)), 3) if intervals.size else None,
         "mean_utilization_gpu_pct": mean_of("utilization_gpu_pct"),
-        "idle_share_pct": round(100.0 * float(np.mean(util_all < idle_util_pct)), 3) if util_all.size else None,
+        "idle_share_pct": round(100.0 * float(np.mean(util_all < idle_util_pct)), 3)
+        if util_all.size
+        else None,
         "idle_util_threshold_pct": idle_util_pct,
         "mean_power_draw_w": mean_of("power_draw_w"),
         "max_temperature_gpu_c": max_of("temperature_gpu_c"),
@@ -346,12 +396,13 @@ def analyze_dstat(
     meta: dict[str, str] = {}
     header: list[str] | None = None
     data: list[dict[str, Any]] = []
+    first_in_block = False
     i = 0
     while i < len(rows):
         row = [c.strip() for c in rows[i]]
         i += 1
         if row[0].startswith(_DSTAT_META):
-            for label, value in zip(row[::1], row[1:], strict=False):
+            for label, value in itertools.pairwise(row):
                 if label in ("Host:", "User:", "Cmdline:", "Date:"):
                     meta[label.rstrip(":").lower()] = value
             continue
@@ -374,9 +425,11 @@ def analyze_dstat(
             continue
         data.append(dict(zip(header, row, strict=False)))
     if header is None:
-        raise ArtifactError("No dstat header found (a group row such as \"total cpu usage\" and a column row).")
+        raise ArtifactError('No dstat header found (a group row such as "total cpu usage" and a column row).')
     if not data:
-        raise ArtifactError("The dstat CSV has a header but fewer than two samples (the first one is since boot).")
+        raise ArtifactError(
+            "The dstat CSV has a header but fewer than two samples (the first one is since boot)."
+        )
     return _dstat_result(data, header, meta, utc_offset_s, max_points)
 
 
@@ -424,7 +477,9 @@ def _dstat_result(
         exact = f"{prefix}_total_{nick}_bytes_per_s"
         if exact in cols:
             return cols[exact]
-        parts = [c for k, c in cols.items() if k.startswith(prefix + "_") and k.endswith(f"_{nick}_bytes_per_s")]
+        parts = [
+            c for k, c in cols.items() if k.startswith(prefix + "_") and k.endswith(f"_{nick}_bytes_per_s")
+        ]
         return np.nansum(parts, axis=0) if parts else None
 
     def mean(col: np.ndarray | None) -> float | None:

@@ -144,7 +144,8 @@ def normalize_value(text: str, unit: str) -> tuple[float | str | None, str]:
     value = _number(text)
     if value is None:
         stripped = text.strip()
-        return (stripped or None), _slug(unit)
+        missing = not stripped or stripped.lower() in {"n/a", "nan", "-nan"}
+        return (None if missing else stripped), _slug(unit) if unit.strip() != "%" else "pct"
     u = unit.strip().lower()
     if u == "%":
         return value, "pct"

@@ -89,7 +89,9 @@ _COLUMN_KEYS = {
     "category": "category",
 }
 _BANNER = re.compile(r"\*\*\s*(.*?)\s*\((\w+)\)\s*:?\s*$")
-_PROCESSING = re.compile(r"^Processing \[.*?\] with \[(?:.*[/\\])?(\w+?)(?:\.py)?\]")
+# "Processing [x.sqlite] with [.../cuda_gpu_kern_sum.py]..." (2022+),
+# "Running [.../gpukernsum.py x.sqlite]..." (older)
+_PROCESSING = re.compile(r"^(?:Processing|Running) \[.*?(\w+)\.py\b")
 _DASHES = re.compile(r"-{2,}")
 _UNIT = re.compile(r"^(.*?)\s*\(([^()]*)\)\s*$")
 

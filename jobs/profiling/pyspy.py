@@ -93,6 +93,8 @@ class Profile:
 
 
 def _short(path: str) -> str:
+    if not path.startswith("/") and not re.match(r"^[A-Za-z]:[\\/]", path):
+        return path  # already py-spy's short name, relative to sys.path
     for marker in ("site-packages/", "dist-packages/"):
         if marker in path:
             return path.split(marker, 1)[1]
@@ -246,7 +248,7 @@ def parse_pyspy(
     head = data[:2048].lstrip().lower()
     if head.startswith((b"<?xml", b"<svg", b"<!doctype svg")) or (filename or "").lower().endswith(".svg"):
         raise ArtifactError(REJECTED_KINDS[SVG])
-    if head.startswith(b"{"):
+    if head.startswith((b"{", b"[")):
         return parse_speedscope(data)
     return parse_pyspy_raw(decode_text(data))
 

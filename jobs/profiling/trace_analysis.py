@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from jobs.profiling import gpu_stats, tb_metrics
 from jobs.profiling import intervals as iv
 from jobs.profiling.events import (
     AnnotationSource,
@@ -50,9 +51,8 @@ from jobs.profiling.events import (
     RuntimeCalls,
     Trace,
 )
+from jobs.profiling.units import NS_PER_US, ms, pct
 
-NS_PER_MS = 1_000_000
-NS_PER_US = 1_000
 _PROFILER_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 # Step-like NVTX range names when there is no ProfilerStep: "step 12", "train_step#3", "iteration_7".
 _NVTX_STEP_RE = re.compile(r"^(?:train[_ ]?)?(?:step|iter(?:ation)?)[\s_#:=-]*(\d+)$", re.IGNORECASE)
@@ -63,21 +63,15 @@ class AnalysisOptions:
     """Knobs of the analyses; the defaults are HTA's and the TensorBoard plugin's."""
 
     include_last_profiler_step: bool = False
+    #: Round Kineto timestamps with sub-microsecond digits to whole microseconds as HTA does
+    #: (start up, end down). Off: keep nanoseconds, which differs from HTA by up to ~1-2 points on
+    #: nanosecond-resolution traces full of sub-microsecond kernels.
+    hta_us_rounding: bool = True
     consecutive_kernel_delay_ns: int = 30 * NS_PER_US
     top_kernels: int = 20
     tiny_kernel_ns: int = 10 * NS_PER_US
     runtime_cutoff_ns: int = 50 * NS_PER_US
     launch_delay_cutoff_ns: int = 100 * NS_PER_US
-
-
-def ms(ns: float | int) -> float:
-    """Nanoseconds to milliseconds, rounded for display."""
-    return round(float(ns) / NS_PER_MS, 6)
-
-
-def pct(part: float | int, whole: float | int) -> float | None:
-    """`part` as a percentage of `whole` (None when whole is 0)."""
-    return round(100.0 * float(part) / float(whole), 4) if whole else None
 
 
 def analysis_window(
@@ -90,14 +84,16 @@ def analysis_window(
     gpu, runtime, ann = rank.gpu, rank.runtime, rank.annotations
     all_gpu = np.ones(len(gpu), dtype=bool)
     all_rt = np.ones(len(runtime), dtype=bool)
-    step_name_ids = {
-        i for i in np.unique(ann.name).tolist() if "ProfilerStep" in trace.strings[int(i)]
-    } if len(ann) else set()
+    step_name_ids = (
+        {i for i in np.unique(ann.name).tolist() if "ProfilerStep" in trace.strings[int(i)]}
+        if len(ann)
+        else set()
+    )
     info: dict[str, Any] = {
         "profiler_steps": len(step_name_ids),
         "excludes_last_profiler_step": False,
-        "gpu_ops_total": int(len(gpu)),
-        "gpu_ops_analysed": int(len(gpu)),
+        "gpu_ops_total": len(gpu),
+        "gpu_ops_analysed": len(gpu),
     }
     if len(step_name_ids) < 2:
         info["note"] = (
@@ -109,10 +105,7 @@ def analysis_window(
     is_step = np.isin(ann.name, np.fromiter(step_name_ids, dtype=np.int32))
     last_start = int(ann.start_ns[is_step].max())
     last_end = int((ann.start_ns[is_step] + ann.dur_ns[is_step]).max())
-    if include_last_profiler_step:
-        rt_mask = runtime.start_ns <= last_end
-    else:
-        rt_mask = runtime.start_ns < last_start
+    rt_mask = runtime.start_ns <= last_end if include_last_profiler_step else runtime.start_ns < last_start
     launched = runtime.correlation[rt_mask & (runtime.correlation >= 0)]
     gpu_mask = (gpu.correlation >= 0) & np.isin(gpu.correlation, launched)
     info.update(
@@ -127,16 +120,60 @@ def analysis_window(
     return gpu_mask, rt_mask, info
 
 
+def round_like_hta(rank: RankTrace) -> RankTrace:
+    """The rank with every timestamp rounded as HTA's parser does for float timestamps.
+
+    `round_down_time_stamps` in hta/common/trace_parser.py: start = ceil(ts), end = floor(ts + dur), in
+    microseconds. Sub-microsecond ops can end up with zero or negative duration; HTA keeps them.
+    """
+
+    def rnd(table: Any) -> Any:
+        # Redo HTA's arithmetic in float64 microseconds, rounding errors included: at epoch scale
+        # ts + dur is only accurate to 0.25 us, which decides floor() for some ops. whole + frac/1000
+        # recovers the very double the JSON parser produced for ts.
+        whole, frac = np.divmod(table.start_ns, NS_PER_US)
+        ts_us = whole.astype(np.float64) + frac / 1000.0
+        end_us = ts_us + table.dur_ns / 1000.0
+        new_start = np.ceil(ts_us).astype(np.int64) * NS_PER_US
+        new_end = np.floor(end_us).astype(np.int64) * NS_PER_US
+        return replace(table, start_ns=new_start, dur_ns=new_end - new_start)
+
+    return replace(
+        rank,
+        gpu=rnd(rank.gpu),
+        runtime=rnd(rank.runtime),
+        cpu_ops=rnd(rank.cpu_ops),
+        annotations=rnd(rank.annotations),
+    )
+
+
+_TEMPORAL_KEYS = (
+    "idle_pct",
+    "compute_pct",
+    "non_compute_pct",
+    "idle_ms",
+    "compute_ms",
+    "non_compute_ms",
+    "span_ms",
+)
+
+
 def temporal_breakdown(gpu: GpuOps) -> dict[str, Any]:
-    """HTA's temporal breakdown of one rank's GPU time: idle, compute and non-compute."""
-    keys = ("idle_pct", "compute_pct", "non_compute_pct", "idle_ms", "compute_ms", "non_compute_ms", "span_ms")
+    """HTA's temporal breakdown of one rank's GPU time: idle, compute and non-compute.
+
+    Merging keeps empty intervals and the span ends at the last merged interval, exactly as HTA's
+    `merge_kernel_intervals`/`_get_idle_time_for_kernels`; with non-negative durations this is simply
+    first start to last end.
+    """
+    keys = _TEMPORAL_KEYS
     if len(gpu) == 0:
         return dict.fromkeys(keys)
     end = gpu.end_ns
-    span = int(end.max() - gpu.start_ns.min())
-    busy = iv.total(iv.union(gpu.start_ns, end))
+    merged = iv.union(gpu.start_ns, end, keep_empty=True)
+    span = int(merged[1][-1] - merged[0][0])
+    busy = iv.total(merged)
     is_compute = gpu.kclass == KernelClass.COMPUTATION
-    compute = iv.total(iv.union(gpu.start_ns[is_compute], end[is_compute]))
+    compute = iv.total(iv.union(gpu.start_ns[is_compute], end[is_compute], keep_empty=True))
     idle = span - busy
     non_compute = span - compute - idle
     if span <= 0:
@@ -172,8 +209,14 @@ def launch_start_of(gpu: GpuOps, runtime: RuntimeCalls) -> npt.NDArray[np.float6
     return out
 
 
-def idle_breakdown(gpu: GpuOps, runtime: RuntimeCalls, consecutive_kernel_delay_ns: int) -> dict[str, Any]:
-    """HTA's idle time breakdown (host wait / kernel wait / other), per stream and summed over streams."""
+def idle_breakdown(
+    gpu: GpuOps, runtime: RuntimeCalls, consecutive_kernel_delay_ns: int, clamp_negative_gaps: bool = True
+) -> dict[str, Any]:
+    """HTA's idle time breakdown (host wait / kernel wait / other), per stream and summed over streams.
+
+    A negative gap (overlapping ops on one stream, normally only an artefact of microsecond rounding)
+    counts as zero unless `clamp_negative_gaps` is off, which sums it like HTA does.
+    """
     ops = gpu.take(gpu.kind != OpKind.SYNC)
     empty = {
         "host_wait_pct": None,
@@ -196,9 +239,10 @@ def idle_breakdown(gpu: GpuOps, runtime: RuntimeCalls, consecutive_kernel_delay_
     first[1:] = (dev[1:] != dev[:-1]) | (stream[1:] != stream[:-1])
     prev_end = np.empty_like(end)
     prev_end[1:] = end[:-1]
-    gap = np.where(first, 0, np.maximum(start - prev_end, 0))
+    raw_gap = start - prev_end
+    gap = np.where(first, 0, np.maximum(raw_gap, 0) if clamp_negative_gaps else raw_gap)
     host = ~first & (launch > prev_end)  # NaN launch compares False: not host wait
-    kernel = ~first & ~host & (start - prev_end < consecutive_kernel_delay_ns)
+    kernel = ~first & ~host & (raw_gap < consecutive_kernel_delay_ns)
     other = ~first & ~host & ~kernel
     group_start = np.flatnonzero(first)
     streams: list[dict[str, Any]] = []
@@ -284,10 +328,12 @@ def step_times(trace: Trace, rank: RankTrace) -> dict[str, Any]:
 
 def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None = None) -> dict[str, Any]:
     """Every analysis for one rank, as a JSON-serialisable dict."""
-    from jobs.profiling import gpu_stats, tb_metrics  # local: they import helpers from this module
-
     opts = options or AnalysisOptions()
+    rounded = opts.hta_us_rounding and rank.sub_us_timestamps
+    if rounded:
+        rank = round_like_hta(rank)
     gpu_mask, rt_mask, window = analysis_window(trace, rank, opts.include_last_profiler_step)
+    window["timestamps_rounded_to_us"] = rounded
     gpu = rank.gpu.take(gpu_mask)
     runtime = rank.runtime.take(rt_mask)
     kernels = gpu.kind == OpKind.KERNEL
@@ -297,19 +343,21 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
         "devices": [d.as_dict() for d in rank.devices],
         "distributed": rank.distributed.as_dict() if rank.distributed else None,
         "counts": {
-            "gpu_ops": int(len(rank.gpu)),
+            "gpu_ops": len(rank.gpu),
             "kernels": int((rank.gpu.kind == OpKind.KERNEL).sum()),
             "memcpy": int((rank.gpu.kind == OpKind.MEMCPY).sum()),
             "memset": int((rank.gpu.kind == OpKind.MEMSET).sum()),
             "sync": int((rank.gpu.kind == OpKind.SYNC).sum()),
-            "runtime_calls": int(len(rank.runtime)),
-            "cpu_ops": int(len(rank.cpu_ops)),
-            "annotations": int(len(rank.annotations)),
+            "runtime_calls": len(rank.runtime),
+            "cpu_ops": len(rank.cpu_ops),
+            "annotations": len(rank.annotations),
         },
         "has_gpu_kernels": bool(kernels.any()),
         "window": window,
         "temporal_breakdown": temporal_breakdown(gpu),
-        "idle_breakdown": idle_breakdown(gpu, runtime, opts.consecutive_kernel_delay_ns),
+        "idle_breakdown": idle_breakdown(
+            gpu, runtime, opts.consecutive_kernel_delay_ns, clamp_negative_gaps=not rounded
+        ),
         "kernel_breakdown": gpu_stats.kernel_breakdown(trace, gpu, opts.top_kernels, opts.tiny_kernel_ns),
         "launch_stats": gpu_stats.launch_stats(
             trace, gpu, runtime, opts.runtime_cutoff_ns, opts.launch_delay_cutoff_ns

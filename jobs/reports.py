@@ -1,0 +1,508 @@
+"""The weekly cost-waste email: one per team and ISO week, built from the leaderboard's own numbers.
+
+Numbers. GPU hours, cost, waste and the GPU-hour-weighted MFU come from ``leaderboard.team_rows`` and the
+top jobs from ``leaderboard.worst_jobs``, so the email always equals the leaderboard page for the same week
+(jobs that span the week boundary count only their hours inside the week).
+
+Who gets it. Active team members with ``Membership.weekly_report`` on and a non-empty address, plus
+``Team.extra_report_recipients``, de-duplicated case-insensitively. All of them are in one message's To:
+one SMTP transaction per team and week is what "sent once" is recorded against.
+
+Teams without GPU hours in the week get no email and no delivery row: "you used nothing" is not actionable,
+and an idle team would otherwise be mailed every Monday forever. If jobs of that week are registered late,
+a later run still sends the week (nothing was recorded for it). The preview page renders such weeks anyway.
+
+Exactly once. Before sending, a worker claims the ``ReportDelivery`` row of (team, week): an
+``INSERT ... ON CONFLICT DO NOTHING`` on the unique (team, week_start) creates it already claimed, and if the
+row exists, one conditional ``UPDATE`` takes it over only when the last attempt failed or when its claim is
+older than ``STALE_CLAIM_TIMEOUT`` (the worker died mid-send). Postgres re-checks the UPDATE's condition
+after waiting for a concurrent writer's lock, so of two racing workers exactly one wins; the other reports
+"in progress" or "already sent". A worker killed mid-send leaves a claimed row, which a later run (the
+Celery redelivery of the ``acks_late`` task, or the operator's command) re-sends after the timeout: the
+week is sent late, not lost. The one duplicate this cannot exclude is an SMTP server that accepted the
+message while the worker died before recording it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.utils import make_msgid
+from enum import StrEnum
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.core.mail import EmailMultiAlternatives, get_connection
+from django.db.models import F, Q
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs.leaderboard import Period, TeamRow, iso_week, team_rows, worst_jobs
+from jobs.models import Finding, Job, Membership, PriceEntry, ReportDelivery, Team
+from jobs.templatetags import units
+
+logger = logging.getLogger(__name__)
+
+# A claim older than this belongs to a dead worker. It must exceed the longest healthy send (SMTP connect +
+# DATA, each bounded by EMAIL_TIMEOUT) by a wide margin, or a slow send would be duplicated; and it stays
+# below Celery's broker visibility timeout (1 h), so the redelivered task finds the row claimable again.
+STALE_CLAIM_TIMEOUT = timedelta(minutes=30)
+TOP_JOBS = 5
+_MAX_ERROR_CHARS = 2000
+_NA = "n/a"
+
+
+class Outcome(StrEnum):
+    """What happened to one team's email for one week."""
+
+    SENT = "sent"
+    ALREADY_SENT = "already_sent"
+    IN_PROGRESS = "in_progress"
+    FAILED = "failed"
+    DRY_RUN = "dry_run"
+    NO_ACTIVITY = "no_activity"
+    NO_RECIPIENTS = "no_recipients"
+
+
+@dataclass(frozen=True)
+class JobLine:
+    """One of the week's top wasting jobs, with its main finding (the one explaining the most $/day)."""
+
+    external_id: str
+    name: str
+    model_name: str
+    gpus: str
+    mfu: float | None
+    gpu_hours: float
+    waste_usd: float
+    url: str
+    finding_title: str
+    finding_recommendation: str
+    finding_waste_per_day_usd: float | None
+    bar_pct: int
+
+
+@dataclass(frozen=True)
+class WeeklyReport:
+    """A team's week: its leaderboard row, the previous week's, its rank and its top wasting jobs."""
+
+    team: Team
+    period: Period
+    previous: Period
+    row: TeamRow | None
+    previous_row: TeamRow | None
+    rank: int | None
+    teams_ranked: int
+    top_jobs: tuple[JobLine, ...]
+    price_tiers: tuple[str, ...]
+    recipients: tuple[str, ...]
+
+    @property
+    def has_activity(self) -> bool:
+        """True when the team used any GPU hours in the week."""
+        return self.row is not None and self.row.gpu_hours > 0
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU hours inside the week."""
+        return self.row.gpu_hours if self.row else 0.0
+
+    @property
+    def cost_usd(self) -> float:
+        """Cost in USD of the hours inside the week."""
+        return self.row.cost_usd if self.row else 0.0
+
+    @property
+    def waste_usd(self) -> float:
+        """Waste in USD of the hours inside the week."""
+        return self.row.waste_usd if self.row else 0.0
+
+    @property
+    def weighted_mfu(self) -> float | None:
+        """GPU-hour-weighted MFU (0-1), None when no job of the week has an MFU."""
+        return self.row.weighted_mfu if self.row else None
+
+    @property
+    def previous_waste_usd(self) -> float | None:
+        """Last week's waste; None when the team had no jobs then (as the leaderboard shows it)."""
+        return self.previous_row.waste_usd if self.previous_row else None
+
+    @property
+    def waste_change_usd(self) -> float | None:
+        """Waste this week minus last week, the leaderboard's trend column."""
+        prev = self.previous_waste_usd
+        return None if prev is None else self.waste_usd - prev
+
+    @property
+    def week_start(self) -> datetime:
+        """Monday 00:00 UTC of the week."""
+        return self.period.start
+
+
+@dataclass(frozen=True)
+class DeliveryOutcome:
+    """The result of one team's send (or preview) for one week."""
+
+    team_slug: str
+    week: str
+    status: Outcome
+    recipients: tuple[str, ...] = ()
+    subject: str = ""
+    text: str = ""
+    error: str = ""
+    message_id: str = ""
+    attempts: int = 0
+
+    def describe(self) -> str:
+        """One line for operators: what happened and why."""
+        who = f"{len(self.recipients)} recipient(s)"
+        match self.status:
+            case Outcome.SENT:
+                return f"sent to {who} (attempt {self.attempts}, {self.message_id})"
+            case Outcome.ALREADY_SENT:
+                return "skipped (already sent)"
+            case Outcome.IN_PROGRESS:
+                return "skipped (another worker is sending it right now)"
+            case Outcome.FAILED:
+                return f"failed (attempt {self.attempts}): {self.error}"
+            case Outcome.DRY_RUN:
+                return f"dry run, would send to {who}: {', '.join(self.recipients)}"
+            case Outcome.NO_ACTIVITY:
+                return f"skipped (no GPU hours in {self.week})"
+            case Outcome.NO_RECIPIENTS:
+                return "skipped (no recipients: every member opted out and no extra addresses)"
+        return str(self.status)
+
+
+# --------------------------------------------------------------------------------------------- building
+
+
+def report_recipients(team: Team) -> list[str]:
+    """Opted-in active members with an address, then the team's extra addresses; no duplicates."""
+    members = (
+        Membership.objects.filter(team=team, weekly_report=True, user__is_active=True)
+        .exclude(user__email="")
+        .select_related("user")
+        .order_by("user__username")
+    )
+    seen: set[str] = set()
+    out: list[str] = []
+    for address in [m.user.email for m in members] + list(team.extra_report_recipients or []):
+        address = (address or "").strip()
+        # Mail systems treat the domain (and in practice the local part) case-insensitively.
+        if address and address.lower() not in seen:
+            seen.add(address.lower())
+            out.append(address)
+    return out
+
+
+def _absolute(path: str) -> str:
+    return settings.SITE_URL.rstrip("/") + path
+
+
+def _main_findings(job_ids: list[int]) -> dict[int, Finding]:
+    best: dict[int, Finding] = {}
+    # Same order as the job page: most $/day first, then the code as a stable tie-break.
+    for finding in Finding.objects.filter(job_id__in=job_ids).order_by(
+        "job_id", "-waste_per_day_usd", "code"
+    ):
+        best.setdefault(finding.job_id, finding)
+    return best
+
+
+def _job_lines(jobs: list[Job]) -> tuple[JobLine, ...]:
+    findings = _main_findings([j.pk for j in jobs])
+    top = max((j.waste_in_period for j in jobs), default=0.0)
+    lines = []
+    for job in jobs:
+        finding = findings.get(job.pk)
+        gpu = job.gpu_model.name if job.gpu_model else (job.gpu_model_name or "GPU")
+        lines.append(
+            JobLine(
+                external_id=job.external_id,
+                name=job.name or job.external_id,
+                model_name=job.model_name,
+                gpus=f"{job.gpu_count} × {gpu}",
+                mfu=job.mfu,
+                gpu_hours=job.gpu_h,
+                waste_usd=job.waste_in_period,
+                url=_absolute(reverse("job-detail", args=[job.external_id])),
+                finding_title=finding.title if finding else "",
+                finding_recommendation=finding.recommendation if finding else "",
+                finding_waste_per_day_usd=finding.waste_per_day_usd if finding else None,
+                bar_pct=round(100 * job.waste_in_period / top) if top > 0 else 0,
+            )
+        )
+    return tuple(lines)
+
+
+def _price_tiers(team: Team, period: Period) -> tuple[str, ...]:
+    tiers = (
+        Job.objects.filter(team=team, started_at__lt=period.end)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=period.start))
+        .values_list("price_tier", flat=True)
+        .distinct()
+    )
+    labels = dict(PriceEntry.Tier.choices)
+    # A job without a tier is priced at the organisation default (see jobs.costs / settings).
+    names = {labels.get(t or settings.DEFAULT_PRICE_TIER, t) for t in tiers}
+    return tuple(sorted(names))
+
+
+def build_report(team: Team, period: Period, *, now: datetime | None = None) -> WeeklyReport:
+    """The team's numbers for `period` and the one before, its leaderboard rank and its top wasting jobs."""
+    rows = team_rows(period, now)
+    position = next((i for i, r in enumerate(rows) if r.team_id == team.pk), None)
+    previous = period.previous()
+    previous_row = next((r for r in team_rows(previous, now) if r.team_id == team.pk), None)
+    return WeeklyReport(
+        team=team,
+        period=period,
+        previous=previous,
+        row=rows[position] if position is not None else None,
+        previous_row=previous_row,
+        rank=position + 1 if position is not None else None,
+        teams_ranked=len(rows),
+        top_jobs=_job_lines(worst_jobs(period, limit=TOP_JOBS, team_id=team.pk, now=now)),
+        price_tiers=_price_tiers(team, period),
+        recipients=tuple(report_recipients(team)),
+    )
+
+
+# --------------------------------------------------------------------------------------------- rendering
+
+
+def _pct(value: float | None) -> str:
+    return _NA if value is None else units.pct(value)
+
+
+def _usd(value: float | None) -> str:
+    return _NA if value is None else units.usd(value)
+
+
+def _hours(value: float | None) -> str:
+    return _NA if value is None else f"{units.num(value, 1)} GPU-h"
+
+
+def _signed_usd(value: float | None) -> str:
+    return _NA if value is None else units.signed_usd(value)
+
+
+def _one_line(value: str) -> str:
+    # Header injection guard: team names are free text, and a newline in a subject is refused by Django.
+    return " ".join(value.split())
+
+
+def _bar(value: float, top: float) -> int:
+    return round(100 * value / top) if top > 0 else 0
+
+
+def _context(report: WeeklyReport) -> dict[str, object]:
+    period, previous = report.period, report.previous
+    last_day = period.end - timedelta(days=1)
+    share = report.waste_usd / report.cost_usd if report.cost_usd else None
+    prev = report.previous_row
+    change = report.waste_change_usd
+    if change is None:
+        change_s = f"{_NA} (no jobs in {previous.label})"
+    else:
+        change_s = f"{_signed_usd(change)} (from {_usd(report.previous_waste_usd)} in {previous.label})"
+    rank_s = f"#{report.rank} of {report.teams_ranked} teams" if report.rank else _NA
+    kpis = [
+        ("GPU hours", _hours(report.gpu_hours), "GPUs × hours each job ran inside the week"),
+        ("Cost", _usd(report.cost_usd), "USD for those hours, at each job's price tier"),
+        ("Weighted MFU", _pct(report.weighted_mfu), "model FLOPs utilisation, weighted by GPU hours"),
+        ("Waste", f"{_usd(report.waste_usd)} ({_pct(share)} of cost)", "USD lost below the reference MFU"),
+        (f"Waste vs {previous.label}", change_s, "positive = more waste than last week"),
+        ("Leaderboard", rank_s, "teams ranked by weighted MFU, as on the leaderboard page"),
+    ]
+    top = max(report.cost_usd, prev.cost_usd if prev else 0.0)
+    chart = [
+        (f"Cost {period.label}", _usd(report.cost_usd), _bar(report.cost_usd, top), "#4a6fa5"),
+        (f"Waste {period.label}", _usd(report.waste_usd), _bar(report.waste_usd, top), "#c0392b"),
+    ]
+    if prev:
+        chart += [
+            (f"Cost {previous.label}", _usd(prev.cost_usd), _bar(prev.cost_usd, top), "#9fb3d1"),
+            (f"Waste {previous.label}", _usd(prev.waste_usd), _bar(prev.waste_usd, top), "#e2a39c"),
+        ]
+    jobs = [
+        {
+            "line": line,
+            "mfu": _pct(line.mfu),
+            "gpu_hours": _hours(line.gpu_hours),
+            "waste": _usd(line.waste_usd),
+            "finding_waste": _usd(line.finding_waste_per_day_usd),
+        }
+        for line in report.top_jobs
+    ]
+    return {
+        "report": report,
+        "team_name": _one_line(report.team.name),
+        "week": period.label,
+        "dates": f"{period.start:%a %d %b} – {last_day:%a %d %b %Y} (UTC)",
+        "kpis": kpis,
+        "chart": [{"label": c[0], "value": c[1], "pct": c[2], "color": c[3]} for c in chart],
+        "jobs": jobs,
+        "price_tiers": ", ".join(report.price_tiers) or _NA,
+        "target_mfu": _pct(settings.TARGET_MFU),
+        "leaderboard_url": _absolute(reverse("leaderboard")) + f"?week={period.label}",
+        "team_url": _absolute(reverse("team-detail", args=[report.team.slug])),
+    }
+
+
+def render_report(report: WeeklyReport) -> tuple[str, str, str]:
+    """(subject, text part, HTML part). The HTML part escapes user text; the text part is raw by design,
+    so neither may be embedded in a page without escaping."""
+    ctx = _context(report)
+    # ASCII separators: a non-ASCII subject is RFC 2047-encoded and folded, which some clients show oddly.
+    if report.has_activity:
+        subject = (
+            f"{ctx['team_name']} {report.period.label}: {_usd(report.waste_usd)} wasted of "
+            f"{_usd(report.cost_usd)}, MFU {_pct(report.weighted_mfu)}"
+        )
+    else:
+        subject = f"{ctx['team_name']} {report.period.label}: no GPU hours"
+    ctx["subject"] = subject
+    text = render_to_string("emails/weekly_report.txt", ctx)
+    html = render_to_string("emails/weekly_report.html", ctx)
+    return subject, text, html
+
+
+# --------------------------------------------------------------------------------------------- sending
+
+
+def _claim(team: Team, week_start: object, recipients: list[str]) -> str | None:
+    """Take the (team, week) row for this worker; returns the claim token, or None when not ours to send."""
+    token = secrets.token_hex(16)
+    now = timezone.now()
+    ReportDelivery.objects.bulk_create(
+        [
+            ReportDelivery(
+                team=team,
+                week_start=week_start,
+                status=ReportDelivery.Status.CLAIMED,
+                claimed_at=now,
+                claim_token=token,
+                attempts=1,
+                recipients=recipients,
+            )
+        ],
+        ignore_conflicts=True,  # INSERT ... ON CONFLICT DO NOTHING: the unique (team, week_start) arbitrates
+    )
+    rows = ReportDelivery.objects.filter(team=team, week_start=week_start)
+    if rows.filter(claim_token=token).exists():
+        return token
+    claimable = Q(status=ReportDelivery.Status.FAILED) | Q(
+        Q(claimed_at__lt=now - STALE_CLAIM_TIMEOUT) | Q(claimed_at__isnull=True),
+        status=ReportDelivery.Status.CLAIMED,
+    )
+    taken = rows.filter(claimable).update(
+        status=ReportDelivery.Status.CLAIMED,
+        claimed_at=now,
+        claim_token=token,
+        attempts=F("attempts") + 1,
+        recipients=recipients,
+        error="",
+    )
+    return token if taken else None
+
+
+def _deliver(subject: str, text: str, html: str, recipients: list[str]) -> str:
+    domain = urlsplit(settings.SITE_URL).hostname or "localhost"
+    # Short on purpose: a Message-ID longer than a header line gets folded, which some tools mangle.
+    message_id = make_msgid(domain=domain)
+    message = EmailMultiAlternatives(
+        subject=subject,
+        body=text,
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        to=recipients,
+        headers={"Message-ID": message_id, "Auto-Submitted": "auto-generated"},
+        connection=get_connection(fail_silently=False),
+    )
+    message.attach_alternative(html, "text/html")
+    message.send(fail_silently=False)
+    return message_id
+
+
+def send_team_report(team: Team, period: Period, *, dry_run: bool = False) -> DeliveryOutcome:
+    """Send the team's email for `period` unless it was sent already or is being sent by another worker.
+
+    A dry run renders it and returns subject, recipients and text without sending or writing anything.
+    SMTP errors are recorded on the delivery row (status failed) and returned, never raised, so the next
+    run retries that week once.
+    """
+    report = build_report(team, period)
+    recipients = list(report.recipients)
+    base = {"team_slug": team.slug, "week": period.label, "recipients": report.recipients}
+    if not report.has_activity:
+        return DeliveryOutcome(status=Outcome.NO_ACTIVITY, **base)
+    if not recipients:
+        return DeliveryOutcome(status=Outcome.NO_RECIPIENTS, **base)
+    subject, text, html = render_report(report)
+    if dry_run:
+        return DeliveryOutcome(status=Outcome.DRY_RUN, subject=subject, text=text, **base)
+
+    week_start = period.start.date()
+    token = _claim(team, week_start, recipients)
+    if token is None:
+        row = ReportDelivery.objects.get(team=team, week_start=week_start)
+        status = Outcome.ALREADY_SENT if row.status == ReportDelivery.Status.SENT else Outcome.IN_PROGRESS
+        return DeliveryOutcome(status=status, attempts=row.attempts, message_id=row.message_id, **base)
+
+    mine = ReportDelivery.objects.filter(team=team, week_start=week_start, claim_token=token)
+    try:
+        message_id = _deliver(subject, text, html, recipients)
+    except Exception as exc:  # any failure must release the claim as 'failed', or the week waits 30 min
+        error = f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS]
+        logger.warning("weekly report %s %s failed: %s", team.slug, period.label, error)
+        mine.update(status=ReportDelivery.Status.FAILED, error=error)
+        attempts = mine.values_list("attempts", flat=True).first() or 0
+        return DeliveryOutcome(status=Outcome.FAILED, error=error, attempts=attempts, subject=subject, **base)
+
+    if not mine.update(status=ReportDelivery.Status.SENT, sent_at=timezone.now(), message_id=message_id):
+        # Our claim went stale and another worker took the row: it will record its own send.
+        logger.error("weekly report %s %s: claim lost while sending", team.slug, period.label)
+    attempts = mine.values_list("attempts", flat=True).first() or 0
+    logger.info("weekly report %s %s sent to %d recipients", team.slug, period.label, len(recipients))
+    return DeliveryOutcome(
+        status=Outcome.SENT, subject=subject, message_id=message_id, attempts=attempts, **base
+    )
+
+
+def default_period(now: datetime | None = None) -> Period:
+    """The ISO week before the one containing `now`, the date taken in settings.TIME_ZONE."""
+    local = timezone.localtime(now or timezone.now(), ZoneInfo(settings.TIME_ZONE))
+    return iso_week(local.date() - timedelta(days=7))
+
+
+def send_weekly_reports(
+    period: Period | None = None, team_slug: str | None = None, dry_run: bool = False
+) -> list[DeliveryOutcome]:
+    """Send (or preview) every team's email for `period` (default: last week). Safe to run concurrently:
+    each (team, week) is claimed before sending. Raises ValueError for an unknown team slug."""
+    period = period or default_period()
+    teams = Team.objects.order_by("slug")
+    if team_slug is not None:
+        teams = teams.filter(slug=team_slug)
+        if not teams.exists():
+            raise ValueError(f"no team with slug {team_slug!r}")
+    outcomes = []
+    for team in teams:
+        try:
+            outcomes.append(send_team_report(team, period, dry_run=dry_run))
+        except Exception as exc:  # one team's broken data must not stop the other teams' emails
+            logger.exception("weekly report %s %s could not be built", team.slug, period.label)
+            outcomes.append(
+                DeliveryOutcome(
+                    team_slug=team.slug,
+                    week=period.label,
+                    status=Outcome.FAILED,
+                    error=f"{type(exc).__name__}: {exc}"[:_MAX_ERROR_CHARS],
+                )
+            )
+    return outcomes

@@ -1,0 +1,302 @@
+"""Turn a scenario profile into dcgm-exporter fields per GPU and sample, plus the job's throughput.
+
+Values are raw, as the exporter reports them: GPU_UTIL in integer percent, counters cumulative (energy
+in mJ since driver load, violations in ns), clocks in MHz, frame buffer in MiB. Missing samples are NaN
+(a whole host's scrape is lost at once, as when an exporter or node is unreachable).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from jobs.signals import SIGNALS, signal_for_metric
+from jobs.simulate.gpus import GpuModel, gpu_model, gpu_uuid, pci_bus_id
+from jobs.simulate.scenarios import SCENARIOS, Ctx, Profile
+
+DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so simulated data is reproducible
+EXTRA_KEYS = ("fb_reserved", "enc_util", "dec_util", "pcie_replay_counter")
+HOST_LABEL_NAMES = ("Hostname", "hostname", "exported_Hostname", "exported_hostname")
+
+
+@dataclass(frozen=True, slots=True)
+class SimSpec:
+    """One simulated job. `disabled` takes signal keys, DCGM field names or metric names."""
+
+    scenario: str = "healthy"
+    gpus: int = 8
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
+    hosts: tuple[str, ...] = ()  # default gpu-node-001, ... as many as needed
+    gpus_per_host: int = 8
+    first_gpu: int = 0  # index of the job's first GPU on each host (jobs sharing a node)
+    job_id: str | None = "48213"
+    job_labels: Literal["hpc_job", "kubernetes", "none"] = "hpc_job"
+    namespace: str = "llm"
+    start: float = DEFAULT_START
+    duration_s: float = 3600.0
+    step_s: float = 30.0
+    seed: int = 0
+    noise: float = 0.02
+    missing_fraction: float = 0.0
+    disabled: frozenset[str] = frozenset()
+    host_label: str = "Hostname"  # "hostname" for 2026 exporters; exported_* as stored after a clash
+    uuid_label: str = "UUID"  # "uuid" with --use-old-namespace
+    metric_names: Literal["legacy", "dcgm46"] = "legacy"
+    driver_version: str = "550.90.07"
+    model_params: float = 7e9
+    params: dict[str, Any] = field(default_factory=dict)  # scenario knobs (stall_every, xid, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    """One GPU of a job with its exporter labels, in the exporter's order."""
+
+    hostname: str
+    index: int
+    uuid: str
+    labels: dict[str, str]
+
+    @property
+    def key(self) -> str:
+        """`host/index`, as jobs.signals.GpuKey prints it."""
+        return f"{self.hostname}/{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """What the training loop would report, consistent with the scenario's MFU (6N FLOPs per token)."""
+
+    tokens_per_s: np.ndarray  # (T,)
+    tokens_total: np.ndarray  # (T,) cumulative counter
+    mfu: float
+    flops_per_token: float
+    peak_flops_per_gpu: float
+    model_params: float
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Simulated exporter output of one job: fields[key] is (GPUs, samples) of raw values, NaN = missing."""
+
+    spec: SimSpec
+    model: GpuModel
+    timestamps: np.ndarray
+    gpus: list[SimGpu]
+    fields: dict[str, np.ndarray]
+    throughput: Throughput
+    truth: dict[str, Any]
+
+    def metric_name(self, key: str) -> str:
+        """The Prometheus metric name this job's exporter uses for a signal key (or extra key)."""
+        if key in SIGNALS:
+            metrics = SIGNALS[key].metrics
+            return metrics[-1] if self.spec.metric_names == "dcgm46" else metrics[0]
+        return _EXTRA_METRICS[key]
+
+    def gpu_refs(self) -> list[dict[str, Any]]:
+        """[{hostname, gpu}] for jobs.promql.Selector.from_gpus."""
+        return [{"hostname": g.hostname, "gpu": g.index} for g in self.gpus]
+
+
+_EXTRA_METRICS = {
+    "fb_reserved": "DCGM_FI_DEV_FB_RESERVED",
+    "enc_util": "DCGM_FI_DEV_ENC_UTIL",
+    "dec_util": "DCGM_FI_DEV_DEC_UTIL",
+    "pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+}
+
+
+def _disabled_keys(names: Iterable[str]) -> set[str]:
+    out = set()
+    for n in names:
+        if n in SIGNALS or n in _EXTRA_METRICS:
+            out.add(n)
+            continue
+        sig = signal_for_metric(n)
+        if sig is None:
+            raise ValueError(f"unknown field to disable: {n!r}")
+        out.add(sig.key)
+    return out
+
+
+def _gpus(spec: SimSpec) -> list[SimGpu]:
+    n_hosts = math.ceil(spec.gpus / spec.gpus_per_host)
+    hosts = list(spec.hosts) or [f"gpu-node-{i + 1:03d}" for i in range(n_hosts)]
+    if len(hosts) < n_hosts:
+        raise ValueError(f"{spec.gpus} GPUs at {spec.gpus_per_host} per host need {n_hosts} hosts")
+    if spec.host_label not in HOST_LABEL_NAMES or spec.uuid_label not in ("UUID", "uuid"):
+        raise ValueError(f"host_label must be one of {HOST_LABEL_NAMES}, uuid_label UUID or uuid")
+    out = []
+    for n in range(spec.gpus):
+        host, idx = hosts[n // spec.gpus_per_host], spec.first_gpu + n % spec.gpus_per_host
+        uuid = gpu_uuid(host, idx)
+        labels = {
+            "gpu": str(idx),
+            spec.uuid_label: uuid,
+            "pci_bus_id": pci_bus_id(idx),
+            "device": f"nvidia{idx}",
+            "modelName": spec.gpu_model,
+            spec.host_label: host,
+            "DCGM_FI_DRIVER_VERSION": spec.driver_version,
+        }
+        if spec.job_id is not None and spec.job_labels == "hpc_job":
+            labels["hpc_job"] = spec.job_id
+        elif spec.job_id is not None and spec.job_labels == "kubernetes":
+            labels |= {
+                "container": "pytorch",
+                "namespace": spec.namespace,
+                "pod": f"{spec.job_id}-worker-{hosts.index(host)}",
+            }
+        out.append(SimGpu(host, idx, uuid, labels))
+    return out
+
+
+def simulate(spec: SimSpec) -> SimResult:
+    """Simulate one job's exporter fields and throughput. Same spec (seed included) -> same output."""
+    if spec.scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {spec.scenario!r}; known: {', '.join(SCENARIOS)}")
+    if spec.gpus < 1 or spec.step_s <= 0 or spec.duration_s < spec.step_s:
+        raise ValueError("need gpus >= 1, step_s > 0 and duration_s >= step_s")
+    if not 0.0 <= spec.missing_fraction < 1.0 or spec.noise < 0:
+        raise ValueError("missing_fraction must be in [0, 1) and noise >= 0")
+    model = gpu_model(spec.gpu_model)
+    gpus = _gpus(spec)
+    n_t = int(spec.duration_s // spec.step_s) + 1
+    ts = spec.start + spec.step_s * np.arange(n_t)
+    host_names = list(dict.fromkeys(g.hostname for g in gpus))
+    host_index = np.array([host_names.index(g.hostname) for g in gpus])
+    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, _stable_hash(spec.scenario)]))
+    ctx = Ctx(rng, spec.gpus, n_t, spec.step_s, host_index, model, dict(spec.params))
+    profile = SCENARIOS[spec.scenario].build(ctx)
+    fields, tensor_eff = _fields(profile, model, ctx, spec.noise)
+    throughput = _throughput(profile, tensor_eff, model, spec)
+    if spec.missing_fraction > 0:
+        lost = rng.random((len(host_names), n_t)) < spec.missing_fraction
+        per_gpu = lost[host_index]
+        for arr in fields.values():
+            arr[per_gpu] = np.nan
+    for key in _disabled_keys(spec.disabled):
+        fields.pop(key, None)
+    truth = {"scenario": spec.scenario, "code": SCENARIOS[spec.scenario].code, "mfu": throughput.mfu}
+    truth |= profile.truth
+    for k in ("straggler_gpus", "idle_gpus"):
+        if k in truth:
+            truth[k.replace("_gpus", "_keys")] = [gpus[i].key for i in truth[k]]
+    if "xid_gpu" in truth:
+        truth["xid_key"] = gpus[truth["xid_gpu"]].key
+    return SimResult(spec, model, ts, gpus, fields, throughput, truth)
+
+
+def simulate_cluster(specs: Sequence[SimSpec]) -> list[SimResult]:
+    """Simulate several jobs; GPUs they share on a host must not overlap in time (not checked)."""
+    return [simulate(s) for s in specs]
+
+
+def _stable_hash(text: str) -> int:
+    # Python's hash() is salted per process; the seed must not be.
+    return zlib.crc32(text.encode())
+
+
+def _b(level: Any, shape: tuple[int, int]) -> np.ndarray:
+    return np.broadcast_to(np.asarray(level, dtype=np.float64), shape)
+
+
+def _fields(p: Profile, m: GpuModel, ctx: Ctx, noise: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    shape = (ctx.n_gpus, ctx.n_samples)
+    rng = ctx.rng
+    gpu_bias = 1.0 + noise * rng.standard_normal((ctx.n_gpus, 1))  # silicon and placement differ a bit
+
+    def jitter(x: np.ndarray, rel: float = 1.0) -> np.ndarray:
+        return x * gpu_bias * (1.0 + rel * noise * rng.standard_normal(shape))
+
+    act = np.clip(_b(p.activity, shape), 0.0, 1.0)
+    busy = act > 0.05
+    clock_ratio = np.where(
+        busy, np.clip(_b(p.clock, shape), 0.1, 1.0), m.idle_sm_clock_mhz / m.max_sm_clock_mhz
+    )
+    sm = np.clip(jitter(act * _b(p.sm, shape)), 0.0, 1.0)
+    shape_t = act if p.tensor_shape is None else np.clip(_b(p.tensor_shape, shape), 0.0, 1.0)
+    # Tensor activity x clock ratio is the hardware upper estimate of MFU; keep it ~12 % above the target.
+    eff = shape_t * clock_ratio
+    k = p.mfu * 1.12 / eff.mean() if eff.mean() > 0 else 0.0
+    tensor = np.clip(jitter(k * shape_t), 0.0, 0.95)
+    util = np.clip(np.rint(100.0 * act - np.abs(100.0 * noise * rng.standard_normal(shape))), 0, 100)
+    dram = np.clip(jitter(act * _b(p.dram, shape)), 0.0, 0.85)
+    power_frac = 0.15 * act + 0.45 * sm + 0.45 * tensor + 0.15 * dram + _b(p.power_extra, shape) * busy
+    power = np.clip(jitter(m.idle_w + (m.tdp_w - m.idle_w) * power_frac, 0.5), m.idle_w * 0.8, m.tdp_w * 1.02)
+    temp = _lagged(_b(p.ambient_c, shape) + 50.0 * power / m.tdp_w, ctx.step_s, tau_s=120.0)
+    temp = np.clip(np.rint(temp + 0.5 * rng.standard_normal(shape)), 20, 95)
+    nvl = np.clip(jitter(_b(p.nvlink, shape) * busy), 0, None)
+    nvl_rx = np.clip(nvl * (1.0 + 0.02 * rng.standard_normal(shape)), 0, None)
+    fb_used = np.rint(np.clip(_b(p.fb, (ctx.n_gpus, 1)), 0, 0.99) * m.fb_total_mib) * np.ones(shape)
+    fb_used = np.clip(
+        fb_used + np.rint(rng.normal(0, 0.002 * m.fb_total_mib, shape)) * (fb_used > 1000), 0, None
+    )
+    thermal = _b(p.thermal_share, shape) * busy
+    power_cap = _b(p.power_share, shape) * busy
+    step_ns = ctx.step_s * 1e9
+    offsets = rng.uniform(1e9, 5e9, (4, ctx.n_gpus, 1))  # counters started at driver load, long before
+
+    f: dict[str, np.ndarray] = {
+        "gpu_util": util.astype(np.float64),
+        "gr_engine_active": np.clip(jitter(util / 100.0 * 0.97, 0.5), 0, 1),
+        "sm_active": sm,
+        "sm_occupancy": np.clip(jitter(sm * _b(p.occupancy, shape)), 0, 1),
+        "tensor_active": tensor,
+        "tensor_hmma_active": tensor * 0.98,
+        "tensor_imma_active": np.zeros(shape),
+        "tensor_dfma_active": np.zeros(shape),
+        "fp16_active": np.clip(jitter(act * _b(p.fp16, shape)), 0, 1),
+        "fp32_active": np.clip(jitter(act * _b(p.fp32, shape)), 0, 1),
+        "fp64_active": np.clip(jitter(act * 0.001), 0, 1),
+        "dram_active": dram,
+        "mem_copy_util": np.clip(np.rint(dram * 100 * 0.92), 0, 100),
+        "fb_used": fb_used,
+        "fb_free": np.clip(m.fb_total_mib - m.fb_reserved_mib - fb_used, 0, None),
+        "fb_reserved": np.full(shape, float(m.fb_reserved_mib)),
+        "pcie_tx_bytes": np.rint(np.clip(jitter(2e7 + act * _b(p.pcie_tx, shape), 3), 0, None)),
+        "pcie_rx_bytes": np.rint(np.clip(jitter(2e7 + act * _b(p.pcie_rx, shape), 3), 0, None)),
+        "nvlink_tx_bytes": np.rint(nvl),
+        "nvlink_rx_bytes": np.rint(nvl_rx),
+        "nvlink_bandwidth_total": np.rint(offsets[0] + np.cumsum((nvl + nvl_rx) * ctx.step_s / 1024, axis=1)),
+        "power_usage": np.round(power, 3),
+        "total_energy": np.rint(offsets[1] * 1e3 + np.cumsum(power * ctx.step_s * 1e3, axis=1)),
+        "gpu_temp": temp,
+        "memory_temp": np.clip(temp + 6 + np.rint(rng.normal(0, 0.5, shape)), 20, 105),
+        "sm_clock": np.rint(clock_ratio * m.max_sm_clock_mhz),
+        "mem_clock": np.full(shape, float(m.mem_clock_mhz)),
+        "clock_throttle_reasons": np.where(busy, _b(p.throttle, shape), 0x1).astype(np.float64),
+        "power_violation": np.rint(offsets[2] + np.cumsum(power_cap * step_ns, axis=1)),
+        "thermal_violation": np.rint(offsets[3] + np.cumsum(thermal * step_ns, axis=1)),
+        "xid_errors": np.zeros(shape) if p.xid is None else np.asarray(p.xid, dtype=np.float64),
+        "enc_util": np.zeros(shape),
+        "dec_util": np.zeros(shape),
+        "pcie_replay_counter": np.zeros(shape),
+    }
+    return f, tensor * clock_ratio
+
+
+def _lagged(target: np.ndarray, step_s: float, tau_s: float) -> np.ndarray:
+    # Temperatures follow power with a thermal time constant; start at the first target.
+    alpha = 1.0 - math.exp(-step_s / tau_s)
+    out = np.empty_like(target)
+    out[:, 0] = target[:, 0]
+    for t in range(1, target.shape[1]):
+        out[:, t] = out[:, t - 1] + alpha * (target[:, t] - out[:, t - 1])
+    return out
+
+
+def _throughput(p: Profile, tensor_eff: np.ndarray, m: GpuModel, spec: SimSpec) -> Throughput:
+    flops_per_token = 6.0 * spec.model_params  # 6N, attention term left out (say so where shown)
+    peak = m.peak_bf16_tflops * 1e12
+    mean_tps = p.mfu * spec.gpus * peak / flops_per_token
+    w = tensor_eff.mean(axis=0)  # useful tensor work per sample drives tokens
+    tps = mean_tps * w / w.mean() if w.mean() > 0 else np.zeros_like(w)
+    total = np.cumsum(tps * spec.step_s)
+    mfu = float(tps.mean() * flops_per_token / (spec.gpus * peak))
+    return Throughput(tps, total, mfu, flops_per_token, peak, spec.model_params)

@@ -1,0 +1,53 @@
+"""Celery tasks: thin wrappers that take ids and call one function each.
+
+Re-running any of them is safe (ingestion upserts aligned chunks; finalize replaces the archive in one
+transaction), hence acks_late. Only transient errors (Prometheus unreachable) are retried.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from jobs import ingest
+from jobs.models import Job
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def poll_running_jobs() -> int:
+    """Fan out one poll per running job."""
+    ids = list(ingest.running_jobs().values_list("id", flat=True))
+    for job_id in ids:
+        poll_job.delay(job_id)
+    return len(ids)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def finalize_ended_jobs() -> int:
+    """Fan out one finalize per ended, not yet finalized job."""
+    ids = list(ingest.ended_jobs().values_list("id", flat=True))
+    for job_id in ids:
+        finalize_job.delay(job_id)
+    return len(ids)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def poll_job(job_id: int) -> None:
+    """Poll one job; a Prometheus outage is recorded on the job and the next minute's poll retries."""
+    job = Job.objects.select_related("gpu_model").filter(pk=job_id).first()
+    if job is not None:
+        ingest.poll_job(job)
+
+
+@shared_task(acks_late=True, ignore_result=True, bind=True, max_retries=5, default_retry_delay=120)
+def finalize_job(self, job_id: int) -> None:  # noqa: ANN001 (Celery's bound task)
+    """Finalize one job; retried with a delay while Prometheus is unreachable."""
+    job = Job.objects.select_related("gpu_model").filter(pk=job_id).first()
+    if job is None or job.status == Job.Status.FINALIZED:
+        return
+    job = ingest.finalize_job(job)
+    if job.ingest_error:
+        raise self.retry()

@@ -1,0 +1,190 @@
+"""Ingestion against a real Prometheus holding simulated dcgm-exporter data (backfilled with promtool)."""
+
+from __future__ import annotations
+
+import socket
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from jobs import ingest
+from jobs.models import Job, JobSeries
+from jobs.prometheus import PrometheusClient
+from jobs.registry import register_job
+from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics
+from tests.prom_server import PrometheusProcess, prometheus_binary
+
+pytestmark = [pytest.mark.prometheus]
+HOUR = 3600.0
+START = datetime.fromtimestamp(DEFAULT_START, tz=UTC)
+
+
+@pytest.fixture(scope="module")
+def sims():
+    """Two simulated jobs on separate nodes: a healthy one, and one without SM_ACTIVE (default exporter)."""
+    healthy = simulate(SimSpec(scenario="healthy", gpus=8, job_id="1001", duration_s=2 * HOUR, seed=3,
+                               hosts=("node-a",)))  # fmt: skip
+    no_sm = simulate(SimSpec(scenario="false_saturation", gpus=4, job_id="1002", duration_s=2 * HOUR, seed=4,
+                             hosts=("node-b",), disabled=frozenset({"sm_active"})))  # fmt: skip
+    return {"1001": healthy, "1002": no_sm}
+
+
+@pytest.fixture(scope="module")
+def prom(sims, tmp_path_factory):
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    work = tmp_path_factory.mktemp("ingest-prom")
+    om = work / "data.om"
+    write_openmetrics(list(sims.values()), om)
+    backfill(om, work / "tsdb")
+    with PrometheusProcess(work / "tsdb") as server:
+        yield server
+
+
+def _register(sim, team, *, ended: bool) -> Job:
+    job_id = sim.spec.job_id
+    data = {
+        "external_id": job_id,
+        "name": f"sim-{job_id}",
+        "team": team,
+        "model": {"name": "sim-7b", "n_params": sim.throughput.model_params},
+        "dtype": "bf16",
+        "gpu_model": sim.spec.gpu_model,
+        "gpu_count": len(sim.gpus),
+        "started_at": START,
+        "ended_at": START + timedelta(seconds=sim.spec.duration_s) if ended else None,
+        "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in sim.gpus],
+        "throughput_query": f'sum(rate(train_tokens_total{{job_id="{job_id}"}}[2m]))',
+        "recompute": "none",
+    }
+    return register_job(data).job
+
+
+def _client(prom) -> PrometheusClient:
+    return PrometheusClient(prom.url, timeout_s=10, retries=0)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _snapshot(job: Job) -> dict:
+    return {
+        (r.signal, r.stat, r.gpu_key, r.start): (tuple(r.timestamps), tuple(r.values))
+        for r in JobSeries.objects.filter(job=job)
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    """Same rows, same timestamps, same values (Prometheus sums in no fixed order: last bits may differ)."""
+    assert a.keys() == b.keys()
+    for key in a:
+        (ta, va), (tb, vb) = a[key], b[key]
+        assert ta == tb, key
+        fa = np.array([np.nan if v is None else v for v in va])
+        fb = np.array([np.nan if v is None else v for v in vb])
+        np.testing.assert_allclose(fa, fb, rtol=1e-9, equal_nan=True, err_msg=str(key))
+
+
+@pytest.mark.django_db
+def test_poll_archives_signals_and_computes_mfu_close_to_the_simulated_truth(prom, sims, make_team):
+    job = _register(sims["1001"], make_team("llm"), ended=False)
+    job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
+    assert job.ingest_error == ""
+    assert job.data_until == START + timedelta(hours=1)
+    signals = set(JobSeries.objects.filter(job=job).values_list("signal", flat=True))
+    assert {
+        "gpu_util",
+        "sm_active",
+        "tensor_active",
+        "power_usage",
+        "sm_clock",
+        "tokens_per_second",
+        "mfu",
+    } <= signals
+    assert JobSeries.objects.filter(job=job, stat="gpu").values("gpu_key").distinct().count() == 8
+    truth = sims["1001"].throughput.mfu
+    assert job.mfu == pytest.approx(truth, rel=0.1)
+    assert job.gpu_util_mean > 0.9
+    assert job.cost_per_day_usd == pytest.approx(8 * 6.88 * 24)
+    assert job.waste_per_day_usd >= 0
+    assert "6N" in job.summary["flops_variant"]
+
+
+@pytest.mark.django_db
+def test_repeated_and_overlapping_polls_store_the_same_rows(prom, sims, make_team):
+    job = _register(sims["1001"], make_team("llm"), ended=False)
+    client = _client(prom)
+    now = START + timedelta(minutes=70)
+    ingest.poll_job(job, client, now=now)
+    first = _snapshot(job)
+    job.refresh_from_db()
+    ingest.poll_job(job, client, now=now)
+    _assert_same(_snapshot(job), first)
+    job.refresh_from_db()
+    # Reset the resume point to the middle of the archive: overlapping polls never double data.
+    job.data_until = START + timedelta(minutes=10)
+    job.save()
+    ingest.poll_job(job, client, now=now)
+    _assert_same(_snapshot(job), first)
+
+
+@pytest.mark.django_db
+def test_a_missing_field_is_reported_missing_not_zero(prom, sims, make_team):
+    job = _register(sims["1002"], make_team("llm"), ended=False)
+    job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
+    assert "sm_active" in job.missing_signals
+    assert job.sm_active_mean is None
+    assert not JobSeries.objects.filter(job=job, signal="sm_active").exists()
+    assert "default counters" in job.summary["missing_reasons"]["sm_active"]
+    assert job.gpu_util_mean > 0.9
+
+
+@pytest.mark.django_db
+def test_prometheus_down_keeps_the_archive_and_the_next_poll_fills_the_gap(prom, sims, make_team):
+    job = _register(sims["1001"], make_team("llm"), ended=False)
+    ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=30))
+    kept = _snapshot(job)
+    job.refresh_from_db()
+    down = PrometheusClient(f"http://127.0.0.1:{_closed_port()}", timeout_s=1, retries=0)
+    job = ingest.poll_job(job, down, now=START + timedelta(minutes=60))
+    assert "could not read Prometheus" in job.ingest_error
+    assert job.data_until == START + timedelta(minutes=30)
+    _assert_same(_snapshot(job), kept)
+    job = ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=90))
+    assert job.ingest_error == ""
+    archived = ingest.load_job_signals(job)
+    util = archived.get("gpu_util").mean
+    covered = archived.timestamps[~np.isnan(util)]
+    assert covered.min() <= DEFAULT_START + 60 and covered.max() >= DEFAULT_START + 89 * 60
+    assert np.isnan(util).sum() <= 2  # no gap left between minute 30 and 60
+
+
+@pytest.mark.django_db
+def test_finalize_replaces_the_archive_and_is_idempotent(prom, sims, make_team):
+    job = _register(sims["1001"], make_team("llm"), ended=True)
+    client = _client(prom)
+    job = ingest.finalize_job(job, client, now=START + timedelta(hours=3))
+    assert job.status == Job.Status.FINALIZED
+    first = _snapshot(job)
+    mfu = job.mfu
+    job = ingest.finalize_job(job, client, now=START + timedelta(hours=3))
+    _assert_same(_snapshot(job), first)
+    assert job.mfu == pytest.approx(mfu)
+    assert job.gpu_hours == pytest.approx(16.0)
+    assert job.cost_usd == pytest.approx(16.0 * 6.88, rel=1e-6)
+    assert job.summary.get("energy_j", 0) > 0 and job.summary["energy_kwh"] > 0
+
+
+@pytest.mark.django_db
+def test_a_job_id_with_promql_metacharacters_cannot_widen_the_query(prom, sims, make_team):
+    job = _register(sims["1001"], make_team("llm"), ended=False)
+    job.gpus, job.selector = [], {"hpc_job": '"} or vector(1) #'}
+    job.save()
+    job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
+    assert job.ingest_error == ""
+    assert not JobSeries.objects.filter(job=job, signal="gpu_util").exists()
+    assert "gpu_util" in job.missing_signals
