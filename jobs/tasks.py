@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from jobs import ingest
 from jobs.models import Job
@@ -43,7 +43,7 @@ def poll_job(job_id: int) -> None:
 
 
 @shared_task(acks_late=True, ignore_result=True, bind=True, max_retries=5, default_retry_delay=120)
-def finalize_job(self, job_id: int) -> None:  # noqa: ANN001 (Celery's bound task)
+def finalize_job(self: Task, job_id: int) -> None:
     """Finalize one job; retried with a delay while Prometheus is unreachable."""
     job = Job.objects.select_related("gpu_model").filter(pk=job_id).first()
     if job is None or job.status == Job.Status.FINALIZED:

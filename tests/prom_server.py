@@ -89,10 +89,14 @@ class PrometheusProcess:
             *self.extra_args,
         ]
         with self._log_path.open("wb") as log:
-            # Own process group so that stopping it never signals the test runner.
-            self._proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, cwd=self._workdir.name, start_new_session=True
-            )
+            try:
+                # Own session so that stopping it never signals the test runner.
+                self._proc = subprocess.Popen(
+                    args, stdout=log, stderr=subprocess.STDOUT, cwd=self._workdir.name, start_new_session=True
+                )
+            except OSError as exc:
+                self.stop()
+                raise PrometheusStartError(f"cannot run {self.binary}: {exc}") from exc
         self._wait_ready()
         return self
 
