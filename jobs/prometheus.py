@@ -306,8 +306,9 @@ class PrometheusClient:
         if t1 < t0:
             raise ValueError("end is before start")
         step_s = choose_step(t0, t1, max_points=self.max_points) if step is None else float(step)
-        if not step_s > 0 or not math.isfinite(step_s):
-            raise ValueError(f"step must be positive, got {step}")
+        # Prometheus keeps milliseconds: a finer step would be sent as 0 and chunk grids would drift.
+        if not step_s >= 0.001 or not math.isfinite(step_s):
+            raise ValueError(f"step must be at least 1 ms, got {step}")
         parts: dict[tuple[tuple[str, str], ...], list[Series]] = {}
         for c0, c1 in plan_chunks(t0, t1, step_s, self.max_points):
             form = {

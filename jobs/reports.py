@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from email.utils import make_msgid
 from enum import StrEnum
 from urllib.parse import urlsplit
@@ -170,7 +170,7 @@ class DeliveryOutcome:
             case Outcome.FAILED:
                 return f"failed (attempt {self.attempts}): {self.error}"
             case Outcome.DRY_RUN:
-                return f"dry run, would send to {who}: {', '.join(self.recipients)}"
+                return f"dry run, would send to {who} (nothing sent, nothing recorded)"
             case Outcome.NO_ACTIVITY:
                 return f"skipped (no GPU hours in {self.week})"
             case Outcome.NO_RECIPIENTS:
@@ -376,7 +376,7 @@ def render_report(report: WeeklyReport) -> tuple[str, str, str]:
 # --------------------------------------------------------------------------------------------- sending
 
 
-def _claim(team: Team, week_start: object, recipients: list[str]) -> str | None:
+def _claim(team: Team, week_start: date, recipients: list[str]) -> str | None:
     """Take the (team, week) row for this worker; returns the claim token, or None when not ours to send."""
     token = secrets.token_hex(16)
     now = timezone.now()

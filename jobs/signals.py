@@ -383,6 +383,11 @@ def grid(start: float, end: float, step: float) -> np.ndarray:
     return start + step * np.arange(max(n, 0), dtype=np.float64)
 
 
+def heatmap_step(start: float, end: float, columns: int = 240, min_step_s: float = 30.0) -> float:
+    """A whole-second step giving at most `columns` heatmap columns (never finer than the scrape)."""
+    return float(max(min_step_s, np.ceil((end - start) / max(1, columns - 1))))
+
+
 def stats_from_series(series: Sequence[Any], timestamps: np.ndarray) -> dict[str, np.ndarray]:
     """Aggregate-query series (objects with `labels` and `on_grid`) -> {stat: values on the grid}."""
     out: dict[str, np.ndarray] = {}

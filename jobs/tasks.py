@@ -51,3 +51,19 @@ def finalize_job(self: Task, job_id: int) -> None:
     job = ingest.finalize_job(job)
     if job.ingest_error:
         raise self.retry()
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def send_weekly_reports() -> int:
+    """Send last week's cost-waste email to every team, once per team and week (claims make reruns safe)."""
+    from jobs.reports import send_weekly_reports as send
+
+    return len(send())
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def parse_artifact(artifact_id: int) -> None:
+    """Parse one uploaded artifact (re-running replaces the previous analysis)."""
+    from jobs.artifacts import parse_artifact as parse
+
+    parse(artifact_id)

@@ -116,3 +116,31 @@ def prometheus_server(tmp_path_factory):
         pytest.skip("prometheus is not installed (Debian package 'prometheus')")
     with PrometheusProcess(tmp_path_factory.mktemp("prom-empty")) as prom:
         yield prom
+
+
+@pytest.fixture
+def celery_eager():
+    """Run Celery tasks inline, propagating their exceptions."""
+    from efficiency.celery import app
+
+    old = (app.conf.task_always_eager, app.conf.task_eager_propagates)
+    app.conf.task_always_eager = app.conf.task_eager_propagates = True
+    yield app
+    app.conf.task_always_eager, app.conf.task_eager_propagates = old
+
+
+@pytest.fixture
+def media_root(settings, tmp_path):
+    """A private MEDIA_ROOT for tests that store artifacts."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT
+
+
+@pytest.fixture
+def catalog(db):
+    """The seeded GPU catalog and price book (transactional tests flush the migration's rows)."""
+    from jobs.models import GpuModel, PriceEntry
+    from jobs.seed import seed_catalog
+
+    seed_catalog(GpuModel, PriceEntry)
+    return GpuModel.objects.all()

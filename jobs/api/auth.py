@@ -58,6 +58,15 @@ def can_write_team(user: Any, team: Team | int) -> bool:
     return allowed is None or team_id in allowed
 
 
+def owning_team(obj: Any) -> Team:
+    """The team that owns a team, job, or something hanging off a job (artifact, finding)."""
+    if isinstance(obj, Team):
+        return obj
+    if hasattr(obj, "team"):
+        return obj.team
+    return obj.job.team
+
+
 class TeamScopedWrite(permissions.BasePermission):
     """Anyone authenticated may read; only the owning team's members (or staff) may write."""
 
@@ -66,8 +75,7 @@ class TeamScopedWrite(permissions.BasePermission):
     def has_object_permission(self, request: Request, view: Any, obj: Any) -> bool:
         if request.method in permissions.SAFE_METHODS:
             return True
-        team = obj if isinstance(obj, Team) else obj.team
-        return can_write_team(request.user, team)
+        return can_write_team(request.user, owning_team(obj))
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):

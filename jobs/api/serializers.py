@@ -67,7 +67,11 @@ class JobRegisterSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField()
     ended_at = serializers.DateTimeField(required=False, allow_null=True)
     gpus = GpuRefSerializer(many=True, required=False)
-    selector = serializers.DictField(child=serializers.CharField(max_length=500), required=False)
+    selector = serializers.DictField(
+        child=serializers.JSONField(),
+        required=False,
+        help_text='{label: "exact value"} or {label: {"regex": "pretrain-7b-.*"}} on the exporter series',
+    )
 
     def validate_external_id(self, value: str) -> str:
         if "/" in value or not value.strip():
@@ -80,10 +84,24 @@ class JobRegisterSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"unknown dtype {value!r}; use one of {', '.join(_DTYPES)}")
         return dtype
 
-    def validate_selector(self, value: dict[str, str]) -> dict[str, str]:
-        for label in value:
+    def validate_selector(self, value: dict[str, Any]) -> dict[str, Any]:
+        for label, matcher in value.items():
             if not _LABEL_NAME.match(label):
                 raise serializers.ValidationError(f"{label!r} is not a valid Prometheus label name")
+            pattern = (
+                matcher.get("regex") if isinstance(matcher, dict) and set(matcher) == {"regex"} else None
+            )
+            if isinstance(matcher, str):
+                pattern = matcher
+            if not isinstance(pattern, str) or not pattern or len(pattern) > 500:
+                raise serializers.ValidationError(
+                    f'{label}: use a non-empty string (exact match) or {{"regex": "..."}} (at most 500 chars)'
+                )
+            if isinstance(matcher, dict):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise serializers.ValidationError(f"{label}: invalid regex: {exc}") from None
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

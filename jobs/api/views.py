@@ -9,6 +9,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_seriali
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,14 +21,63 @@ from jobs.api.serializers import (
     JobRegisterSerializer,
     ProgressSerializer,
 )
-from jobs.models import Baseline, Job
+from jobs.artifacts import UploadError, store_upload
+from jobs.models import Artifact, Baseline, Job
 from jobs.registry import RegistryError, record_progress, register_job, update_job
 from jobs.summary import job_summary, summary_queryset
 
 _SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
 
 
-class JobViewSet(viewsets.ViewSet):
+class ArtifactUploadSerializer(serializers.Serializer):
+    """Multipart body of an artifact upload."""
+
+    file = serializers.FileField()
+    kind = serializers.ChoiceField(
+        choices=Artifact.Kind.choices, required=False, help_text="auto-detected if omitted"
+    )
+    rank = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    """An artifact with its parse status and, once done, its analysis."""
+
+    job = serializers.SlugRelatedField(slug_field="external_id", read_only=True)
+
+    class Meta:
+        model = Artifact
+        fields = ["id", "job", "kind", "rank", "original_name", "sha256", "size_bytes", "status", "error",
+                  "uploaded_at", "parsed_at", "analysis"]  # fmt: skip
+
+
+class JobArtifactsMixin:
+    """POST/GET /api/v1/jobs/{external_id}/artifacts/."""
+
+    @extend_schema(
+        request={"multipart/form-data": ArtifactUploadSerializer}, responses={201: ArtifactSerializer}
+    )
+    @action(detail=True, methods=["get", "post"], parser_classes=[MultiPartParser])
+    def artifacts(self, request: Request, external_id: str) -> Response:
+        """Upload a profiling artifact (multipart `file`, optional `kind` and `rank`), or list the job's."""
+        job = self._get(request, external_id)  # type: ignore[attr-defined]
+        if request.method == "GET":
+            return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
+        body = ArtifactUploadSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            artifact = store_upload(
+                job,
+                body.validated_data["file"],
+                kind=body.validated_data.get("kind"),
+                rank=body.validated_data.get("rank"),
+                user=request.user,
+            )
+        except UploadError as exc:
+            raise ValidationError({"file": str(exc)}) from None
+        return Response(ArtifactSerializer(artifact).data, status=status.HTTP_201_CREATED)
+
+
+class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
     """Jobs, addressed by their external id (the scheduler's id)."""
 
     permission_classes = [IsAuthenticated, TeamScopedWrite]
@@ -124,6 +174,26 @@ class JobViewSet(viewsets.ViewSet):
         body.is_valid(raise_exception=True)
         stored = record_progress(job, body.validated_data)
         return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)
+
+
+class ArtifactViewSet(viewsets.ReadOnlyModelViewSet):
+    """Artifacts by id: status, failure reason and analysis; `reparse` queues parsing again."""
+
+    serializer_class = ArtifactSerializer
+    permission_classes = [IsAuthenticated, TeamScopedWrite]
+    queryset = Artifact.objects.select_related("job", "job__team").order_by("-uploaded_at")
+
+    @extend_schema(request=None, responses={202: ArtifactSerializer})
+    @action(detail=True, methods=["post"])
+    def reparse(self, request: Request, pk: str) -> Response:
+        """Parse the stored file again (after a parser fix, or to retry)."""
+        artifact = self.get_object()  # TeamScopedWrite refuses other teams on POST
+        Artifact.objects.filter(pk=artifact.pk).update(status=Artifact.Status.QUEUED, error="")
+        from jobs.tasks import parse_artifact
+
+        parse_artifact.delay(artifact.pk)
+        artifact.refresh_from_db()
+        return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
 
 class BaselineViewSet(viewsets.ReadOnlyModelViewSet):

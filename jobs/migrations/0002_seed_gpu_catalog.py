@@ -1,32 +1,12 @@
-"""Seed the GPU catalog and the price book from jobs.catalog (reference/gpus.md).
-
-Only adds what is missing, so re-running never overwrites an admin's edits.
-"""
-
-from datetime import UTC, datetime
+"""Seed the GPU catalog and the price book (see jobs.seed); only adds what is missing."""
 
 from django.db import migrations
 
 
 def seed(apps, schema_editor):
-    from jobs.catalog import GPU_SPECS, PRICE_SEEDS
+    from jobs.seed import seed_catalog
 
-    GpuModel = apps.get_model("jobs", "GpuModel")
-    PriceEntry = apps.get_model("jobs", "PriceEntry")
-    by_name = {}
-    for spec in GPU_SPECS:
-        fields = spec.to_dict()
-        name = fields.pop("name")
-        gpu, _ = GpuModel.objects.get_or_create(name=name, defaults=fields)
-        by_name[name] = gpu
-    for price in PRICE_SEEDS:
-        start = datetime.combine(price.effective_from, datetime.min.time(), tzinfo=UTC)
-        PriceEntry.objects.get_or_create(
-            gpu_model=by_name[price.gpu],
-            tier=price.tier,
-            effective_from=start,
-            defaults={"usd_per_gpu_hour": price.usd_per_gpu_hour, "source": price.source},
-        )
+    seed_catalog(apps.get_model("jobs", "GpuModel"), apps.get_model("jobs", "PriceEntry"))
 
 
 class Migration(migrations.Migration):

@@ -10,6 +10,7 @@ the host was not on UTC.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import itertools
 import re
@@ -36,6 +37,7 @@ _NA = {
 }
 _SLUG = re.compile(r"[^a-z0-9]+")
 _HEADER_UNIT = re.compile(r"^(.*?)\s*\[([^\]]*)\]\s*$")
+_VALUE_UNITS = frozenset({"", "%", "W", "MiB", "GiB", "KiB", "MHz", "C", "mW", "V"})
 _VALUE_UNIT = re.compile(r"^([-+]?\d+(?:\.\d+)?)\s*(%|W|MiB|GiB|KiB|MHz|C|mW|V)?$")
 _UNIT_SUFFIX = {"%": "pct", "w": "w", "mhz": "mhz", "c": "c", "mib": "bytes", "gib": "bytes", "kib": "bytes"}
 _UNIT_SCALE = {"mib": 1024.0**2, "gib": 1024.0**3, "kib": 1024.0}
@@ -110,24 +112,30 @@ def _column_key(title: str) -> tuple[str, float]:
 
 
 def _parse_time(text: str, utc_offset_s: float) -> float | None:
-    text = text.strip()
+    """Unix seconds from nvidia-smi's "YYYY/MM/DD HH:MM:SS.mmm" (local time), ISO 8601 or unix seconds."""
+    return _parse_time_cached(text.strip(), utc_offset_s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_time_cached(text: str, utc_offset_s: float) -> float | None:
+    # Cached: every GPU row of one sample carries the same timestamp.
     if not text:
         return None
     try:
         return float(text)  # already unix seconds
     except ValueError:
         pass
-    parsed = None
-    for fmt in _SMI_TIME_FORMATS:
-        try:
-            parsed = datetime.strptime(text, fmt)
-            break
-        except ValueError:
-            continue
-    if parsed is None:
-        try:
-            parsed = datetime.fromisoformat(text)
-        except ValueError:
+    try:
+        parsed = datetime.fromisoformat(text.replace("/", "-"))
+    except ValueError:
+        parsed = None
+        for fmt in _SMI_TIME_FORMATS:
+            try:
+                parsed = datetime.strptime(text, fmt)
+                break
+            except ValueError:
+                continue
+        if parsed is None:
             return None
     if parsed.tzinfo is not None:
         return parsed.timestamp()
@@ -136,9 +144,16 @@ def _parse_time(text: str, utc_offset_s: float) -> float | None:
 
 def _parse_value(text: str, scale: float) -> float | str | None:
     cleaned = text.strip()
-    if cleaned.lower() in _NA:
+    number, _, unit = cleaned.partition(" ")
+    if unit in _VALUE_UNITS:  # fast path: "85", "85 %", "18.81 W"
+        try:
+            return float(number) * scale
+        except ValueError:
+            pass
+    lowered = cleaned.lower()
+    if lowered in _NA:
         return None
-    if cleaned.lower().startswith("0x"):
+    if lowered.startswith("0x"):
         try:
             return float(int(cleaned, 16))  # clocks_event_reasons bitmask
         except ValueError:
@@ -185,9 +200,8 @@ def _downsample(t: np.ndarray, columns: dict[str, np.ndarray], max_points: int) 
 
 def _rows(text: str) -> list[list[str]]:
     try:
-        return [
-            row for row in csv.reader(io.StringIO(text), skipinitialspace=True) if any(c.strip() for c in row)
-        ]
+        rows = csv.reader(io.StringIO(text), skipinitialspace=True)
+        return [row for row in rows if row and (len(row) > 1 or row[0].strip())]
     except csv.Error as exc:
         raise ArtifactError(f"The CSV is malformed: {exc}.") from exc
 
@@ -301,7 +315,8 @@ def _smi_result(
         )
         series[gpu] = _downsample(t, cols, max_points)
     times = np.concatenate(all_t)
-    intervals = np.concatenate([np.diff(t) for t in all_t if t.size > 1]) if has_time else np.array([])
+    diffs = [np.diff(t) for t in all_t if t.size > 1] if has_time else []
+    intervals = np.concatenate(diffs) if diffs else np.array([])
     util_all = np.concatenate(all_util) if all_util else np.array([])
 
     def mean_of(key: str) -> float | None:

@@ -165,7 +165,7 @@ def _iter_tables(text: str, default_report: str | None) -> Iterator[_Table | tup
         rows = []
         while i < len(lines) and lines[i].strip():
             cells = _csv_cells(lines[i].strip())
-            if _is_header(cells) or len(cells) < 2:
+            if len(cells) < 2 or (_number(cells[0]) is None and _is_header(cells)):
                 break
             rows.append(cells)
             i += 1

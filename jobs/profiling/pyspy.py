@@ -6,7 +6,6 @@ SVG flame graphs are refused: they are pictures with scripts, and their frame wi
 
 from __future__ import annotations
 
-import heapq
 import json
 import re
 import sys
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from jobs.profiling.detect import DEFAULT_MAX_BYTES, REJECTED_KINDS, SVG, decode_text, load_bytes
@@ -61,9 +61,12 @@ _FRAMEWORK_PACKAGES = frozenset(
 _STDLIB = frozenset(sys.stdlib_module_names)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Frame:
-    """One frame: function, file and line (0 when unknown); kind is "python", "process" or "thread"."""
+    """One frame: function, file and line (0 when unknown); kind is "python", "process" or "thread".
+
+    Frames are interned per profile, so identity comparison and hashing (fast) are enough.
+    """
 
     func: str
     file: str
@@ -310,54 +313,62 @@ def _sample_class(stack: tuple[Frame, ...], cache: dict[Frame, str]) -> str:
 
 
 def _icicle(profile: Profile, max_nodes: int) -> dict[str, Any]:
-    # Build the full tree (node = path of frame keys), then keep the heaviest nodes; a child never
-    # outweighs its parent, so sorting by (-value, depth) keeps every kept node's parent.
-    children: dict[int, dict[tuple[str, str, str], int]] = {0: {}}
-    value = [0.0]
-    depth = [0]
-    parent = [-1]
+    # Build the full tree (node = path of merged frame keys), then keep the heaviest nodes. A child never
+    # outweighs its parent, so ordering by (-value, depth) keeps every kept node's parent.
+    key_id: dict[Frame, int] = {}
+    merged: dict[tuple[str, str, str], int] = {}
+    for stack in profile.stacks:
+        for frame in stack:
+            if frame not in key_id:
+                key_id[frame] = merged.setdefault(frame.key, len(merged))
+    node_of: dict[tuple[int, int], int] = {}
+    value, depth, parent = [0.0], [0], [0]
     frame_of: list[Frame | None] = [None]
     for stack, weight in profile.stacks.items():
         node = 0
         value[0] += weight
         for frame in stack:
-            kids = children[node]
-            child = kids.get(frame.key)
+            edge = (node, key_id[frame])
+            child = node_of.get(edge)
             if child is None:
-                child = kids[frame.key] = len(value)
-                children[child] = {}
+                child = node_of[edge] = len(value)
                 value.append(0.0)
                 depth.append(depth[node] + 1)
                 parent.append(node)
                 frame_of.append(frame)
             value[child] += weight
             node = child
-    total_nodes = len(value)
-    budget = max(1, max_nodes)
-    keep_count = min(budget, total_nodes)
+    total = len(value)
+    value_a, parent_a = np.asarray(value), np.asarray(parent)
+    order = np.lexsort((np.arange(total), np.asarray(depth), -value_a))
+    child_count = np.bincount(parent_a[1:], minlength=total)
+    child_value = np.bincount(parent_a[1:], weights=value_a[1:], minlength=total)
+    budget = max(2, max_nodes)
+    keep = min(budget, total)
     while True:
-        kept = heapq.nsmallest(keep_count, range(total_nodes), key=lambda n: (-value[n], depth[n], n))
-        kept_set = set(kept)
-        others = {n for n in kept if any(c not in kept_set for c in children[n].values())}
-        if keep_count + len(others) <= budget or keep_count <= 1:
+        kept = order[:keep]
+        kept_children = kept[kept != 0]
+        kept_count = np.bincount(parent_a[kept_children], minlength=total)
+        partial = kept[child_count[kept] > kept_count[kept]]
+        # Each "other" node hangs under a kept node, so keeping half the budget always fits.
+        if keep + partial.size <= budget or keep <= budget // 2:
             break
-        keep_count = max(1, budget - len(others))
-    kept.sort(key=lambda n: (depth[n], n))
+        keep = max(budget // 2, budget - int(partial.size))
+    kept_value = np.bincount(parent_a[kept_children], weights=value_a[kept_children], minlength=total)
     ids, labels, parents, values, classes = [], [], [], [], []
     cache: dict[Frame, str] = {}
-    for n in kept:
+    for n in sorted(kept.tolist(), key=lambda n: (depth[n], n)):
         frame = frame_of[n]
         ids.append(f"n{n}")
         labels.append("all" if frame is None else frame.label())
         parents.append("" if n == 0 else f"n{parent[n]}")
         values.append(round(value[n], 6))
         classes.append("" if frame is None else cache.setdefault(frame, frame_class(frame)))
-    for n in sorted(others):
-        dropped = sum(value[c] for c in children[n].values() if c not in kept_set)
+    for n in sorted(partial.tolist()):
         ids.append(f"n{n}-other")
         labels.append("other")
         parents.append(f"n{n}")
-        values.append(round(dropped, 6))
+        values.append(round(float(child_value[n] - kept_value[n]), 6))
         classes.append("other")
     return {
         "ids": ids,
@@ -366,8 +377,8 @@ def _icicle(profile: Profile, max_nodes: int) -> dict[str, Any]:
         "values": values,
         "classes": classes,
         "branchvalues": "total",
-        "total_nodes": total_nodes,
-        "kept_nodes": len(kept),
+        "total_nodes": total,
+        "kept_nodes": int(kept.size),
     }
 
 

@@ -10,11 +10,13 @@ what each one planted (straggler GPU, idle GPUs, XID window, MFU) so tests can c
 """
 
 from jobs.simulate.core import (
+    CLUSTER_MIX,
     DEFAULT_START,
     SimGpu,
     SimResult,
     SimSpec,
     Throughput,
+    cluster_specs,
     simulate,
     simulate_cluster,
 )
@@ -30,6 +32,7 @@ from jobs.simulate.writers import (
 )
 
 __all__ = [
+    "CLUSTER_MIX",
     "DEFAULT_START",
     "GPU_MODELS",
     "SCENARIOS",
@@ -42,6 +45,7 @@ __all__ = [
     "SimSpec",
     "Throughput",
     "backfill",
+    "cluster_specs",
     "exporter_text",
     "gpu_model",
     "openmetrics_lines",

@@ -26,6 +26,7 @@ from jobs.signals import (
     describe,
     fetch_job_signals,
     grid,
+    heatmap_step,
     per_gpu_matrix,
     per_gpu_query,
     readiness,
@@ -303,3 +304,9 @@ def test_describe_lists_registry_as_plain_dicts() -> None:
     assert rows[0]["field"] == "DCGM_FI_PROF_SM_ACTIVE"
     assert rows[0]["metrics"] == ["DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO"]
     assert rows[0]["default_enabled"] is False
+
+
+def test_heatmap_step_caps_columns_and_never_goes_below_the_scrape_interval() -> None:
+    assert heatmap_step(0, 7 * 86400, columns=240) == 2531.0
+    assert (7 * 86400) / heatmap_step(0, 7 * 86400, columns=240) <= 239
+    assert heatmap_step(0, 600) == 30.0

@@ -13,10 +13,12 @@ import pytest
 
 from jobs.signals import SIGNALS
 from jobs.simulate import (
+    DEFAULT_START,
     SCENARIOS,
     SimResult,
     SimSpec,
     backfill,
+    cluster_specs,
     exporter_text,
     openmetrics_lines,
     simulate,
@@ -353,3 +355,15 @@ def test_exporter_text_parses_in_promtool_check_metrics() -> None:
     # Exit 3 = lint findings only (dcgm-exporter's camelCase labels, counters without _total).
     assert proc.returncode in (0, 3), proc.stderr
     assert "parsing error" not in proc.stdout + proc.stderr
+
+
+def test_cluster_specs_place_jobs_on_disjoint_nodes_deterministically() -> None:
+    specs = cluster_specs(10, seed=4, duration_s=3600)
+    assert specs == cluster_specs(10, seed=4, duration_s=3600)
+    hosts = [h for s in specs for h in s.hosts]
+    assert len(hosts) == len(set(hosts))
+    assert len({s.job_id for s in specs}) == 10
+    for spec in specs:
+        assert spec.start >= DEFAULT_START and spec.start + spec.duration_s <= DEFAULT_START + 3600
+        res = simulate(spec)
+        assert len(res.gpus) == spec.gpus

@@ -1,0 +1,248 @@
+"""Profiling artifacts: content-addressed storage of uploads, kind detection, parsing into analyses.
+
+Uploads are untrusted. They are streamed to disk with a size limit while hashing, stored once per
+sha256 under MEDIA_ROOT/artifacts/, never served inline (SVG and HTML are refused outright), and
+parsed by a worker with decompression and time limits inside the parsers. A failed parse stores a
+reason for the user and leaves everything else as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import Artifact, Job
+from jobs.profiling.detect import detect_kind, read_head
+from jobs.profiling.errors import ArtifactError
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1024 * 1024
+REJECTED_KINDS = {
+    "svg": "SVG flame graphs are not accepted (they carry scripts and cannot be analysed); "
+    "upload py-spy's raw output (--format raw) or speedscope JSON (--format speedscope) instead",
+    "html": "HTML files are not accepted; upload the profiler's raw data (Kineto JSON, nsys SQLite, CSV)",
+}
+
+
+class UploadError(ValueError):
+    """An upload that is refused; the message is shown to the uploader."""
+
+
+def storage_root() -> Path:
+    """Where artifact blobs live (read from settings at call time)."""
+    return Path(settings.MEDIA_ROOT) / "artifacts"
+
+
+def blob_path(sha256: str) -> Path:
+    """The content-addressed path of a blob: artifacts/ab/cd/abcd...."""
+    return storage_root() / sha256[:2] / sha256[2:4] / sha256
+
+
+def _stream_to_temp(stream: BinaryIO, max_bytes: int) -> tuple[Path, str, int]:
+    root = storage_root()
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    fd, name = tempfile.mkstemp(dir=root / "tmp", prefix="upload-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while chunk := stream.read(_CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise UploadError(
+                        f"file is larger than the {max_bytes / 1024**2:.0f} MiB limit (ARTIFACT_MAX_BYTES)"
+                    )
+                digest.update(chunk)
+                out.write(chunk)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name), digest.hexdigest(), size
+
+
+def _chunks_of(upload: Any) -> BinaryIO:
+    if hasattr(upload, "open") and hasattr(upload, "chunks"):
+        upload.open("rb")
+        upload.seek(0)
+    return upload
+
+
+def store_upload(
+    job: Job,
+    upload: Any,
+    *,
+    kind: str | None = None,
+    rank: int | None = None,
+    user: Any = None,
+    filename: str | None = None,
+    parse: bool = True,
+) -> Artifact:
+    """Store an uploaded file for `job` (deduplicated by sha256) and queue its parsing.
+
+    `upload` is a Django UploadedFile or any binary file object. Re-uploading the same bytes to the
+    same job returns the existing artifact (re-queued for parsing if it had failed).
+    """
+    name = Path(filename or getattr(upload, "name", "") or "upload").name[:255]
+    if kind and kind not in Artifact.Kind.values:
+        raise UploadError(f"unknown kind {kind!r}; use one of {', '.join(Artifact.Kind.values)}")
+    if rank is not None and rank < 0:
+        raise UploadError("rank must be 0 or more")
+    temp, sha256, size = _stream_to_temp(_chunks_of(upload), settings.ARTIFACT_MAX_BYTES)
+    try:
+        if size == 0:
+            raise UploadError("the file is empty")
+        final_kind = _detect(name, temp, given=kind)
+        target = blob_path(sha256)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            temp.unlink()
+        else:
+            os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    with transaction.atomic():
+        artifact, created = Artifact.objects.get_or_create(
+            job=job,
+            sha256=sha256,
+            defaults={
+                "kind": final_kind,
+                "rank": rank,
+                "original_name": name,
+                "size_bytes": size,
+                "uploaded_by": user if getattr(user, "is_authenticated", False) else None,
+            },
+        )
+        requeue = created or artifact.status == Artifact.Status.FAILED or (kind and kind != artifact.kind)
+        if not created and requeue:
+            artifact.kind = final_kind
+            artifact.status, artifact.error = Artifact.Status.QUEUED, ""
+            artifact.save(update_fields=["kind", "status", "error"])
+        if requeue and parse:
+            transaction.on_commit(lambda: _enqueue(artifact.pk))
+    return artifact
+
+
+def _detect(name: str, path: Path, given: str | None = None) -> str:
+    try:
+        kind = detect_kind(name, read_head(path))
+    except ArtifactError as exc:
+        if given:
+            return given  # the uploader says what it is; the parser will say if it is not
+        raise UploadError(f"{exc}; pass the kind explicitly if the file is right") from None
+    if kind in REJECTED_KINDS:
+        raise UploadError(REJECTED_KINDS[kind])
+    if kind not in Artifact.Kind.values:
+        raise UploadError(f"unsupported file type {kind!r}")
+    return given or kind
+
+
+def _enqueue(artifact_id: int) -> None:
+    from jobs.tasks import parse_artifact
+
+    parse_artifact.delay(artifact_id)
+
+
+def analyze_file(
+    path: str | Path, kind: str, *, rank: int | None = None, filename: str | None = None
+) -> dict:
+    """Parse and analyse one artifact file of a known kind; raises ArtifactError with a user-facing reason."""
+    from jobs.profiling import kineto, monitoring, ncu, nsys, nsys_stats, pyspy, trace_analysis
+
+    path = Path(path)
+    limit = settings.ARTIFACT_MAX_DECOMPRESSED_BYTES
+    name = filename or path.name
+    if kind == Artifact.Kind.KINETO:
+        return trace_analysis.analyze_trace(
+            kineto.parse_kineto(path, max_decompressed_bytes=limit, rank=rank)
+        )
+    if kind == Artifact.Kind.NSYS_SQLITE:
+        return trace_analysis.analyze_trace(nsys.parse_nsys(path))
+    if kind == Artifact.Kind.NSYS_STATS:
+        return nsys_stats.analyze_nsys_stats(path, max_bytes=limit, filename=name)
+    if kind == Artifact.Kind.NCU:
+        return ncu.analyze_ncu(path, max_bytes=limit)
+    if kind in (Artifact.Kind.PYSPY_RAW, Artifact.Kind.PYSPY_SPEEDSCOPE):
+        return pyspy.analyze_pyspy(path, max_bytes=limit, filename=name)
+    if kind == Artifact.Kind.NVIDIA_SMI:
+        return monitoring.analyze_nvidia_smi(path, max_bytes=limit)
+    if kind == Artifact.Kind.DSTAT:
+        return monitoring.analyze_dstat(path, max_bytes=limit)
+    raise ArtifactError(f"no parser for kind {kind!r}")
+
+
+def profiler_step_time_ms(analysis: dict[str, Any]) -> float | None:
+    """Median step time across ranks from a trace analysis, when the trace marks steps."""
+    times = []
+    for rank in analysis.get("ranks") or []:
+        steps = rank.get("step_times") or {}
+        value = steps.get("median_ms") or steps.get("p50_ms")
+        if value:
+            times.append(float(value))
+    if not times:
+        return None
+    times.sort()
+    return times[len(times) // 2]
+
+
+def parse_artifact(artifact_id: int) -> Artifact | None:
+    """Parse one stored artifact and record the outcome; safe to run twice (the result replaces the last)."""
+    artifact = Artifact.objects.select_related("job").filter(pk=artifact_id).first()
+    if artifact is None:
+        return None
+    Artifact.objects.filter(pk=artifact.pk).update(status=Artifact.Status.PARSING, error="")
+    try:
+        analysis = analyze_file(
+            blob_path(artifact.sha256), artifact.kind, rank=artifact.rank, filename=artifact.original_name
+        )
+    except ArtifactError as exc:
+        return _failed(artifact, str(exc))
+    except FileNotFoundError:
+        return _failed(artifact, "the stored file is missing; upload it again")
+    except Exception as exc:  # a parser bug must not lose the upload or kill the worker
+        log.exception("artifact %s: unexpected error while parsing", artifact.pk)
+        return _failed(artifact, f"internal error while parsing ({type(exc).__name__}); the file is kept")
+    with transaction.atomic():
+        artifact.analysis = analysis
+        artifact.status = Artifact.Status.DONE
+        artifact.error = ""
+        artifact.parsed_at = timezone.now()
+        artifact.save(update_fields=["analysis", "status", "error", "parsed_at"])
+        step_ms = profiler_step_time_ms(analysis)
+        if step_ms:
+            job = Job.objects.select_for_update().get(pk=artifact.job_id)
+            summary = dict(job.summary or {})
+            summary["profiler_step_time_ms"] = step_ms
+            job.summary = summary
+            job.save(update_fields=["summary"])
+    after_parse(artifact)
+    return artifact
+
+
+def _failed(artifact: Artifact, reason: str) -> Artifact:
+    log.warning("artifact %s (%s) failed to parse: %s", artifact.pk, artifact.original_name, reason)
+    artifact.status, artifact.error, artifact.parsed_at = (
+        Artifact.Status.FAILED,
+        reason[:2000],
+        timezone.now(),
+    )
+    artifact.save(update_fields=["status", "error", "parsed_at"])
+    return artifact
+
+
+def after_parse(artifact: Artifact) -> None:
+    """Re-run the job's diagnosis with the new analysis (when the diagnosis module is installed)."""
+    try:
+        from jobs.findings import run_diagnosis
+    except ImportError:
+        return
+    run_diagnosis(Job.objects.select_related("gpu_model").get(pk=artifact.job_id))

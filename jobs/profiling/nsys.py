@@ -1,0 +1,661 @@
+"""Read an Nsight Systems SQLite export (`nsys export --type sqlite`) into the columnar event model.
+
+One `RankTrace` per GPU (CUPTI deviceId): kernels, memcpy (copyKind/srcKind/dstKind), memset and
+SYNCHRONIZATION records on that device, the CUDA runtime calls whose correlation ids launched them (or
+that ran in the process using that GPU), and the process's NVTX push/pop and start/end ranges.
+
+The file is untrusted. It is opened read-only and immutable through a URI, without extension loading,
+with `trusted_schema` off (so a crafted schema cannot run functions through views or triggers), a bound on
+string/blob size, and a progress handler that aborts any query after `timeout_s`. Only tables (never
+views) are read, by name, and every table -- even CUPTI_ACTIVITY_KIND_KERNEL or TARGET_INFO_GPU -- may be
+missing, because nsys creates tables lazily and column sets differ across export schema versions
+(3.24, 3.25, ...).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from jobs.profiling.errors import ArtifactError
+from jobs.profiling.events import (
+    ANNOTATION_COLUMNS,
+    GPU_COLUMNS,
+    RUNTIME_COLUMNS,
+    SYNC_KIND_NAMES,
+    Annotations,
+    AnnotationSource,
+    ColumnBuilder,
+    CopyKind,
+    DeviceInfo,
+    DistributedInfo,
+    GpuOps,
+    MemKind,
+    OpKind,
+    RankTrace,
+    RuntimeCalls,
+    RuntimeKind,
+    StringTable,
+    SyncKind,
+    Trace,
+    class_of_names,
+    empty_cpu_ops,
+)
+
+DEFAULT_TIMEOUT_S = 120.0
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_FETCH = 65536
+# sqlite3 calls the progress handler every N virtual-machine instructions.
+_PROGRESS_EVERY = 10_000
+_MAX_VALUE_BYTES = 16 * 1024 * 1024
+_NO_ID_U32 = 0xFFFFFFFF
+_API_VERSION_SUFFIX = re.compile(r"_v\d+$")
+_STRING_TABLES = ("StringIds", "StringTable", "Strings")
+# (column candidates..., default) for the device/stream/correlation/process columns of activity tables.
+_COMMON_COLUMNS: list[tuple[str, ...]] = [
+    ("deviceId", "0"),
+    ("streamId", "-1"),
+    ("correlationId", "-1"),
+    ("globalPid", "0"),
+]
+# ENUM_CUPTI_SYNC_TYPE names -> our SyncKind, for exports whose numbering we should not assume.
+_SYNC_ENUM_SUFFIX = {
+    "EVENT_SYNCHRONIZE": SyncKind.EVENT_SYNC,
+    "STREAM_WAIT_EVENT": SyncKind.STREAM_WAIT_EVENT,
+    "STREAM_SYNCHRONIZE": SyncKind.STREAM_SYNC,
+    "CONTEXT_SYNCHRONIZE": SyncKind.CONTEXT_SYNC,
+}
+_NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
+_COPY_LABELS = {
+    CopyKind.HTOD: "HtoD",
+    CopyKind.DTOH: "DtoH",
+    CopyKind.HTOA: "HtoA",
+    CopyKind.ATOH: "AtoH",
+    CopyKind.ATOA: "AtoA",
+    CopyKind.ATOD: "AtoD",
+    CopyKind.DTOA: "DtoA",
+    CopyKind.DTOD: "DtoD",
+    CopyKind.HTOH: "HtoH",
+    CopyKind.PTOP: "PtoP",
+    CopyKind.UVM_HTOD: "HtoD",
+    CopyKind.UVM_DTOH: "DtoH",
+    CopyKind.UVM_DTOD: "DtoD",
+}
+_MEM_LABELS = {
+    MemKind.PAGEABLE: "Pageable",
+    MemKind.PINNED: "Pinned",
+    MemKind.DEVICE: "Device",
+    MemKind.ARRAY: "Array",
+    MemKind.MANAGED: "Managed",
+    MemKind.DEVICE_STATIC: "Device",
+    MemKind.MANAGED_STATIC: "Managed",
+}
+
+
+class _Reader:
+    """A guarded read-only connection plus schema introspection."""
+
+    def __init__(self, path: Path, timeout_s: float) -> None:
+        uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+        try:
+            self.con = sqlite3.connect(uri, uri=True, check_same_thread=True)
+        except sqlite3.Error as exc:
+            raise ArtifactError(f"The nsys export cannot be opened as SQLite: {exc}.") from exc
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        if hasattr(self.con, "enable_load_extension"):
+            self.con.enable_load_extension(False)
+        self.con.set_progress_handler(self._progress, _PROGRESS_EVERY)
+        for limit_name in ("SQLITE_LIMIT_LENGTH", "SQLITE_LIMIT_SQL_LENGTH"):
+            category = getattr(sqlite3, limit_name, None)
+            if category is not None and hasattr(self.con, "setlimit"):
+                self.con.setlimit(category, _MAX_VALUE_BYTES)
+        self.execute("PRAGMA trusted_schema = OFF")
+        self.execute("PRAGMA query_only = ON")
+        self.tables = {
+            row[0] for row in self.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+        }
+        self._columns: dict[str, set[str]] = {}
+
+    def _progress(self) -> int:
+        # A non-zero return makes sqlite abort the running statement with "interrupted".
+        return 1 if time.monotonic() > self.deadline else 0
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        try:
+            return self.con.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            if "interrupt" in str(exc).lower():
+                raise ArtifactError(
+                    f"Reading the nsys export took longer than {self.timeout_s:g} s and was stopped."
+                ) from exc
+            raise ArtifactError(f"The nsys export cannot be read: {exc}.") from exc
+        except sqlite3.DatabaseError as exc:
+            raise ArtifactError(f"The file is not a readable SQLite database: {exc}.") from exc
+
+    def rows(self, sql: str) -> Iterator[tuple[Any, ...]]:
+        cur = self.execute(sql)
+        while True:
+            try:
+                chunk = cur.fetchmany(_FETCH)
+            except sqlite3.OperationalError as exc:
+                if "interrupt" in str(exc).lower():
+                    raise ArtifactError(
+                        f"Reading the nsys export took longer than {self.timeout_s:g} s and was stopped."
+                    ) from exc
+                raise ArtifactError(f"The nsys export cannot be read: {exc}.") from exc
+            except sqlite3.DatabaseError as exc:
+                raise ArtifactError(f"The nsys export is corrupt: {exc}.") from exc
+            if not chunk:
+                return
+            yield from chunk
+
+    def columns(self, table: str) -> set[str]:
+        if table not in self._columns:
+            # Table names come from sqlite_master, never from user input; quote them anyway.
+            quoted = table.replace('"', '""')
+            self._columns[table] = {
+                row[1] for row in self.execute(f'PRAGMA table_info("{quoted}")').fetchall()
+            }
+        return self._columns[table]
+
+    def col(self, table: str, *names: str, default: str = "NULL") -> str:
+        """The first of `names` that the table has, as a SQL expression; `default` if none."""
+        cols = self.columns(table)
+        for name in names:
+            if name in cols:
+                return f'"{name}"'
+        return default
+
+    def select(self, table: str, columns: list[tuple[str, ...]], where: str = "") -> str:
+        """SELECT of the first existing column of each tuple; a tuple's last item is the default."""
+        exprs = [self.col(table, *names[:-1], default=names[-1]) for names in columns]
+        return f'SELECT {", ".join(exprs)} FROM "{table}"' + (f" WHERE {where}" if where else "")
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def _check_header(path: Path) -> None:
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise ArtifactError(f"The nsys export cannot be read: {exc.strerror or exc}.") from exc
+    if head != _SQLITE_MAGIC:
+        raise ArtifactError(
+            "The file is not an SQLite database (an nsys export must be `nsys export --type sqlite`)."
+        )
+
+
+def parse_nsys(path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Trace:
+    """Parse an Nsight Systems SQLite export; one rank per GPU. Raises `ArtifactError` on bad input."""
+    path = Path(path)
+    _check_header(path)
+    reader = _Reader(path, timeout_s)
+    try:
+        return _parse(reader)
+    finally:
+        reader.close()
+
+
+def _load_strings(reader: _Reader) -> dict[int, str]:
+    for table in _STRING_TABLES:
+        if table in reader.tables:
+            id_col = reader.col(table, "id")
+            val_col = reader.col(table, "value", "string", "text")
+            if id_col == "NULL" or val_col == "NULL":
+                continue
+            return {
+                int(i): str(v)
+                for i, v in reader.rows(f'SELECT {id_col}, {val_col} FROM "{table}"')
+                if i is not None and v is not None
+            }
+    return {}
+
+
+class _StringResolver:
+    """Maps nsys string ids (or inline text) to our string-table indices, caching per id."""
+
+    def __init__(self, strings: StringTable, ids: dict[int, str]) -> None:
+        self.strings = strings
+        self.ids = ids
+        self.cache: dict[Any, int] = {}
+
+    def __call__(self, value: Any, fallback: str = "") -> int:
+        idx = self.cache.get(value)
+        if idx is None:
+            if isinstance(value, int):
+                text = self.ids.get(value, fallback or f"<string {value}>")
+            elif isinstance(value, str):
+                text = value
+            else:
+                text = fallback
+            idx = self.strings.intern(text)
+            self.cache[value] = idx
+        return idx
+
+
+def _parse(reader: _Reader) -> Trace:
+    strings = StringTable()
+    resolve = _StringResolver(strings, _load_strings(reader))
+    warnings: list[str] = []
+    gpu = ColumnBuilder(GPU_COLUMNS)
+    gpu_pid: list[int] = []  # process of each GPU op, for joining runtime calls
+    present: list[str] = []
+
+    kt = "CUPTI_ACTIVITY_KIND_KERNEL"
+    if kt in reader.tables:
+        present.append(kt)
+        has_grid = reader.col(kt, "gridX") != "NULL"
+        grid = "*".join(reader.col(kt, c, default="1") for c in ("gridX", "gridY", "gridZ"))
+        block = "*".join(reader.col(kt, c, default="1") for c in ("blockX", "blockY", "blockZ"))
+        sql = reader.select(
+            kt,
+            [
+                ("start", "NULL"),
+                ("end", "NULL"),
+                *_COMMON_COLUMNS,
+                ("demangledName", "shortName", "mangledName", "name", "NULL"),
+                (grid if has_grid else "-1",),
+                (block if has_grid else "-1",),
+            ],
+        )
+        for start, end, dev, stream, corr, gpid, name, grid_n, block_n in reader.rows(sql):
+            if start is None or end is None:
+                continue
+            gpu.append_row(
+                start,
+                max(end - start, 0),
+                _int(dev, 0),
+                _stream(stream),
+                OpKind.KERNEL,
+                0,
+                resolve(name, "<unnamed kernel>"),
+                _int(corr, -1),
+                -1,
+                0,
+                MemKind.UNKNOWN,
+                MemKind.UNKNOWN,
+                0,
+                np.nan,
+                np.nan,
+                _int(grid_n, -1),
+                _int(block_n, -1),
+            )
+            gpu_pid.append(_int(gpid, 0) >> 24)
+    else:
+        warnings.append("The export has no CUPTI_ACTIVITY_KIND_KERNEL table (no CUDA kernels were traced).")
+
+    mt = "CUPTI_ACTIVITY_KIND_MEMCPY"
+    if mt in reader.tables:
+        present.append(mt)
+        sql = reader.select(
+            mt,
+            [
+                ("start", "NULL"),
+                ("end", "NULL"),
+                *_COMMON_COLUMNS,
+                ("bytes", "-1"),
+                ("copyKind", "0"),
+                ("srcKind", "7"),
+                ("dstKind", "7"),
+            ],
+        )
+        for start, end, dev, stream, corr, gpid, nbytes, ck, sk, dk in reader.rows(sql):
+            if start is None or end is None:
+                continue
+            ck, sk, dk = _int(ck, 0), _int(sk, MemKind.UNKNOWN), _int(dk, MemKind.UNKNOWN)
+            label = (
+                f"Memcpy {_COPY_LABELS.get(ck, 'Unknown')} "
+                f"({_MEM_LABELS.get(sk, 'Unknown')} -> {_MEM_LABELS.get(dk, 'Unknown')})"
+            )
+            gpu.append_row(
+                start,
+                max(end - start, 0),
+                _int(dev, 0),
+                _stream(stream),
+                OpKind.MEMCPY,
+                0,
+                strings.intern(label),
+                _int(corr, -1),
+                _int(nbytes, -1),
+                ck if 0 <= ck <= 13 else 0,
+                sk if 0 <= sk <= 7 else MemKind.UNKNOWN,
+                dk if 0 <= dk <= 7 else MemKind.UNKNOWN,
+                0,
+                np.nan,
+                np.nan,
+                -1,
+                -1,
+            )
+            gpu_pid.append(_int(gpid, 0) >> 24)
+
+    st = "CUPTI_ACTIVITY_KIND_MEMSET"
+    if st in reader.tables:
+        present.append(st)
+        sql = reader.select(
+            st, [("start", "NULL"), ("end", "NULL"), *_COMMON_COLUMNS, ("bytes", "-1"), ("memKind", "2")]
+        )
+        for start, end, dev, stream, corr, gpid, nbytes, mk in reader.rows(sql):
+            if start is None or end is None:
+                continue
+            label = f"Memset ({_MEM_LABELS.get(_int(mk, 2), 'Unknown')})"
+            gpu.append_row(
+                start,
+                max(end - start, 0),
+                _int(dev, 0),
+                _stream(stream),
+                OpKind.MEMSET,
+                0,
+                strings.intern(label),
+                _int(corr, -1),
+                _int(nbytes, -1),
+                0,
+                MemKind.UNKNOWN,
+                MemKind.UNKNOWN,
+                0,
+                np.nan,
+                np.nan,
+                -1,
+                -1,
+            )
+            gpu_pid.append(_int(gpid, 0) >> 24)
+
+    yt = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+    if yt in reader.tables:
+        present.append(yt)
+        sql = reader.select(
+            yt,
+            [("start", "NULL"), ("end", "NULL"), *_COMMON_COLUMNS, ("syncType", "deprecatedSyncType", "0")],
+        )
+        sync_kinds = _sync_kind_map(reader)
+        for start, end, dev, stream, corr, gpid, sync_value in reader.rows(sql):
+            if start is None or end is None:
+                continue
+            kind = sync_kinds.get(_int(sync_value, 0), SyncKind.UNKNOWN)
+            gpu.append_row(
+                start,
+                max(end - start, 0),
+                _int(dev, 0),
+                _stream(stream),
+                OpKind.SYNC,
+                0,
+                strings.intern(SYNC_KIND_NAMES[kind]),
+                _int(corr, -1),
+                -1,
+                0,
+                MemKind.UNKNOWN,
+                MemKind.UNKNOWN,
+                kind,
+                np.nan,
+                np.nan,
+                -1,
+                -1,
+            )
+            gpu_pid.append(_int(gpid, 0) >> 24)
+
+    cols = gpu.to_numpy()
+    cols["kclass"] = class_of_names(strings, cols["kind"], cols["name"])
+    all_ops = GpuOps(**cols)
+    op_pid = np.array(gpu_pid, dtype=np.int64)
+
+    runtime, rt_pid = _read_runtime(reader, resolve, present)
+    nvtx, nvtx_pid = _read_nvtx(reader, resolve, present)
+    devices = _read_devices(reader)
+    unix_offset = _session_start(reader)
+    window = _analysis_window(reader)
+
+    ranks = _split_by_device(all_ops, op_pid, runtime, rt_pid, nvtx, nvtx_pid, devices, unix_offset, window)
+    if not ranks:
+        warnings.append("The export has no GPU activity (kernels, copies, memsets or syncs).")
+    dropped_rt = len(runtime) - sum(len(r.runtime) for r in ranks)
+    if dropped_rt > 0 and ranks:
+        warnings.append(
+            f"{dropped_rt} runtime calls came from processes without GPU activity and were left out."
+        )
+    metadata = {
+        "export_schema_version": _meta(reader, "EXPORT_SCHEMA_VERSION"),
+        "nsys_version": _meta(reader, "EXPORT_PRODUCT_VERSION"),
+        "tables_read": present,
+        "gpu_ops": len(all_ops),
+        "runtime_calls": len(runtime),
+        "nvtx_ranges": len(nvtx),
+    }
+    return Trace(source="nsys", strings=strings, ranks=ranks, metadata=metadata, warnings=warnings)
+
+
+def _sync_kind_map(reader: _Reader) -> dict[int, int]:
+    """syncType value -> SyncKind, from the export's own enum table when it has one (CUPTI numbering else)."""
+    mapping = {int(k): int(k) for k in SyncKind}
+    table = "ENUM_CUPTI_SYNC_TYPE"
+    if table in reader.tables and reader.col(table, "id") != "NULL" and reader.col(table, "name") != "NULL":
+        for value, name in reader.rows(f'SELECT id, name FROM "{table}"'):
+            if isinstance(value, int) and isinstance(name, str):
+                for suffix, kind in _SYNC_ENUM_SUFFIX.items():
+                    if name.endswith(suffix):
+                        mapping[value] = int(kind)
+    return mapping
+
+
+def _int(value: Any, default: int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value == value:
+        return int(value)
+    return default
+
+
+def _stream(value: Any) -> int:
+    stream = _int(value, -1)
+    return -1 if stream == _NO_ID_U32 else stream
+
+
+def _read_runtime(
+    reader: _Reader, resolve: _StringResolver, present: list[str]
+) -> tuple[RuntimeCalls, npt.NDArray[np.int64]]:
+    rt = ColumnBuilder(RUNTIME_COLUMNS)
+    pids: list[int] = []
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if table in reader.tables:
+        present.append(table)
+        name_col = reader.col(table, "nameId", "name")
+        sql = (
+            f"SELECT start, end, {name_col}, {reader.col(table, 'correlationId', default='-1')}, "
+            f"{reader.col(table, 'globalTid', default='0')} FROM {table}"
+        )
+        # nsys spells API names with a version suffix ("cudaLaunchKernel_v7000"); Kineto does not.
+        clean: dict[int, int] = {}
+        for start, end, name, corr, gtid in reader.rows(sql):
+            if start is None or end is None:
+                continue
+            raw_idx = resolve(name, "<unknown runtime call>")
+            idx = clean.get(raw_idx)
+            if idx is None:
+                text = resolve.strings[raw_idx]
+                idx = resolve.strings.intern(_API_VERSION_SUFFIX.sub("", text))
+                clean[raw_idx] = idx
+            text = resolve.strings[idx]
+            kind = (
+                RuntimeKind.DRIVER
+                if text.startswith("cu") and not text.startswith("cuda")
+                else RuntimeKind.RUNTIME
+            )
+            gtid = _int(gtid, 0)
+            rt.append_row(start, max(end - start, 0), idx, _int(corr, -1), gtid & 0xFFFFFF, kind)
+            pids.append(gtid >> 24)
+    return RuntimeCalls(**rt.to_numpy()), np.array(pids, dtype=np.int64)
+
+
+def _read_nvtx(
+    reader: _Reader, resolve: _StringResolver, present: list[str]
+) -> tuple[Annotations, npt.NDArray[np.int64]]:
+    ann = ColumnBuilder(ANNOTATION_COLUMNS)
+    pids: list[int] = []
+    table = "NVTX_EVENTS"
+    if table in reader.tables:
+        present.append(table)
+        text_col = reader.col(table, "text")
+        text_id_col = reader.col(table, "textId")
+        type_col = reader.col(table, "eventType", default="59")
+        sql = (
+            f"SELECT start, end, {text_col}, {text_id_col}, {reader.col(table, 'globalTid', default='0')} "
+            f"FROM {table} WHERE {type_col} IN {_NVTX_RANGE_TYPES} AND end IS NOT NULL AND end >= start"
+        )
+        for start, end, text, text_id, gtid in reader.rows(sql):
+            name = text if isinstance(text, str) else text_id
+            gtid = _int(gtid, 0)
+            ann.append_row(
+                start, end - start, resolve(name, "<unnamed range>"), AnnotationSource.NVTX, gtid & 0xFFFFFF
+            )
+            pids.append(gtid >> 24)
+    return Annotations(**ann.to_numpy()), np.array(pids, dtype=np.int64)
+
+
+def _read_devices(reader: _Reader) -> dict[int, DeviceInfo]:
+    devices: dict[int, DeviceInfo] = {}
+    table = "TARGET_INFO_GPU"
+    if table in reader.tables:
+        sql = reader.select(
+            table,
+            [
+                ("cuDevice", "id", "0"),
+                ("name", "''"),
+                ("smCount", "multiProcessorCount", "NULL"),
+                ("totalMemory", "NULL"),
+                ("computeMajor", "NULL"),
+                ("computeMinor", "NULL"),
+                ("maxWarpsPerSm", "NULL"),
+                ("threadsPerWarp", "NULL"),
+            ],
+        )
+        for dev, name, sms, mem, major, minor, warps, warp_size in reader.rows(sql):
+            dev_id = _int(dev, 0)
+            threads = _int(warps, 0) * _int(warp_size, 0)
+            devices[dev_id] = DeviceInfo(
+                id=dev_id,
+                name=name if isinstance(name, str) else "",
+                num_sms=_int(sms, 0) or None,
+                total_memory_bytes=_int(mem, 0) or None,
+                compute_capability=f"{major}.{minor}"
+                if isinstance(major, int) and isinstance(minor, int)
+                else None,
+                max_threads_per_sm=threads or None,
+            )
+    table = "TARGET_INFO_CUDA_DEVICE"
+    if table in reader.tables and reader.col(table, "cudaId") != "NULL":
+        sql = f"SELECT cudaId, {reader.col(table, 'numMultiprocessors', default='NULL')} FROM {table}"
+        for dev, sms in reader.rows(sql):
+            dev_id = _int(dev, -1)
+            if dev_id < 0:
+                continue
+            info = devices.setdefault(dev_id, DeviceInfo(id=dev_id))
+            if info.num_sms is None and _int(sms, 0) > 0:
+                info.num_sms = _int(sms, 0)
+    return devices
+
+
+def _session_start(reader: _Reader) -> int | None:
+    table = "TARGET_INFO_SESSION_START_TIME"
+    if table in reader.tables and reader.col(table, "utcEpochNs") != "NULL":
+        row = reader.execute(f"SELECT utcEpochNs FROM {table} LIMIT 1").fetchone()
+        if row and isinstance(row[0], int):
+            return row[0]
+    return None
+
+
+def _analysis_window(reader: _Reader) -> tuple[int, int] | None:
+    table = "ANALYSIS_DETAILS"
+    if table in reader.tables and reader.col(table, "duration") != "NULL":
+        row = reader.execute(f"SELECT duration FROM {table} LIMIT 1").fetchone()
+        if row and isinstance(row[0], int) and row[0] > 0:
+            # Event timestamps count from the session start, so the analysed range is [0, duration).
+            return 0, row[0]
+    return None
+
+
+def _meta(reader: _Reader, name: str) -> str | None:
+    table = "META_DATA_EXPORT"
+    if table not in reader.tables:
+        return None
+    row = reader.execute(f"SELECT value FROM {table} WHERE name = ? LIMIT 1", (name,)).fetchone()
+    return str(row[0]) if row and row[0] is not None else None
+
+
+def _split_by_device(
+    ops: GpuOps,
+    op_pid: npt.NDArray[np.int64],
+    runtime: RuntimeCalls,
+    rt_pid: npt.NDArray[np.int64],
+    nvtx: Annotations,
+    nvtx_pid: npt.NDArray[np.int64],
+    devices: dict[int, DeviceInfo],
+    unix_offset: int | None,
+    window: tuple[int, int] | None,
+) -> list[RankTrace]:
+    """One rank per device. Runtime calls follow their GPU op's device (by process and correlation id);
+    uncorrelated calls and NVTX ranges go to the device their process used most."""
+    # CUPTI leaves deviceId 0 on synchronisation records; place them by their process and stream.
+    work = ops.kind != OpKind.SYNC
+    stream_device = {
+        (pid, stream): dev
+        for pid, stream, dev in zip(
+            op_pid[work].tolist(), ops.stream[work].tolist(), ops.device[work].tolist(), strict=True
+        )
+    }
+    device_ids = sorted(set(np.unique(ops.device[work]).tolist()))
+    if not device_ids:
+        return []
+    # Main device per process: the one with most GPU ops from that process.
+    main_device: dict[int, int] = {}
+    pairs = Counter(zip(op_pid[work].tolist(), ops.device[work].tolist(), strict=True))
+    for (pid, dev), _n in sorted(pairs.items(), key=lambda kv: kv[1]):
+        main_device[pid] = dev  # ascending count: the last write wins
+    if (~work).any():
+        device = ops.device.copy()
+        for i in np.flatnonzero(~work).tolist():
+            pid, stream = int(op_pid[i]), int(ops.stream[i])
+            device[i] = stream_device.get((pid, stream), main_device.get(pid, int(device[i])))
+        ops = replace(ops, device=device)
+    # Runtime call -> device: by (process, correlation id) of a GPU op, else the process's main device.
+    key_to_device: dict[tuple[int, int], int] = {}
+    for pid, corr, dev in zip(op_pid.tolist(), ops.correlation.tolist(), ops.device.tolist(), strict=True):
+        if corr >= 0:
+            key_to_device[(pid, corr)] = dev
+    rt_device = np.array(
+        [
+            key_to_device.get((pid, corr), main_device.get(pid, -1))
+            for pid, corr in zip(rt_pid.tolist(), runtime.correlation.tolist(), strict=True)
+        ],
+        dtype=np.int64,
+    )
+    nvtx_device = np.array([main_device.get(pid, -1) for pid in nvtx_pid.tolist()], dtype=np.int64)
+    ranks: list[RankTrace] = []
+    world = len(device_ids)
+    for dev in device_ids:
+        info = devices.get(dev, DeviceInfo(id=dev))
+        pids = sorted({p for p, d in main_device.items() if d == dev})
+        ranks.append(
+            RankTrace(
+                rank=dev,
+                gpu=ops.take(ops.device == dev),
+                runtime=runtime.take(rt_device == dev),
+                cpu_ops=empty_cpu_ops(),
+                annotations=nvtx.take(nvtx_device == dev),
+                devices=[info],
+                distributed=DistributedInfo(rank=dev, world_size=world),
+                unix_offset_ns=unix_offset,
+                window_ns=window,
+                label=f"GPU {dev}" + (f" (pid {', '.join(str(p & 0xFFFFFF) for p in pids)})" if pids else ""),
+            )
+        )
+    return ranks
