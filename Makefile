@@ -32,8 +32,12 @@ services:
 migrate: venv services
 	$(PY) manage.py migrate --noinput
 
+export DEMO_STATE_DIR ?= $(CURDIR)/$(VAR)/demo
+
 demo: migrate
-	$(PY) manage.py load_demo
+	$(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
+	@.ci/services restart-prometheus
+	$(PY) manage.py ingest --once
 	@mkdir -p $(VAR)/run
 	@$(MAKE) --no-print-directory _stop_app
 	$(VENV)/bin/gunicorn efficiency.wsgi --bind $(WEB_ADDR) --workers 2 --timeout 60 --daemon \

@@ -157,15 +157,17 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     worst = 0.0
-    timings: list[tuple[str, int, float, float, float]] = []
+    timings: list[tuple[str, int, float, float, float, float]] = []
     for path in sorted(args.samples.glob("*.json*")):
         if path.name.endswith("_expected.json"):
             continue  # the TensorBoard plugin's golden output: the input trace plus counters
         ours, t_parse, t_analyse, peak = run_ours(path, options)
         if not ours["has_gpu_kernels"]:
             continue
-        timings.append((path.name, ours["counts"]["gpu_ops"], t_parse, t_analyse, peak))
+        t_hta = time.perf_counter()
         hta = None if args.recorded else run_hta(path)
+        t_hta = time.perf_counter() - t_hta if hta is not None else float("nan")
+        timings.append((path.name, ours["counts"]["gpu_ops"], t_parse, t_analyse, peak, t_hta))
         hta = hta if hta is not None else RECORDED_HTA.get(path.name, {})
         for key in TEMPORAL + IDLE:
             section = "temporal_breakdown" if key in TEMPORAL else "idle_breakdown"
@@ -179,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             fmt = lambda v: f"{v:9.3f}" if v is not None else f"{'-':>9}"  # noqa: E731
             print(f"{path.name[:38]:38} {key:16} {fmt(ref)} {fmt(mine)} {diff:7.3f}")
     print(f"\nMax difference: {worst:.4f} percentage points (tolerance {args.tolerance})\n")
-    print(f"{'trace':38} {'gpu ops':>8} {'parse s':>8} {'analyse s':>9} {'peak MiB':>9}")
-    for name, n, tp, ta, peak in timings:
-        print(f"{name[:38]:38} {n:8d} {tp:8.3f} {ta:9.3f} {peak:9.1f}")
+    print(f"{'trace':38} {'gpu ops':>8} {'parse s':>8} {'analyse s':>9} {'peak MiB':>9} {'HTA s':>7}")
+    for name, n, tp, ta, peak, th in timings:
+        print(f"{name[:38]:38} {n:8d} {tp:8.3f} {ta:9.3f} {peak:9.1f} {th:7.2f}")
+    print("\nHTA s: HTA 0.5.0 loading the trace plus its temporal and idle breakdowns (pandas).")
     return 0 if worst <= args.tolerance else 1
 
 

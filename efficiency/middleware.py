@@ -8,7 +8,7 @@ from django.contrib.auth.middleware import LoginRequiredMiddleware as _DjangoLog
 from django.http import HttpRequest, HttpResponse
 
 # Machines authenticate to these with tokens (DRF does that inside the view), or they are public probes.
-_EXEMPT_PREFIXES = ("/api/", "/healthz", "/metrics", "/static/")
+_EXEMPT_PREFIXES = ("/api/", "/healthz", "/metrics", "/static/", "/simulated/")
 
 CONTENT_SECURITY_POLICY = "; ".join(
     [

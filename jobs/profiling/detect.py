@@ -227,11 +227,10 @@ def _detect_text(text: str) -> str | None:
     if first.startswith('"Dstat') or (first.startswith('"') and "CSV output" in first[:40]):
         return DSTAT_CSV
     sample = "\n".join(lines[:60])
-    if "==PROF==" in sample or (
-        '"Kernel Name"' in sample and ('"Metric Name"' in sample or '"ID"' in sample)
-    ):
+    # Program output may precede ncu's CSV and nsys's tables, so look through the whole head for them.
+    if "==PROF==" in text or ('"Kernel Name"' in text and ('"Metric Name"' in text or '"ID"' in text)):
         return NCU_CSV
-    if any(marker in sample for marker in _NSYS_MARKERS):
+    if any(marker in text for marker in _NSYS_MARKERS):
         return NSYS_STATS_CSV
     if '"total cpu usage"' in sample or ('"usr"' in sample and '"idl"' in sample):
         return DSTAT_CSV

@@ -367,6 +367,7 @@ def sync_stats(trace: Trace, gpu: GpuOps, runtime: RuntimeCalls) -> dict[str, An
             {"name": trace.strings[n], "count": int(sel.sum()), "time_ms": ms(int(runtime.dur_ns[sel].sum()))}
         )
     by_name.sort(key=lambda r: -r["time_ms"])
+    del by_name[20:]
     by_type.sort(key=lambda r: -r["time_ms"])
     return {
         "gpu_sync_count": len(s),

@@ -4,7 +4,8 @@ Handles the current schema (``cat`` kernel/gpu_memcpy/cuda_runtime/..., ``device
 ``distributedInfo``, ``baseTimeNanoseconds``, float microsecond timestamps with nanosecond digits), the
 2021 schema (``cat`` Kernel/Memcpy/Runtime/Operator, ``computeProperties``, string tids such as
 "stream 7", flows with cat "async"), ROCm traces (HIP runtime calls under cat cuda_runtime), CPU-only
-traces and traces without distributedInfo.
+traces and traces without distributedInfo. Flow events (ac2g, async_cpu_to_gpu, async) are not needed:
+GPU ops and the runtime calls that launched them join on ``args.correlation`` in every schema.
 
 Uploads are untrusted: decompression is bounded by `max_decompressed_bytes` and the JSON is decoded
 against a typed schema (msgspec), so a malformed file fails with one `ArtifactError` that says what and
@@ -258,12 +259,19 @@ def parse_kineto(
     `rank` overrides the rank when distributedInfo is missing or wrong (e.g. from the file name).
     Raises `ArtifactError` for anything that is not a readable Kineto trace.
     """
-    data = read_trace_bytes(source, max_decompressed_bytes)
-    return parse_kineto_json(data, rank=rank)
+    # No name holds the JSON bytes, so they are freed as soon as decoding is done and the columns are
+    # built without the raw text still in memory.
+    events, meta = _decode(read_trace_bytes(source, max_decompressed_bytes))
+    return _build_trace(events, meta, rank)
 
 
 def parse_kineto_json(data: bytes | bytearray | str, *, rank: int | None = None) -> Trace:
     """Parse already-decompressed Kineto JSON."""
+    events, meta = _decode(data)
+    return _build_trace(events, meta, rank)
+
+
+def _decode(data: bytes | bytearray | str) -> tuple[list[_Event], _Document]:
     if not data or not (data.strip() if isinstance(data, str) else bytes(data[:4096]).strip()):
         raise ArtifactError("The trace is empty.")
     try:
@@ -272,17 +280,14 @@ def parse_kineto_json(data: bytes | bytearray | str, *, rank: int | None = None)
         raise ArtifactError(f"Not a PyTorch profiler (Kineto) trace: {exc}.") from exc
     except msgspec.DecodeError as exc:
         raise ArtifactError(f"The trace is not valid JSON: {exc}.") from exc
-
     if isinstance(doc, list):
         # Chrome's "JSON array format": events only, no metadata.
-        events, meta = doc, _Document(traceEvents=doc)
-    else:
-        if doc.traceEvents is None:
-            raise ArtifactError(
-                "The JSON has no traceEvents array, so it is not a PyTorch profiler (Kineto) trace."
-            )
-        events, meta = doc.traceEvents, doc
-    return _build_trace(events, meta, rank)
+        return doc, _Document(traceEvents=doc)
+    if doc.traceEvents is None:
+        raise ArtifactError(
+            "The JSON has no traceEvents array, so it is not a PyTorch profiler (Kineto) trace."
+        )
+    return doc.traceEvents, doc
 
 
 def _as_int(value: Any, default: int = -1) -> int:
@@ -499,7 +504,8 @@ def _build_trace(events: list[_Event], meta: _Document, rank_override: int | Non
     metadata: dict[str, Any] = {
         "schema_version": meta.schemaVersion if isinstance(meta.schemaVersion, int | str) else None,
         "display_time_unit": meta.displayTimeUnit if isinstance(meta.displayTimeUnit, str) else None,
-        "event_counts_by_category": dict(sorted(cat_counts.items(), key=lambda kv: -kv[1])),
+        # Categories come from the upload: keep the 50 most frequent so a hostile file cannot bloat results.
+        "event_counts_by_category": dict(sorted(cat_counts.items(), key=lambda kv: -kv[1])[:50]),
         "format": "kineto-2021" if "Kernel" in cat_counts or "Operator" in cat_counts else "kineto",
     }
     return Trace(source="kineto", strings=strings, ranks=[rank_trace], metadata=metadata, warnings=warnings)

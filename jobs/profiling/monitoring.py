@@ -214,21 +214,23 @@ def analyze_nvidia_smi(
     source: bytes | str | Path,
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
-    fields: Sequence[str] | None = None,
+    fields: Sequence[str] | str | None = None,
     utc_offset_s: float = 0.0,
     idle_util_pct: float = IDLE_UTIL_PCT,
     max_points: int = MAX_POINTS,
 ) -> dict[str, Any]:
     """Per-GPU time series and statistics from `nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]`.
 
-    With `noheader`, pass the `--query-gpu` field list as `fields`. Values may carry units ("85 %",
-    "18.81 W") or not; "[N/A]" becomes None. Series are downsampled to `max_points` bucket means;
-    statistics use every sample. `idle_share_pct` is the share of samples with GPU utilisation below
-    `idle_util_pct`.
+    With `noheader`, pass the `--query-gpu` field list as `fields` (a list or "a,b,c"). Values may
+    carry units ("85 %", "18.81 W") or not; "[N/A]" becomes None. Series are downsampled to
+    `max_points` bucket means; statistics use every sample. `idle_share_pct` is the share of samples
+    with GPU utilisation below `idle_util_pct`.
     """
     rows = _rows(decode_text(load_bytes(source, max_bytes, what="nvidia-smi log")))
     if not rows:
         raise ArtifactError("The nvidia-smi log is empty.")
+    if isinstance(fields, str):
+        fields = fields.split(",")
     if fields:
         header = [f.strip() for f in fields]
         if _looks_like_header(rows[0]):

@@ -15,10 +15,7 @@ missing, because nsys creates tables lazily and column sets differ across export
 from __future__ import annotations
 
 import re
-import sqlite3
-import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from jobs.profiling.errors import ArtifactError
 from jobs.profiling.events import (
     ANNOTATION_COLUMNS,
     GPU_COLUMNS,
@@ -50,13 +46,9 @@ from jobs.profiling.events import (
     class_of_names,
     empty_cpu_ops,
 )
+from jobs.profiling.safe_sqlite import GuardedSQLite, check_sqlite_header
 
 DEFAULT_TIMEOUT_S = 120.0
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_FETCH = 65536
-# sqlite3 calls the progress handler every N virtual-machine instructions.
-_PROGRESS_EVERY = 10_000
-_MAX_VALUE_BYTES = 16 * 1024 * 1024
 _NO_ID_U32 = 0xFFFFFFFF
 _API_VERSION_SUFFIX = re.compile(r"_v\d+$")
 _STRING_TABLES = ("StringIds", "StringTable", "Strings")
@@ -101,114 +93,18 @@ _MEM_LABELS = {
 }
 
 
-class _Reader:
-    """A guarded read-only connection plus schema introspection."""
-
-    def __init__(self, path: Path, timeout_s: float) -> None:
-        uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
-        try:
-            self.con = sqlite3.connect(uri, uri=True, check_same_thread=True)
-        except sqlite3.Error as exc:
-            raise ArtifactError(f"The nsys export cannot be opened as SQLite: {exc}.") from exc
-        self.timeout_s = timeout_s
-        self.deadline = time.monotonic() + timeout_s
-        if hasattr(self.con, "enable_load_extension"):
-            self.con.enable_load_extension(False)
-        self.con.set_progress_handler(self._progress, _PROGRESS_EVERY)
-        for limit_name in ("SQLITE_LIMIT_LENGTH", "SQLITE_LIMIT_SQL_LENGTH"):
-            category = getattr(sqlite3, limit_name, None)
-            if category is not None and hasattr(self.con, "setlimit"):
-                self.con.setlimit(category, _MAX_VALUE_BYTES)
-        self.execute("PRAGMA trusted_schema = OFF")
-        self.execute("PRAGMA query_only = ON")
-        self.tables = {
-            row[0] for row in self.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-        }
-        self._columns: dict[str, set[str]] = {}
-
-    def _progress(self) -> int:
-        # A non-zero return makes sqlite abort the running statement with "interrupted".
-        return 1 if time.monotonic() > self.deadline else 0
-
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
-        try:
-            return self.con.execute(sql, params)
-        except sqlite3.OperationalError as exc:
-            if "interrupt" in str(exc).lower():
-                raise ArtifactError(
-                    f"Reading the nsys export took longer than {self.timeout_s:g} s and was stopped."
-                ) from exc
-            raise ArtifactError(f"The nsys export cannot be read: {exc}.") from exc
-        except sqlite3.DatabaseError as exc:
-            raise ArtifactError(f"The file is not a readable SQLite database: {exc}.") from exc
-
-    def rows(self, sql: str) -> Iterator[tuple[Any, ...]]:
-        cur = self.execute(sql)
-        while True:
-            try:
-                chunk = cur.fetchmany(_FETCH)
-            except sqlite3.OperationalError as exc:
-                if "interrupt" in str(exc).lower():
-                    raise ArtifactError(
-                        f"Reading the nsys export took longer than {self.timeout_s:g} s and was stopped."
-                    ) from exc
-                raise ArtifactError(f"The nsys export cannot be read: {exc}.") from exc
-            except sqlite3.DatabaseError as exc:
-                raise ArtifactError(f"The nsys export is corrupt: {exc}.") from exc
-            if not chunk:
-                return
-            yield from chunk
-
-    def columns(self, table: str) -> set[str]:
-        if table not in self._columns:
-            # Table names come from sqlite_master, never from user input; quote them anyway.
-            quoted = table.replace('"', '""')
-            self._columns[table] = {
-                row[1] for row in self.execute(f'PRAGMA table_info("{quoted}")').fetchall()
-            }
-        return self._columns[table]
-
-    def col(self, table: str, *names: str, default: str = "NULL") -> str:
-        """The first of `names` that the table has, as a SQL expression; `default` if none."""
-        cols = self.columns(table)
-        for name in names:
-            if name in cols:
-                return f'"{name}"'
-        return default
-
-    def select(self, table: str, columns: list[tuple[str, ...]], where: str = "") -> str:
-        """SELECT of the first existing column of each tuple; a tuple's last item is the default."""
-        exprs = [self.col(table, *names[:-1], default=names[-1]) for names in columns]
-        return f'SELECT {", ".join(exprs)} FROM "{table}"' + (f" WHERE {where}" if where else "")
-
-    def close(self) -> None:
-        self.con.close()
-
-
-def _check_header(path: Path) -> None:
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(len(_SQLITE_MAGIC))
-    except OSError as exc:
-        raise ArtifactError(f"The nsys export cannot be read: {exc.strerror or exc}.") from exc
-    if head != _SQLITE_MAGIC:
-        raise ArtifactError(
-            "The file is not an SQLite database (an nsys export must be `nsys export --type sqlite`)."
-        )
-
-
 def parse_nsys(path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Trace:
     """Parse an Nsight Systems SQLite export; one rank per GPU. Raises `ArtifactError` on bad input."""
     path = Path(path)
-    _check_header(path)
-    reader = _Reader(path, timeout_s)
+    check_sqlite_header(path)
+    reader = GuardedSQLite(path, timeout_s)
     try:
         return _parse(reader)
     finally:
         reader.close()
 
 
-def _load_strings(reader: _Reader) -> dict[int, str]:
+def _load_strings(reader: GuardedSQLite) -> dict[int, str]:
     for table in _STRING_TABLES:
         if table in reader.tables:
             id_col = reader.col(table, "id")
@@ -235,7 +131,7 @@ class _StringResolver:
         idx = self.cache.get(value)
         if idx is None:
             if isinstance(value, int):
-                text = self.ids.get(value, fallback or f"<string {value}>")
+                text = self.ids.get(value, f"<string {value}>")
             elif isinstance(value, str):
                 text = value
             else:
@@ -245,12 +141,53 @@ class _StringResolver:
         return idx
 
 
-def _parse(reader: _Reader) -> Trace:
+def _parse(reader: GuardedSQLite) -> Trace:
     strings = StringTable()
     resolve = _StringResolver(strings, _load_strings(reader))
     warnings: list[str] = []
     gpu = ColumnBuilder(GPU_COLUMNS)
     gpu_pid: list[int] = []  # process of each GPU op, for joining runtime calls
+
+    def add_op(
+        gpid: Any,
+        start: int,
+        end: int,
+        dev: Any,
+        stream: Any,
+        kind: int,
+        name: int,
+        corr: Any,
+        *,
+        nbytes: Any = -1,
+        copy_kind: int = 0,
+        src_kind: int = MemKind.UNKNOWN,
+        dst_kind: int = MemKind.UNKNOWN,
+        sync_kind: int = 0,
+        grid_blocks: Any = -1,
+        block_threads: Any = -1,
+    ) -> None:
+        gpu.append_row(
+            start,
+            max(end - start, 0),
+            _int(dev, 0),
+            _stream(stream),
+            kind,
+            0,  # kclass: filled in one vectorised pass at the end
+            name,
+            _int(corr, -1),
+            _int(nbytes, -1),
+            copy_kind,
+            src_kind,
+            dst_kind,
+            sync_kind,
+            np.nan,
+            np.nan,
+            _int(grid_blocks, -1),
+            _int(block_threads, -1),
+        )
+        # globalPid is (vm id, pid) << 24: the shifted value identifies the process.
+        gpu_pid.append(_int(gpid, 0) >> 24)
+
     present: list[str] = []
 
     kt = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -273,26 +210,18 @@ def _parse(reader: _Reader) -> Trace:
         for start, end, dev, stream, corr, gpid, name, grid_n, block_n in reader.rows(sql):
             if start is None or end is None:
                 continue
-            gpu.append_row(
+            add_op(
+                gpid,
                 start,
-                max(end - start, 0),
-                _int(dev, 0),
-                _stream(stream),
+                end,
+                dev,
+                stream,
                 OpKind.KERNEL,
-                0,
                 resolve(name, "<unnamed kernel>"),
-                _int(corr, -1),
-                -1,
-                0,
-                MemKind.UNKNOWN,
-                MemKind.UNKNOWN,
-                0,
-                np.nan,
-                np.nan,
-                _int(grid_n, -1),
-                _int(block_n, -1),
+                corr,
+                grid_blocks=_int(grid_n, -1),
+                block_threads=_int(block_n, -1),
             )
-            gpu_pid.append(_int(gpid, 0) >> 24)
     else:
         warnings.append("The export has no CUPTI_ACTIVITY_KIND_KERNEL table (no CUDA kernels were traced).")
 
@@ -319,26 +248,20 @@ def _parse(reader: _Reader) -> Trace:
                 f"Memcpy {_COPY_LABELS.get(ck, 'Unknown')} "
                 f"({_MEM_LABELS.get(sk, 'Unknown')} -> {_MEM_LABELS.get(dk, 'Unknown')})"
             )
-            gpu.append_row(
+            add_op(
+                gpid,
                 start,
-                max(end - start, 0),
-                _int(dev, 0),
-                _stream(stream),
+                end,
+                dev,
+                stream,
                 OpKind.MEMCPY,
-                0,
                 strings.intern(label),
-                _int(corr, -1),
-                _int(nbytes, -1),
-                ck if 0 <= ck <= 13 else 0,
-                sk if 0 <= sk <= 7 else MemKind.UNKNOWN,
-                dk if 0 <= dk <= 7 else MemKind.UNKNOWN,
-                0,
-                np.nan,
-                np.nan,
-                -1,
-                -1,
+                corr,
+                nbytes=_int(nbytes, -1),
+                copy_kind=ck if 0 <= ck <= 13 else 0,
+                src_kind=sk if 0 <= sk <= 7 else MemKind.UNKNOWN,
+                dst_kind=dk if 0 <= dk <= 7 else MemKind.UNKNOWN,
             )
-            gpu_pid.append(_int(gpid, 0) >> 24)
 
     st = "CUPTI_ACTIVITY_KIND_MEMSET"
     if st in reader.tables:
@@ -350,26 +273,17 @@ def _parse(reader: _Reader) -> Trace:
             if start is None or end is None:
                 continue
             label = f"Memset ({_MEM_LABELS.get(_int(mk, 2), 'Unknown')})"
-            gpu.append_row(
+            add_op(
+                gpid,
                 start,
-                max(end - start, 0),
-                _int(dev, 0),
-                _stream(stream),
+                end,
+                dev,
+                stream,
                 OpKind.MEMSET,
-                0,
                 strings.intern(label),
-                _int(corr, -1),
-                _int(nbytes, -1),
-                0,
-                MemKind.UNKNOWN,
-                MemKind.UNKNOWN,
-                0,
-                np.nan,
-                np.nan,
-                -1,
-                -1,
+                corr,
+                nbytes=_int(nbytes, -1),
             )
-            gpu_pid.append(_int(gpid, 0) >> 24)
 
     yt = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
     if yt in reader.tables:
@@ -383,26 +297,17 @@ def _parse(reader: _Reader) -> Trace:
             if start is None or end is None:
                 continue
             kind = sync_kinds.get(_int(sync_value, 0), SyncKind.UNKNOWN)
-            gpu.append_row(
+            add_op(
+                gpid,
                 start,
-                max(end - start, 0),
-                _int(dev, 0),
-                _stream(stream),
+                end,
+                dev,
+                stream,
                 OpKind.SYNC,
-                0,
                 strings.intern(SYNC_KIND_NAMES[kind]),
-                _int(corr, -1),
-                -1,
-                0,
-                MemKind.UNKNOWN,
-                MemKind.UNKNOWN,
-                kind,
-                np.nan,
-                np.nan,
-                -1,
-                -1,
+                corr,
+                sync_kind=kind,
             )
-            gpu_pid.append(_int(gpid, 0) >> 24)
 
     cols = gpu.to_numpy()
     cols["kclass"] = class_of_names(strings, cols["kind"], cols["name"])
@@ -434,7 +339,7 @@ def _parse(reader: _Reader) -> Trace:
     return Trace(source="nsys", strings=strings, ranks=ranks, metadata=metadata, warnings=warnings)
 
 
-def _sync_kind_map(reader: _Reader) -> dict[int, int]:
+def _sync_kind_map(reader: GuardedSQLite) -> dict[int, int]:
     """syncType value -> SyncKind, from the export's own enum table when it has one (CUPTI numbering else)."""
     mapping = {int(k): int(k) for k in SyncKind}
     table = "ENUM_CUPTI_SYNC_TYPE"
@@ -461,7 +366,7 @@ def _stream(value: Any) -> int:
 
 
 def _read_runtime(
-    reader: _Reader, resolve: _StringResolver, present: list[str]
+    reader: GuardedSQLite, resolve: _StringResolver, present: list[str]
 ) -> tuple[RuntimeCalls, npt.NDArray[np.int64]]:
     rt = ColumnBuilder(RUNTIME_COLUMNS)
     pids: list[int] = []
@@ -497,7 +402,7 @@ def _read_runtime(
 
 
 def _read_nvtx(
-    reader: _Reader, resolve: _StringResolver, present: list[str]
+    reader: GuardedSQLite, resolve: _StringResolver, present: list[str]
 ) -> tuple[Annotations, npt.NDArray[np.int64]]:
     ann = ColumnBuilder(ANNOTATION_COLUMNS)
     pids: list[int] = []
@@ -521,7 +426,7 @@ def _read_nvtx(
     return Annotations(**ann.to_numpy()), np.array(pids, dtype=np.int64)
 
 
-def _read_devices(reader: _Reader) -> dict[int, DeviceInfo]:
+def _read_devices(reader: GuardedSQLite) -> dict[int, DeviceInfo]:
     devices: dict[int, DeviceInfo] = {}
     table = "TARGET_INFO_GPU"
     if table in reader.tables:
@@ -564,7 +469,7 @@ def _read_devices(reader: _Reader) -> dict[int, DeviceInfo]:
     return devices
 
 
-def _session_start(reader: _Reader) -> int | None:
+def _session_start(reader: GuardedSQLite) -> int | None:
     table = "TARGET_INFO_SESSION_START_TIME"
     if table in reader.tables and reader.col(table, "utcEpochNs") != "NULL":
         row = reader.execute(f"SELECT utcEpochNs FROM {table} LIMIT 1").fetchone()
@@ -573,7 +478,7 @@ def _session_start(reader: _Reader) -> int | None:
     return None
 
 
-def _analysis_window(reader: _Reader) -> tuple[int, int] | None:
+def _analysis_window(reader: GuardedSQLite) -> tuple[int, int] | None:
     table = "ANALYSIS_DETAILS"
     if table in reader.tables and reader.col(table, "duration") != "NULL":
         row = reader.execute(f"SELECT duration FROM {table} LIMIT 1").fetchone()
@@ -583,7 +488,7 @@ def _analysis_window(reader: _Reader) -> tuple[int, int] | None:
     return None
 
 
-def _meta(reader: _Reader, name: str) -> str | None:
+def _meta(reader: GuardedSQLite, name: str) -> str | None:
     table = "META_DATA_EXPORT"
     if table not in reader.tables:
         return None

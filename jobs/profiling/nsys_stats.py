@@ -233,7 +233,7 @@ def _number(text: str) -> float | None:
 
 def _scale(unit: str | None, key: str) -> float:
     if unit is None:
-        return 1.0  # old reports (Average, Minimum...) are in ns; sizes without unit are bytes
+        return 1.0  # old reports (Average, Minimum...) are in ns; old KiB sizes are fixed by the caller
     u = unit.lower().replace(" ", "")
     if key in {"total", "bytes"} or (key in {"avg", "med", "min", "max", "stddev"} and u in _SIZE_UNITS):
         return _SIZE_UNITS.get(u, 1.0)
@@ -295,7 +295,7 @@ def parse_nsys_stats(
     Times are converted to ns and sizes to bytes whatever `--timeunit` was used. `filename` (the upload's
     name) names the report when the file holds a single table without a banner.
     """
-    if filename is None and isinstance(source, str | Path) and not isinstance(source, bytes):
+    if filename is None and isinstance(source, str | Path):
         filename = Path(source).name
     text = decode_text(load_bytes(source, max_bytes, what="nsys stats file"))
     result = NsysStats()

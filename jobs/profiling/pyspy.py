@@ -446,6 +446,7 @@ def analyze_pyspy(
         "samples": profile.samples,
         "total_weight": round(total, 6),
         "weight_unit": profile.weight_unit,
+        "sampled_seconds": round(total, 3) if profile.weight_unit == "seconds" else None,
         "distinct_stacks": len(profile.stacks),
         "skipped_lines": profile.skipped_lines,
         "threads": [

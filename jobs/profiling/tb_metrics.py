@@ -311,13 +311,14 @@ def step_breakdown(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, A
         per = [iv.total(iv.clip(c, s, e)) for c in costs]
         sums += per
         total += dur
-        result["per_step"].append(
-            {
-                "name": name,
-                "duration_ms": ms(dur),
-                **{f"{r}_ms": ms(v) for r, v in zip((*ROLES, "other"), per, strict=True)},
-            }
-        )
+        if len(result["per_step"]) < 1000:
+            result["per_step"].append(
+                {
+                    "name": name,
+                    "duration_ms": ms(dur),
+                    **{f"{r}_ms": ms(v) for r, v in zip((*ROLES, "other"), per, strict=True)},
+                }
+            )
     n = steps.starts.size
     result["step_ms_mean"] = ms(total / n)
     for role, value in zip((*ROLES, "other"), sums, strict=True):

@@ -21,13 +21,19 @@ communication_analysis.py, cuda_kernel_analysis.py, hta/common/trace.py, trace_p
   microsecond units, so 30 us here), else *other*. HTA reports per stream; the rank figures here sum the
   streams (HTA's per-stream rows are in `streams`).
 
-Deliberate differences, each small on real traces (see benchmarks/hta_parity.py):
+Microsecond rounding: HTA rounds float timestamps to whole microseconds (start up, end down; a workaround
+for an old PyTorch overlap bug). For traces with sub-microsecond digits we repeat that rounding, float64
+arithmetic included, for the two breakdowns above only (`hta_us_rounding=True`, the default), so they equal
+HTA's to 1e-4 points on every sample; all other statistics keep the trace's nanoseconds. With
+`hta_us_rounding=False` the breakdowns keep nanoseconds too: up to ~1 point (temporal) and ~2.3 points
+(idle) away from HTA on the nanosecond-resolution sample, full of sub-microsecond kernels.
 
-* Nanosecond precision. HTA rounds float timestamps to whole microseconds (start up, end down) because of
-  an old PyTorch overlap bug; we keep the nanoseconds the trace has.
-* HTA classifies a "Stream Wait Event" sync record as a compute kernel (its name matches no exclusion
-  rule); we count sync records as OTHER.
-* A negative gap between ops on one stream (overlap) counts as zero idle time, where HTA would subtract it.
+Deliberate differences from HTA, negligible on the samples:
+
+* A "Stream Wait Event" sync record is OTHER; HTA's name rule makes it a compute kernel (7 us of the
+  AlexNet sample's 13 s span move from compute to non-compute).
+* Idle gaps are grouped per (device, stream), not per stream, which only matters for multi-GPU files.
+* Without rounding, a negative gap between ops on one stream counts as zero, where HTA subtracts it.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ from jobs.profiling.events import (
 )
 from jobs.profiling.units import NS_PER_US, ms, pct
 
+#: Longest lists a result carries (streams, steps): the statistics still cover everything.
+MAX_LISTED = 64
+MAX_LISTED_STEPS = 1000
 _PROFILER_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 # Step-like NVTX range names when there is no ProfilerStep: "step 12", "train_step#3", "iteration_7".
 _NVTX_STEP_RE = re.compile(r"^(?:train[_ ]?)?(?:step|iter(?:ation)?)[\s_#:=-]*(\d+)$", re.IGNORECASE)
@@ -272,6 +281,7 @@ def idle_breakdown(
         )
     total = totals["host"] + totals["kernel"] + totals["other"]
     streams.sort(key=lambda s: -s["idle_ms"])
+    del streams[MAX_LISTED:]
     return {
         "host_wait_pct": pct(totals["host"], total),
         "kernel_wait_pct": pct(totals["kernel"], total),
@@ -314,7 +324,7 @@ def step_times(trace: Trace, rank: RankTrace) -> dict[str, Any]:
             count=len(rows),
             steps=[
                 {"step": step, "name": name, "start_ms": ms(start - origin), "duration_ms": ms(dur)}
-                for start, dur, step, name in rows
+                for start, dur, step, name in rows[:MAX_LISTED_STEPS]
             ],
             mean_ms=ms(durs.mean()),
             median_ms=ms(float(np.median(durs))),
@@ -330,10 +340,13 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
     """Every analysis for one rank, as a JSON-serialisable dict."""
     opts = options or AnalysisOptions()
     rounded = opts.hta_us_rounding and rank.sub_us_timestamps
-    if rounded:
-        rank = round_like_hta(rank)
-    gpu_mask, rt_mask, window = analysis_window(trace, rank, opts.include_last_profiler_step)
+    # HTA's microsecond rounding only feeds the two HTA breakdowns (and the window, as in HTA); every
+    # other statistic keeps nanoseconds, where a rounded sub-microsecond kernel would have dur <= 0.
+    hta_rank = round_like_hta(rank) if rounded else rank
+    gpu_mask, rt_mask, window = analysis_window(trace, hta_rank, opts.include_last_profiler_step)
     window["timestamps_rounded_to_us"] = rounded
+    hta_gpu = hta_rank.gpu.take(gpu_mask)
+    hta_runtime = hta_rank.runtime.take(rt_mask)
     gpu = rank.gpu.take(gpu_mask)
     runtime = rank.runtime.take(rt_mask)
     kernels = gpu.kind == OpKind.KERNEL
@@ -354,9 +367,9 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
         },
         "has_gpu_kernels": bool(kernels.any()),
         "window": window,
-        "temporal_breakdown": temporal_breakdown(gpu),
+        "temporal_breakdown": temporal_breakdown(hta_gpu),
         "idle_breakdown": idle_breakdown(
-            gpu, runtime, opts.consecutive_kernel_delay_ns, clamp_negative_gaps=not rounded
+            hta_gpu, hta_runtime, opts.consecutive_kernel_delay_ns, clamp_negative_gaps=not rounded
         ),
         "kernel_breakdown": gpu_stats.kernel_breakdown(trace, gpu, opts.top_kernels, opts.tiny_kernel_ns),
         "launch_stats": gpu_stats.launch_stats(

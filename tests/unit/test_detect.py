@@ -149,3 +149,11 @@ def test_decode_text_rejects_binary() -> None:
         decode_text(b"abc\x00def")
     assert decode_text("héllo".encode()) == "héllo"
     assert decode_text(b"\xef\xbb\xbfbom") == "bom"
+
+
+def test_ncu_csv_after_long_program_output() -> None:
+    log = "".join(f"step {i} loss 2.{i:03d}\n" for i in range(500))
+    head = (
+        log + (DATA / "ncu_raw.csv").read_text().split("==PROF== Disconnected from process 5120\n")[1]
+    ).encode()
+    assert detect_kind("ncu.csv", head) == "ncu_csv"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -192,3 +194,23 @@ def test_size_limits() -> None:
         analyze_dstat(DATA / "dstat_0.7.2.csv", max_bytes=10)
     with pytest.raises(ArtifactError, match="limit"):
         analyze_nvidia_smi(DATA / "nvidia_smi_units.csv", max_bytes=10)
+
+
+def test_fields_may_be_one_string() -> None:
+    result = analyze_nvidia_smi(DATA / "nvidia_smi_noheader_nounits.csv", fields=NOHEADER_FIELDS)
+    assert result["gpu_count"] == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "analyze"),
+    [
+        ("nvidia_smi_units.csv", analyze_nvidia_smi),
+        ("dstat_0.7.2.csv", analyze_dstat),
+        ("dstat_0.7.3.csv", analyze_dstat),
+    ],
+)
+def test_truncated_files_parse_or_raise_artifact_error(name: str, analyze: Callable[..., dict]) -> None:
+    data = (DATA / name).read_bytes()
+    for cut in range(0, len(data), max(1, len(data) // 40)):
+        with contextlib.suppress(ArtifactError):
+            json.dumps(analyze(data[:cut]), allow_nan=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -153,3 +154,11 @@ def test_malformed_inputs_raise(content: bytes, message: str) -> None:
 def test_size_limit() -> None:
     with pytest.raises(ArtifactError, match="limit"):
         analyze_ncu(DATA / "ncu_raw.csv", max_bytes=100)
+
+
+@pytest.mark.parametrize("name", ["ncu_details_2022.csv", "ncu_details_2024.csv", "ncu_raw.csv"])
+def test_truncated_files_parse_or_raise_artifact_error(name: str) -> None:
+    data = (DATA / name).read_bytes()
+    for cut in range(0, len(data), max(1, len(data) // 40)):
+        with contextlib.suppress(ArtifactError):
+            json.dumps(analyze_ncu(data[:cut]), allow_nan=False)

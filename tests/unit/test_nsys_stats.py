@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -175,3 +176,13 @@ def test_skipped_reason_is_in_the_error() -> None:
 def test_size_limit() -> None:
     with pytest.raises(ArtifactError, match="limit"):
         analyze_nsys_stats(DATA / "nsys_stats_stdout_2024.txt", max_bytes=1000)
+
+
+@pytest.mark.parametrize(
+    "name", ["nsys_stats_stdout_2024.txt", "nsys_stats_2021_column.txt", "run1_cuda_gpu_trace.csv"]
+)
+def test_truncated_files_parse_or_raise_artifact_error(name: str) -> None:
+    data = (DATA / name).read_bytes()
+    for cut in range(0, len(data), max(1, len(data) // 40)):
+        with contextlib.suppress(ArtifactError):
+            json.dumps(analyze_nsys_stats(data[:cut]), allow_nan=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -196,3 +197,11 @@ def test_a_few_bad_raw_lines_are_skipped() -> None:
 def test_size_limit() -> None:
     with pytest.raises(ArtifactError, match="limit"):
         analyze_pyspy(DATA / "pyspy_train_plain.txt", max_bytes=10)
+
+
+def test_truncated_files_parse_or_raise_artifact_error() -> None:
+    speedscope = sample_path("pyspy/pyspy_bpe_tokenizer.speedscope.json").read_bytes()
+    for data in (speedscope, (DATA / "pyspy_train_subprocesses.txt").read_bytes()):
+        for cut in range(0, len(data), max(1, len(data) // 30)):
+            with contextlib.suppress(ArtifactError):
+                json.dumps(analyze_pyspy(data[:cut]), allow_nan=False)

@@ -1,0 +1,562 @@
+"""Plotly figures as plain dicts, built in Python and drawn by one static script per page. Pure: no Django.
+
+Every axis names its unit; every trace is downsampled to a pixel budget (jobs.downsample) with a min/max
+envelope wherever thinning could hide a spike; missing signals stay missing (a note in the chart, never a
+line at 0). Times go to the browser as Unix milliseconds (Plotly's native date number).
+
+Text that comes from users or traces (GPU host names, frame and kernel names) is HTML-escaped: Plotly
+interprets a small HTML subset (<a href>, <b>, <br>) in labels, and decodes entities back for display.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from jobs.downsample import bucket_mean, downsample_line
+from jobs.signals import JobSignals, SignalSeries
+
+# Okabe-Ito, the colour-blind-safe palette of app.css. Lines use only the members with >= 3:1 contrast on
+# white (blue, vermillion, green, black, purple) and differ in dash style too: colour is never the only cue.
+BLACK, ORANGE, SKY, GREEN = "#000000", "#E69F00", "#56B4E9", "#009E73"
+YELLOW, BLUE, VERMILLION, PURPLE = "#F0E442", "#0072B2", "#D55E00", "#CC79A7"
+GREY = "#5f6b77"
+FINDING_COLOURS = (VERMILLION, BLUE, GREEN, PURPLE, ORANGE, SKY, BLACK, YELLOW)
+
+DEFAULT_POINTS = 1000  # per trace: about one point per horizontal pixel of a laptop-wide chart
+MAX_POINTS = 2400
+MIN_POINTS = 100
+HEATMAP_COLUMNS = 300
+MAX_SHAPES = 240  # finding windows drawn; closer windows are merged first
+FONT = {"family": 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif', "size": 12, "color": "#1b1f24"}
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One trace of a row: a signal key, its legend label, colour and dash style."""
+
+    key: str
+    label: str
+    colour: str
+    dash: str = "solid"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One subplot: a title, the unit on its y axis, how raw values convert to that unit, its lines."""
+
+    title: str
+    unit: str
+    scale: float
+    digits: int
+    lines: tuple[Line, ...]
+    percent: bool = False
+    # Lines drawn only when none of the preferred lines of the row has data (NVLink total vs TX/RX).
+    fallback: tuple[Line, ...] = ()
+
+
+ROWS: tuple[Row, ...] = (
+    Row("Utilisation", "%", 100.0, 1, (
+        Line("gpu_util", "nvidia-smi util", BLACK, "dot"),
+        Line("sm_active", "SM active", BLUE),
+        Line("tensor_active", "Tensor active", VERMILLION, "dash"),
+        Line("dram_active", "DRAM active", GREEN, "dashdot"),
+    ), percent=True),
+    Row("Power", "W", 1.0, 0, (Line("power_usage", "Board power (mean per GPU)", BLUE),)),
+    Row("Temperature", "°C", 1.0, 0, (
+        Line("gpu_temp", "GPU", VERMILLION),
+        Line("memory_temp", "Memory (HBM)", PURPLE, "dash"),
+    )),
+    Row("SM clock", "MHz", 1.0, 0, (Line("sm_clock", "SM clock", BLUE),)),
+    Row("PCIe / NVLink", "GB/s", 1e-9, 3, (
+        Line("pcie_rx_bytes", "PCIe RX (host → GPU)", BLUE),
+        Line("pcie_tx_bytes", "PCIe TX (GPU → host)", BLUE, "dash"),
+        Line("nvlink_rx_bytes", "NVLink RX", GREEN),
+        Line("nvlink_tx_bytes", "NVLink TX", GREEN, "dash"),
+    ), fallback=(Line("nvlink_bandwidth_total", "NVLink total (both directions)", GREEN, "dot"),)),
+    Row("Memory", "GiB", 1 / 1024, 2, (Line("fb_used", "Frame buffer used (mean per GPU)", BLUE),)),
+    Row("Throughput", "tokens/s", 1.0, 0, (Line("tokens_per_second", "Tokens/s (whole job)", BLACK),)),
+    Row("MFU", "%", 100.0, 1, (Line("mfu", "MFU", VERMILLION),), percent=True),
+)  # fmt: skip
+
+CHART_SIGNALS: tuple[str, ...] = (
+    *(line.key for row in ROWS for line in (*row.lines, *row.fallback)),
+    "fb_free",
+)
+"""Signal keys the time-series figure reads (fb_free gives the memory capacity line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FindingMark:
+    """A finding as the charts need it: stable code, number in the list, colour, windows in Unix seconds."""
+
+    code: str
+    number: int
+    title: str
+    colour: str
+    windows: tuple[tuple[float, float], ...] = field(default_factory=tuple)
+
+
+def escape(text: object) -> str:
+    """Text from users or traces made inert for Plotly's HTML-like labels (entities display literally)."""
+    return html.escape(str(text), quote=True)
+
+
+def ms(values: np.ndarray) -> list[int]:
+    """Unix seconds -> integer Unix milliseconds (what Plotly reads on a date axis)."""
+    return np.rint(np.asarray(values, dtype=np.float64) * 1000.0).astype(np.int64).tolist()
+
+
+def rounded(values: np.ndarray, scale: float = 1.0, digits: int = 3) -> list[float | int | None]:
+    """Scaled, rounded values for JSON, NaN -> None (a gap). digits=0 gives ints (shorter payload)."""
+    arr = np.round(np.asarray(values, dtype=np.float64) * scale, digits)
+    if digits == 0:
+        return [None if v != v else int(v) for v in arr.tolist()]
+    return [None if v != v else v for v in arr.tolist()]
+
+
+def _rgba(hex_colour: str, alpha: float) -> str:
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _has_data(series: SignalSeries | None) -> bool:
+    return series is not None and series.mean is not None and not np.isnan(series.mean).all()
+
+
+def clamp_points(points: int | None) -> int:
+    """A requested pixel budget within [MIN_POINTS, MAX_POINTS] (DEFAULT_POINTS when absent)."""
+    if not points:
+        return DEFAULT_POINTS
+    return max(MIN_POINTS, min(MAX_POINTS, int(points)))
+
+
+def _window_slice(ts: np.ndarray, window: tuple[float, float] | None) -> slice:
+    if window is None:
+        return slice(None)
+    lo = int(np.searchsorted(ts, window[0], side="left"))
+    hi = int(np.searchsorted(ts, window[1], side="right"))
+    return slice(max(0, lo - 1), min(ts.size, hi + 1))  # one point beyond each edge: lines reach the border
+
+
+def row_lines(row: Row, sigs: JobSignals | None) -> list[Line]:
+    """The lines a row draws: its own, or its fallback lines when none of its own has data."""
+    if sigs is None:
+        return list(row.lines)
+    if row.fallback and not any(_has_data(sigs.get(line.key)) for line in row.lines):
+        return list(row.fallback)
+    return list(row.lines)
+
+
+def missing_lines(sigs: JobSignals | None, reasons: Mapping[str, str]) -> list[dict[str, str]]:
+    """Lines without data, with the reason (for the note under the chart): [{row, label, reason}]."""
+    out = []
+    for row in ROWS:
+        for line in row_lines(row, sigs):
+            if sigs is None or not _has_data(sigs.get(line.key)):
+                reason = reasons.get(line.key) or "no data archived yet"
+                out.append({"row": row.title, "label": line.label, "key": line.key, "reason": reason})
+    return out
+
+
+def merge_windows(
+    windows: Sequence[Sequence[float]], min_gap_s: float, limit: int = MAX_SHAPES
+) -> list[tuple[float, float]]:
+    """Sorted windows with overlaps and gaps shorter than `min_gap_s` merged; at most `limit` (the gap
+    tolerance doubles until they fit, so a finding with thousands of short windows stays drawable)."""
+    clean = sorted((float(w[0]), float(w[1])) for w in windows if len(w) == 2 and w[1] >= w[0])
+    gap = max(min_gap_s, 0.0)
+    while True:
+        merged: list[tuple[float, float]] = []
+        for start, end in clean:
+            if merged and start - merged[-1][1] <= gap:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        if len(merged) <= limit or not merged:
+            return merged
+        gap = max(gap * 2, 1.0)
+
+
+def finding_shapes(
+    marks: Sequence[FindingMark], span_s: float, points: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shaded rectangles over every subplot for each finding window, and a numbered label over the first
+    window of each finding (the number matches the findings list: colour is not the only cue)."""
+    shapes: list[dict[str, Any]] = []
+    labels: list[dict[str, Any]] = []
+    per = max(1, MAX_SHAPES // max(1, len(marks)))
+    pixel_s = span_s / max(points, 1)
+    for mark in marks:
+        merged = merge_windows(mark.windows, pixel_s, per)
+        for start, end in merged:
+            if end - start < pixel_s:  # keep sub-pixel windows visible
+                mid = (start + end) / 2
+                start, end = mid - pixel_s / 2, mid + pixel_s / 2
+            shapes.append({
+                "type": "rect", "xref": "x", "yref": "paper", "x0": round(start * 1000),
+                "x1": round(end * 1000), "y0": 0, "y1": 1, "fillcolor": mark.colour, "opacity": 0.14,
+                "line": {"width": 0}, "layer": "below", "name": f"finding:{mark.code}",
+            })  # fmt: skip
+        if merged:
+            labels.append({
+                "x": round(merged[0][0] * 1000), "xref": "x", "y": 1.0, "yref": "paper", "yanchor": "bottom",
+                "xanchor": "left", "text": f"<b>{mark.number}</b>", "showarrow": False,
+                "font": {"color": "#ffffff", "size": 11}, "bgcolor": mark.colour, "borderpad": 2,
+                "name": f"finding:{mark.code}",
+            })  # fmt: skip
+    return shapes, labels
+
+
+def _hline(axis: int, value: float, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    shape = {
+        "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": f"y{axis}", "y0": value, "y1": value,
+        "line": {"color": GREY, "width": 1, "dash": "dash"}, "layer": "below",
+    }  # fmt: skip
+    label = {
+        "xref": "paper", "x": 1, "xanchor": "right", "yref": f"y{axis}", "y": value, "yanchor": "bottom",
+        "text": text, "showarrow": False, "font": {"color": GREY, "size": 11},
+    }  # fmt: skip
+    return shape, label
+
+
+def timeseries_figure(
+    sigs: JobSignals | None,
+    *,
+    points: int = DEFAULT_POINTS,
+    findings: Sequence[FindingMark] = (),
+    reasons: Mapping[str, str] | None = None,
+    boost_clock_mhz: float | None = None,
+    memory_gib: float | None = None,
+    target_mfu: float | None = None,
+    window: tuple[float, float] | None = None,
+) -> dict[str, Any]:
+    """The job's correlated time series: one subplot per row of ROWS, all on one shared date axis, with
+    unified hover across subplots, finding windows shaded, reference lines (boost clock, memory capacity,
+    target MFU) and a note in each subplot that has no data. `window` (Unix s) limits the data to a zoom."""
+    reasons = reasons or {}
+    points = clamp_points(points)
+    n = len(ROWS)
+    gap, height_per_row = 0.035, 118
+    row_h = (1 - gap * (n - 1)) / n
+    data: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {
+        "height": height_per_row * n + 90,
+        "margin": {"l": 64, "r": 16, "t": 36, "b": 40},
+        "hovermode": "x unified",
+        "hoversubplots": "axis",
+        "dragmode": "zoom",
+        "font": FONT,
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "showlegend": True,
+        "xaxis": {
+            "type": "date", "anchor": f"y{n}", "domain": [0, 1], "showspikes": True, "spikemode": "across",
+            "spikethickness": 1, "spikecolor": GREY, "spikedash": "solid", "gridcolor": "#e6eaee",
+            "hoverformat": "%Y-%m-%d %H:%M:%S UTC",
+        },
+        "shapes": [],
+        "annotations": [],
+    }  # fmt: skip
+    span = (sigs.end - sigs.start) if sigs is not None else 0.0
+    if window is not None:
+        span = window[1] - window[0]
+        layout["xaxis"]["range"] = [round(window[0] * 1000), round(window[1] * 1000)]
+    elif sigs is not None and span > 0:
+        layout["xaxis"]["range"] = [round(sigs.start * 1000), round(sigs.end * 1000)]
+    for r, row in enumerate(ROWS, start=1):
+        top = 1 - (r - 1) * (row_h + gap)
+        axis_key = "yaxis" if r == 1 else f"yaxis{r}"
+        axis: dict[str, Any] = {
+            "domain": [round(top - row_h, 4), round(top, 4)], "anchor": "x", "fixedrange": True,
+            "title": {"text": row.unit, "standoff": 4}, "gridcolor": "#e6eaee", "zeroline": False,
+            "rangemode": "tozero",
+        }  # fmt: skip
+        if row.percent:
+            axis["range"] = [0, 105]
+        layout[axis_key] = axis
+        legend = "legend" if r == 1 else f"legend{r}"
+        layout[legend] = {
+            "x": 0, "xref": "paper", "xanchor": "left", "y": round(top, 4), "yref": "paper",
+            "yanchor": "bottom", "orientation": "h", "bgcolor": "rgba(255,255,255,0.85)",
+            "font": {"size": 11}, "itemclick": "toggle",
+            "title": {"text": f"<b>{row.title}</b> ({row.unit})", "side": "left"},
+        }  # fmt: skip
+        drawn = 0
+        for line in row_lines(row, sigs):
+            series = sigs.get(line.key) if sigs is not None else None
+            if not _has_data(series):
+                continue
+            assert series is not None and series.mean is not None
+            part = _window_slice(series.timestamps, window)
+            lx, ly, env = downsample_line(series.timestamps[part], series.mean[part], points)
+            common = {"xaxis": "x", "yaxis": f"y{r}", "legendgroup": line.key, "legend": legend}
+            if env is not None:
+                data.append({
+                    "type": "scatter", "mode": "lines", "name": f"{line.label} range",
+                    "x": ms(np.concatenate((env.x, env.x[::-1]))),
+                    "y": rounded(np.concatenate((env.high, env.low[::-1])), row.scale, row.digits),
+                    "fill": "toself", "fillcolor": _rgba(line.colour, 0.16), "line": {"width": 0},
+                    "hoverinfo": "skip", "showlegend": False, **common,
+                })  # fmt: skip
+            data.append({
+                "type": "scatter", "mode": "lines", "name": line.label, "x": ms(lx),
+                "y": rounded(ly, row.scale, row.digits), "connectgaps": False,
+                "line": {"color": line.colour, "width": 1.6, "dash": line.dash},
+                "hovertemplate": f"%{{y:,.{row.digits}f}} {row.unit}", **common,
+            })  # fmt: skip
+            drawn += 1
+        if drawn == 0:
+            missing = [f"{line.label}: {reasons.get(line.key) or 'no data'}" for line in row_lines(row, sigs)]
+            layout["annotations"].append({
+                "xref": "paper", "x": 0.5, "yref": f"y{r} domain", "y": 0.5, "showarrow": False,
+                "text": "No data. " + escape(missing[0])[:160], "font": {"color": GREY, "size": 12},
+            })  # fmt: skip
+    _reference_lines(layout, boost_clock_mhz, memory_gib, target_mfu, sigs)
+    shapes, labels = finding_shapes(findings, span, points)
+    layout["shapes"] += shapes
+    layout["annotations"] += labels
+    return {"data": data, "layout": layout}
+
+
+def _row_index(title: str) -> int:
+    return next(i for i, row in enumerate(ROWS, start=1) if row.title == title)
+
+
+def _reference_lines(
+    layout: dict[str, Any],
+    boost_clock_mhz: float | None,
+    memory_gib: float | None,
+    target_mfu: float | None,
+    sigs: JobSignals | None,
+) -> None:
+    refs: list[tuple[int, float, str]] = []
+    if boost_clock_mhz:
+        text = f"boost clock {boost_clock_mhz:,.0f} MHz"
+        refs.append((_row_index("SM clock"), float(boost_clock_mhz), text))
+    capacity = memory_gib
+    used = sigs.get("fb_used") if sigs is not None else None
+    free = sigs.get("fb_free") if sigs is not None else None
+    if capacity is None and used is not None and free is not None and _has_data(used) and _has_data(free):
+        assert used.mean is not None and free.mean is not None
+        capacity = float(np.nanmedian(used.mean + free.mean)) / 1024
+    if capacity and math.isfinite(capacity):
+        refs.append((_row_index("Memory"), capacity, f"capacity {capacity:,.0f} GiB"))
+    if target_mfu:
+        refs.append((_row_index("MFU"), target_mfu * 100, f"target {target_mfu:.0%}"))
+    for axis, value, text in refs:
+        shape, label = _hline(axis, value, text)
+        layout["shapes"].append(shape)
+        layout["annotations"].append(label)
+        # Keep the reference line inside the visible range.
+        key = "yaxis" if axis == 1 else f"yaxis{axis}"
+        layout[key].setdefault("rangemode", "tozero")
+        layout[key]["autorangeoptions"] = {"include": [0, value * 1.05]}
+
+
+# ------------------------------------------------------------------------------------------- heatmap
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOutlier:
+    """A GPU whose time-mean is low against its peers (a straggler candidate)."""
+
+    gpu: str
+    mean: float
+    median: float
+    below_band: bool
+
+
+def heatmap_figure(
+    series: SignalSeries | None,
+    label: str,
+    *,
+    columns: int = HEATMAP_COLUMNS,
+    window: tuple[float, float] | None = None,
+) -> dict[str, Any] | None:
+    """GPU x time heatmap of a ratio signal in %, bucket-averaged to `columns` columns (None without
+    per-GPU data). Rows are GPUs in host/index order so a node's GPUs sit together."""
+    if series is None or series.per_gpu is None or series.gpu_timestamps is None or not series.gpus:
+        return None
+    ts, matrix = series.gpu_timestamps, series.per_gpu
+    if window is not None:
+        part = _window_slice(ts, window)
+        ts, matrix = ts[part], matrix[:, part]
+    if ts.size == 0:
+        return None
+    edges, means = bucket_mean(matrix, columns)
+    ends = np.append(edges[1:], ts.size)
+    centres = (ts[edges] + ts[ends - 1]) / 2.0
+    gpus = [escape(g) for g in series.gpus]
+    z = np.round(means * 100.0)
+    rows = [[None if v != v else int(v) for v in row] for row in z.tolist()]
+    height = int(min(900, max(220, 90 + 6 * len(gpus))))
+    return {
+        "data": [{
+            "type": "heatmap", "x": ms(centres), "y": gpus, "z": rows, "zmin": 0, "zmax": 100,
+            "colorscale": "Cividis", "hoverongaps": False, "xgap": 0, "ygap": 0,
+            "colorbar": {"title": {"text": f"{label}, %", "side": "right"}, "thickness": 12},
+            "hovertemplate": f"%{{y}}<br>%{{x|%Y-%m-%d %H:%M}} UTC<br>{label}: %{{z}} %<extra></extra>",
+        }],
+        "layout": {
+            "height": height, "margin": {"l": 110, "r": 16, "t": 10, "b": 40}, "font": FONT,
+            "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "dragmode": "zoom",
+            "xaxis": {"type": "date", "hoverformat": "%Y-%m-%d %H:%M UTC"},
+            "yaxis": {"type": "category", "autorange": "reversed", "fixedrange": True,
+                      "title": {"text": "GPU (host/index)"}},
+        },
+    }  # fmt: skip
+
+
+def gpu_outliers(series: SignalSeries | None, limit: int = 3) -> list[GpuOutlier]:
+    """The `limit` GPUs with the lowest time-mean, each flagged when it sits below the peers' band
+    (median - max(5 points, 3 x scaled MAD)). Empty with fewer than 3 GPUs: no peers to compare."""
+    if series is None or series.per_gpu is None or len(series.gpus) < 3:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row is a GPU without samples
+        means = np.nanmean(series.per_gpu, axis=1)
+    ok = ~np.isnan(means)
+    if ok.sum() < 3:
+        return []
+    med = float(np.median(means[ok]))
+    mad = 1.4826 * float(np.median(np.abs(means[ok] - med)))
+    cutoff = med - max(0.05, 3 * mad)
+    order = [int(i) for i in np.argsort(np.where(ok, means, np.inf))[:limit] if ok[i]]
+    return [GpuOutlier(str(series.gpus[i]), float(means[i]), med, bool(means[i] < cutoff)) for i in order]
+
+
+# ------------------------------------------------------------------------------------------ sparkline
+
+
+def sparkline_points(
+    values: Sequence[float | None], width: float = 96, height: float = 24, vmax: float | None = None
+) -> list[str]:
+    """SVG polyline `points` strings (one per unbroken run; None breaks the line) for a tiny trend chart
+    drawn server-side: no script needed. y = 0 at the bottom, `vmax` (default: the largest value) on top."""
+    present = [v for v in values if v is not None and math.isfinite(v)]
+    if not present:
+        return []
+    top = vmax if vmax else max(present) or 1.0
+    step = width / max(len(values) - 1, 1)
+    runs: list[list[str]] = [[]]
+    for i, value in enumerate(values):
+        if value is None or not math.isfinite(value):
+            if runs[-1]:
+                runs.append([])
+            continue
+        y = height - 1 - (height - 2) * max(0.0, min(1.0, value / top))
+        runs[-1].append(f"{i * step:.1f},{y:.1f}")
+    # A single point draws nothing as a polyline: widen it into a short tick.
+    return [" ".join(run) if len(run) > 1 else f"{run[0]} {run[0]}" for run in runs if run]
+
+
+# ---------------------------------------------------------------------------------- artifact analyses
+
+_BREAKDOWN = (("compute_pct", "Compute", BLUE), ("non_compute_pct", "Non-compute (comm, memcpy…)", ORANGE),
+              ("idle_pct", "Idle", GREY))  # fmt: skip
+_STEP_PARTS = (
+    ("kernel_pct", "Kernels", BLUE), ("communication_pct", "Communication", ORANGE),
+    ("memcpy_pct", "Memcpy", SKY), ("memset_pct", "Memset", YELLOW), ("runtime_pct", "CUDA runtime", PURPLE),
+    ("dataloader_pct", "DataLoader", VERMILLION), ("cpu_exec_pct", "CPU ops", GREEN),
+    ("other_pct", "Other", GREY),
+)  # fmt: skip
+PYSPY_CLASS_COLOURS = {
+    "data_loading": VERMILLION, "tokenization": ORANGE, "collate": YELLOW, "framework": BLUE,
+    "stdlib": SKY, "user_code": GREEN, "other": "#c9d1d9", "": "#e6eaee",
+}  # fmt: skip
+MAX_BAR_RANKS = 64
+
+
+def _stacked_bars(rows: list[tuple[str, dict[str, Any]]], parts: Sequence[tuple[str, str, str]], title: str):
+    labels = [escape(label) for label, _ in rows]
+    data = [
+        {
+            "type": "bar", "orientation": "h", "name": name, "y": labels,
+            "x": [None if (v := section.get(key)) is None else round(float(v), 2) for _, section in rows],
+            "marker": {"color": colour}, "hovertemplate": f"{name}: %{{x:.1f}} %<extra>%{{y}}</extra>",
+        }
+        for key, name, colour in parts
+    ]  # fmt: skip
+    return {
+        "data": data,
+        "layout": {
+            "barmode": "stack", "height": 90 + 26 * len(rows), "font": FONT, "paper_bgcolor": "#ffffff",
+            "plot_bgcolor": "#ffffff", "margin": {"l": 80, "r": 16, "t": 30, "b": 36},
+            "xaxis": {"range": [0, 100], "title": {"text": title}, "fixedrange": True},
+            "yaxis": {"type": "category", "autorange": "reversed", "fixedrange": True},
+            "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        },
+    }  # fmt: skip
+
+
+def trace_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Per rank, HTA's temporal breakdown: compute, non-compute and idle as % of the GPU span."""
+    ranks = [r for r in analysis.get("ranks") or [] if (r.get("temporal_breakdown") or {}).get("idle_pct")
+             is not None][:MAX_BAR_RANKS]  # fmt: skip
+    if not ranks:
+        return None
+    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["temporal_breakdown"]) for r in ranks]
+    return _stacked_bars(rows, _BREAKDOWN, "% of the GPU-busy span (first to last GPU op)")
+
+
+def step_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Per rank, where a training step's time goes (TensorBoard plugin's step breakdown), % of step."""
+    ranks = [r for r in analysis.get("ranks") or [] if (r.get("step_breakdown") or {}).get("steps")]
+    if not ranks:
+        return None
+    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["step_breakdown"]) for r in ranks]
+    rows = rows[:MAX_BAR_RANKS]
+    return _stacked_bars(rows, _STEP_PARTS, "% of step time")
+
+
+def icicle_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A py-spy profile as a Plotly icicle (a flame graph, root on top), coloured by frame class."""
+    tree = analysis.get("icicle") or {}
+    ids, labels, parents, values = (tree.get(k) or [] for k in ("ids", "labels", "parents", "values"))
+    if not ids or not (len(ids) == len(labels) == len(parents) == len(values)):
+        return None
+    classes = tree.get("classes") or [""] * len(ids)
+    unit = "s" if analysis.get("weight_unit") == "seconds" else "samples"
+    return {
+        "data": [{
+            "type": "icicle", "ids": [escape(i) for i in ids], "labels": [escape(label) for label in labels],
+            "parents": [escape(p) for p in parents], "values": values,
+            "branchvalues": tree.get("branchvalues", "total"), "tiling": {"orientation": "v"},
+            "marker": {"colors": [PYSPY_CLASS_COLOURS.get(c, "#e6eaee") for c in classes],
+                       "line": {"width": 0.5, "color": "#ffffff"}},
+            "customdata": [escape(c) for c in classes], "maxdepth": 12, "sort": False,
+            "hovertemplate": f"%{{label}}<br>%{{value:,.2f}} {unit} · %{{percentRoot:.1%}} of all samples"
+                             "<br>class: %{customdata}<extra></extra>",
+            "textinfo": "label",
+        }],
+        "layout": {"height": 520, "margin": {"l": 4, "r": 4, "t": 4, "b": 4}, "font": FONT,
+                   "paper_bgcolor": "#ffffff"},
+    }  # fmt: skip
+
+
+def pyspy_classes_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Where the Python time went, by class (data loading, tokenisation, collate, framework, ...), in %."""
+    shares = analysis.get("classes_pct") or {}
+    if not shares:
+        return None
+    keys = [k for k in PYSPY_CLASS_COLOURS if k in shares]
+    return {
+        "data": [{
+            "type": "bar", "orientation": "h", "y": [k.replace("_", " ") for k in keys],
+            "x": [shares[k] for k in keys], "marker": {"color": [PYSPY_CLASS_COLOURS[k] for k in keys]},
+            "hovertemplate": "%{y}: %{x:.1f} % of samples<extra></extra>",
+        }],
+        "layout": {
+            "height": 60 + 26 * len(keys), "font": FONT, "paper_bgcolor": "#ffffff",
+            "plot_bgcolor": "#ffffff", "margin": {"l": 100, "r": 16, "t": 8, "b": 36},
+            "xaxis": {"range": [0, 100], "title": {"text": "% of samples"}, "fixedrange": True},
+            "yaxis": {"autorange": "reversed", "fixedrange": True},
+        },
+    }  # fmt: skip

@@ -1,0 +1,245 @@
+"""Demo data: teams, users and a simulated cluster whose metrics go into a real Prometheus.
+
+Every demo job is a simulator scenario (jobs.simulate) backfilled into Prometheus with promtool, so its
+page, MFU, cost and findings come out of the same pipeline as a real job's. Running jobs keep
+receiving data from a simulated dcgm-exporter endpoint that the demo's Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse
+
+from jobs.models import Job, Membership, Team
+from jobs.registry import register_job
+from jobs.simulate import (
+    SCENARIOS,
+    TOKENS_METRIC,
+    SimResult,
+    SimSpec,
+    backfill,
+    exporter_text,
+    simulate,
+    write_openmetrics,
+)
+
+log = logging.getLogger(__name__)
+
+DEMO_PASSWORD = "demo-password"
+TEAMS = (("llm-pretrain", "LLM pretraining"), ("vision", "Vision"), ("speech", "Speech"))
+MEMBERS = (("alice", "llm-pretrain"), ("bob", "vision"), ("carol", "speech"))
+LIVE_SPECS_FILE = "demo-live-jobs.json"
+_MODELS = (("llama-7b", 6.7e9), ("vit-h-632m", 0.63e9), ("whisper-large-1.5b", 1.55e9))
+
+
+@dataclass(frozen=True)
+class DemoJob:
+    """One demo job: the simulator spec plus what the scheduler would register."""
+
+    spec: SimSpec
+    team: str
+    name: str
+    model: str
+    ended: bool
+
+
+def _spec(scenario: str, job_id: str, hosts: tuple[str, ...], gpus: int, start: float, hours: float,
+          step: float, seed: int, params: float) -> SimSpec:  # fmt: skip
+    return SimSpec(scenario=scenario, gpus=gpus, hosts=hosts, job_id=job_id, start=start,
+                   duration_s=hours * 3600, step_s=step, seed=seed, model_params=params)  # fmt: skip
+
+
+def plan(now: datetime) -> list[DemoJob]:
+    """The demo cluster relative to `now`: a showcase job per scenario, running jobs, six weeks of history."""
+    jobs: list[DemoJob] = []
+    node = 1
+    t_now = now.timestamp() // 60 * 60
+
+    def hosts(n_gpus: int) -> tuple[str, ...]:
+        nonlocal node
+        count = max(1, n_gpus // 8)
+        names = tuple(f"gpu-node-{node + i:03d}" for i in range(count))
+        node += count
+        return names
+
+    scenarios = [s for s in SCENARIOS if s != "healthy"]
+    for i, scenario in enumerate(scenarios):
+        team, _ = TEAMS[i % len(TEAMS)]
+        model, params = _MODELS[i % len(_MODELS)]
+        gpus = 16 if scenario in ("straggler", "communication_wait", "idle_gpus") else 8
+        start = t_now - (5 + i % 3) * 3600
+        spec = _spec(scenario, f"demo-{4800 + i}", hosts(gpus), gpus, start, 2.0, 60.0, 100 + i, params)
+        jobs.append(DemoJob(spec, team, f"{model}-{scenario.replace('_', '-')}", model, ended=True))
+    # Two running jobs (healthy and false saturation): the live exporter keeps feeding them.
+    for j, scenario in enumerate(("healthy", "false_saturation")):
+        team, _ = TEAMS[j]
+        model, params = _MODELS[j]
+        start = t_now - 2 * 3600
+        spec = _spec(scenario, f"demo-{4900 + j}", hosts(8), 8, start, 24 * 7, 30.0, 200 + j, params)
+        jobs.append(DemoJob(spec, team, f"{model}-live-{scenario.replace('_', '-')}", model, ended=False))
+    # History: two jobs per team per week for six weeks, mostly healthy, some wasteful.
+    history = (
+        "healthy",
+        "healthy",
+        "false_saturation",
+        "data_pipeline_stall",
+        "healthy",
+        "tensor_cores_idle",
+    )
+    for week in range(1, 7):
+        for t, (team, _) in enumerate(TEAMS):
+            for k in range(2):
+                scenario = history[(week + t + k) % len(history)]
+                model, params = _MODELS[t]
+                start = t_now - week * 7 * 86400 + (t * 2 + k) * 9 * 3600
+                job_id = f"demo-h{week}{t}{k}"
+                seed = 300 + week * 10 + t * 2 + k
+                spec = _spec(scenario, job_id, hosts(4), 4, start, 12.0, 600.0, seed, params)
+                jobs.append(DemoJob(spec, team, f"{model}-w{week}-{k}", model, ended=True))
+    return jobs
+
+
+@transaction.atomic
+def ensure_people() -> dict[str, Team]:
+    """Teams, the staff user `demo` (member of every team) and one member per team."""
+    user_model = get_user_model()
+    teams = {slug: Team.objects.get_or_create(slug=slug, defaults={"name": name})[0] for slug, name in TEAMS}
+    demo, created = user_model.objects.get_or_create(
+        username="demo", defaults={"email": "demo@example.com", "is_staff": True, "is_superuser": True}
+    )
+    if created:
+        demo.set_password(DEMO_PASSWORD)
+        demo.save()
+    for team in teams.values():
+        Membership.objects.get_or_create(team=team, user=demo, defaults={"role": Membership.Role.LEAD})
+    for username, slug in MEMBERS:
+        user, created = user_model.objects.get_or_create(
+            username=username, defaults={"email": f"{username}@example.com"}
+        )
+        if created:
+            user.set_password(DEMO_PASSWORD)
+            user.save()
+        Membership.objects.get_or_create(team=teams[slug], user=user)
+    return teams
+
+
+def register(demo: DemoJob, teams: dict[str, Team], now: datetime) -> Job:
+    """Register a demo job as a scheduler would (explicit GPUs, a throughput PromQL expression)."""
+    spec = demo.spec
+    started = datetime.fromtimestamp(spec.start, tz=UTC)
+    ended = started + timedelta(seconds=spec.duration_s) if demo.ended else None
+    body = {
+        "external_id": spec.job_id,
+        "name": demo.name,
+        "team": teams[demo.team],
+        "owner": next(u for u, t in MEMBERS if t == demo.team),
+        "model": {"name": demo.model, "n_params": spec.model_params},
+        "dtype": "bf16",
+        "parallelism": {"tp": 1, "pp": 1, "dp": spec.gpus, "ep": 1},
+        "recompute": "none",
+        "gpu_model": spec.gpu_model,
+        "gpu_count": spec.gpus,
+        "started_at": started,
+        "ended_at": ended if ended and ended < now else None,
+        "gpus": [{"hostname": h, "gpu": str(i)} for h in spec.hosts for i in range(min(8, spec.gpus))],
+        "throughput_query": f'sum(rate({TOKENS_METRIC}{{job_id="{spec.job_id}"}}[5m]))',
+    }
+    return register_job(body).job
+
+
+def load(tsdb_dir: Path, state_dir: Path, now: datetime | None = None) -> dict[str, Any]:
+    """Create people and jobs, backfill their metrics into `tsdb_dir`; idempotent (skips loaded jobs)."""
+    now = now or datetime.now(UTC)
+    teams = ensure_people()
+    planned = plan(now)
+    known = set(
+        Job.objects.filter(external_id__in=[d.spec.job_id for d in planned]).values_list(
+            "external_id", flat=True
+        )
+    )
+    new = [d for d in planned if d.spec.job_id not in known]
+    if new:
+        results = [truncate(simulate(d.spec), now.timestamp()) for d in new]
+        tsdb_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "demo.om"
+            write_openmetrics(results, path)
+            backfill(path, tsdb_dir)
+        for demo in new:
+            register(demo, teams, now)
+    live = [asdict(d.spec) | {"disabled": sorted(d.spec.disabled)} for d in planned if not d.ended]
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / LIVE_SPECS_FILE).write_text(json.dumps(live, indent=1))
+    return {"jobs_created": len(new), "jobs_existing": len(known), "live_jobs": len(live)}
+
+
+def truncate(result: SimResult, until: float) -> SimResult:
+    """Only what has happened: a running job's samples stop at `until` (the live exporter goes on)."""
+    n = int(np.searchsorted(result.timestamps, until, side="right"))
+    if n >= len(result.timestamps):
+        return result
+    tp = result.throughput
+    return replace(
+        result,
+        timestamps=result.timestamps[:n],
+        fields={k: v[:, :n] for k, v in result.fields.items()},
+        throughput=replace(tp, tokens_per_s=tp.tokens_per_s[:n], tokens_total=tp.tokens_total[:n]),
+    )
+
+
+def live_specs(state_dir: Path) -> list[SimSpec]:
+    """The running demo jobs' specs, as written by `load`."""
+    path = state_dir / LIVE_SPECS_FILE
+    if not path.exists():
+        return []
+    specs = []
+    for raw in json.loads(path.read_text()):
+        raw["hosts"] = tuple(raw["hosts"])
+        raw["disabled"] = frozenset(raw["disabled"])
+        specs.append(SimSpec(**raw))
+    return specs
+
+
+@lru_cache(maxsize=4)
+def _live_results(path: str, mtime: float) -> tuple[SimResult, ...]:
+    # Cached per specs file version: simulating a week of a job takes about a second.
+    return tuple(simulate(spec) for spec in live_specs(Path(path).parent))
+
+
+def live_exporter_text(state_dir: Path, at: float) -> str:
+    """dcgm-exporter's /metrics text for the running demo jobs at time `at`, plus their token counters."""
+    path = state_dir / LIVE_SPECS_FILE
+    if not path.exists():
+        return ""
+    results = _live_results(str(path), path.stat().st_mtime)
+    lines = [exporter_text(results, at)]
+    tokens = []
+    for res in results:
+        idx = int(np.searchsorted(res.timestamps, at, side="right")) - 1
+        if 0 <= idx < len(res.timestamps):
+            labels = f'job_id="{res.spec.job_id}",hostname="{res.gpus[0].hostname}"'
+            tokens.append(f"{TOKENS_METRIC}{{{labels}}} {int(res.throughput.tokens_total[idx])}")
+    if tokens:
+        lines += [f"# TYPE {TOKENS_METRIC} counter", *tokens, ""]
+    return "\n".join(lines)
+
+
+def live_exporter_view(request: HttpRequest) -> HttpResponse:
+    """The simulated exporter endpoint (only when DEMO_STATE_DIR is set; 404 otherwise)."""
+    if not settings.DEMO_STATE_DIR:
+        raise Http404("the demo exporter is off")
+    body = live_exporter_text(Path(settings.DEMO_STATE_DIR), time.time())
+    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")

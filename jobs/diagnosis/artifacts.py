@@ -1,0 +1,142 @@
+"""Defensive readers of artifact analyses (jobs.profiling output stored in Artifact.analysis).
+
+Analyses are recognised by their shape, not only their kind, and every key may be absent or of the wrong
+type (older parser versions, partial parses): a missing key makes a rule not fire from that source, it
+never raises. Keys read here are listed in `KEYS_USED` for the people who change the parsers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
+
+KEYS_USED: dict[str, tuple[str, ...]] = {
+    "trace (kineto / nsys_sqlite: trace_analysis.analyze_trace)": (
+        "ranks[].rank",
+        "ranks[].temporal_breakdown.{idle_pct,compute_pct,non_compute_pct,span_ms}",
+        "ranks[].idle_breakdown.{host_wait_pct,kernel_wait_pct}",
+        "ranks[].kernel_breakdown.{kernel_count,kernel_time_ms}",
+        "ranks[].kernel_breakdown.tiny_kernels.{count_pct,time_pct}",
+        "ranks[].launch_stats.gpu_shorter_than_launch_pct",
+        "ranks[].memcpy.{total_ms,by_kind[].{copy_kind,time_ms,bytes},pageable_bytes_pct}",
+        "ranks[].sync.{cpu_sync_calls,cpu_sync_ms,gpu_sync_count,cpu_sync_by_call[].name}",
+        "ranks[].comm_compute_overlap.{communication_ms,overlap_pct}",
+        "ranks[].tensor_cores.tensor_core_compute_time_pct",
+        "ranks[].step_times.{count,mean_ms}",
+        "ranks[].step_breakdown.{steps,dataloader_pct,communication_pct}",
+    ),
+    "py-spy (pyspy.analyze_pyspy)": ("classes_pct", "input_pipeline_pct", "hot_inclusive[].{label,class}"),
+    "nsys stats (nsys_stats.analyze_nsys_stats)": (
+        "kernels.{tiny_instance_share_pct,nccl_time_share_pct,total_time_ms}",
+        "cuda_api.{sync_calls,sync_time_ms,launch_calls}",
+        "memory_ops.by_operation[].{operation,total_time_ms}",
+    ),
+    "ncu (ncu.analyze_ncu)": ("bound_time_share_pct.memory", "kernel_launches"),
+}
+
+
+def num(value: Any) -> float | None:
+    """A finite float from a JSON value, None for anything else (None, strings, NaN, bools)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    out = float(value)
+    return out if math.isfinite(out) else None
+
+
+def get(obj: Any, *path: str | int) -> Any:
+    """obj[path[0]][path[1]]... or None when any step is missing or of the wrong type."""
+    cur = obj
+    for key in path:
+        if isinstance(key, int):
+            if not isinstance(cur, list) or not -len(cur) <= key < len(cur):
+                return None
+            cur = cur[key]
+        else:
+            if not isinstance(cur, Mapping):
+                return None
+            cur = cur.get(key)
+    return cur
+
+
+def getnum(obj: Any, *path: str | int) -> float | None:
+    """`get` as a finite float (None otherwise)."""
+    return num(get(obj, *path))
+
+
+def items(obj: Any, *path: str | int) -> list[Mapping[str, Any]]:
+    """A list of dicts at `path` (non-dict entries dropped); [] when absent."""
+    value = get(obj, *path)
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
+@dataclass(frozen=True, slots=True)
+class RankView:
+    """One rank of a trace analysis with the artifact it came from."""
+
+    artifact: ArtifactAnalysis
+    data: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        """E.g. "trace.json.gz rank 3"."""
+        rank = self.data.get("rank")
+        name = self.artifact.name or self.artifact.kind
+        return f"{name} rank {rank}" if rank is not None else name
+
+    @property
+    def source(self) -> str:
+        """The artifact kind as a source label ("kineto trace", "nsys_sqlite trace")."""
+        return f"{self.artifact.kind} trace"
+
+    def n(self, *path: str | int) -> float | None:
+        """A number inside this rank's analysis."""
+        return getnum(self.data, *path)
+
+    def has_gpu_work(self) -> bool:
+        """True when the rank has GPU ops (CPU-only traces carry no GPU evidence)."""
+        return self.n("temporal_breakdown", "span_ms") not in (None, 0.0)
+
+
+def trace_ranks(inp: DiagnosisInput) -> Iterator[RankView]:
+    """Every rank with GPU work of every trace analysis (Kineto or Nsight Systems export)."""
+    for art in inp.artifacts:
+        for rank in items(art.analysis, "ranks"):
+            view = RankView(art, rank)
+            if isinstance(rank.get("temporal_breakdown"), Mapping) and view.has_gpu_work():
+                yield view
+
+
+def by_shape(inp: DiagnosisInput, *, fmt: str | None = None, key: str | None = None) -> list[ArtifactAnalysis]:
+    """Analyses whose `format` equals `fmt` (or, for py-spy, that carry `key`)."""
+    out = []
+    for art in inp.artifacts:
+        a = art.analysis
+        if not isinstance(a, Mapping):
+            continue
+        if (fmt is not None and a.get("format") == fmt) or (key is not None and key in a):
+            out.append(art)
+    return out
+
+
+def pyspy(inp: DiagnosisInput) -> list[ArtifactAnalysis]:
+    """py-spy analyses (they carry `classes_pct`)."""
+    return by_shape(inp, key="classes_pct")
+
+
+def nsys_stats(inp: DiagnosisInput) -> list[ArtifactAnalysis]:
+    """nsys stats CSV analyses."""
+    return by_shape(inp, fmt="nsys_stats_csv")
+
+
+def ncu(inp: DiagnosisInput) -> list[ArtifactAnalysis]:
+    """Nsight Compute CSV analyses."""
+    return by_shape(inp, fmt="ncu_csv")
+
+
+def source_label(art: ArtifactAnalysis) -> str:
+    """Human label of an artifact for evidence lines."""
+    return art.name or art.kind

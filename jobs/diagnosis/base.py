@@ -1,0 +1,172 @@
+"""What the diagnosis reads (`DiagnosisInput`) and what it returns (`Finding`). Pure: no Django.
+
+A rule is a function `(inp, features) -> Finding | None`; `engine.diagnose` runs them all and turns each
+finding's estimated `impact` (share of the job's GPU time the cause costs) into dollars per day.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from jobs.diagnosis import thresholds as T
+from jobs.signals import JobSignals
+
+CODES: tuple[str, ...] = (
+    "false_saturation",
+    "data_pipeline_stall",
+    "launch_overhead",
+    "communication_wait",
+    "throttling",
+    "tensor_cores_idle",
+    "memory_bound",
+    "host_device_copy",
+    "host_sync",
+    "straggler",
+    "idle_gpus",
+    "memory_headroom",
+    "baseline_regression",
+    "gpu_errors",
+)
+#: Codes that describe a symptom rather than a cause: when a cause is found they are kept as context
+#: (info severity) and get only the waste the causes leave unexplained.
+SYMPTOM_CODES: frozenset[str] = frozenset({"false_saturation", "baseline_regression"})
+
+
+class Severity(StrEnum):
+    """How urgent a finding is; the values match jobs.models.Finding.Severity."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        """0 info, 1 warning, 2 critical."""
+        return ("info", "warning", "critical").index(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One number behind a finding, with its unit ("ratio", "%", "MHz", "s", "GB/s", "count", ...)."""
+
+    label: str
+    value: float | int | str | None
+    unit: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe form ({label, value, unit}); floats rounded to 4 significant places."""
+        value = self.value
+        if isinstance(value, float):
+            value = None if not math.isfinite(value) else float(f"{value:.4g}")
+        return {"label": self.label, "value": value, "unit": self.unit}
+
+
+@dataclass(slots=True)
+class Finding:
+    """A diagnosis of one job.
+
+    `impact` is the rule's estimate of the share of the job's GPU time the cause costs (0-1); the engine
+    turns it into `waste_per_day_usd` and `waste_share` (share of the job's waste/day). `windows` are
+    [start_unix, end_unix] pairs; `missing_signals` names the signals whose absence lowered `confidence`.
+    """
+
+    code: str
+    severity: Severity
+    confidence: float
+    title: str
+    recommendation: str
+    evidence: list[Evidence] = field(default_factory=list)
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    impact: float = 0.0
+    missing_signals: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # "metrics", "kineto trace", "py-spy", ...
+    waste_per_day_usd: float = 0.0
+    waste_share: float | None = None
+
+    @property
+    def window_start(self) -> float | None:
+        """Earliest window start (unix seconds), None without windows."""
+        return min((w[0] for w in self.windows), default=None)
+
+    @property
+    def window_end(self) -> float | None:
+        """Latest window end (unix seconds), None without windows."""
+        return max((w[1] for w in self.windows), default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe form, as the API and `job_summary --json` show findings."""
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "confidence": round(self.confidence, 3),
+            "title": self.title,
+            "window_start": self.window_start,
+            "window_end": self.window_end,
+            "windows": [[float(a), float(b)] for a, b in self.windows],
+            "evidence": [e.as_dict() for e in self.evidence],
+            "recommendation": self.recommendation,
+            "waste_per_day_usd": round(self.waste_per_day_usd, 2),
+            "waste_share": None if self.waste_share is None else round(self.waste_share, 4),
+            "impact": round(self.impact, 4),
+            "missing_signals": list(self.missing_signals),
+            "sources": list(self.sources),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactAnalysis:
+    """A parsed artifact: its kind (jobs.models.Artifact.Kind value) and the analysis dict its parser made."""
+
+    kind: str
+    analysis: Mapping[str, Any]
+    name: str = ""
+    rank: int | None = None
+
+
+@dataclass(slots=True)
+class DiagnosisInput:
+    """Everything the rules read about one job. Unknown numbers are None, never 0.
+
+    `baseline` is the active baseline's stats ({metric: {median, mad, iqr, n, ...}}).
+    """
+
+    signals: JobSignals | None
+    gpu_count: int
+    dtype: str = "bf16"
+    mfu: float | None = None
+    reference_mfu: float | None = None
+    tokens_per_second: float | None = None
+    cost_per_day_usd: float | None = None
+    waste_per_day_usd: float | None = None
+    gpu_memory_mib: float | None = None
+    boost_clock_mhz: float | None = None
+    tdp_w: float | None = None
+    baseline: Mapping[str, Mapping[str, Any]] | None = None
+    artifacts: Sequence[ArtifactAnalysis] = ()
+    step_time_ms: float | None = None
+
+
+def severity_at_least(findings: Iterable[Finding], level: Severity) -> list[Finding]:
+    """The findings whose severity is `level` or higher."""
+    return [f for f in findings if f.severity.rank >= level.rank]
+
+
+def confidence(
+    base: float, *, missing: Sequence[str] = (), coverage: float = 1.0, factor: float = T.MISSING_SIGNAL_FACTOR
+) -> float:
+    """A finding's confidence: `base` lowered by each missing optional signal and by thin data coverage."""
+    value = base * factor ** len(missing)
+    if coverage < T.FULL_COVERAGE:
+        value *= max(coverage, 0.0) / T.FULL_COVERAGE
+    return round(min(max(value, T.MIN_CONFIDENCE), 1.0), 3)
+
+
+def clamp01(value: float) -> float:
+    """`value` limited to [0, 1] (NaN -> 0)."""
+    if not math.isfinite(value):
+        return 0.0
+    return min(max(value, 0.0), 1.0)

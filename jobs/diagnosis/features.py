@@ -1,0 +1,235 @@
+"""Shared, cached views of a job's signals for the rules: busy masks, robust levels, aligned per-GPU data.
+
+Everything tolerates missing signals (None), missing samples (NaN) and profiler captures (profiling
+fields blank while GPU_UTIL is up: excluded from levels, never read as idle).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from jobs.diagnosis import detectors as D
+from jobs.diagnosis import thresholds as T
+from jobs.diagnosis.base import DiagnosisInput
+from jobs.signals import SIGNALS, JobSignals
+
+PROFILING_KEYS: tuple[str, ...] = tuple(k for k, s in SIGNALS.items() if s.field.startswith("DCGM_FI_PROF_"))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuData:
+    """Per-GPU values of one or more signals on one grid: `values[key]` is (len(gpus), len(timestamps))."""
+
+    gpus: tuple[str, ...]
+    hosts: tuple[str, ...]
+    timestamps: np.ndarray
+    step: float
+    values: dict[str, np.ndarray]
+
+
+class Features:
+    """Lazily computed features of one `DiagnosisInput`; rules share one instance per diagnosis."""
+
+    def __init__(self, inp: DiagnosisInput) -> None:
+        self.inp = inp
+        self.sigs: JobSignals | None = inp.signals
+        self._gpu_cache: dict[tuple[str, ...], GpuData | None] = {}
+        self._level_cache: dict[tuple[str, float, bool], float | None] = {}
+
+    # ---------------------------------------------------------------------------------- aggregates
+
+    @property
+    def step(self) -> float:
+        """Seconds between aggregate samples (30 when there are no signals)."""
+        return float(self.sigs.step) if self.sigs is not None else 30.0
+
+    @property
+    def timestamps(self) -> np.ndarray:
+        """The aggregate time grid (unix seconds)."""
+        return self.sigs.timestamps if self.sigs is not None else np.zeros(0)
+
+    def has(self, key: str) -> bool:
+        """True when the signal has data for this job."""
+        return self.sigs is not None and self.sigs.get(key) is not None
+
+    def stat(self, key: str, stat: str = "mean") -> np.ndarray | None:
+        """An aggregate series (mean/min/max/count or a throttle-reason share), NaN inside captures."""
+        if self.sigs is None:
+            return None
+        series = self.sigs.get(key)
+        if series is None or stat not in series.stats:
+            return None
+        values = np.asarray(series.stats[stat], dtype=np.float64)
+        if key in PROFILING_KEYS and self.capture_mask.any():
+            values = np.where(self.capture_mask, np.nan, values)
+        return values
+
+    def mean(self, key: str) -> np.ndarray | None:
+        """Cross-GPU mean series of a signal."""
+        return self.stat(key, "mean")
+
+    def missing(self, keys: tuple[str, ...] | list[str]) -> list[str]:
+        """The keys among `keys` with no data for this job (in the given order)."""
+        return [k for k in keys if not self.has(k)]
+
+    @cached_property
+    def util_key(self) -> str | None:
+        """Which signal stands for "a kernel is running": GPU_UTIL, else GR_ENGINE_ACTIVE."""
+        for key in ("gpu_util", "gr_engine_active"):
+            if self.has(key):
+                return key
+        return None
+
+    @cached_property
+    def util(self) -> np.ndarray | None:
+        """Cross-GPU mean utilisation (ratio) on the aggregate grid."""
+        if self.util_key is None or self.sigs is None:
+            return None
+        series = self.sigs.get(self.util_key)
+        return None if series is None or series.mean is None else np.asarray(series.mean, dtype=np.float64)
+
+    @cached_property
+    def busy(self) -> np.ndarray:
+        """Samples where the job's mean utilisation reads busy (all True when utilisation is unknown)."""
+        if self.util is None:
+            return np.ones(self.timestamps.size, dtype=bool)
+        return np.isfinite(self.util) & (self.util >= T.BUSY_UTIL_MIN)
+
+    @cached_property
+    def capture_runs(self) -> list[D.Run]:
+        """Stretches where every profiling field is blank while utilisation is up (profiler captures)."""
+        if self.util is None or self.sigs is None:
+            return []
+        prof = [s.mean for k in PROFILING_KEYS if (s := self.sigs.get(k)) is not None and s.mean is not None]
+        return D.blank_stretches(prof, self.util)
+
+    @cached_property
+    def capture_mask(self) -> np.ndarray:
+        """Boolean mask of the capture stretches on the aggregate grid."""
+        mask = np.zeros(self.timestamps.size, dtype=bool)
+        for a, b in self.capture_runs:
+            mask[a:b] = True
+        return mask
+
+    def level(self, key: str, q: float = 0.5, *, busy_only: bool = True) -> float | None:
+        """Robust level of a signal over the job: the q-quantile over busy GPU-samples.
+
+        Uses per-GPU cells (a GPU's sample counts when that GPU is busy) when both the signal and the
+        utilisation have per-GPU data, so idle GPUs and input stalls do not drag "SM active while busy"
+        down; otherwise the cross-GPU mean over busy samples.
+        """
+        cache_key = (key, q, busy_only)
+        if cache_key in self._level_cache:
+            return self._level_cache[cache_key]
+        value: float | None = None
+        data = self.gpu_data((key, self.util_key)) if busy_only and self.util_key else None
+        if data is not None and self.util_key is not None:
+            v, u = data.values[key], data.values[self.util_key]
+            cells = v[np.isfinite(v) & np.isfinite(u) & (u >= T.BUSY_UTIL_MIN)]
+            if cells.size >= 5:
+                value = float(np.quantile(cells, q))
+        if value is None:
+            series = self.mean(key)
+            if series is not None:
+                sel = series[self.busy] if busy_only else series
+                value = D.nanquantile(sel, q)
+        self._level_cache[cache_key] = value
+        return value
+
+    def coverage(self, key: str) -> float:
+        """Share of the job's samples where the signal has a value (captures excluded from the count)."""
+        series = self.stat(key, "mean") if key != "xid_errors" else self.stat(key, "max")
+        if series is None:
+            return 0.0
+        outside = ~self.capture_mask
+        return D.coverage(series[outside]) if outside.any() else 0.0
+
+    # ------------------------------------------------------------------------------------- per GPU
+
+    def gpu_data(self, keys: tuple[str | None, ...] | list[str]) -> GpuData | None:
+        """Per-GPU matrices of several signals on one grid and one GPU order; None when any is absent."""
+        wanted = tuple(k for k in keys if k)
+        if wanted in self._gpu_cache:
+            return self._gpu_cache[wanted]
+        result = self._align(wanted)
+        self._gpu_cache[wanted] = result
+        return result
+
+    def _align(self, keys: tuple[str, ...]) -> GpuData | None:
+        if self.sigs is None or not keys:
+            return None
+        series = [self.sigs.get(k) for k in keys]
+        if any(s is None or s.per_gpu is None or s.gpu_timestamps is None or not s.gpus for s in series):
+            return None
+        first = series[0]
+        assert first is not None and first.gpu_timestamps is not None
+        ts = np.asarray(first.gpu_timestamps, dtype=np.float64)
+        step = float(ts[1] - ts[0]) if ts.size > 1 else self.step
+        names = sorted({str(g) for s in series if s is not None for g in s.gpus}, key=_gpu_order)
+        row_of = {n: i for i, n in enumerate(names)}
+        values: dict[str, np.ndarray] = {}
+        for key, s in zip(keys, series, strict=True):
+            assert s is not None and s.per_gpu is not None and s.gpu_timestamps is not None
+            out = np.full((len(names), ts.size), np.nan)
+            cols = np.rint((np.asarray(s.gpu_timestamps) - ts[0]) / step).astype(np.int64)
+            ok = (cols >= 0) & (cols < ts.size)
+            for g, row in zip(s.gpus, np.asarray(s.per_gpu, dtype=np.float64), strict=True):
+                out[row_of[str(g)], cols[ok]] = row[ok]
+            if key in PROFILING_KEYS and self.capture_runs:
+                out[:, self._capture_cols(ts)] = np.nan
+            values[key] = out
+        hosts = tuple(n.rpartition("/")[0] for n in names)
+        return GpuData(tuple(names), hosts, ts, step, values)
+
+    def _capture_cols(self, ts: np.ndarray) -> np.ndarray:
+        mask = np.zeros(ts.size, dtype=bool)
+        for start, end in D.run_windows(self.capture_runs, self.timestamps, self.step):
+            mask |= (ts >= start) & (ts < end)
+        return mask
+
+    def per_gpu_level(self, key: str, q: float = 0.5) -> tuple[GpuData, np.ndarray] | None:
+        """Each GPU's q-quantile of `key` over its own busy samples (NaN for a GPU never busy)."""
+        data = self.gpu_data((key, self.util_key) if self.util_key else (key,))
+        if data is None:
+            return None
+        v = data.values[key]
+        busy = (
+            np.isfinite(data.values[self.util_key]) & (data.values[self.util_key] >= T.BUSY_UTIL_MIN)
+            if self.util_key
+            else np.ones_like(v, dtype=bool)
+        )
+        masked = np.where(busy & np.isfinite(v), v, np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            levels = np.nanquantile(masked, q, axis=1)
+        return data, levels
+
+    # ----------------------------------------------------------------------------------- job facts
+
+    @cached_property
+    def duration_s(self) -> float:
+        """Length of the signal window in seconds (0 without signals)."""
+        if self.sigs is None or self.timestamps.size == 0:
+            return 0.0
+        return float(self.timestamps[-1] - self.timestamps[0] + self.step)
+
+    @property
+    def whole_window(self) -> list[tuple[float, float]]:
+        """The job's whole signal window as one [start, end] pair (empty without signals)."""
+        if self.sigs is None or self.timestamps.size == 0:
+            return []
+        return [(float(self.timestamps[0]), float(self.timestamps[-1] + self.step))]
+
+    def windows_where(self, mask: np.ndarray, *, min_len: int = 1) -> list[tuple[float, float]]:
+        """Windows (unix) of the runs of `mask` on the aggregate grid, at least `min_len` samples long."""
+        rs = [r for r in D.runs(mask) if r[1] - r[0] >= min_len]
+        return D.merge_windows(D.run_windows(rs, self.timestamps, self.step), gap_s=2 * self.step)
+
+
+def _gpu_order(name: str) -> tuple[str, int, str]:
+    host, _, gpu = name.rpartition("/")
+    return host, int(gpu) if gpu.isdigit() else -1, gpu

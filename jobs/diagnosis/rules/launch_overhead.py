@@ -1,0 +1,123 @@
+"""launch_overhead: the GPU always has a kernel running, but the kernels are tiny and the SMs mostly empty.
+
+Metrics: busy GPU_UTIL with very low SM active and every pipe quiet (tensor and DRAM). A trace confirms it:
+most kernels shorter than 10 us, the GPU waiting between kernels for the next launch, kernels shorter than
+their own CPU launch call (HTA's launch statistics).
+"""
+
+from __future__ import annotations
+
+from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import thresholds as T
+from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
+from jobs.diagnosis.features import Features
+from jobs.diagnosis.rules.common import busy_share, pct, ratio_ev, saturated, util_ev, util_level
+
+CODE = "launch_overhead"
+RECOMMENDATION = (
+    "Thousands of tiny kernels keep the GPU 'busy' while each uses a few SMs for a few microseconds. Capture "
+    "the step in a CUDA graph (torch.compile mode='reduce-overhead'), fuse element-wise ops (torch.compile, "
+    "fused optimizers and norms), and raise the per-GPU batch so each kernel does more work."
+)
+
+
+def check(inp: DiagnosisInput, f: Features) -> Finding | None:
+    """Fire from quiet-but-busy metrics or from a trace dominated by tiny, launch-bound kernels."""
+    evidence: list[Evidence] = []
+    sources: list[str] = []
+    impacts: list[float] = []
+    missing: list[str] = []
+    base = 0.0
+    windows = []
+    util, sm = util_level(f), f.level("sm_active")
+    tensor, dram = f.level("tensor_active"), f.level("dram_active")
+    quiet = (
+        tensor is not None
+        and dram is not None
+        and tensor < T.LAUNCH_TENSOR_MAX
+        and dram < T.LAUNCH_DRAM_MAX
+        and saturated(f)
+    )
+    if quiet and (sm is None or sm < T.LAUNCH_SM_ACTIVE_MAX):
+        base = 0.8 if sm is not None else 0.55
+        missing += f.missing(["sm_active"])
+        evidence += [
+            util_ev(f, util),
+            ratio_ev("SM active while busy, median", sm),
+            ratio_ev("tensor active while busy, median", tensor),
+            ratio_ev("DRAM active while busy, median", dram),
+        ]
+        level = sm if sm is not None else 2.0 * (tensor or 0.0)
+        impacts.append(busy_share(f) * clamp01(1.0 - level / T.SM_ACTIVE_HEALTHY))
+        sources.append("metrics")
+        windows = f.whole_window
+    trace_hits = _trace(inp, evidence, impacts, sources)
+    stats_hits = _nsys_stats(inp, evidence, sources)
+    if not sources:
+        return None
+    if trace_hits or stats_hits:
+        base = max(base, 0.75) + (0.1 if base else 0.0)
+    severity = Severity.WARNING
+    if sm is not None and sm < T.SM_ACTIVE_VERY_LOW and "metrics" in sources:
+        severity = Severity.CRITICAL
+    title = (
+        f"Launch-bound: the GPU reads {pct(util)} busy but its SMs are active {pct(sm)} of the time"
+        if "metrics" in sources and sm is not None
+        else "Launch-bound: tiny kernels and launch gaps dominate the GPU timeline"
+        if trace_hits or stats_hits
+        else f"Launch-bound: the GPU reads {pct(util)} busy while tensor and DRAM pipes are nearly idle"
+    )
+    return Finding(
+        code=CODE,
+        severity=severity,
+        confidence=confidence(min(base, 0.95), missing=missing, coverage=f.coverage("tensor_active")
+                              if "metrics" in sources else 1.0),
+        title=title,
+        recommendation=RECOMMENDATION,
+        evidence=evidence,
+        windows=windows,
+        impact=max(impacts, default=0.0),
+        missing_signals=missing,
+        sources=sources,
+    )  # fmt: skip
+
+
+def _trace(inp: DiagnosisInput, evidence: list[Evidence], impacts: list[float], sources: list[str]) -> bool:
+    hit = False
+    for r in A.trace_ranks(inp):
+        tiny = r.n("kernel_breakdown", "tiny_kernels", "count_pct")
+        kernel_wait = r.n("idle_breakdown", "kernel_wait_pct")
+        shorter = r.n("launch_stats", "gpu_shorter_than_launch_pct")
+        idle = r.n("temporal_breakdown", "idle_pct")
+        if tiny is None or tiny < T.TINY_KERNEL_COUNT_PCT or idle is None or idle < T.TRACE_IDLE_MIN_PCT:
+            continue
+        waiting = (kernel_wait or 0.0) >= T.KERNEL_WAIT_SHARE_PCT or (shorter or 0.0) >= (
+            T.GPU_SHORTER_THAN_LAUNCH_PCT
+        )
+        if not waiting:
+            continue
+        hit = True
+        kernels, steps = r.n("kernel_breakdown", "kernel_count"), r.n("step_times", "count")
+        evidence += [
+            Evidence(f"{r.label}: kernels shorter than 10 us", tiny, "% of kernels"),
+            Evidence(f"{r.label}: GPU idle", idle, "% of span"),
+            Evidence(f"{r.label}: kernels shorter than their launch call", shorter, "%"),
+        ]
+        if kernels and steps:
+            evidence.append(Evidence(f"{r.label}: kernels per step", round(kernels / steps), "count"))
+        impacts.append(clamp01(idle / 100.0 * max(kernel_wait or 0.0, shorter or 0.0) / 100.0))
+        if r.source not in sources:
+            sources.append(r.source)
+    return hit
+
+
+def _nsys_stats(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> bool:
+    hit = False
+    for art in A.nsys_stats(inp):
+        tiny = A.getnum(art.analysis, "kernels", "tiny_instance_share_pct")
+        if tiny is not None and tiny >= T.TINY_KERNEL_COUNT_PCT:
+            hit = True
+            evidence.append(Evidence(f"{A.source_label(art)}: kernels shorter than 10 us", tiny, "% of kernels"))
+            if "nsys stats" not in sources:
+                sources.append("nsys stats")
+    return hit

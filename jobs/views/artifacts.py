@@ -1,0 +1,205 @@
+"""What the job page shows of each artifact's analysis: key numbers with units, tables and figures.
+
+Everything here is read from `Artifact.analysis` (written by the parsers in jobs.profiling); names from
+traces are rendered by templates with autoescaping and put into figures through jobs.charts.escape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs import charts
+from jobs.models import Artifact
+
+TOP_ROWS = 10
+
+
+@dataclass
+class Table:
+    """A small table: column headings (with units) and rows of display strings; `numeric` marks columns."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    numeric: set[int] = field(default_factory=set)
+    titles: list[str] = field(default_factory=list)  # full text of the first cell (long kernel names)
+
+
+@dataclass
+class ArtifactView:
+    """One artifact on the job page."""
+
+    artifact: Artifact
+    facts: list[tuple[str, str, str]] = field(default_factory=list)  # (label, value with unit, definition)
+    tables: list[Table] = field(default_factory=list)
+    figures: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (figure id, caption, fig)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _num(value: Any, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    text = f"{number:,.{digits}f}"
+    return f"{text} {unit}".strip() if unit != "%" else f"{text} %"
+
+
+def _g(data: Mapping[str, Any] | None, *path: str) -> Any:
+    cur: Any = data
+    for key in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(key)
+    return cur
+
+
+def _fact(view: ArtifactView, label: str, value: Any, unit: str, definition: str = "", digits: int = 1) -> None:
+    if value is not None:
+        view.facts.append((label, _num(value, unit, digits), definition))
+
+
+def _trace(view: ArtifactView, a: Mapping[str, Any]) -> None:
+    summary = a.get("summary") or {}
+    ranks = [r for r in a.get("ranks") or [] if r.get("has_gpu_kernels", True)]
+    _fact(view, "Ranks with GPU work", summary.get("ranks_with_gpu_ops"), "", digits=0)
+    _fact(view, "GPU idle", summary.get("idle_pct_mean"), "%", "share of the GPU span with no GPU op (HTA)")
+    _fact(view, "Compute", summary.get("compute_pct_mean"), "%", "share of the span in compute kernels")
+    _fact(view, "Idle waiting for the host", summary.get("host_wait_pct_mean"), "%",
+          "share of idle time when the next op was not launched yet (HTA host wait)")  # fmt: skip
+    if ranks:
+        # The rank with the most kernel time represents the trace in the tables.
+        rank = max(ranks, key=lambda r: _g(r, "kernel_breakdown", "kernel_time_ms") or 0)
+        label = str(rank.get("label") or f"rank {rank.get('rank')}")
+        _fact(view, f"Step time (median, {label})", _g(rank, "step_times", "median_ms"), "ms")
+        tiny = _g(rank, "kernel_breakdown", "tiny_kernels") or {}
+        if tiny.get("count_pct") is not None:
+            view.facts.append((
+                "Tiny kernels", f"{_num(tiny['count_pct'], '%')} of kernels, {_num(tiny.get('time_pct'), '%')} of time",
+                f"kernels shorter than {_num(tiny.get('threshold_us'), 'µs', 0)}: launch overhead when many",
+            ))  # fmt: skip
+        _fact(view, "Launch delay p50", _g(rank, "launch_stats", "launch_delay", "p50_us"), "µs",
+              "from the CUDA launch call to the kernel start")  # fmt: skip
+        _fact(view, "Comm/compute overlap", _g(rank, "comm_compute_overlap", "overlap_pct"), "%",
+              "share of communication time hidden under compute")  # fmt: skip
+        _fact(view, "Tensor-core kernel time", _g(rank, "tensor_cores", "tensor_core_time_pct"), "%",
+              "share of kernel time in tensor-core kernels (kernel-name heuristic)")  # fmt: skip
+        _fact(view, "Pageable memcpy bytes", _g(rank, "memcpy", "pageable_bytes_pct"), "%",
+              "share of copied bytes from pageable host memory (slow, synchronous)")  # fmt: skip
+        kernels = _g(rank, "kernel_breakdown", "top_kernels") or []
+        if kernels:
+            view.tables.append(Table(
+                f"Top kernels by time ({label})",
+                ["Kernel", "Class", "Launches", "Total (ms)", "Mean (µs)", "Share of kernel time (%)"],
+                [[str(k.get("short_name") or k.get("name")), str(k.get("kernel_class", "")),
+                  _num(k.get("count"), digits=0), _num(k.get("total_ms"), digits=2), _num(k.get("mean_us")),
+                  _num(k.get("time_pct"))] for k in kernels[:TOP_ROWS]],
+                numeric={2, 3, 4, 5}, titles=[str(k.get("name", "")) for k in kernels[:TOP_ROWS]],
+            ))  # fmt: skip
+    view.warnings += [str(w) for w in (a.get("warnings") or [])[:5]]
+    for fig_id, caption, build in (
+        ("breakdown", "Temporal breakdown per rank (HTA): compute, non-compute, idle", charts.trace_breakdown_figure),
+        ("steps", "Step time breakdown per rank (TensorBoard profiler plugin)", charts.step_breakdown_figure),
+    ):  # fmt: skip
+        if fig := build(a):
+            view.figures.append((fig_id, caption, fig))
+
+
+def _pyspy(view: ArtifactView, a: Mapping[str, Any]) -> None:
+    unit = "s" if a.get("weight_unit") == "seconds" else "samples"
+    _fact(view, "Samples", a.get("samples"), "", digits=0)
+    _fact(view, "Profiled time", a.get("total_weight"), unit, digits=2)
+    _fact(view, "Input pipeline", a.get("input_pipeline_pct"), "%",
+          "data loading + tokenisation + collate, share of samples")  # fmt: skip
+    hot = a.get("hot_self") or []
+    if hot:
+        view.tables.append(Table(
+            "Hottest Python frames (self time)", ["Frame", "Class", "Self (% of samples)", "Inclusive (%)"],
+            [[str(h.get("label")), str(h.get("class", "")).replace("_", " "), _num(h.get("self_pct")),
+              _num(h.get("inclusive_pct"))] for h in hot[:TOP_ROWS]],
+            numeric={2, 3}, titles=[str(h.get("file", "")) for h in hot[:TOP_ROWS]],
+        ))  # fmt: skip
+    if fig := charts.pyspy_classes_figure(a):
+        view.figures.append(("classes", "Where the Python time went, by frame class", fig))
+    if fig := charts.icicle_figure(a):
+        kept, total = _g(a, "icicle", "kept_nodes"), _g(a, "icicle", "total_nodes")
+        note = f" (the {kept} heaviest of {total} frames)" if kept and total and kept < total else ""
+        view.figures.append(("icicle", f"Flame graph as an icicle: width = share of samples{note}", fig))
+
+
+def _ncu(view: ArtifactView, a: Mapping[str, Any]) -> None:
+    _fact(view, "Kernel launches", a.get("kernel_launches"), "", digits=0)
+    _fact(view, "Kernel time", a.get("total_duration_ms"), "ms", digits=2)
+    _fact(view, "SM throughput", a.get("duration_weighted_sm_throughput_pct"), "%", "duration-weighted")
+    _fact(view, "Memory throughput", a.get("duration_weighted_memory_throughput_pct"), "%", "duration-weighted")
+    _fact(view, "Achieved occupancy", a.get("duration_weighted_achieved_occupancy_pct"), "%", "duration-weighted")
+    kernels = a.get("kernels") or []
+    if kernels:
+        view.tables.append(Table(
+            "Kernels by time (Nsight Compute)",
+            ["Kernel", "Bound", "Launches", "Total (ms)", "SM throughput (%)", "Memory throughput (%)"],
+            [[str(k.get("kernel")), str(k.get("bound", "")), _num(k.get("launches"), digits=0),
+              _num(k.get("total_duration_ms"), digits=3), _num(k.get("sm_throughput_pct")),
+              _num(k.get("memory_throughput_pct"))] for k in kernels[:TOP_ROWS]],
+            numeric={2, 3, 4, 5},
+        ))  # fmt: skip
+
+
+def _nsys_stats(view: ArtifactView, a: Mapping[str, Any]) -> None:
+    k = a.get("kernels") or {}
+    _fact(view, "Kernel time", k.get("total_time_ms"), "ms", digits=2)
+    _fact(view, "Kernel instances", k.get("instances"), "", digits=0)
+    _fact(view, "Tiny kernels", k.get("tiny_instance_share_pct"), "%",
+          f"instances shorter than {k.get('tiny_threshold_us', 10)} µs")  # fmt: skip
+    _fact(view, "NCCL share of kernel time", k.get("nccl_time_share_pct"), "%")
+    top = k.get("top") or []
+    if top:
+        view.tables.append(Table(
+            "Top kernels by time (nsys stats)", ["Kernel", "Share (%)", "Total (ms)", "Instances", "Mean (µs)"],
+            [[str(r.get("name")), _num(r.get("time_pct")), _num(r.get("total_time_ms"), digits=2),
+              _num(r.get("instances"), digits=0), _num(r.get("avg_us"))] for r in top[:TOP_ROWS]],
+            numeric={1, 2, 3, 4},
+        ))  # fmt: skip
+
+
+def _monitoring(view: ArtifactView, a: Mapping[str, Any]) -> None:
+    _fact(view, "Duration", a.get("duration_s"), "s", digits=0)
+    _fact(view, "GPUs", a.get("gpu_count"), "", digits=0)
+    _fact(view, "Mean nvidia-smi util", a.get("mean_utilization_gpu_pct"), "%")
+    _fact(view, "Idle share", a.get("idle_share_pct"), "%", "samples below the idle threshold")
+    _fact(view, "Mean power", a.get("mean_power_draw_w"), "W", digits=0)
+    _fact(view, "Max GPU temperature", a.get("max_temperature_gpu_c"), "°C", digits=0)
+    _fact(view, "CPU iowait (mean)", a.get("cpu_wait_mean_pct"), "%", "dstat: CPU waiting for I/O")
+    _fact(view, "CPU idle (mean)", a.get("cpu_idle_mean_pct"), "%")
+    _fact(view, "Disk read (mean)", a.get("disk_read_mean_bytes_per_s"), "B/s", digits=0)
+
+
+_BY_KIND: dict[str, Callable[[ArtifactView, Mapping[str, Any]], None]] = {
+    Artifact.Kind.KINETO: _trace,
+    Artifact.Kind.NSYS_SQLITE: _trace,
+    Artifact.Kind.PYSPY_RAW: _pyspy,
+    Artifact.Kind.PYSPY_SPEEDSCOPE: _pyspy,
+    Artifact.Kind.NCU: _ncu,
+    Artifact.Kind.NSYS_STATS: _nsys_stats,
+    Artifact.Kind.NVIDIA_SMI: _monitoring,
+    Artifact.Kind.DSTAT: _monitoring,
+}
+
+
+def present(artifact: Artifact) -> ArtifactView:
+    """The artifact's key numbers, tables and figures (empty until its analysis is done)."""
+    view = ArtifactView(artifact)
+    if artifact.status == Artifact.Status.DONE and artifact.analysis:
+        build = _BY_KIND.get(artifact.kind)
+        if build is not None:
+            build(view, artifact.analysis)
+    return view
+
+
+def figures_of(views: list[ArtifactView]) -> dict[str, dict[str, Any]]:
+    """All artifact figures keyed by the DOM id the template gives their containers."""
+    return {f"artifact-{v.artifact.pk}-{fig_id}": fig for v in views for fig_id, _, fig in v.figures}

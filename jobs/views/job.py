@@ -1,0 +1,294 @@
+"""The job page, its figures endpoint (live refresh and zoom detail), artifact upload and baseline promotion."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils.html import strip_tags
+from django.views.decorators.http import require_GET, require_POST
+
+from jobs import baselines, charts
+from jobs.api.auth import can_write_team
+from jobs.models import Artifact, Finding, Job
+from jobs.signals import SIGNALS, readiness
+from jobs.templatetags.units import num, pct, usd
+from jobs.views import artifacts as artifact_views
+from jobs.views.series import heatmap_signal, load_means, load_per_gpu
+
+REFRESH_S = 60
+HEATMAP_LABELS = {"sm_active": "SM active", "gpu_util": "nvidia-smi util"}
+
+
+def _job_or_404(external_id: str) -> Job:
+    return get_object_or_404(Job.objects.select_related("team", "gpu_model"), external_id=external_id)
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def finding_windows(finding: Finding) -> list[tuple[float, float]]:
+    """A finding's windows in Unix seconds: `windows`, else [window_start, window_end]; bad entries dropped."""
+    out = []
+    for w in finding.windows or []:
+        if isinstance(w, list | tuple) and len(w) == 2:
+            start, end = _finite(w[0]), _finite(w[1])
+            if start is not None and end is not None and end >= start:
+                out.append((start, end))
+    if not out and finding.window_start and finding.window_end:
+        out.append((finding.window_start.timestamp(), finding.window_end.timestamp()))
+    return out
+
+
+def finding_marks(findings: list[Finding]) -> list[charts.FindingMark]:
+    """Findings numbered in page order, each with its colour and windows for the charts."""
+    return [
+        charts.FindingMark(
+            f.code, i, f.title, charts.FINDING_COLOURS[(i - 1) % len(charts.FINDING_COLOURS)],
+            tuple(finding_windows(f)),
+        )
+        for i, f in enumerate(findings, start=1)
+    ]  # fmt: skip
+
+
+def _window(request: HttpRequest) -> tuple[float, float] | None:
+    start, end = _finite(request.GET.get("start")), _finite(request.GET.get("end"))
+    if start is None or end is None or end <= start:
+        return None
+    return start, end
+
+
+def _points(request: HttpRequest) -> int:
+    value = _finite(request.GET.get("points"))
+    return charts.clamp_points(int(value) if value else None)
+
+
+def build_figures(
+    job: Job, findings: list[Finding], *, points: int, window: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """The time-series figure, the per-GPU heatmap and what is missing from them (2-3 queries)."""
+    sigs = load_means(job, charts.CHART_SIGNALS, window)
+    reasons = dict((job.summary or {}).get("missing_reasons") or {})
+    heat_key = heatmap_signal(job)
+    per_gpu = load_per_gpu(job, heat_key, window)
+    if per_gpu is None and heat_key != "gpu_util":
+        heat_key = "gpu_util"
+        per_gpu = load_per_gpu(job, heat_key, window)
+    label = HEATMAP_LABELS[heat_key]
+    gpu = job.gpu_model
+    memory_gib = gpu.memory_gb * 1e9 / 2**30 if gpu and gpu.memory_gb else None
+    timeseries = charts.timeseries_figure(
+        sigs,
+        points=points,
+        findings=finding_marks(findings),
+        reasons=reasons,
+        boost_clock_mhz=gpu.boost_clock_mhz if gpu else None,
+        memory_gib=memory_gib,
+        target_mfu=settings.TARGET_MFU,
+        window=window,
+    )
+    return {
+        "timeseries": timeseries,
+        "heatmap": charts.heatmap_figure(per_gpu, label, window=window),
+        "heatmap_label": label,
+        "outliers": charts.gpu_outliers(per_gpu) if window is None else [],
+        "missing": charts.missing_lines(sigs, reasons),
+    }
+
+
+def _plain(html: str) -> str:
+    return strip_tags(html).strip()
+
+
+def kpis(job: Job) -> dict[str, str]:
+    """The headline numbers as display strings with units (shared by the page and the refresh endpoint)."""
+    details = job.summary or {}
+    return {
+        "mfu": pct(job.mfu),
+        "hfu": pct(job.hfu),
+        "tokens_per_second": f"{num(job.tokens_per_second, 0)} tokens/s" if job.tokens_per_second else pct(None),
+        "gpu_util": pct(job.gpu_util_mean),
+        "sm_active": pct(job.sm_active_mean),
+        "tensor_active": pct(job.tensor_active_mean),
+        "cost_per_day": f"{usd(job.cost_per_day_usd)}/day" if job.cost_per_day_usd is not None else pct(None),
+        "waste_per_day": f"{usd(job.waste_per_day_usd)}/day" if job.waste_per_day_usd is not None else pct(None),
+        "gpu_hours": f"{num(job.gpu_hours, 0)} GPU-h" if job.gpu_hours is not None else pct(None),
+        "energy": f"{num(details.get('energy_kwh'), 0)} kWh" if details.get("energy_kwh") else pct(None),
+    }
+
+
+def utilisation_verdict(job: Job) -> str:
+    """One sentence contrasting nvidia-smi util with SM and tensor activity."""
+    util, sm, tensor = job.gpu_util_mean, job.sm_active_mean, job.tensor_active_mean
+    if util is None:
+        return "No utilisation data yet."
+    if sm is None:
+        return (
+            f"nvidia-smi reports {util:.0%} busy, but SM active is not collected, so busy cannot be told from "
+            "saturated: enable DCGM_FI_PROF_SM_ACTIVE (see Signal readiness)."
+        )
+    tensor_text = f" and tensor cores {tensor:.0%} of cycles" if tensor is not None else ""
+    if util >= 0.9 and sm < 0.5:
+        return (
+            f"nvidia-smi reports {util:.0%} busy, yet the SMs are active only {sm:.0%} of cycles{tensor_text}: "
+            "“busy” only means a kernel was running (false saturation)."
+        )
+    return f"nvidia-smi reports {util:.0%} busy; SMs are active {sm:.0%} of cycles{tensor_text}."
+
+
+def _readiness(job: Job) -> dict[str, Any]:
+    if job.last_polled_at is None:
+        return {"polled": False, "missing": [], "present": []}
+    missing_keys = set(job.missing_signals or [])
+    reasons = (job.summary or {}).get("missing_reasons") or {}
+    lines = readiness(k for k in SIGNALS if k not in missing_keys)
+    return {
+        "polled": True,
+        "missing": [(line, reasons.get(line.key, "")) for line in lines if not line.present],
+        "present": [line for line in lines if line.present],
+    }
+
+
+@require_GET
+def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
+    """The job page: KPIs with definitions, correlated time series with finding windows, per-GPU heatmap,
+    findings ranked by $/day, artifacts and their analyses, baseline comparison, readiness."""
+    job = _job_or_404(external_id)
+    findings = list(job.findings.all())  # Finding.Meta.ordering: most $/day first
+    artifacts = [artifact_views.present(a) for a in job.artifacts.select_related("uploaded_by")]
+    figures = build_figures(job, findings, points=charts.DEFAULT_POINTS)
+    comparison = baselines.compare(job)
+    can_write = can_write_team(request.user, job.team)
+    marks = finding_marks(findings)
+    page_data = {
+        "timeseries": figures["timeseries"],
+        "heatmap": figures["heatmap"],
+        "artifacts": artifact_views.figures_of(artifacts),
+        "refresh_url": reverse("job-figures", args=[job.external_id]),
+        "running": job.status == Job.Status.RUNNING,
+        "refresh_s": REFRESH_S,
+        "pending_artifacts": [
+            v.artifact.pk for v in artifacts if v.artifact.status in (Artifact.Status.QUEUED, Artifact.Status.PARSING)
+        ],
+    }
+    mfu_row = next((r for r in comparison.rows if r.metric.key == "mfu"), None) if comparison else None
+    context = {
+        "job": job,
+        "details": job.summary or {},
+        "kpis": kpis(job),
+        "verdict": utilisation_verdict(job),
+        "target_mfu": settings.TARGET_MFU,
+        "findings": [(f, m, _window_text(m.windows)) for f, m in zip(findings, marks, strict=True)],
+        "artifacts": artifacts,
+        "kinds": Artifact.Kind.choices,
+        "figures": figures,
+        "page_data": page_data,
+        "comparison": comparison,
+        "mfu_vs_baseline": mfu_row,
+        "in_baseline": comparison is not None and job.pk in comparison.run_ids,
+        "can_write": can_write,
+        "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
+        "readiness": _readiness(job),
+        "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
+    }
+    return render(request, "jobs/job_detail.html", context)
+
+
+def _window_text(windows: tuple[tuple[float, float], ...]) -> str:
+    if not windows:
+        return "whole job"
+    first = datetime.fromtimestamp(windows[0][0], tz=UTC)
+    last = datetime.fromtimestamp(windows[-1][1], tz=UTC)
+    hours = sum(e - s for s, e in windows) / 3600
+    count = f"{len(windows)} windows" if len(windows) > 1 else "1 window"
+    return f"{count}, {hours:,.1f} h in total, {first:%Y-%m-%d %H:%M} → {last:%Y-%m-%d %H:%M} UTC"
+
+
+@require_GET
+def job_figures(request: HttpRequest, external_id: str) -> JsonResponse:
+    """Figures as JSON for the page's script: `?points=` (pixel budget), `?start=&end=` (Unix s) for the
+    detail of a zoomed window. Polled every minute while the job runs."""
+    job = _job_or_404(external_id)
+    findings = list(job.findings.all())
+    window = _window(request)
+    figures = build_figures(job, findings, points=_points(request), window=window)
+    statuses = list(job.artifacts.values_list("id", "status"))
+    body = {
+        "timeseries": figures["timeseries"],
+        "heatmap": figures["heatmap"],
+        "window": list(window) if window else None,
+        "status": job.status,
+        "running": job.status == Job.Status.RUNNING,
+        "data_until": job.data_until.isoformat() if job.data_until else None,
+        "kpis": {k: _plain(v) for k, v in kpis(job).items()},
+        "artifacts": [{"id": pk, "status": status} for pk, status in statuses],
+    }
+    response = JsonResponse(body)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_POST
+def job_artifact_upload(request: HttpRequest, external_id: str) -> HttpResponse:
+    """Store an uploaded profiling file for the job and queue its analysis (team members and staff)."""
+    # Imported here: the page must keep working while the artifact store is being deployed or changed.
+    from jobs.artifacts import UploadError, store_upload
+
+    job = _job_or_404(external_id)
+    if not can_write_team(request.user, job.team):
+        raise PermissionDenied("Only members of the job's team can upload artifacts.")
+    target = reverse("job-detail", args=[job.external_id]) + "#artifacts"
+    upload = request.FILES.get("file")
+    kind = request.POST.get("kind") or None
+    rank_text = (request.POST.get("rank") or "").strip()
+    if upload is None:
+        messages.error(request, "Choose a file to upload.")
+        return HttpResponseRedirect(target)
+    if kind is not None and kind not in Artifact.Kind.values:
+        messages.error(request, f"Unknown artifact kind {kind!r}.")
+        return HttpResponseRedirect(target)
+    if rank_text and not rank_text.isdigit():
+        messages.error(request, "Rank must be a whole number (0 or more), or empty.")
+        return HttpResponseRedirect(target)
+    try:
+        artifact = store_upload(job, upload, kind=kind, rank=int(rank_text) if rank_text else None, user=request.user)
+    except UploadError as exc:
+        messages.error(request, f"Upload of {upload.name} refused: {exc}")
+        return HttpResponseRedirect(target)
+    messages.success(
+        request,
+        f"Uploaded {artifact.original_name} ({artifact.get_kind_display()}); analysis {artifact.get_status_display().lower()}.",
+    )
+    return HttpResponseRedirect(target)
+
+
+@require_POST
+def job_promote_baseline(request: HttpRequest, external_id: str) -> HttpResponse:
+    """Add this finished job to its config's baseline (team members and staff)."""
+    job = _job_or_404(external_id)
+    if not can_write_team(request.user, job.team):
+        raise PermissionDenied("Only members of the job's team can promote it to a baseline.")
+    try:
+        baseline = baselines.promote(job, request.user)
+    except baselines.BaselineError as exc:
+        messages.error(request, f"Not promoted: {exc}.")
+    else:
+        runs = baseline.runs.count()
+        messages.success(
+            request,
+            f"Added to the {baseline.model_name} baseline [{baseline.fingerprint[:8]}], now {runs} run(s). "
+            "Waste of jobs with this config is measured against its median MFU from their next update.",
+        )
+    return HttpResponseRedirect(reverse("job-detail", args=[job.external_id]) + "#baseline")
