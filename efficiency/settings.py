@@ -131,6 +131,8 @@ PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
 TARGET_MFU = env_float("TARGET_MFU", 0.45, min_value=0.01, max_value=1.0)
 PRICE_TIERS = ("on_demand", "reserved", "spot", "on_prem")
 DEFAULT_PRICE_TIER = env_choice("DEFAULT_PRICE_TIER", "on_demand", PRICE_TIERS)
+# Bearer token Prometheus must send to scrape /metrics; empty leaves /metrics open (set it in production).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Demo only: where `load_demo` keeps the running demo jobs; enables the simulated dcgm-exporter endpoint.
 DEMO_STATE_DIR = env_str("DEMO_STATE_DIR", "")
 ENERGY_USD_PER_KWH = env_float("ENERGY_USD_PER_KWH", 0.0, min_value=0.0, max_value=10.0)

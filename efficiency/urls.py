@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 
 from jobs.demo import live_exporter_view
+from jobs.exporter import metrics_view
 from jobs.views import healthz
 
 admin.site.site_header = "efficiency administration"
@@ -13,6 +14,7 @@ admin.site.site_title = "efficiency admin"
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("simulated/dcgm-exporter/metrics", live_exporter_view, name="demo-exporter"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -105,7 +105,7 @@ class FindingMark:
 
 def escape(text: object) -> str:
     """Text from users or traces made inert for Plotly's HTML-like labels (entities display literally)."""
-    return html.escape(str(text), quote=True)
+    return html.escape(str(text), quote=False)
 
 
 def ms(values: np.ndarray) -> list[int]:
@@ -207,8 +207,10 @@ def finding_shapes(
         if merged:
             labels.append({
                 "x": round(merged[0][0] * 1000), "xref": "x", "y": 1.0, "yref": "paper", "yanchor": "bottom",
+                "yshift": 22,
                 "xanchor": "left", "text": f"<b>{mark.number}</b>", "showarrow": False,
-                "font": {"color": "#ffffff", "size": 11}, "bgcolor": mark.colour, "borderpad": 2,
+                "font": {"color": "#ffffff" if mark.colour in (BLUE, BLACK) else "#000000", "size": 11},
+                "bgcolor": mark.colour, "borderpad": 2,
                 "name": f"finding:{mark.code}",
             })  # fmt: skip
     return shapes, labels
@@ -248,7 +250,7 @@ def timeseries_figure(
     data: list[dict[str, Any]] = []
     layout: dict[str, Any] = {
         "height": height_per_row * n + 90,
-        "margin": {"l": 64, "r": 16, "t": 36, "b": 40},
+        "margin": {"l": 64, "r": 16, "t": 56, "b": 40},
         "hovermode": "x unified",
         "hoversubplots": "axis",
         "dragmode": "zoom",
@@ -396,10 +398,11 @@ def heatmap_figure(
     gpus = [escape(g) for g in series.gpus]
     z = np.round(means * 100.0)
     rows = [[None if v != v else int(v) for v in row] for row in z.tolist()]
+    zmin, zmax = colour_range(z)
     height = int(min(900, max(220, 90 + 6 * len(gpus))))
     return {
         "data": [{
-            "type": "heatmap", "x": ms(centres), "y": gpus, "z": rows, "zmin": 0, "zmax": 100,
+            "type": "heatmap", "x": ms(centres), "y": gpus, "z": rows, "zmin": zmin, "zmax": zmax,
             "colorscale": "Cividis", "hoverongaps": False, "xgap": 0, "ygap": 0,
             "colorbar": {"title": {"text": f"{label}, %", "side": "right"}, "thickness": 12},
             "hovertemplate": f"%{{y}}<br>%{{x|%Y-%m-%d %H:%M}} UTC<br>{label}: %{{z}} %<extra></extra>",
@@ -412,6 +415,20 @@ def heatmap_figure(
                       "title": {"text": "GPU (host/index)"}},
         },
     }  # fmt: skip
+
+
+def colour_range(z: np.ndarray) -> tuple[int, int]:
+    """Colour scale limits (in %) from the 1st to the 99th percentile, widened to multiples of 10 and at
+    least 20 points wide: GPUs that differ by a few points must look different, and the colour bar shows
+    the limits so nobody reads the darkest colour as 0 %."""
+    values = z[~np.isnan(z)]
+    if values.size == 0:
+        return 0, 100
+    lo = max(0, int(np.floor(np.percentile(values, 1) / 10) * 10))
+    hi = min(100, int(np.ceil(np.percentile(values, 99) / 10) * 10))
+    while hi - lo < 20:
+        lo, hi = max(0, lo - 10), min(100, hi + 10)
+    return lo, hi
 
 
 def gpu_outliers(series: SignalSeries | None, limit: int = 3) -> list[GpuOutlier]:
@@ -454,7 +471,12 @@ def sparkline_points(
         y = height - 1 - (height - 2) * max(0.0, min(1.0, value / top))
         runs[-1].append(f"{i * step:.1f},{y:.1f}")
     # A single point draws nothing as a polyline: widen it into a short tick.
-    return [" ".join(run) if len(run) > 1 else f"{run[0]} {run[0]}" for run in runs if run]
+    return [" ".join(run) if len(run) > 1 else _tick(run[0]) for run in runs if run]
+
+
+def _tick(point: str) -> str:
+    x, y = (float(v) for v in point.split(","))
+    return f"{x - 2:.1f},{y:.1f} {x + 2:.1f},{y:.1f}"
 
 
 # ---------------------------------------------------------------------------------- artifact analyses

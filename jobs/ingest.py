@@ -221,8 +221,9 @@ def throughput_series(
         step = float(ts[1] - ts[0]) if ts.size > 1 else float(POLL_STEP_S)
         series = client.range(job.throughput_query, float(ts[0]), float(ts[-1]), step)
         if series:
-            values = np.nansum(np.vstack([s.on_grid(ts) for s in series]), axis=0)
-            values[np.all(np.isnan(np.vstack([s.on_grid(ts) for s in series])), axis=0)] = np.nan
+            rows = np.vstack([s.on_grid(ts) for s in series])
+            # Several series (one per rank, say) add up; a time with no sample at all stays missing.
+            values = np.where(np.isnan(rows).all(axis=0), np.nan, np.nansum(rows, axis=0))
             return values, f"PromQL: {job.throughput_query}"
     step_ms = (job.summary or {}).get("profiler_step_time_ms")
     if step_ms and job.tokens_per_step:

@@ -2,13 +2,20 @@
 
 from django.urls import path
 
-from jobs import views
+from jobs import views, views_reports
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
     path("jobs/<str:external_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<str:external_id>/figures.json", views.job_figures, name="job-figures"),
+    path("jobs/<str:external_id>/artifacts/", views.job_artifact_upload, name="job-artifact-upload"),
+    path("jobs/<str:external_id>/promote/", views.job_promote_baseline, name="job-promote-baseline"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("teams/<slug:slug>/reports/<str:week>/", views_reports.report_preview, name="report-preview"),
     path("baselines/", views.baseline_list, name="baseline-list"),
+    path("baselines/<int:pk>/retire/", views.baseline_retire, name="baseline-retire"),
+    path("catalog/", views.gpu_catalog, name="gpu-catalog"),
+    path("readiness/", views.cluster_readiness, name="cluster-readiness"),
 ]

@@ -110,7 +110,9 @@ def trace_ranks(inp: DiagnosisInput) -> Iterator[RankView]:
                 yield view
 
 
-def by_shape(inp: DiagnosisInput, *, fmt: str | None = None, key: str | None = None) -> list[ArtifactAnalysis]:
+def by_shape(
+    inp: DiagnosisInput, *, fmt: str | None = None, key: str | None = None
+) -> list[ArtifactAnalysis]:
     """Analyses whose `format` equals `fmt` (or, for py-spy, that carry `key`)."""
     out = []
     for art in inp.artifacts:

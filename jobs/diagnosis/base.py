@@ -156,7 +156,11 @@ def severity_at_least(findings: Iterable[Finding], level: Severity) -> list[Find
 
 
 def confidence(
-    base: float, *, missing: Sequence[str] = (), coverage: float = 1.0, factor: float = T.MISSING_SIGNAL_FACTOR
+    base: float,
+    *,
+    missing: Sequence[str] = (),
+    coverage: float = 1.0,
+    factor: float = T.MISSING_SIGNAL_FACTOR,
 ) -> float:
     """A finding's confidence: `base` lowered by each missing optional signal and by thin data coverage."""
     value = base * factor ** len(missing)

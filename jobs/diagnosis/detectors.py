@@ -364,7 +364,11 @@ def idle_gaps(util: npt.ArrayLike, *, threshold: float = T.IDLE_UTIL_MAX, bridge
 
 
 def blank_stretches(
-    profiling: Sequence[npt.ArrayLike], util: npt.ArrayLike, *, busy: float = T.BUSY_UTIL_MIN, min_len: int = 2
+    profiling: Sequence[npt.ArrayLike],
+    util: npt.ArrayLike,
+    *,
+    busy: float = T.BUSY_UTIL_MIN,
+    min_len: int = 2,
 ) -> list[Run]:
     """Runs where every profiling series is blank while GPU_UTIL reads busy: a profiler capture, not idle.
 
@@ -397,9 +401,9 @@ def run_windows(rs: Sequence[Run], timestamps: npt.ArrayLike, step_s: float) -> 
     return [(float(ts[a]), float(ts[b - 1] + step_s)) for a, b in rs if 0 <= a < b <= ts.size]
 
 
-def merge_windows(windows: Sequence[tuple[float, float]], *, gap_s: float = 0.0, limit: int = 20) -> list[
-    tuple[float, float]
-]:
+def merge_windows(
+    windows: Sequence[tuple[float, float]], *, gap_s: float = 0.0, limit: int = 20
+) -> list[tuple[float, float]]:
     """Sorted windows merged where they overlap or lie within `gap_s`; at most `limit` (longest kept)."""
     merged: list[tuple[float, float]] = []
     for a, b in sorted(windows):

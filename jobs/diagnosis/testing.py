@@ -99,7 +99,9 @@ def _stats(values: np.ndarray, reading: Reading) -> dict[str, np.ndarray]:
         }
 
 
-def signals_from_sim(res: SimResult, *, per_gpu: bool = True, keys: Iterable[str] | None = None) -> JobSignals:
+def signals_from_sim(
+    res: SimResult, *, per_gpu: bool = True, keys: Iterable[str] | None = None
+) -> JobSignals:
     """The JobSignals ingestion would archive for a simulated job (see the module docstring)."""
     ts = np.asarray(res.timestamps, dtype=np.float64)
     step = float(res.spec.step_s)

@@ -162,8 +162,12 @@ SYNC_TIME_PCT = 10.0
 
 #: A GPU is a straggler when its robust z-score against its peers is at or below this ...
 STRAGGLER_Z = -3.5
-#: ... and it is at least this far below the peers' median (relative) on SM active / tensor active ...
+#: ... and it is at least this far below the peers' median (relative) on SM active / tensor active when a
+#: clock deficit or throttle reason corroborates it ...
 STRAGGLER_MIN_DEFICIT = 0.15
+#: ... or this far below on every activity signal without such support (silicon and placement already
+#: spread healthy GPUs by several percent; with few peers the robust spread is itself uncertain) ...
+STRAGGLER_ACTIVITY_ONLY_DEFICIT = 0.25
 #: ... or on SM clock (clocks barely differ between healthy GPUs).
 STRAGGLER_MIN_CLOCK_DEFICIT = 0.08
 #: Floor of the robust spread, relative to the median: a near-zero MAD must not make tiny differences

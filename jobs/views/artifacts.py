@@ -26,6 +26,11 @@ class Table:
     numeric: set[int] = field(default_factory=set)
     titles: list[str] = field(default_factory=list)  # full text of the first cell (long kernel names)
 
+    @property
+    def body(self) -> list[tuple[str, list[str]]]:
+        """Rows with the full text of their first cell (for its title attribute)."""
+        return [(self.titles[i] if i < len(self.titles) else "", row) for i, row in enumerate(self.rows)]
+
 
 @dataclass
 class ArtifactView:
@@ -58,7 +63,9 @@ def _g(data: Mapping[str, Any] | None, *path: str) -> Any:
     return cur
 
 
-def _fact(view: ArtifactView, label: str, value: Any, unit: str, definition: str = "", digits: int = 1) -> None:
+def _fact(
+    view: ArtifactView, label: str, value: Any, unit: str, definition: str = "", digits: int = 1
+) -> None:
     if value is not None:
         view.facts.append((label, _num(value, unit, digits), definition))
 
@@ -79,7 +86,8 @@ def _trace(view: ArtifactView, a: Mapping[str, Any]) -> None:
         tiny = _g(rank, "kernel_breakdown", "tiny_kernels") or {}
         if tiny.get("count_pct") is not None:
             view.facts.append((
-                "Tiny kernels", f"{_num(tiny['count_pct'], '%')} of kernels, {_num(tiny.get('time_pct'), '%')} of time",
+                "Tiny kernels",
+                f"{_num(tiny['count_pct'], '%')} of kernels, {_num(tiny.get('time_pct'), '%')} of time",
                 f"kernels shorter than {_num(tiny.get('threshold_us'), 'µs', 0)}: launch overhead when many",
             ))  # fmt: skip
         _fact(view, "Launch delay p50", _g(rank, "launch_stats", "launch_delay", "p50_us"), "µs",
@@ -102,7 +110,8 @@ def _trace(view: ArtifactView, a: Mapping[str, Any]) -> None:
             ))  # fmt: skip
     view.warnings += [str(w) for w in (a.get("warnings") or [])[:5]]
     for fig_id, caption, build in (
-        ("breakdown", "Temporal breakdown per rank (HTA): compute, non-compute, idle", charts.trace_breakdown_figure),
+        ("breakdown", "Temporal breakdown per rank (HTA): compute, non-compute, idle",
+         charts.trace_breakdown_figure),
         ("steps", "Step time breakdown per rank (TensorBoard profiler plugin)", charts.step_breakdown_figure),
     ):  # fmt: skip
         if fig := build(a):
@@ -135,8 +144,16 @@ def _ncu(view: ArtifactView, a: Mapping[str, Any]) -> None:
     _fact(view, "Kernel launches", a.get("kernel_launches"), "", digits=0)
     _fact(view, "Kernel time", a.get("total_duration_ms"), "ms", digits=2)
     _fact(view, "SM throughput", a.get("duration_weighted_sm_throughput_pct"), "%", "duration-weighted")
-    _fact(view, "Memory throughput", a.get("duration_weighted_memory_throughput_pct"), "%", "duration-weighted")
-    _fact(view, "Achieved occupancy", a.get("duration_weighted_achieved_occupancy_pct"), "%", "duration-weighted")
+    _fact(
+        view, "Memory throughput", a.get("duration_weighted_memory_throughput_pct"), "%", "duration-weighted"
+    )
+    _fact(
+        view,
+        "Achieved occupancy",
+        a.get("duration_weighted_achieved_occupancy_pct"),
+        "%",
+        "duration-weighted",
+    )
     kernels = a.get("kernels") or []
     if kernels:
         view.tables.append(Table(
@@ -159,7 +176,8 @@ def _nsys_stats(view: ArtifactView, a: Mapping[str, Any]) -> None:
     top = k.get("top") or []
     if top:
         view.tables.append(Table(
-            "Top kernels by time (nsys stats)", ["Kernel", "Share (%)", "Total (ms)", "Instances", "Mean (µs)"],
+            "Top kernels by time (nsys stats)",
+            ["Kernel", "Share (%)", "Total (ms)", "Instances", "Mean (µs)"],
             [[str(r.get("name")), _num(r.get("time_pct")), _num(r.get("total_time_ms"), digits=2),
               _num(r.get("instances"), digits=0), _num(r.get("avg_us"))] for r in top[:TOP_ROWS]],
             numeric={1, 2, 3, 4},

@@ -1,8 +1,9 @@
-"""The job page, its figures endpoint (live refresh and zoom detail), artifact upload and baseline promotion."""
+"""The job page, its figures endpoint (live refresh, zoom detail), artifact upload and baseline promotion."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,7 +41,7 @@ def _finite(value: Any) -> float | None:
 
 
 def finding_windows(finding: Finding) -> list[tuple[float, float]]:
-    """A finding's windows in Unix seconds: `windows`, else [window_start, window_end]; bad entries dropped."""
+    """A finding's windows in Unix s: `windows`, else [window_start, window_end]; bad entries dropped."""
     out = []
     for w in finding.windows or []:
         if isinstance(w, list | tuple) and len(w) == 2:
@@ -61,6 +62,57 @@ def finding_marks(findings: list[Finding]) -> list[charts.FindingMark]:
         )
         for i, f in enumerate(findings, start=1)
     ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FindingView:
+    """A finding as listed on the job page: its number and colour on the charts, the zoom target."""
+
+    finding: Finding
+    mark: charts.FindingMark
+    colour_index: int
+    window_text: str
+    zoom_ms: tuple[int, int] | None
+    evidence: list[str]
+
+
+def _evidence(item: Any) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    value = item.get("value")
+    if isinstance(value, float):
+        value = f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    unit = item.get("unit") or ""
+    return f"{item.get('label', '')}: {value} {unit}".strip()
+
+
+def _window_text(windows: tuple[tuple[float, float], ...]) -> str:
+    if not windows:
+        return "the whole job"
+    first = datetime.fromtimestamp(windows[0][0], tz=UTC)
+    last = datetime.fromtimestamp(windows[-1][1], tz=UTC)
+    hours = sum(e - s for s, e in windows) / 3600
+    count = f"{len(windows)} windows" if len(windows) > 1 else "1 window"
+    return f"{count}, {hours:,.1f} h in all, {first:%Y-%m-%d %H:%M} → {last:%Y-%m-%d %H:%M} UTC"
+
+
+def finding_views(findings: list[Finding]) -> list[FindingView]:
+    """Findings in page order (most $/day first) with what the list and its zoom buttons need."""
+    out = []
+    for f, mark in zip(findings, finding_marks(findings), strict=True):
+        zoom = None
+        if mark.windows:
+            zoom = (
+                round(min(w[0] for w in mark.windows) * 1000),
+                round(max(w[1] for w in mark.windows) * 1000),
+            )
+        out.append(
+            FindingView(
+                f, mark, (mark.number - 1) % len(charts.FINDING_COLOURS), _window_text(mark.windows), zoom,
+                [_evidence(e) for e in (f.evidence or [])],
+            )
+        )  # fmt: skip
+    return out
 
 
 def _window(request: HttpRequest) -> tuple[float, float] | None:
@@ -108,24 +160,43 @@ def build_figures(
     }
 
 
-def _plain(html: str) -> str:
-    return strip_tags(html).strip()
-
-
 def kpis(job: Job) -> dict[str, str]:
-    """The headline numbers as display strings with units (shared by the page and the refresh endpoint)."""
+    """The headline numbers as display strings; the page prints each unit next to its number, the refresh
+    endpoint sends the same strings so the script can update them in place."""
     details = job.summary or {}
+
+    def plain(text: str) -> str:
+        return strip_tags(text).strip()
+
     return {
-        "mfu": pct(job.mfu),
-        "hfu": pct(job.hfu),
-        "tokens_per_second": f"{num(job.tokens_per_second, 0)} tokens/s" if job.tokens_per_second else pct(None),
-        "gpu_util": pct(job.gpu_util_mean),
-        "sm_active": pct(job.sm_active_mean),
-        "tensor_active": pct(job.tensor_active_mean),
-        "cost_per_day": f"{usd(job.cost_per_day_usd)}/day" if job.cost_per_day_usd is not None else pct(None),
-        "waste_per_day": f"{usd(job.waste_per_day_usd)}/day" if job.waste_per_day_usd is not None else pct(None),
-        "gpu_hours": f"{num(job.gpu_hours, 0)} GPU-h" if job.gpu_hours is not None else pct(None),
-        "energy": f"{num(details.get('energy_kwh'), 0)} kWh" if details.get("energy_kwh") else pct(None),
+        "mfu": plain(pct(job.mfu)),
+        "hfu": plain(pct(job.hfu)),
+        "tokens_per_second": plain(num(job.tokens_per_second, 0)),
+        "gpu_util": plain(pct(job.gpu_util_mean, 0)),
+        "sm_active": plain(pct(job.sm_active_mean, 0)),
+        "tensor_active": plain(pct(job.tensor_active_mean, 0)),
+        "cost_per_day": plain(usd(job.cost_per_day_usd)),
+        "waste_per_day": plain(usd(job.waste_per_day_usd)),
+        "gpu_hours": plain(num(job.gpu_hours, 0)),
+        "energy": plain(num(details.get("energy_kwh"), 0)),
+    }
+
+
+def definitions(job: Job) -> dict[str, str]:
+    """What each KPI means for this job: the MFU/HFU variant, throughput source, price and tier, waste
+    reference (from Job.summary, written by ingestion), with a generic fallback before the first poll."""
+    details = job.summary or {}
+    variants = details.get("variants") or {}
+    return {
+        "mfu": variants.get("mfu") or "model FLOPs per token × tokens/s ÷ (GPUs × dense peak FLOP/s)",
+        "hfu": variants.get("hfu")
+        or f"hardware FLOPs incl. recomputation ({job.get_recompute_display().lower()})",
+        "throughput": variants.get("throughput") or "none yet: push progress or set a throughput query",
+        "cost": details.get("price_note")
+        or variants.get("cost")
+        or "no price for this GPU model and tier in the price book",
+        "waste": variants.get("waste") or "cost/day × max(0, 1 − MFU ÷ reference MFU)",
+        "energy": variants.get("energy") or "from DCGM energy counters or board power",
     }
 
 
@@ -136,16 +207,18 @@ def utilisation_verdict(job: Job) -> str:
         return "No utilisation data yet."
     if sm is None:
         return (
-            f"nvidia-smi reports {util:.0%} busy, but SM active is not collected, so busy cannot be told from "
-            "saturated: enable DCGM_FI_PROF_SM_ACTIVE (see Signal readiness)."
+            f"nvidia-smi reports {util * 100:.0f} % busy, but SM active is not collected, so busy cannot "
+            "be told from saturated: enable DCGM_FI_PROF_SM_ACTIVE (see Signal readiness)."
         )
-    tensor_text = f" and tensor cores {tensor:.0%} of cycles" if tensor is not None else ""
+    tensor_text = f" and tensor cores {tensor * 100:.0f} % of cycles" if tensor is not None else ""
     if util >= 0.9 and sm < 0.5:
         return (
-            f"nvidia-smi reports {util:.0%} busy, yet the SMs are active only {sm:.0%} of cycles{tensor_text}: "
-            "“busy” only means a kernel was running (false saturation)."
+            f"nvidia-smi reports {util * 100:.0f} % busy, yet the SMs are active only {sm * 100:.0f} % of "
+            f"cycles{tensor_text}: “busy” only means a kernel was running (false saturation)."
         )
-    return f"nvidia-smi reports {util:.0%} busy; SMs are active {sm:.0%} of cycles{tensor_text}."
+    return (
+        f"nvidia-smi reports {util * 100:.0f} % busy; SMs are active {sm * 100:.0f} % of cycles{tensor_text}."
+    )
 
 
 def _readiness(job: Job) -> dict[str, Any]:
@@ -171,7 +244,6 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     figures = build_figures(job, findings, points=charts.DEFAULT_POINTS)
     comparison = baselines.compare(job)
     can_write = can_write_team(request.user, job.team)
-    marks = finding_marks(findings)
     page_data = {
         "timeseries": figures["timeseries"],
         "heatmap": figures["heatmap"],
@@ -180,17 +252,35 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "running": job.status == Job.Status.RUNNING,
         "refresh_s": REFRESH_S,
         "pending_artifacts": [
-            v.artifact.pk for v in artifacts if v.artifact.status in (Artifact.Status.QUEUED, Artifact.Status.PARSING)
+            v.artifact.pk
+            for v in artifacts
+            if v.artifact.status in (Artifact.Status.QUEUED, Artifact.Status.PARSING)
         ],
     }
     mfu_row = next((r for r in comparison.rows if r.metric.key == "mfu"), None) if comparison else None
     context = {
         "job": job,
         "details": job.summary or {},
+        "defs": definitions(job),
         "kpis": kpis(job),
+        "ratios": {
+            "gpu_util": job.gpu_util_mean,
+            "sm_active": job.sm_active_mean,
+            "tensor_active": job.tensor_active_mean,
+        },
         "verdict": utilisation_verdict(job),
+        "trio": [
+            ("gpu_util", "nvidia-smi util", job.gpu_util_mean, "share of time any kernel was running"),
+            ("sm_active", "SM active", job.sm_active_mean, "share of cycles an SM had work (DCGM SM_ACTIVE)"),
+            (
+                "tensor_active",
+                "Tensor active",
+                job.tensor_active_mean,
+                "share of cycles the tensor cores were busy (DCGM PIPE_TENSOR_ACTIVE)",
+            ),
+        ],
         "target_mfu": settings.TARGET_MFU,
-        "findings": [(f, m, _window_text(m.windows)) for f, m in zip(findings, marks, strict=True)],
+        "findings": finding_views(findings),
         "artifacts": artifacts,
         "kinds": Artifact.Kind.choices,
         "figures": figures,
@@ -206,35 +296,29 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     return render(request, "jobs/job_detail.html", context)
 
 
-def _window_text(windows: tuple[tuple[float, float], ...]) -> str:
-    if not windows:
-        return "whole job"
-    first = datetime.fromtimestamp(windows[0][0], tz=UTC)
-    last = datetime.fromtimestamp(windows[-1][1], tz=UTC)
-    hours = sum(e - s for s, e in windows) / 3600
-    count = f"{len(windows)} windows" if len(windows) > 1 else "1 window"
-    return f"{count}, {hours:,.1f} h in total, {first:%Y-%m-%d %H:%M} → {last:%Y-%m-%d %H:%M} UTC"
-
-
 @require_GET
 def job_figures(request: HttpRequest, external_id: str) -> JsonResponse:
     """Figures as JSON for the page's script: `?points=` (pixel budget), `?start=&end=` (Unix s) for the
-    detail of a zoomed window. Polled every minute while the job runs."""
+    detail of a zoomed window, `?only=status` for just status, KPIs and artifact states. Polled every
+    minute while the job runs."""
     job = _job_or_404(external_id)
-    findings = list(job.findings.all())
-    window = _window(request)
-    figures = build_figures(job, findings, points=_points(request), window=window)
     statuses = list(job.artifacts.values_list("id", "status"))
-    body = {
-        "timeseries": figures["timeseries"],
-        "heatmap": figures["heatmap"],
-        "window": list(window) if window else None,
+    body: dict[str, Any] = {
         "status": job.status,
         "running": job.status == Job.Status.RUNNING,
         "data_until": job.data_until.isoformat() if job.data_until else None,
-        "kpis": {k: _plain(v) for k, v in kpis(job).items()},
+        "kpis": kpis(job),
+        "ratios": {
+            "gpu_util": job.gpu_util_mean,
+            "sm_active": job.sm_active_mean,
+            "tensor_active": job.tensor_active_mean,
+        },
         "artifacts": [{"id": pk, "status": status} for pk, status in statuses],
     }
+    if request.GET.get("only") != "status":
+        window = _window(request)
+        figures = build_figures(job, list(job.findings.all()), points=_points(request), window=window)
+        body |= {"timeseries": figures["timeseries"], "heatmap": figures["heatmap"], "window": window}
     response = JsonResponse(body)
     response["Cache-Control"] = "no-store"
     return response
@@ -263,13 +347,16 @@ def job_artifact_upload(request: HttpRequest, external_id: str) -> HttpResponse:
         messages.error(request, "Rank must be a whole number (0 or more), or empty.")
         return HttpResponseRedirect(target)
     try:
-        artifact = store_upload(job, upload, kind=kind, rank=int(rank_text) if rank_text else None, user=request.user)
+        artifact = store_upload(
+            job, upload, kind=kind, rank=int(rank_text) if rank_text else None, user=request.user
+        )
     except UploadError as exc:
         messages.error(request, f"Upload of {upload.name} refused: {exc}")
         return HttpResponseRedirect(target)
     messages.success(
         request,
-        f"Uploaded {artifact.original_name} ({artifact.get_kind_display()}); analysis {artifact.get_status_display().lower()}.",
+        f"Uploaded {artifact.original_name} ({artifact.get_kind_display()}); "
+        f"analysis {artifact.get_status_display().lower()}.",
     )
     return HttpResponseRedirect(target)
 

@@ -33,17 +33,23 @@ def _rows(job: Job, signals: Iterable[str], stat: str, window: tuple[float, floa
     return qs
 
 
-def _place(target: np.ndarray, start: float, step: float, times: list[float], values: list[float | None]) -> None:
+def _place(
+    target: np.ndarray, start: float, step: float, times: list[float], values: list[float | None]
+) -> None:
     idx = np.rint((np.asarray(times, dtype=np.float64) - start) / step).astype(np.int64)
     vals = np.array(values, dtype=np.float64)  # None -> NaN
     ok = (idx >= 0) & (idx < target.shape[-1])
     target[..., idx[ok]] = vals[ok]
 
 
-def load_means(job: Job, signals: Iterable[str], window: tuple[float, float] | None = None) -> JobSignals | None:
+def load_means(
+    job: Job, signals: Iterable[str], window: tuple[float, float] | None = None
+) -> JobSignals | None:
     """Cross-GPU means of `signals` on one time grid (the most common archive step), or None when nothing
     is archived. One query."""
-    rows = list(_rows(job, signals, "mean", window).values_list("signal", "step_seconds", "timestamps", "values"))
+    rows = list(
+        _rows(job, signals, "mean", window).values_list("signal", "step_seconds", "timestamps", "values")
+    )
     if not rows:
         return None
     step = Counter(r[1] for r in rows).most_common(1)[0][0]
@@ -58,14 +64,18 @@ def load_means(job: Job, signals: Iterable[str], window: tuple[float, float] | N
         series = result.signals.get(signal)
         if series is None:
             unit = SIGNALS[signal].unit if signal in SIGNALS else _UNITS.get(signal, "")
-            series = result.signals[signal] = SignalSeries(signal, unit, ts, {"mean": np.full(ts.shape, np.nan)})
+            series = result.signals[signal] = SignalSeries(
+                signal, unit, ts, {"mean": np.full(ts.shape, np.nan)}
+            )
         _place(series.stats["mean"], start, step, times, values)
     return result
 
 
 def load_per_gpu(job: Job, signal: str, window: tuple[float, float] | None = None) -> SignalSeries | None:
     """One signal per GPU as a (GPUs x time) matrix on its own grid, or None when not archived. One query."""
-    rows = list(_rows(job, [signal], "gpu", window).values_list("gpu_key", "step_seconds", "timestamps", "values"))
+    rows = list(
+        _rows(job, [signal], "gpu", window).values_list("gpu_key", "step_seconds", "timestamps", "values")
+    )
     rows = [r for r in rows if r[2]]
     if not rows:
         return None

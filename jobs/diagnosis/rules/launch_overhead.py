@@ -57,7 +57,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         return None
     if trace_hits or stats_hits:
         base = max(base, 0.75) + (0.1 if base else 0.0)
-    severity = Severity.WARNING
+    # Tiny kernels alone (nsys stats without a timeline) do not show that the GPU waited: info only.
+    severity = Severity.WARNING if ("metrics" in sources or trace_hits) else Severity.INFO
     if sm is not None and sm < T.SM_ACTIVE_VERY_LOW and "metrics" in sources:
         severity = Severity.CRITICAL
     title = (
@@ -70,8 +71,11 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     return Finding(
         code=CODE,
         severity=severity,
-        confidence=confidence(min(base, 0.95), missing=missing, coverage=f.coverage("tensor_active")
-                              if "metrics" in sources else 1.0),
+        confidence=confidence(
+            min(base, 0.95),
+            missing=missing,
+            coverage=f.coverage("tensor_active") if "metrics" in sources else 1.0,
+        ),
         title=title,
         recommendation=RECOMMENDATION,
         evidence=evidence,
@@ -79,7 +83,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         impact=max(impacts, default=0.0),
         missing_signals=missing,
         sources=sources,
-    )  # fmt: skip
+    )
 
 
 def _trace(inp: DiagnosisInput, evidence: list[Evidence], impacts: list[float], sources: list[str]) -> bool:
@@ -117,7 +121,9 @@ def _nsys_stats(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str
         tiny = A.getnum(art.analysis, "kernels", "tiny_instance_share_pct")
         if tiny is not None and tiny >= T.TINY_KERNEL_COUNT_PCT:
             hit = True
-            evidence.append(Evidence(f"{A.source_label(art)}: kernels shorter than 10 us", tiny, "% of kernels"))
+            evidence.append(
+                Evidence(f"{A.source_label(art)}: kernels shorter than 10 us", tiny, "% of kernels")
+            )
             if "nsys stats" not in sources:
                 sources.append("nsys stats")
     return hit

@@ -1,0 +1,251 @@
+"""Server-side speed and payload of the pages on big data, in a throwaway database.
+
+Usage (from the repository root, services started with `.ci/services start`):
+
+    .venv/bin/python benchmarks/pages.py [--runs 30] [--jobs 100000] [--skip-running]
+
+Creates a private database (TEST_DATABASE_NAME, default `bench_pages`), fills it, measures, and drops it:
+
+* a finalized 256-GPU, 7-day job archived as `jobs.ingest.finalize_job` writes it (aggregate series at a
+  300 s step, per-GPU rows at 1800 s, for every signal), with five findings;
+* the same job still running, archived as polling writes it (30 s aggregates, per-GPU rows at 300 s;
+  only the charted signals, and per GPU only SM_ACTIVE and GPU_UTIL, to keep the fill time reasonable:
+  other rows sit behind the (job, signal, stat, start) index and are not read);
+* 100,000 finished and running jobs over a year in 20 teams for the leaderboard and the job list.
+
+For each page it prints p50/p95/max server-side time (Django test client: middleware, views, templates,
+no network) and the payload: HTML size and the size of the figure data (the json_script element). Targets
+(issue 7): job page < 300 ms and < 1.5 MB of figure data; leaderboard < 200 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
+os.environ.setdefault("TEST_DATABASE_NAME", "bench_pages")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+
+DAY = 86400.0
+GPUS = 256
+START = datetime(2026, 11, 2, tzinfo=UTC)  # a Monday, so the job fills one ISO week
+
+
+def _synthetic_signals(step: int, gpu_step: int, keys: list[str], gpu_keys: list[str]):
+    """A 7-day JobSignals with realistic shapes: utilisation with a straggler and periodic stalls, spikes."""
+    from jobs.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
+
+    start = START.timestamp()
+    end = start + 7 * DAY
+    ts = grid(start, end, step)
+    gts = grid(start, end, gpu_step)
+    rng = np.random.default_rng(7)
+    gpus = tuple(GpuKey(f"gpu-node-{i // 8 + 1:03d}", str(i % 8)) for i in range(GPUS))
+    sigs = JobSignals(start, end, step, ts)
+    base = {"gpu_util": 0.98, "sm_active": 0.55, "tensor_active": 0.3, "dram_active": 0.4, "power_usage": 520.0,
+            "gpu_temp": 64.0, "memory_temp": 70.0, "sm_clock": 1830.0, "pcie_rx_bytes": 2e9, "pcie_tx_bytes": 5e8,
+            "nvlink_rx_bytes": 4e10, "nvlink_tx_bytes": 4e10, "fb_used": 61000.0, "fb_free": 20000.0}  # fmt: skip
+    for key in keys:
+        level = base.get(key, 0.5 if SIGNALS[key].unit == "ratio" else 100.0)
+        stall = (np.arange(ts.size) % 40 == 0) * 0.6  # a periodic input stall
+        mean = level * (1 + 0.03 * rng.standard_normal(ts.size)) * (1 - stall)
+        mean[rng.integers(0, ts.size, 5)] *= 0.2  # single-sample dips the envelope must keep
+        stats = {"mean": mean, "min": mean * 0.8, "max": mean * 1.1, "count": np.full(ts.size, float(GPUS))}
+        series = SignalSeries(key, SIGNALS[key].unit, ts, stats)
+        if key in gpu_keys:
+            matrix = level * (1 + 0.05 * rng.standard_normal((GPUS, gts.size)))
+            matrix[37] *= 0.7  # a straggler
+            series.gpus, series.gpu_timestamps, series.per_gpu = gpus, gts, matrix
+        sigs.signals[key] = series
+    derived = {"tokens_per_second": 2.4e6 * (1 + 0.02 * rng.standard_normal(ts.size)),
+               "mfu": 0.38 * (1 + 0.02 * rng.standard_normal(ts.size))}  # fmt: skip
+    return sigs, derived
+
+
+def _make_job(team, gpu, external_id: str, running: bool):
+    from jobs.models import Finding, Job
+
+    job = Job.objects.create(
+        external_id=external_id, name=f"llama-70b {'running' if running else 'finished'} 256 GPUs", team=team,
+        model_name="llama-70b", model_config={"n_params": 70e9, "seq_len": 8192}, gpu_model=gpu,
+        gpu_model_name=gpu.name, gpu_count=GPUS, started_at=START,
+        ended_at=None if running else START + timedelta(days=7),
+        status=Job.Status.RUNNING if running else Job.Status.FINALIZED, config_fingerprint="bench",
+        mfu=0.38, hfu=0.41, tokens_per_second=2.4e6, gpu_util_mean=0.98, sm_active_mean=0.55,
+        tensor_active_mean=0.3, gpu_hours=GPUS * 168, cost_usd=GPUS * 168 * 6.88,
+        cost_per_day_usd=GPUS * 24 * 6.88, waste_per_day_usd=GPUS * 24 * 6.88 * 0.15,
+        last_polled_at=START + timedelta(days=7), data_until=START + timedelta(days=7),
+        summary={"variants": {"mfu": "MFU, 6N + attention (PaLM)"}, "price_note": "256 GPUs × $6.88/GPU-h"},
+    )  # fmt: skip
+    t0 = START.timestamp()
+    for i, code in enumerate(
+        ("straggler", "data_pipeline_stall", "communication_wait", "throttling", "idle_gpus")
+    ):
+        windows = [[t0 + d * DAY + i * 3600, t0 + d * DAY + i * 3600 + 1800] for d in range(7)]
+        if code == "data_pipeline_stall":  # a finding with thousands of short windows
+            windows = [[t0 + k * 1200.0, t0 + k * 1200.0 + 60] for k in range(500)]
+        Finding.objects.create(
+            job=job, code=code, severity="warning", confidence=0.7, title=f"{code} finding", windows=windows,
+            evidence=[{"label": "x", "value": 1.0, "unit": "%"}], recommendation="fix it",
+            waste_per_day_usd=1000.0 - 100 * i,
+        )  # fmt: skip
+    return job
+
+
+def _fill_series(job, step: int, gpu_step: int, keys: list[str], gpu_keys: list[str]) -> int:
+    # jobs.ingest's own row builder, so the archive has exactly the production layout.
+    from jobs.ingest import _rows_for, _upsert
+
+    sigs, derived = _synthetic_signals(step, gpu_step, keys, gpu_keys)
+    rows = _rows_for(job, sigs, derived)
+    for i in range(0, len(rows), 2000):
+        _upsert(rows[i : i + 2000])
+    return len(rows)
+
+
+def _fill_jobs(n: int) -> None:
+    from jobs.models import GpuModel, Job, Team
+
+    rng = np.random.default_rng(3)
+    teams = [Team.objects.create(slug=f"team-{i:02d}", name=f"Team {i:02d}") for i in range(20)]
+    gpus = list(GpuModel.objects.all()[:5])
+    now = datetime.now(UTC)
+    batch = []
+    for i in range(n):
+        start = now - timedelta(days=float(rng.uniform(0, 365)))
+        hours = float(rng.uniform(0.5, 96))
+        end = start + timedelta(hours=hours)
+        running = end > now
+        mfu = float(rng.uniform(0.05, 0.6)) if rng.random() > 0.05 else None
+        cost = float(rng.choice([8, 16, 64, 256])) * 24 * 4.0
+        batch.append(Job(
+            external_id=f"bulk-{i}", name=f"job {i}", team=teams[i % 20], model_name=f"model-{i % 12}",
+            gpu_model=gpus[i % len(gpus)], gpu_count=int(rng.choice([8, 16, 64, 256])), started_at=start,
+            ended_at=None if running else end, status=Job.Status.RUNNING if running else Job.Status.FINALIZED,
+            mfu=mfu, sm_active_mean=float(rng.uniform(0.2, 0.8)), cost_per_day_usd=cost,
+            waste_per_day_usd=cost * (1 - (mfu or 0.2) / 0.45) if mfu and mfu < 0.45 else 0.0,
+        ))  # fmt: skip
+        if len(batch) == 5000:
+            Job.objects.bulk_create(batch)
+            batch = []
+    if batch:
+        Job.objects.bulk_create(batch)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE")
+
+
+def _measure(client: Client, url: str, runs: int) -> tuple[list[float], bytes]:
+    client.get(url)  # warm-up: template compilation, connection
+    times, body = [], b""
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+        body = response.content
+    return times, body
+
+
+def _report(name: str, times: list[float], body: bytes, target_ms: float | None) -> None:
+    p50 = statistics.median(times)
+    p95 = sorted(times)[max(0, int(round(0.95 * len(times))) - 1)]
+    figure = re.search(rb'<script id="job-data" type="application/json">(.*?)</script>', body, re.S)
+    payload = f"html {len(body) / 1024:,.0f} KiB"
+    if figure:
+        payload += f", figure data {len(figure.group(1)) / 1024:,.0f} KiB"
+    elif body.startswith(b"{"):
+        payload = f"json {len(body) / 1024:,.0f} KiB"
+    verdict = "" if target_ms is None else ("  ok" if p95 < target_ms else f"  OVER {target_ms:.0f} ms")
+    print(f"{name:<46} p50 {p50:7.1f} ms  p95 {p95:7.1f} ms  max {max(times):7.1f} ms  {payload}{verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument(
+        "--skip-running", action="store_true", help="skip the running-job archive (slow fill)"
+    )
+    args = parser.parse_args()
+
+    setup_test_environment()
+    settings.DEBUG = False
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    try:
+        from django.contrib.auth import get_user_model
+
+        from jobs.charts import CHART_SIGNALS
+        from jobs.models import GpuModel, Membership, Team
+        from jobs.signals import SIGNALS
+
+        team = Team.objects.create(slug="llm", name="LLM")
+        user = get_user_model().objects.create_user("bench", password="x")
+        Membership.objects.create(team=team, user=user)
+        gpu = GpuModel.objects.get(name="H100 SXM")
+        t0 = time.perf_counter()
+        finished = _make_job(team, gpu, "big-finished", running=False)
+        n = _fill_series(finished, 300, 1800, list(SIGNALS), list(SIGNALS))
+        print(f"filled finalized 256-GPU 7-day job: {n:,} archive rows in {time.perf_counter() - t0:.0f} s")
+        running = None
+        if not args.skip_running:
+            t0 = time.perf_counter()
+            running = _make_job(team, gpu, "big-running", running=True)
+            keys = [k for k in CHART_SIGNALS if k in SIGNALS]
+            n = _fill_series(running, 30, 300, keys, ["sm_active", "gpu_util"])
+            print(f"filled running 256-GPU 7-day job: {n:,} archive rows in {time.perf_counter() - t0:.0f} s")
+        t0 = time.perf_counter()
+        _fill_jobs(args.jobs)
+        print(f"filled {args.jobs:,} jobs in {time.perf_counter() - t0:.0f} s\n")
+
+        client = Client()
+        client.force_login(user)
+        today = datetime.now(UTC).date()
+        week = f"{today.isocalendar()[0]}-W{today.isocalendar()[1]:02d}"
+        cases = [
+            ("job page, finalized 256 GPUs x 7 days", "/jobs/big-finished/", 300.0),
+            ("figures JSON (refresh), finalized", "/jobs/big-finished/figures.json?points=1200", 300.0),
+        ]
+        if running is not None:
+            cases += [
+                ("job page, running 256 GPUs x 7 days", "/jobs/big-running/", 300.0),
+                ("figures JSON (refresh), running", "/jobs/big-running/figures.json?points=1200", 300.0),
+                ("figures JSON, zoom to 1 h, running",
+                 f"/jobs/big-running/figures.json?start={START.timestamp() + 3 * DAY}"
+                 f"&end={START.timestamp() + 3 * DAY + 3600}", 300.0),
+            ]  # fmt: skip
+        cases += [
+            (f"leaderboard, this week, {args.jobs:,} jobs", f"/leaderboard/?week={week}", 200.0),
+            (f"leaderboard, this month, {args.jobs:,} jobs", "/leaderboard/?by=month", 200.0),
+            (f"job list, sorted by waste, {args.jobs:,} jobs", "/?sort=-waste", None),
+            (f"job list, sorted by MFU, team filter", "/?sort=-mfu&team=team-03", None),
+            ("team page", "/teams/team-03/", None),
+            ("readiness page", "/readiness/", None),
+        ]
+        for name, url, target in cases:
+            times, body = _measure(client, url, args.runs)
+            _report(name, times, body, target)
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Run every rule on one job, relate symptoms to causes, and apportion the job's waste in dollars per day.
+
+Dollars (documented method; the invariant is that the findings' dollars never add up to more than the
+job's waste/day):
+
+* Each rule estimates its finding's `impact`: the share of the job's GPU time the cause costs (e.g. the
+  share of time in idle gaps, 1 - clock/boost on throttled GPUs, idle GPU-time / all GPU-time).
+* The job's measured loss is L = waste/day / cost/day = max(0, 1 - MFU / reference MFU).
+* Causes first: finding k gets cost/day x impact_k x min(1, L / sum of the causes' impacts). Causes that
+  together explain no more than the measured loss keep their own estimate; when their estimates overlap
+  or overshoot, they are scaled down in proportion, so their sum is at most waste/day.
+* Symptoms (false_saturation, baseline_regression) describe the same loss from another angle: they share
+  only what the causes leave unexplained, in proportion to their impacts, each capped at its own estimate.
+* Without a waste figure (no MFU or no price) every finding gets $0 and `waste_share` None.
+
+`waste_share` is the finding's dollars / the job's waste/day.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from jobs.diagnosis.base import SYMPTOM_CODES, DiagnosisInput, Evidence, Finding, Severity
+from jobs.diagnosis.features import Features
+from jobs.diagnosis.rules import RULES
+
+log = logging.getLogger(__name__)
+
+#: Causes that explain a symptom. GPU errors and idle GPUs do not explain low SM activity on busy GPUs.
+EXPLAINS: dict[str, frozenset[str]] = {
+    "false_saturation": frozenset(RULES) - SYMPTOM_CODES - {"gpu_errors", "idle_gpus"},
+    "baseline_regression": frozenset(RULES) - SYMPTOM_CODES,
+}
+
+
+def diagnose(inp: DiagnosisInput, *, codes: tuple[str, ...] | None = None) -> list[Finding]:
+    """All findings for one job, symptoms related to causes, dollars apportioned, most expensive first.
+
+    A rule that raises is logged and skipped: one broken rule must not hide the others' findings.
+    """
+    features = Features(inp)
+    findings: list[Finding] = []
+    for code, rule in RULES.items():
+        if codes is not None and code not in codes:
+            continue
+        try:
+            finding = rule(inp, features)
+        except Exception:
+            log.exception("diagnosis rule %s failed", code)
+            continue
+        if finding is not None:
+            findings.append(finding)
+    relate_symptoms(findings)
+    apportion(findings, inp.cost_per_day_usd, inp.waste_per_day_usd)
+    findings.sort(key=lambda f: (-f.waste_per_day_usd, -f.severity.rank, -f.confidence, f.code))
+    return findings
+
+
+def relate_symptoms(findings: list[Finding]) -> None:
+    """Keep a symptom as info-level context when a warning-or-worse cause that explains it was found."""
+    causes = [f for f in findings if f.code not in SYMPTOM_CODES and f.severity.rank >= Severity.WARNING.rank]
+    for f in findings:
+        if f.code not in SYMPTOM_CODES:
+            continue
+        explained = sorted(c.code for c in causes if c.code in EXPLAINS.get(f.code, frozenset()))
+        if not explained:
+            continue
+        f.severity = Severity.INFO
+        f.title = f"{f.title} — explained by {', '.join(explained)}"
+        f.evidence.append(Evidence("explained by", ", ".join(explained)))
+
+
+def apportion(findings: list[Finding], cost_per_day: float | None, waste_per_day: float | None) -> None:
+    """Set `waste_per_day_usd` and `waste_share` on each finding (see the module docstring)."""
+    if not findings:
+        return
+    if not cost_per_day or waste_per_day is None or cost_per_day <= 0 or waste_per_day <= 0:
+        for f in findings:
+            f.waste_per_day_usd = 0.0
+            f.waste_share = 0.0 if waste_per_day == 0 else None
+        return
+    loss = min(waste_per_day / cost_per_day, 1.0)
+    causes = [f for f in findings if f.code not in SYMPTOM_CODES]
+    symptoms = [f for f in findings if f.code in SYMPTOM_CODES]
+    total = sum(max(f.impact, 0.0) for f in causes)
+    scale = min(1.0, loss / total) if total > 0 else 0.0
+    for f in causes:
+        f.waste_per_day_usd = cost_per_day * max(f.impact, 0.0) * scale
+    left = max(waste_per_day - sum(f.waste_per_day_usd for f in causes), 0.0)
+    wanted = sum(cost_per_day * max(f.impact, 0.0) for f in symptoms)
+    share = min(1.0, left / wanted) if wanted > 0 else 0.0
+    for f in symptoms:
+        f.waste_per_day_usd = cost_per_day * max(f.impact, 0.0) * share
+    # Float rounding must not break the invariant.
+    spent = sum(f.waste_per_day_usd for f in findings)
+    if spent > waste_per_day:
+        for f in findings:
+            f.waste_per_day_usd *= waste_per_day / spent
+    for f in findings:
+        f.waste_share = f.waste_per_day_usd / waste_per_day

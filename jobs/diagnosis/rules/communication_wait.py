@@ -1,0 +1,163 @@
+"""communication_wait: ranks block together in collectives: a sawtooth synchronised across GPUs.
+
+Metrics (the seed's "four looks"): SM/tensor activity rises and falls periodically, in lock-step on every
+GPU, while GPU_UTIL stays high (NCCL kernels spin while they wait), often with NVLink bursts in the
+troughs. An input stall instead drops GPU_UTIL itself (data_pipeline_stall). A trace measures it directly:
+communication kernel time not overlapped with compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import detectors as D
+from jobs.diagnosis import thresholds as T
+from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
+from jobs.diagnosis.features import Features
+from jobs.diagnosis.rules.common import util_level
+
+CODE = "communication_wait"
+RECOMMENDATION = (
+    "The GPUs spend part of every step waiting in collectives. Overlap communication with compute (DDP "
+    "bucket_cap_mb, FSDP forward/backward prefetch, gradient accumulation with no_sync), check the "
+    "interconnect (NCCL_DEBUG=INFO topology, NVLink/InfiniBand errors, nodes on different switches), and "
+    "look for one slow rank that everybody waits for."
+)
+
+
+def check(inp: DiagnosisInput, f: Features) -> Finding | None:
+    """Fire on a synchronised SM/tensor sawtooth with steady utilisation, or on exposed trace comm time."""
+    evidence: list[Evidence] = []
+    sources: list[str] = []
+    missing: list[str] = []
+    base, impact, windows = 0.0, 0.0, []
+    severity = Severity.INFO
+    metric = _metric_pattern(f)
+    if metric is not None:
+        key, period, sync, nvlink_phase = metric
+        base = 0.75
+        severity = Severity.WARNING
+        evidence += [
+            Evidence(f"{key} sawtooth period", round(period.period_s), "s"),
+            Evidence(f"{key} autocorrelation at the period", round(period.acf, 3), ""),
+            Evidence(f"{key} swing, peak to trough", round(100 * period.swing, 1), "% of its level"),
+        ]
+        if sync is not None:
+            evidence.append(
+                Evidence("correlation of each GPU with its peers, median", round(sync.median_corr, 3))
+            )
+            base += 0.1
+        else:
+            missing.append("per-GPU series")
+        if nvlink_phase is not None:
+            evidence.append(Evidence("NVLink traffic vs SM activity correlation", round(nvlink_phase, 3)))
+            if nvlink_phase < -0.2:
+                base += 0.05  # bursts of traffic in the troughs: the waits are collectives
+        missing += f.missing(["sm_active", "nvlink_tx_bytes"])
+        cycle = D.folded_cycle(f.mean(key), period.period_samples)  # type: ignore[arg-type]
+        peak = float(np.nanmax(cycle))
+        impact = clamp01(1.0 - float(np.nanmean(cycle)) / peak) if peak > 0 else 0.0
+        sources.append("metrics")
+        windows = f.whole_window
+    trace_share = _trace(inp, evidence, sources)
+    stats_share = _nsys_stats(inp, evidence, sources)
+    if not sources:
+        return None
+    exposed = max(trace_share, stats_share)
+    if exposed:
+        base = max(base, 0.7) + (0.1 if "metrics" in sources else 0.0)
+        impact = max(impact, exposed)
+        if exposed * 100 >= T.EXPOSED_COMM_HIGH_PCT or trace_share:
+            severity = Severity.WARNING
+    title = (
+        f"Ranks wait in collectives together: a sawtooth every {round(metric[1].period_s)} s on all GPUs"
+        if metric is not None
+        else f"Communication not overlapped with compute takes {100 * exposed:.1f} % of the traced time"
+    )
+    return Finding(
+        code=CODE,
+        severity=severity,
+        confidence=confidence(
+            min(base, 0.95), missing=missing, coverage=f.coverage(metric[0]) if metric is not None else 1.0
+        ),
+        title=title,
+        recommendation=RECOMMENDATION,
+        evidence=evidence,
+        windows=windows,
+        impact=impact,
+        missing_signals=missing,
+        sources=sources,
+    )
+
+
+def _metric_pattern(f: Features) -> tuple[str, D.Periodicity, D.Synchrony | None, float | None] | None:
+    util = util_level(f)
+    if util is None or util < T.COMM_UTIL_MIN:
+        return None
+    if f.util is not None:
+        # A periodic drop of GPU_UTIL itself is an input stall, not a collective wait.
+        u = D.find_periodicity(f.util, f.step)
+        if u is not None and u.swing >= T.SAWTOOTH_MIN_SWING:
+            return None
+    for key in ("sm_active", "tensor_active"):
+        series = f.mean(key)
+        if series is None:
+            continue
+        period = D.find_periodicity(series, f.step)
+        if period is None or period.swing < T.SAWTOOTH_MIN_SWING:
+            continue
+        data = f.gpu_data((key,))
+        sync = None
+        if data is not None and data.values[key].shape[0] >= 2 and data.step <= period.period_s / 2:
+            sync = D.synchrony(data.values[key], detrend_window=4 * period.period_samples + 1)
+            if sync is not None and sync.median_corr < T.SYNC_MIN_CORR:
+                continue  # GPUs cycle independently: not a collective
+        nvl = f.mean("nvlink_tx_bytes")
+        phase = (
+            D.correlation(
+                D.detrend(series, 4 * period.period_samples + 1),
+                D.detrend(nvl, 4 * period.period_samples + 1),
+            )
+            if nvl is not None
+            else None
+        )
+        return key, period, sync, phase
+    return None
+
+
+def _trace(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> float:
+    worst = 0.0
+    for r in A.trace_ranks(inp):
+        comm = r.n("comm_compute_overlap", "communication_ms")
+        span = r.n("temporal_breakdown", "span_ms")
+        if not comm or not span:
+            continue
+        overlap = r.n("comm_compute_overlap", "overlap_pct") or 0.0
+        exposed_pct = 100.0 * comm * (1.0 - overlap / 100.0) / span
+        poor = overlap < T.OVERLAP_LOW_PCT
+        if exposed_pct >= T.EXPOSED_COMM_HIGH_PCT or (exposed_pct >= T.EXPOSED_COMM_PCT and poor):
+            evidence += [
+                Evidence(f"{r.label}: communication kernel time", round(comm, 3), "ms"),
+                Evidence(f"{r.label}: overlapped with compute", round(overlap, 1), "%"),
+                Evidence(f"{r.label}: exposed communication", round(exposed_pct, 2), "% of span"),
+            ]
+            share = r.n("step_breakdown", "communication_pct")
+            if share is not None:
+                evidence.append(Evidence(f"{r.label}: communication share of step", round(share, 2), "%"))
+            worst = max(worst, exposed_pct / 100.0)
+            if r.source not in sources:
+                sources.append(r.source)
+    return worst
+
+
+def _nsys_stats(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> float:
+    worst = 0.0
+    for art in A.nsys_stats(inp):
+        share = A.getnum(art.analysis, "kernels", "nccl_time_share_pct")
+        if share is not None and share >= T.EXPOSED_COMM_HIGH_PCT:
+            evidence.append(Evidence(f"{A.source_label(art)}: NCCL share of kernel time", share, "%"))
+            worst = max(worst, share / 100.0 * 0.5)  # overlap unknown: assume half is hidden
+            if "nsys stats" not in sources:
+                sources.append("nsys stats")
+    return worst

@@ -1,0 +1,119 @@
+"""host_device_copy: time goes into copies between host and GPU instead of compute.
+
+Metrics: sustained heavy PCIe traffic per GPU (DCGM PCIE_RX/TX_BYTES). A trace measures memcpy time by
+direction and whether the host side was pageable memory (pageable copies are synchronous and slow).
+"""
+
+from __future__ import annotations
+
+from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import thresholds as T
+from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
+from jobs.diagnosis.features import Features
+from jobs.diagnosis.rules.common import busy_share, ratio_ev, util_level
+
+CODE = "host_device_copy"
+RECOMMENDATION = (
+    "Data moves between host and GPU inside the step. Keep tensors on the GPU across steps (no .cpu() / "
+    ".numpy() / .to('cpu') in the loop), use pinned host memory (DataLoader pin_memory=True) with "
+    "non_blocking=True copies issued ahead of use, and move preprocessing (augmentation, tokenisation "
+    "output) to the GPU or into the input pipeline's workers."
+)
+_HOST_KINDS = ("HtoD", "DtoH", "HtoA", "AtoH", "HtoH")
+
+
+def check(inp: DiagnosisInput, f: Features) -> Finding | None:
+    """Fire on heavy sustained PCIe traffic, or on a trace where host<->device memcpy takes real GPU time."""
+    evidence: list[Evidence] = []
+    sources: list[str] = []
+    missing: list[str] = []
+    base, impact = 0.0, 0.0
+    rx, tx = f.level("pcie_rx_bytes"), f.level("pcie_tx_bytes")
+    heaviest = max(rx or 0.0, tx or 0.0)
+    if heaviest >= T.PCIE_HEAVY_BPS:
+        base = 0.75
+        util = util_level(f)
+        evidence += [
+            Evidence("PCIe host-to-device while busy, median", _gbps(rx), "GB/s per GPU"),
+            Evidence("PCIe device-to-host while busy, median", _gbps(tx), "GB/s per GPU"),
+            ratio_ev("GPU utilisation, median", util),
+            ratio_ev("SM active while busy, median", f.level("sm_active")),
+        ]
+        # GPU time not spent in kernels while traffic is heavy is what the copies cost, at most.
+        impact = busy_share(f) * clamp01(1.0 - (util or 1.0)) if util is not None else 0.05
+        impact = max(impact, 0.05)
+        sources.append("metrics")
+    elif rx is None and tx is None:
+        missing += f.missing(["pcie_rx_bytes", "pcie_tx_bytes"])
+    pageable = False
+    for r in A.trace_ranks(inp):
+        share, pg = _trace_share(r)
+        if share is None or share < T.MEMCPY_SHARE_PCT:
+            continue
+        evidence.append(Evidence(f"{r.label}: host<->device memcpy", round(share, 1), "% of GPU busy time"))
+        for kind in A.items(r.data, "memcpy", "by_kind"):
+            if kind.get("copy_kind") in _HOST_KINDS:
+                evidence.append(
+                    Evidence(f"{r.label}: {kind.get('copy_kind')} copies", A.num(kind.get("time_ms")), "ms")
+                )
+        if pg is not None:
+            evidence.append(Evidence(f"{r.label}: pageable host memory", round(pg, 1), "% of host bytes"))
+            pageable = pageable or pg >= T.PAGEABLE_PCT
+        busy = 1.0 - (r.n("temporal_breakdown", "idle_pct") or 0.0) / 100.0
+        impact = max(impact, clamp01(share / 100.0 * busy))
+        base = max(base, 0.7) + (0.1 if "metrics" in sources else 0.0)
+        if r.source not in sources:
+            sources.append(r.source)
+    for art in A.nsys_stats(inp):
+        ops = A.items(art.analysis, "memory_ops", "by_operation")
+        host_ms = sum(A.num(o.get("total_time_ms")) or 0.0 for o in ops if o.get("operation") in _HOST_KINDS)
+        kernel_ms = A.getnum(art.analysis, "kernels", "total_time_ms")
+        if kernel_ms and host_ms / (host_ms + kernel_ms) * 100 >= T.MEMCPY_SHARE_PCT:
+            evidence.append(
+                Evidence(f"{A.source_label(art)}: host<->device memcpy time", round(host_ms, 3), "ms")
+            )
+            base = max(base, 0.6)
+            sources.append("nsys stats")
+    if not sources:
+        return None
+    recommendation = RECOMMENDATION
+    if pageable:
+        recommendation = "Most copies use pageable host memory: pin it. " + RECOMMENDATION
+    return Finding(
+        code=CODE,
+        severity=Severity.WARNING,
+        confidence=confidence(
+            min(base, 0.95),
+            missing=missing,
+            coverage=f.coverage("pcie_rx_bytes") if "metrics" in sources else 1.0,
+        ),
+        title=(
+            f"Host<->GPU copies: {_gbps(heaviest)} GB/s of PCIe traffic per GPU"
+            if "metrics" in sources
+            else "Host<->GPU memcpy takes a large share of GPU time in the trace"
+        ),
+        recommendation=recommendation,
+        evidence=evidence,
+        windows=f.whole_window if "metrics" in sources else [],
+        impact=impact,
+        missing_signals=missing,
+        sources=sources,
+    )
+
+
+def _gbps(value: float | None) -> float | None:
+    return None if value is None else round(value / 1e9, 2)
+
+
+def _trace_share(r: A.RankView) -> tuple[float | None, float | None]:
+    host_ms = sum(
+        A.num(k.get("time_ms")) or 0.0
+        for k in A.items(r.data, "memcpy", "by_kind")
+        if k.get("copy_kind") in _HOST_KINDS
+    )
+    compute = r.n("temporal_breakdown", "compute_ms")
+    non_compute = r.n("temporal_breakdown", "non_compute_ms")
+    busy = (compute or 0.0) + (non_compute or 0.0)
+    if not host_ms or busy <= 0:
+        return None, r.n("memcpy", "pageable_bytes_pct")
+    return min(100.0, 100.0 * host_ms / busy), r.n("memcpy", "pageable_bytes_pct")

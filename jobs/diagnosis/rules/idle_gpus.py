@@ -1,0 +1,138 @@
+"""idle_gpus: allocated GPUs at ~0 % for long stretches (paid for, unused).
+
+Per GPU, runs of samples with GPU_UTIL at or below IDLE_UTIL_MAX, at least IDLE_MIN_STRETCH_S long. Missing
+samples are not idle (a short hole inside an idle stretch is bridged), and a blank stretch of profiling
+fields while GPU_UTIL stays up (an Nsight capture) is never read as idle because only utilisation counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.diagnosis import detectors as D
+from jobs.diagnosis import thresholds as T
+from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
+from jobs.diagnosis.features import Features, GpuData
+
+CODE = "idle_gpus"
+RECOMMENDATION = (
+    "These GPUs are allocated but do nothing. Release them (request fewer GPUs, end the job when training "
+    "finishes), or fix the placement: check the launcher's world size, CUDA_VISIBLE_DEVICES / device ids "
+    "per rank, and ranks that crashed or finished early."
+)
+
+
+def check(inp: DiagnosisInput, f: Features) -> Finding | None:
+    """Fire when some GPUs (or all) sit idle for at least IDLE_MIN_STRETCH_S at a time."""
+    if f.util_key is None:
+        return None
+    data = f.gpu_data((f.util_key,))
+    if data is not None:
+        return _per_gpu(inp, f, data)
+    return _aggregate(f)
+
+
+def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
+    assert f.util_key is not None
+    u = data.values[f.util_key]
+    step = data.step
+    ts = data.timestamps
+    min_len = max(int(np.ceil(T.IDLE_MIN_STRETCH_S / step)), 1)
+    bridge = int(T.IDLE_MAX_BRIDGE_S // step)
+    idle_gpus: list[str] = []
+    idle_cells = 0
+    windows: list[tuple[float, float]] = []
+    for i, gpu in enumerate(data.gpus):
+        rs = [
+            r for r in D.idle_gaps(u[i], threshold=T.IDLE_UTIL_MAX, bridge=bridge) if r[1] - r[0] >= min_len
+        ]
+        if not rs:
+            continue
+        idle_gpus.append(gpu)
+        idle_cells += sum(b - a for a, b in rs)
+        windows += D.run_windows(rs, ts, step)
+    if not idle_gpus:
+        return None
+    known = int(np.isfinite(u).sum())
+    share = idle_cells / known if known else 0.0
+    fb = f.gpu_data(("fb_used",))
+    fb_note: list[Evidence] = []
+    if fb is not None:
+        idx = [fb.gpus.index(g) for g in idle_gpus if g in fb.gpus]
+        if idx:
+            with np.errstate(invalid="ignore"):
+                med = (
+                    float(np.nanmedian(fb.values["fb_used"][idx]))
+                    if np.isfinite(fb.values["fb_used"][idx]).any()
+                    else None
+                )
+            fb_note.append(Evidence("frame buffer used on the idle GPUs, median", med and round(med), "MiB"))
+    gpu_hours = idle_cells * step / 3600.0
+    all_idle = len(idle_gpus) == len(data.gpus)
+    who = "All GPUs" if all_idle else f"{len(idle_gpus)} of {len(data.gpus)} GPUs"
+    return Finding(
+        code=CODE,
+        severity=_severity(share),
+        confidence=confidence(0.9, coverage=f.coverage(f.util_key)),
+        title=f"{who} idle (~0 % utilisation) for {_dur(max(b - a for a, b in windows))} or more",
+        recommendation=RECOMMENDATION,
+        evidence=[
+            Evidence("idle GPUs", ", ".join(idle_gpus[:8]) + (" ..." if len(idle_gpus) > 8 else "")),
+            Evidence("idle GPU-hours", round(gpu_hours, 2), "GPU-h"),
+            Evidence("share of the job's GPU time idle", round(100 * share, 1), "%"),
+            *fb_note,
+        ],
+        windows=D.merge_windows(windows, gap_s=step),
+        impact=clamp01(share),
+        missing_signals=[],
+        sources=["metrics"],
+    )
+
+
+def _aggregate(f: Features) -> Finding | None:
+    """Without per-GPU data: stretches where the least busy GPU reads idle; the count is estimated."""
+    assert f.util_key is not None
+    low, mean = f.stat(f.util_key, "min"), f.util
+    if low is None or mean is None:
+        return None
+    min_len = max(int(np.ceil(T.IDLE_MIN_STRETCH_S / f.step)), 1)
+    rs = [r for r in D.idle_gaps(low, bridge=int(T.IDLE_MAX_BRIDGE_S // f.step)) if r[1] - r[0] >= min_len]
+    if not rs:
+        return None
+    mask = np.zeros(low.size, dtype=bool)
+    for a, b in rs:
+        mask[a:b] = True
+    peak = f.stat(f.util_key, "max")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = (
+            np.nanmean(np.clip(1.0 - mean[mask] / np.where(peak[mask] > 0, peak[mask], np.nan), 0, 1))
+            if (peak is not None)
+            else 0.5
+        )
+    frac = float(frac) if np.isfinite(frac) else 0.5
+    share = frac * float(mask.mean())
+    return Finding(
+        code=CODE,
+        severity=_severity(share),
+        confidence=confidence(0.6, missing=["per-GPU series"], coverage=f.coverage(f.util_key)),
+        title=f"About {frac:.0%} of the GPUs idle for {_dur(max(b - a for a, b in rs) * f.step)} or more",
+        recommendation=RECOMMENDATION,
+        evidence=[
+            Evidence("estimated share of GPUs idle in those stretches", round(100 * frac, 1), "%"),
+            Evidence("share of the job's GPU time idle (estimate)", round(100 * share, 1), "%"),
+        ],
+        windows=D.merge_windows(D.run_windows(rs, f.timestamps, f.step)),
+        impact=clamp01(share),
+        missing_signals=["per-GPU series"],
+        sources=["metrics"],
+    )
+
+
+def _severity(share: float) -> Severity:
+    if share >= T.IDLE_MIN_SHARE:
+        return Severity.CRITICAL
+    return Severity.WARNING if share >= T.IDLE_WARN_SHARE else Severity.INFO
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"

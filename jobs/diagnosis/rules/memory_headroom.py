@@ -1,0 +1,82 @@
+"""memory_headroom: the frame buffer stays well below capacity: room for a larger micro-batch.
+
+Per busy GPU, the 95th percentile of FB_USED over its samples; the job's use is the highest of those (the
+fullest GPU limits the micro-batch). Capacity is FB_USED + FB_FREE as the exporter reports them, else the
+GPU catalog's memory size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.diagnosis import thresholds as T
+from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
+from jobs.diagnosis.features import Features
+from jobs.diagnosis.rules.common import pct
+
+CODE = "memory_headroom"
+RECOMMENDATION = (
+    "The GPUs use little of their memory. Raise the micro-batch (or sequence packing) until memory use "
+    "reaches ~80-90 %, which makes kernels larger and MFU higher; if activation checkpointing is on, turn "
+    "it off or make it selective, and reduce gradient accumulation steps to keep the global batch."
+)
+
+
+def check(inp: DiagnosisInput, f: Features) -> Finding | None:
+    """Fire when even the fullest busy GPU uses less than HEADROOM_USED_MAX of its memory."""
+    used, capacity, source, missing = _usage(inp, f)
+    if used is None or not capacity:
+        return None
+    share = used / capacity
+    if share >= T.HEADROOM_USED_MAX:
+        return None
+    severity = Severity.WARNING if share < T.HEADROOM_USED_LOW else Severity.INFO
+    return Finding(
+        code=CODE,
+        severity=severity,
+        confidence=confidence(
+            0.85 if source == "exporter" else 0.7, missing=missing, coverage=f.coverage("fb_used")
+        ),
+        title=f"GPU memory mostly unused: at most {pct(share)} of the frame buffer in use",
+        recommendation=RECOMMENDATION,
+        evidence=[
+            Evidence("frame buffer used, busiest GPU, 95th percentile", round(used), "MiB"),
+            Evidence(
+                f"capacity ({'FB_USED + FB_FREE' if source == 'exporter' else 'GPU catalog'})",
+                round(capacity),
+                "MiB",
+            ),
+            Evidence("share used", round(100 * share, 1), "%"),
+        ],
+        windows=f.whole_window,
+        impact=T.HEADROOM_MAX_IMPACT * clamp01((T.HEADROOM_TARGET - share) / T.HEADROOM_TARGET),
+        missing_signals=missing,
+        sources=["metrics"],
+    )
+
+
+def _usage(inp: DiagnosisInput, f: Features) -> tuple[float | None, float | None, str, list[str]]:
+    missing = f.missing(["fb_free"])
+    if not f.has("fb_used"):
+        return None, None, "", missing
+    used: float | None = None
+    lv = f.per_gpu_level("fb_used", 0.95)
+    if lv is not None:
+        _, levels = lv
+        used = float(np.nanmax(levels)) if np.isfinite(levels).any() else None
+    if used is None:
+        used = f.level("fb_used", 0.95)
+    capacity, source = None, ""
+    free_max = f.stat("fb_free", "max")
+    used_max = f.stat("fb_used", "max")
+    if free_max is not None and used_max is not None:
+        # Per GPU used + free is constant; across GPUs the largest sum is the capacity.
+        total = f.stat("fb_used", "mean")
+        free = f.stat("fb_free", "mean")
+        if total is not None and free is not None:
+            both = total + free
+            if np.isfinite(both).any():
+                capacity, source = float(np.nanmax(both)), "exporter"
+    if capacity is None and inp.gpu_memory_mib:
+        capacity, source = float(inp.gpu_memory_mib), "catalog"
+    return used, capacity, source, missing

@@ -1,0 +1,82 @@
+"""/metrics: per-job MFU, cost, waste and finding counts in Prometheus text format, for Grafana users.
+
+Only running jobs and jobs that ended in the last week are exported, so the number of series stays
+bounded however long the job history grows.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import Counter
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from jobs.models import Finding, Job
+
+RECENT = timedelta(days=7)
+_GAUGES = (
+    ("efficiency_job_mfu_ratio", "mfu", "Model FLOPs utilization of the job (6N + attention, PaLM), 0-1."),
+    ("efficiency_job_hfu_ratio", "hfu", "Hardware FLOPs utilization incl. recomputation, 0-1."),
+    ("efficiency_job_tokens_per_second", "tokens_per_second", "Training throughput of the whole job."),
+    ("efficiency_job_sm_active_ratio", "sm_active_mean", "Mean DCGM SM active over the job's GPUs, 0-1."),
+    ("efficiency_job_cost_usd_per_day", "cost_per_day_usd", "GPUs x USD per GPU-hour x 24 (price book)."),
+    ("efficiency_job_waste_usd_per_day", "waste_per_day_usd", "cost/day x max(0, 1 - MFU / reference MFU)."),
+    ("efficiency_job_gpus", "gpu_count", "GPUs allocated to the job."),
+)
+
+
+def escape(value: str) -> str:
+    """A label value escaped for the text exposition format."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render() -> str:
+    """The exposition text."""
+    since = timezone.now() - RECENT
+    jobs = list(
+        Job.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+        .select_related("team", "gpu_model")
+        .order_by("external_id")
+    )
+    labels = {
+        j.pk: (
+            f'job="{escape(j.external_id)}",team="{escape(j.team.slug)}",model="{escape(j.model_name)}",'
+            f'gpu_model="{escape(j.gpu_model.name if j.gpu_model else "unknown")}",status="{j.status}"'
+        )
+        for j in jobs
+    }
+    lines: list[str] = []
+    for name, field, help_text in _GAUGES:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for job in jobs:
+            value = getattr(job, field)
+            if value is not None:
+                lines.append(f"{name}{{{labels[job.pk]}}} {float(value):.6g}")
+    counts = Counter(
+        Finding.objects.filter(job_id__in=labels).values_list("job_id", "code", "severity").iterator()
+    )
+    lines += [
+        "# HELP efficiency_job_findings Open diagnosis findings of the job by code and severity.",
+        "# TYPE efficiency_job_findings gauge",
+    ]
+    for (job_id, code, severity), n in sorted(counts.items()):
+        lines.append(
+            f'efficiency_job_findings{{{labels[job_id]},code="{escape(code)}",severity="{severity}"}} {n}'
+        )
+    return "\n".join(lines) + "\n"
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint; with METRICS_TOKEN set, requires `Authorization: Bearer <token>`."""
+    token = settings.METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+    return HttpResponse(render(), content_type="text/plain; version=0.0.4; charset=utf-8")

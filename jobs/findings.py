@@ -1,0 +1,106 @@
+"""Django glue for the diagnosis: build a job's DiagnosisInput from the database and store its findings.
+
+`run_diagnosis(job)` is called after each poll and finalize and after each artifact parse. Findings are
+updated in place on (job, code) and codes no longer found are deleted, in one transaction that holds the
+job's row lock, so concurrent runs (a poll and an artifact parse) serialise instead of racing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
+from jobs.diagnosis import Finding as Diagnosis
+from jobs.ingest import load_job_signals
+from jobs.models import Artifact, Baseline, Finding, Job
+
+log = logging.getLogger(__name__)
+MIB = 2**20
+
+
+def active_baseline(job: Job) -> Baseline | None:
+    """The job's model + config baseline (not retired), if any."""
+    if not job.config_fingerprint:
+        return None
+    return Baseline.objects.filter(fingerprint=job.config_fingerprint, retired_at__isnull=True).first()
+
+
+def _step_time_ms(job: Job, artifacts: list[ArtifactAnalysis]) -> float | None:
+    value = (job.summary or {}).get("profiler_step_time_ms")
+    if isinstance(value, int | float) and value > 0:
+        return float(value)
+    medians = []
+    for art in artifacts:
+        for rank in art.analysis.get("ranks") or []:
+            median = (rank.get("step_times") or {}).get("median_ms") if isinstance(rank, dict) else None
+            if isinstance(median, int | float) and median > 0:
+                medians.append(float(median))
+    return sorted(medians)[len(medians) // 2] if medians else None
+
+
+def build_input(job: Job) -> DiagnosisInput:
+    """Everything the rules read about `job`: archived signals, KPIs, active baseline, parsed artifacts."""
+    artifacts = [
+        ArtifactAnalysis(kind=a.kind, analysis=a.analysis, name=a.original_name, rank=a.rank)
+        for a in job.artifacts.filter(status=Artifact.Status.DONE).order_by("uploaded_at", "pk")
+        if isinstance(a.analysis, dict) and a.analysis
+    ]
+    gpu = job.gpu_model
+    baseline = active_baseline(job)
+    reference = (job.summary or {}).get("reference_mfu")
+    return DiagnosisInput(
+        signals=load_job_signals(job),
+        gpu_count=job.gpu_count,
+        dtype=job.dtype,
+        mfu=job.mfu,
+        reference_mfu=float(reference) if isinstance(reference, int | float) else settings.TARGET_MFU,
+        tokens_per_second=job.tokens_per_second,
+        cost_per_day_usd=job.cost_per_day_usd,
+        waste_per_day_usd=job.waste_per_day_usd,
+        gpu_memory_mib=gpu.memory_gb * 1e9 / MIB if gpu is not None and gpu.memory_gb else None,
+        boost_clock_mhz=float(gpu.boost_clock_mhz) if gpu is not None and gpu.boost_clock_mhz else None,
+        tdp_w=gpu.tdp_w if gpu is not None else None,
+        baseline=baseline.stats if baseline is not None and isinstance(baseline.stats, dict) else None,
+        artifacts=artifacts,
+        step_time_ms=_step_time_ms(job, artifacts),
+    )
+
+
+def _utc(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, tz=UTC) if ts is not None else None
+
+
+def _fields(d: Diagnosis) -> dict[str, Any]:
+    return {
+        "severity": d.severity.value,
+        "confidence": d.confidence,
+        "title": d.title[:300],
+        "window_start": _utc(d.window_start),
+        "window_end": _utc(d.window_end),
+        "windows": [[float(a), float(b)] for a, b in d.windows],
+        "evidence": [e.as_dict() for e in d.evidence],
+        "recommendation": d.recommendation,
+        # Cents rounded down, so the stored findings never add up to more than the job's waste.
+        "waste_per_day_usd": math.floor(max(d.waste_per_day_usd, 0.0) * 100) / 100,
+        "missing_signals": list(d.missing_signals),
+    }
+
+
+def run_diagnosis(job: Job) -> list[Finding]:
+    """Diagnose `job` and store its findings in place (one row per code); returns them, costliest first."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job.pk)
+        diagnoses = diagnose(build_input(locked))
+        stored: list[Finding] = []
+        for d in diagnoses:
+            row, _ = Finding.objects.update_or_create(job=locked, code=d.code, defaults=_fields(d))
+            stored.append(row)
+        Finding.objects.filter(job=locked).exclude(code__in=[d.code for d in diagnoses]).delete()
+    log.debug("job %s: %d findings (%s)", job.external_id, len(stored), ", ".join(d.code for d in diagnoses))
+    return stored

@@ -1,0 +1,182 @@
+"""`manage.py evaluate_diagnosis`: score the diagnosis on simulated jobs run through the whole pipeline.
+
+N jobs per scenario (random seeds, noise levels, GPU counts, durations and, with --missing-fraction > 0,
+missing-signal variants such as dcgm-exporter's default counters without SM_ACTIVE) are simulated,
+backfilled with promtool into a private Prometheus started for the run, registered as jobs (throughput from
+the simulator's train_tokens_total through a throughput_query), finalized (jobs.ingest.finalize_job) and
+diagnosed (jobs.findings.run_diagnosis). Prints the confusion table, precision and recall per code and the
+healthy jobs' false-warning rate. Everything it writes to the database is rolled back at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import tempfile
+import time
+from argparse import ArgumentParser
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from jobs.diagnosis.evaluation import (
+    BASELINE_SCENARIO,
+    EvalJob,
+    Outcome,
+    format_report,
+    make_jobs,
+    outcome,
+    scenario_names,
+    score,
+)
+from jobs.findings import run_diagnosis
+from jobs.ingest import finalize_job
+from jobs.models import Baseline, Job, Team
+from jobs.prometheus import PrometheusClient
+from jobs.promserver import PrometheusProcess, PrometheusStartError, prometheus_binary
+from jobs.registry import register_job
+from jobs.simulate import SimResult, backfill, simulate, write_openmetrics
+from jobs.simulate.core import EXTRA_KEYS
+
+
+class _Rollback(Exception):
+    """Raised inside the evaluation's transaction to undo everything it wrote."""
+
+
+class Command(BaseCommand):
+    help = "Evaluate the diagnosis rules on simulated jobs through a real Prometheus (writes nothing)."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--per-scenario", type=int, default=6, help="jobs per scenario (default 6)")
+        parser.add_argument("--seed", type=int, default=0, help="seed of the random job specs")
+        parser.add_argument(
+            "--missing-fraction",
+            type=float,
+            default=0.0,
+            help="share of scrapes lost per host; > 0 also draws missing-signal variants (default 0)",
+        )
+        parser.add_argument(
+            "--noise", type=float, default=0.05, help="largest noise level; each job draws 0.2-1 x this"
+        )
+        parser.add_argument("--scenarios", default="", help="comma-separated subset of scenarios")
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if prometheus_binary() is None:
+            raise CommandError("prometheus is not installed (Debian package 'prometheus', or PROMETHEUS_BIN)")
+        if opts["per_scenario"] < 1 or not 0.0 <= opts["missing_fraction"] < 1.0 or opts["noise"] < 0:
+            raise CommandError("need --per-scenario >= 1, 0 <= --missing-fraction < 1 and --noise >= 0")
+        wanted = [s for s in opts["scenarios"].split(",") if s] or None
+        unknown = set(wanted or ()) - set(scenario_names())
+        if unknown:
+            raise CommandError(f"unknown scenarios {sorted(unknown)}; known: {', '.join(scenario_names())}")
+        started = time.monotonic()
+        jobs = make_jobs(
+            opts["per_scenario"],
+            seed=opts["seed"],
+            missing_fraction=opts["missing_fraction"],
+            noise=opts["noise"],
+            scenarios=wanted,
+            id_prefix=f"evaldiag{secrets.token_hex(3)}",
+        )
+        sims = [simulate(j.spec) for j in jobs]
+        for sim in sims:
+            for key in EXTRA_KEYS:  # fields no rule reads: smaller backfill
+                sim.fields.pop(key, None)
+        self._progress(f"simulated {len(jobs)} jobs in {time.monotonic() - started:.0f} s")
+        with tempfile.TemporaryDirectory(prefix="evaluate-diagnosis-") as work:
+            om = Path(work) / "jobs.om"
+            write_openmetrics(sims, om)
+            backfill(om, Path(work) / "tsdb")
+            om.unlink()
+            self._progress(f"backfilled into Prometheus blocks after {time.monotonic() - started:.0f} s")
+            try:
+                with PrometheusProcess(Path(work) / "tsdb", ready_timeout_s=60) as prom:
+                    client = PrometheusClient(prom.url, timeout_s=60, retries=1)
+                    outcomes = self._run(jobs, sims, client)
+            except PrometheusStartError as exc:
+                raise CommandError(str(exc)) from exc
+        report = score(outcomes)
+        elapsed = time.monotonic() - started
+        if opts["json"]:
+            data = report.as_dict() | {
+                "settings": {k: opts[k] for k in ("per_scenario", "seed", "missing_fraction", "noise")},
+                "jobs": len(jobs),
+                "elapsed_s": round(elapsed, 1),
+            }
+            self.stdout.write(json.dumps(data, indent=2, default=_json_default))
+            return
+        title = (
+            f"evaluate_diagnosis: {len(jobs)} jobs ({opts['per_scenario']} per scenario), seed {opts['seed']}, "
+            f"missing samples {opts['missing_fraction']:.0%}, noise up to {opts['noise']}, {elapsed:.0f} s"
+        )
+        self.stdout.write(format_report(report, title=title))
+        variants = sorted({j.variant for j in jobs})
+        self.stdout.write(f"signal variants: {', '.join(variants)}")
+
+    def _run(self, jobs: list[EvalJob], sims: list[SimResult], client: PrometheusClient) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        try:
+            with transaction.atomic():
+                team = Team.objects.create(
+                    slug=f"evaluate-diagnosis-{secrets.token_hex(4)}", name="evaluate_diagnosis (rolled back)"
+                )
+                for i, (ej, sim) in enumerate(zip(jobs, sims, strict=True)):
+                    job = self._register(ej, sim, team)
+                    end = job.ended_at or job.started_at
+                    job = finalize_job(job, client, now=end + timedelta(hours=1))
+                    if job.ingest_error:
+                        raise CommandError(f"finalize failed for {job.external_id}: {job.ingest_error}")
+                    stored = run_diagnosis(job)
+                    found = [
+                        {"code": f.code, "severity": f.severity, "waste_per_day_usd": f.waste_per_day_usd}
+                        for f in stored
+                    ]
+                    outcomes.append(outcome(ej, found, job.waste_per_day_usd))
+                    if (i + 1) % 20 == 0:
+                        self._progress(f"diagnosed {i + 1}/{len(jobs)} jobs")
+                raise _Rollback
+        except _Rollback:
+            pass
+        return outcomes
+
+    def _register(self, ej: EvalJob, sim: SimResult, team: Team) -> Job:
+        start = datetime.fromtimestamp(sim.spec.start, tz=UTC)
+        data = {
+            "external_id": ej.job_id,
+            "name": f"{ej.scenario} ({ej.variant})",
+            "team": team,
+            # A model name per job keeps every job's config fingerprint (and baseline) its own.
+            "model": {"name": f"sim-7b-{ej.job_id}", "n_params": sim.throughput.model_params},
+            "dtype": "bf16",
+            "gpu_model": sim.spec.gpu_model,
+            "gpu_count": len(sim.gpus),
+            "started_at": start,
+            "ended_at": start + timedelta(seconds=sim.spec.duration_s),
+            "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in sim.gpus],
+            "throughput_query": f'sum(rate(train_tokens_total{{job_id="{sim.spec.job_id}"}}[2m]))',
+            "recompute": "none",
+        }
+        job = register_job(data).job
+        if ej.baseline is not None:
+            Baseline.objects.create(
+                fingerprint=job.config_fingerprint,
+                model_name=job.model_name,
+                team=team,
+                config={"scenario": BASELINE_SCENARIO},
+                stats=ej.baseline,
+            )
+        return job
+
+    def _progress(self, message: str) -> None:
+        self.stderr.write(f"[evaluate_diagnosis] {message}")
+        self.stderr.flush()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    return str(value)

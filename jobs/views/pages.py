@@ -1,0 +1,385 @@
+"""List pages: jobs, team leaderboard, teams, baselines, GPU catalog and price book, cluster readiness."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db.models import Count, F, Prefetch, Q
+from django.db.models.functions import Lower
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_date
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+
+from jobs import baselines as baseline_ops
+from jobs.api.auth import can_write_team, writable_team_ids
+from jobs.charts import sparkline_points
+from jobs.health import run_checks
+from jobs.leaderboard import Period, iso_week, month, parse_iso_week, team_rows, worst_jobs
+from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, Team
+from jobs.signals import SIGNALS, readiness
+from jobs.views.trend import last_weeks, weekly_mfu
+
+_SORTS = {
+    "mfu": "mfu",
+    "-mfu": "-mfu",
+    "waste": "waste_per_day_usd",
+    "-waste": "-waste_per_day_usd",
+    "started": "started_at",
+    "-started": "-started_at",
+}
+
+
+@login_not_required
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Database, Redis and Prometheus reachability: 200 when all answer, 503 otherwise."""
+    result = run_checks()
+    return JsonResponse(result, status=200 if result["ok"] else 503)
+
+
+@require_GET
+def job_list(request: HttpRequest) -> HttpResponse:
+    """All jobs, filterable by team, owner, model, GPU model, status and time; sortable by MFU and waste."""
+    params = request.GET
+    qs = Job.objects.select_related("team", "gpu_model")
+    filters = {
+        key: params.get(key, "").strip()
+        for key in ("team", "owner", "model", "gpu", "status", "since", "until")
+    }
+    if filters["team"]:
+        qs = qs.filter(team__slug=filters["team"])
+    if filters["owner"]:
+        qs = qs.filter(owner=filters["owner"])
+    if filters["model"]:
+        qs = qs.filter(model_name=filters["model"])
+    if filters["gpu"]:
+        qs = qs.filter(gpu_model__name=filters["gpu"])
+    if filters["status"] in Job.Status.values:
+        qs = qs.filter(status=filters["status"])
+    errors = []
+    for key, lookup in (("since", "started_at__gte"), ("until", "started_at__lt")):
+        if filters[key]:
+            day = parse_date(filters[key]) if len(filters[key]) == 10 else None
+            if day is None:
+                errors.append(f"'{filters[key]}' is not a date (YYYY-MM-DD); the {key} filter was ignored.")
+            else:
+                when = datetime.combine(day, datetime.min.time(), tzinfo=timezone.get_current_timezone())
+                if key == "until":
+                    when += timedelta(days=1)  # "until 2026-11-30" includes that day
+                qs = qs.filter(**{lookup: when})
+    sort = params.get("sort", "-started")
+    sort = sort if sort in _SORTS else "-started"
+    order = _SORTS[sort]
+    field = order.lstrip("-")
+    ordered = F(field).desc(nulls_last=True) if order.startswith("-") else F(field).asc(nulls_last=True)
+    qs = qs.order_by(ordered, "-started_at", "-pk")
+    page = Paginator(qs, 50).get_page(params.get("page"))
+    query = urlencode({k: v for k, v in filters.items() if v})
+    context = {
+        "page": page,
+        "filters": filters,
+        "sort": sort,
+        "errors": errors,
+        "teams": Team.objects.order_by("name"),
+        "gpu_models": GpuModel.objects.filter(jobs__isnull=False).distinct().order_by("name"),
+        "models": Job.objects.exclude(model_name="")
+        .order_by("model_name")
+        .values_list("model_name", flat=True)
+        .distinct(),
+        "statuses": Job.Status.choices,
+        "filter_query": query,
+        "sort_links": {name: _sort_link(sort, name) for name in ("started", "mfu", "waste")},
+    }
+    return render(request, "jobs/job_list.html", context)
+
+
+def _sort_link(current: str, name: str) -> dict[str, str]:
+    """Next sort for a column header (descending first) and its aria-sort state."""
+    if current == f"-{name}":
+        return {"next": name, "aria": "descending"}
+    if current == name:
+        return {"next": f"-{name}", "aria": "ascending"}
+    return {"next": f"-{name}", "aria": "none"}
+
+
+def _period_from(request: HttpRequest) -> tuple[Period, list[str]]:
+    errors: list[str] = []
+    if week := request.GET.get("week"):
+        try:
+            return parse_iso_week(week), errors
+        except ValueError as exc:
+            errors.append(str(exc))
+    if month_s := request.GET.get("month"):
+        try:
+            return month(datetime.strptime(month_s, "%Y-%m").date()), errors
+        except ValueError:
+            errors.append(f"{month_s!r} is not a month like 2026-11")
+    if request.GET.get("by") == "month":
+        return month(timezone.now().date()), errors
+    return iso_week(timezone.now().date()), errors
+
+
+@dataclass
+class LeaderRow:
+    """One team on the leaderboard with its change against the previous period and its 8-week trend."""
+
+    row: Any
+    before: Any
+    trend: list[float | None]
+    spark: list[str]
+
+    @property
+    def mfu_delta_pp(self) -> float | None:
+        """Change of weighted MFU in percentage points."""
+        if self.before is None or self.before.weighted_mfu is None or self.row.weighted_mfu is None:
+            return None
+        return (self.row.weighted_mfu - self.before.weighted_mfu) * 100
+
+    @property
+    def waste_delta(self) -> float | None:
+        """Change of waste in USD."""
+        return None if self.before is None else self.row.waste_usd - self.before.waste_usd
+
+    @property
+    def cost_delta(self) -> float | None:
+        """Change of cost in USD."""
+        return None if self.before is None else self.row.cost_usd - self.before.cost_usd
+
+    @property
+    def gpu_hours_delta(self) -> float | None:
+        """Change of GPU hours."""
+        return None if self.before is None else self.row.gpu_hours - self.before.gpu_hours
+
+    @property
+    def mfu_delta_text(self) -> str:
+        """'+2.1 pp' / '−0.4 pp' against the previous period, or why there is none."""
+        delta = self.mfu_delta_pp
+        return "no earlier MFU" if delta is None else f"{'+' if delta >= 0 else '−'}{abs(delta):.1f} pp"
+
+    @property
+    def gpu_hours_delta_text(self) -> str:
+        """'+120 GPU-h' / '−40 GPU-h' against the previous period."""
+        delta = self.gpu_hours_delta
+        return "new this period" if delta is None else f"{'+' if delta >= 0 else '−'}{abs(delta):,.0f} GPU-h"
+
+    @property
+    def trend_text(self) -> str:
+        """The trend for screen readers."""
+        return ", ".join("no data" if v is None else f"{v * 100:.0f} %" for v in self.trend)
+
+
+_LEADER_SORTS: dict[str, Any] = {
+    "mfu": lambda r: -(r.row.weighted_mfu if r.row.weighted_mfu is not None else -1),
+    "waste": lambda r: -r.row.waste_usd,
+    "cost": lambda r: -r.row.cost_usd,
+    "gpu_hours": lambda r: -r.row.gpu_hours,
+    "team": lambda r: r.row.team_name.lower(),
+}
+
+
+@require_GET
+def leaderboard(request: HttpRequest) -> HttpResponse:
+    """Teams ranked by GPU-hour-weighted MFU over a week or month, with change vs the previous period,
+    an 8-week MFU sparkline and the most wasteful jobs (5 aggregate queries)."""
+    period, errors = _period_from(request)
+    by = "month" if "-W" not in period.label else "week"
+    previous = period.previous()
+    before = {r.team_id: r for r in team_rows(previous)}
+    weeks = last_weeks(period)
+    trends = weekly_mfu(weeks)
+    table = []
+    for r in team_rows(period):
+        trend = trends.get(r.team_id, [None] * len(weeks))
+        table.append(LeaderRow(r, before.get(r.team_id), trend, sparkline_points(trend, vmax=1.0)))
+    sort = request.GET.get("sort", "mfu")
+    sort = sort if sort in _LEADER_SORTS else "mfu"
+    table.sort(key=_LEADER_SORTS[sort])
+    worst = worst_jobs(period, limit=10)
+    _attach_main_finding(worst)
+    context = {
+        "period": period,
+        "previous": previous,
+        "next": iso_week(period.end.date()) if by == "week" else month(period.end.date()),
+        "by": by,
+        "table": table,
+        "sort": sort,
+        "weeks": weeks,
+        "worst": worst,
+        "errors": errors,
+    }
+    return render(request, "jobs/leaderboard.html", context)
+
+
+def _attach_main_finding(jobs: list[Job]) -> None:
+    """Set `main_finding` (most $/day) on each job, in one query."""
+    by_job: dict[int, Finding] = {}
+    for f in Finding.objects.filter(job__in=[j.pk for j in jobs]).order_by(
+        "job_id", "-waste_per_day_usd", "code"
+    ):
+        by_job.setdefault(f.job_id, f)
+    for job in jobs:
+        job.main_finding = by_job.get(job.pk)  # type: ignore[attr-defined]
+
+
+@require_GET
+def team_list(request: HttpRequest) -> HttpResponse:
+    """Teams with their members and job counts."""
+    teams = Team.objects.annotate(
+        n_jobs=Count("jobs", distinct=True),
+        n_running=Count("jobs", filter=Q(jobs__status=Job.Status.RUNNING), distinct=True),
+        n_members=Count("memberships", distinct=True),
+    ).order_by("name")
+    return render(request, "jobs/team_list.html", {"teams": teams})
+
+
+@require_GET
+def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    """One team: this week's numbers and trend, members, worst and recent jobs, baselines."""
+    team = get_object_or_404(Team, slug=slug)
+    period = iso_week(timezone.now().date())
+    row = next((r for r in team_rows(period) if r.team_id == team.pk), None)
+    weeks = last_weeks(period)
+    trend = weekly_mfu(weeks).get(team.pk, [None] * len(weeks))
+    worst = worst_jobs(period, limit=5, team_id=team.pk)
+    _attach_main_finding(worst)
+    context = {
+        "team": team,
+        "members": team.memberships.select_related("user").order_by("user__username"),
+        "period": period,
+        "row": row,
+        "trend": LeaderRow(row, None, trend, sparkline_points(trend, vmax=1.0)),
+        "weeks": weeks,
+        "worst": worst,
+        "jobs": team.jobs.select_related("gpu_model").order_by("-started_at")[:25],
+        "baselines": team.baselines.filter(retired_at__isnull=True)
+        .annotate(n_runs=Count("runs"))
+        .order_by("model_name"),
+        "report_week": period.previous().label,
+    }
+    return render(request, "jobs/team_detail.html", context)
+
+
+@require_GET
+def baseline_list(request: HttpRequest) -> HttpResponse:
+    """Active (and optionally retired) baselines with their robust statistics; retire for team members."""
+    show_retired = request.GET.get("retired") == "1"
+    qs = (
+        Baseline.objects.select_related("team")
+        .prefetch_related(
+            Prefetch("runs", queryset=Job.objects.only("id", "external_id", "name").order_by("started_at"))
+        )
+        .order_by("model_name", "-created_at")
+    )
+    if not show_retired:
+        qs = qs.filter(retired_at__isnull=True)
+    writable = writable_team_ids(request.user)
+    rows = [
+        {
+            "baseline": b,
+            "stats": [(m, (b.stats or {}).get(m.key) or {}) for m in baseline_ops.METRICS],
+            "can_retire": b.retired_at is None and (writable is None or b.team_id in writable),
+        }
+        for b in qs
+    ]
+    context = {"rows": rows, "show_retired": show_retired, "metrics": baseline_ops.METRICS}
+    return render(request, "jobs/baseline_list.html", context)
+
+
+@require_POST
+def baseline_retire(request: HttpRequest, pk: int) -> HttpResponse:
+    """Retire a baseline (members of its team and staff)."""
+    baseline = get_object_or_404(Baseline.objects.select_related("team"), pk=pk)
+    if not can_write_team(request.user, baseline.team):
+        raise PermissionDenied("Only members of the baseline's team can retire it.")
+    baseline_ops.retire(baseline)
+    messages.success(request, f"Retired the {baseline.model_name} baseline [{baseline.fingerprint[:8]}].")
+    return HttpResponseRedirect(reverse("baseline-list"))
+
+
+@require_GET
+def gpu_catalog(request: HttpRequest) -> HttpResponse:
+    """The GPU catalog (dense peaks per dtype, specs) and the dated price book; read-only, edited in admin."""
+    now = timezone.now()
+    gpus = list(
+        GpuModel.objects.prefetch_related(
+            Prefetch("prices", queryset=PriceEntry.objects.order_by("tier", "-effective_from"))
+        ).order_by("vendor", "name")
+    )
+    dtypes = sorted({d for g in gpus for d in (g.peak_tflops or {})}, key=_dtype_order)
+    rows = []
+    for g in gpus:
+        current: dict[str, PriceEntry] = {}
+        for p in g.prices.all():
+            if p.effective_from <= now and p.tier not in current:
+                current[p.tier] = p
+        rows.append(
+            {
+                "gpu": g,
+                "peaks": [(g.peak_tflops or {}).get(d) for d in dtypes],
+                "prices": list(g.prices.all()),
+                "current": {p.pk for p in current.values()},
+            }
+        )
+    return render(request, "jobs/catalog.html", {"rows": rows, "dtypes": dtypes, "now": now})
+
+
+def _dtype_order(dtype: str) -> tuple[int, str]:
+    order = ["fp64", "fp64_tensor", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4"]
+    return (order.index(dtype) if dtype in order else len(order), dtype)
+
+
+@require_GET
+def cluster_readiness(request: HttpRequest) -> HttpResponse:
+    """Which DCGM fields are missing for which running jobs, what each absence hides, how to enable it."""
+    running = list(
+        Job.objects.filter(status=Job.Status.RUNNING)
+        .select_related("team")
+        .only(
+            "external_id",
+            "name",
+            "team__name",
+            "team__slug",
+            "missing_signals",
+            "last_polled_at",
+            "ingest_error",
+        )
+        .order_by(Lower("external_id"))
+    )
+    polled = [j for j in running if j.last_polled_at is not None]
+    missing_by: dict[str, list[Job]] = defaultdict(list)
+    for job in polled:
+        for key in job.missing_signals or []:
+            missing_by[key].append(job)
+    lines = readiness(k for k in SIGNALS if k not in missing_by)
+    fields = [
+        {
+            "line": line,
+            "jobs": missing_by[line.key],
+            "share": len(missing_by[line.key]) / len(polled) if polled else None,
+        }
+        for line in lines
+        if not line.present
+    ]
+    fields.sort(key=lambda f: (-len(f["jobs"]), f["line"].key))
+    context = {
+        "fields": fields,
+        "present": [line for line in lines if line.present],
+        "running": len(running),
+        "polled": len(polled),
+        "never_polled": [j for j in running if j.last_polled_at is None],
+        "stale": [j for j in running if j.ingest_error],
+    }
+    return render(request, "jobs/readiness.html", context)

@@ -1,0 +1,108 @@
+"""Real archived series for page tests: simulated dcgm-exporter data backfilled into a real Prometheus,
+then pulled through jobs.ingest (finalize for an ended job, poll for a running one), exactly as in
+production. Shared by tests/test_pages.py and the browser tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from jobs.simulate import DEFAULT_START, SimResult, SimSpec, backfill, simulate, write_openmetrics
+
+HOUR = 3600.0
+START = datetime.fromtimestamp(DEFAULT_START, tz=UTC)
+# A straggler among 16 GPUs with the default exporter set plus SM_ACTIVE; and a job that shows only
+# nvidia-smi util (SM_ACTIVE off, the dcgm-exporter default), which must say "missing", never 0.
+SPECS = {
+    "7001": SimSpec(scenario="straggler", gpus=16, job_id="7001", duration_s=3 * HOUR, seed=11,
+                    hosts=("node-a", "node-b")),
+    "7002": SimSpec(scenario="false_saturation", gpus=4, job_id="7002", duration_s=3 * HOUR, seed=12,
+                    hosts=("node-c",), disabled=frozenset({"sm_active"})),
+}  # fmt: skip
+
+
+def simulate_all() -> dict[str, SimResult]:
+    """The simulated jobs, keyed by job id."""
+    return {job_id: simulate(spec) for job_id, spec in SPECS.items()}
+
+
+@contextmanager
+def prometheus_with(sims: dict[str, SimResult], workdir: Path) -> Iterator[Any]:
+    """A real Prometheus serving the simulated jobs' exporter data (skips when not installed)."""
+    import pytest
+
+    from tests.prom_server import PrometheusProcess, prometheus_binary
+
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    om = workdir / "data.om"
+    write_openmetrics(list(sims.values()), om)
+    backfill(om, workdir / "tsdb")
+    with PrometheusProcess(workdir / "tsdb") as server:
+        yield server
+
+
+def register(sim: SimResult, team: Any, *, ended: bool, **extra: Any):
+    """Register a simulated job as the scheduler would (model config, GPUs, throughput query)."""
+    from jobs.registry import register_job
+
+    job_id = sim.spec.job_id
+    data = {
+        "external_id": job_id,
+        "name": f"pretrain-{job_id}",
+        "team": team,
+        "owner": "alice",
+        "model": {"name": "llama-7b", "n_params": sim.throughput.model_params, "seq_len": 4096},
+        "dtype": "bf16",
+        "parallelism": {"tp": 1, "pp": 1, "dp": len(sim.gpus), "ep": 1},
+        "micro_batch": 4,
+        "global_batch": 4 * len(sim.gpus),
+        "gpu_model": sim.spec.gpu_model,
+        "gpu_count": len(sim.gpus),
+        "started_at": START,
+        "ended_at": START + timedelta(seconds=sim.spec.duration_s) if ended else None,
+        "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in sim.gpus],
+        "throughput_query": f'sum(rate(train_tokens_total{{job_id="{job_id}"}}[2m]))',
+        "recompute": "none",
+    }
+    data.update(extra)
+    return register_job(data).job
+
+
+def ingest(job: Any, prom_url: str, *, ended: bool) -> Any:
+    """Pull the job's series from Prometheus into the archive (finalize when ended, else one poll)."""
+    from jobs import ingest as ingestion
+    from jobs.prometheus import PrometheusClient
+
+    client = PrometheusClient(prom_url, timeout_s=20, retries=0)
+    if ended:
+        return ingestion.finalize_job(job, client, now=START + timedelta(hours=4))
+    return ingestion.poll_job(job, client, now=START + timedelta(hours=2))
+
+
+def add_findings(job: Any) -> list[Any]:
+    """Two findings with windows inside the job (what the diagnosis rules would write)."""
+    from jobs.models import Finding
+
+    t0 = START.timestamp()
+    return [
+        Finding.objects.create(
+            job=job, code="straggler", severity="warning", confidence=0.8,
+            title="One GPU is slower than its peers",
+            windows=[[t0 + 3600, t0 + 5400]], window_start=START + timedelta(hours=1),
+            window_end=START + timedelta(hours=1, minutes=30),
+            evidence=[{"label": "SM active of node-a/3", "value": 0.41, "unit": "ratio"},
+                      {"label": "median of peers", "value": 0.62, "unit": "ratio"}],
+            recommendation="Drain node-a and check GPU 3 <b>now</b>.", waste_per_day_usd=812.5,
+        ),
+        Finding.objects.create(
+            job=job, code="communication_wait", severity="info", confidence=0.6, title="Collectives wait",
+            windows=[[t0 + 600, t0 + 900], [t0 + 7200, t0 + 7500]],
+            evidence=[{"label": "NCCL share of step", "value": 31.0, "unit": "%"}],
+            recommendation="Overlap gradient buckets with backward.", waste_per_day_usd=120.0,
+        ),
+    ]  # fmt: skip

@@ -1,0 +1,199 @@
+"""The pages in headless Chromium: log in, the job page's plots render with no console error and no CSP
+violation, a finding zooms every plot (mouse and keyboard), an uploaded artifact shows its analysis, the
+leaderboard sorts, and the pages fit a laptop screen. Screenshots: test-artifacts/screenshots/."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from jobs.models import Finding, Job
+from tests.browser import data
+from tests.browser.conftest import LAPTOP, log_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.prometheus]
+# live_server needs committed data; serialized_rollback restores the seeded GPU catalog and price book.
+db = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+
+@pytest.fixture(scope="module")
+def sims():
+    return data.simulate_all()
+
+
+@pytest.fixture(scope="module")
+def prom(sims, tmp_path_factory):
+    with data.prometheus_with(sims, tmp_path_factory.mktemp("browser-prom")) as server:
+        yield server
+
+
+@pytest.fixture
+def member(make_team, make_user):
+    team = make_team("llm", "LLM pretraining")
+    return make_user("alice", teams=[team])
+
+
+@pytest.fixture
+def job(prom, sims, member):
+    job = data.register(sims["7001"], member.teams.get(), ended=True)
+    job = data.ingest(job, prom.url, ended=True)
+    data.add_findings(job)
+    return job
+
+
+def x_range(page, element_id: str) -> list[float]:
+    """The current x-axis range of a plot, in ms since the epoch."""
+    return page.evaluate(
+        """(id) => {
+            const r = document.getElementById(id)._fullLayout.xaxis.range;
+            return r.map(v => typeof v === "number" ? v : Date.parse(String(v).replace(" ", "T") + "Z"));
+        }""",
+        element_id,
+    )
+
+
+def open_job(watched, live_server, job) -> None:
+    page = watched.page
+    page.goto(f"{live_server.url}/jobs/{job.external_id}/")
+    page.wait_for_selector("body[data-charts-ready]")
+    page.wait_for_selector("#timeseries .main-svg")
+    page.wait_for_selector("#heatmap .main-svg")
+
+
+@db
+def test_job_page_renders_its_plots_without_errors(watched, live_server, member, job):
+    log_in(watched, live_server.url, member.username)
+    open_job(watched, live_server, job)
+    page = watched.page
+    # Every subplot drew its lines, the heatmap its 16 GPU rows.
+    assert page.locator("#timeseries .scatterlayer .trace").count() >= 8
+    assert page.evaluate("document.getElementById('heatmap').data[0].y.length") == 16
+    # The finding windows are shaded on the chart.
+    assert page.evaluate("document.getElementById('timeseries').layout.shapes.length") >= 3
+    watched.shot("job-page")
+    watched.shot("job-page-top", full_page=False)
+    # Fits a laptop screen: no horizontal scrolling.
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]
+    watched.assert_clean()
+
+
+@db
+def test_clicking_a_finding_zooms_every_plot(watched, live_server, member, job):
+    log_in(watched, live_server.url, member.username)
+    open_job(watched, live_server, job)
+    page = watched.page
+    before = x_range(page, "timeseries")
+    straggler = Finding.objects.get(job=job, code="straggler")
+    start, end = (t * 1000 for t in straggler.windows[0])
+
+    page.locator("#finding-straggler button.zoom").click()
+    page.wait_for_function(
+        "(b) => { const r = document.getElementById('timeseries')._fullLayout.xaxis.range;"
+        " return Date.parse(String(r[0]).replace(' ', 'T') + 'Z') > b; }",
+        arg=before[0],
+    )
+    zoomed = x_range(page, "timeseries")
+    assert zoomed != before
+    assert before[0] < zoomed[0] <= start and end <= zoomed[1] < before[1]
+    assert x_range(page, "heatmap") == pytest.approx(zoomed, abs=1000)
+    assert page.locator("#finding-straggler button.zoom").get_attribute("aria-pressed") == "true"
+    page.wait_for_selector("#zoom-status:has-text('full detail')")
+    watched.shot("job-page-zoomed-to-finding", full_page=False)
+
+    # Keyboard: Tab to the other finding's button and press Enter.
+    other = Finding.objects.get(job=job, code="communication_wait")
+    page.locator("#finding-communication_wait button.zoom").focus()
+    page.keyboard.press("Enter")
+    first = other.windows[0][0] * 1000
+    page.wait_for_function(
+        "(t) => { const r = document.getElementById('timeseries')._fullLayout.xaxis.range;"
+        " return Date.parse(String(r[0]).replace(' ', 'T') + 'Z') <= t; }",
+        arg=first,
+    )
+    assert x_range(page, "timeseries")[0] <= first
+
+    page.get_by_role("button", name="Show the whole job").click()
+    page.wait_for_function(
+        "(b) => { const r = document.getElementById('timeseries')._fullLayout.xaxis.range;"
+        " return Math.abs(Date.parse(String(r[0]).replace(' ', 'T') + 'Z') - b) < 2000; }",
+        arg=before[0],
+    )
+    watched.assert_clean()
+
+
+@db
+def test_uploading_an_artifact_shows_its_analysis(
+    watched, live_server, member, job, monkeypatch, settings, tmp_path
+):
+    artifacts = pytest.importorskip(
+        "jobs.artifacts", reason="jobs/artifacts.py (the artifact store) is absent"
+    )
+    from tests.conftest import sample_path
+
+    path = sample_path("pyspy/pyspy_bpe_tokenizer.speedscope.json")
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    # No Celery worker in the test: parse right after the upload commits, in the server thread.
+    monkeypatch.setattr(artifacts, "_enqueue", lambda pk: artifacts.parse_artifact(pk))
+    log_in(watched, live_server.url, member.username)
+    open_job(watched, live_server, job)
+    page = watched.page
+    page.get_by_label("File").set_input_files(str(path))
+    page.get_by_label("Rank").fill("0")
+    page.get_by_role("button", name="Upload and analyse").click()
+    page.wait_for_selector(".messages li.success")
+    page.wait_for_selector("[data-figure$='-icicle'] .main-svg")
+    assert page.locator("[data-figure$='-icicle'][data-plotted] .main-svg").first.is_visible()
+    assert page.get_by_text("Hottest Python frames").is_visible()
+    page.locator("#artifacts").scroll_into_view_if_needed()
+    watched.shot("job-page-artifact")
+    watched.assert_clean()
+
+
+@db
+def test_leaderboard_sorts(watched, live_server, member):
+    team = member.teams.get()
+    vision = type(team).objects.create(slug="vision", name="Vision")
+    for i in range(12):
+        start = data.START - timedelta(days=3) + timedelta(hours=7 * i)
+        Job.objects.create(
+            external_id=f"lb{i}", name=f"job {i}", team=team if i % 3 else vision, model_name="llama-7b",
+            gpu_count=8 * (1 + i % 4), started_at=start, ended_at=start + timedelta(hours=6),
+            status=Job.Status.FINALIZED, mfu=0.15 + 0.03 * i, cost_per_day_usd=2000.0,
+            waste_per_day_usd=900.0 - 60 * i,
+        )  # fmt: skip
+    log_in(watched, live_server.url, member.username)
+    page = watched.page
+    page.goto(f"{live_server.url}/leaderboard/?week=2026-W01")
+    page.get_by_role("link", name="Team", exact=True).click()
+    page.wait_for_url("**sort=team**")
+    teams = page.locator("#leaderboard tbody tr").evaluate_all("rows => rows.map(r => r.dataset.team)")
+    assert teams == ["llm", "vision"]
+    page.get_by_role("link", name="Waste (USD)").click()
+    page.wait_for_url("**sort=waste**")
+    waste = page.locator("#leaderboard tbody tr td:nth-child(7)").evaluate_all(
+        "cells => cells.map(c => Number(c.firstChild.textContent.replace(/[$,]/g, '')))"
+    )
+    assert waste == sorted(waste, reverse=True) and len(waste) == 2
+    assert page.locator("#leaderboard th[aria-sort='descending']").inner_text().startswith("Waste")
+    assert page.locator("svg.spark polyline").count() >= 2
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]
+    watched.shot("leaderboard")
+    watched.assert_clean()
+
+
+@db
+def test_other_pages_fit_a_laptop_and_are_clean(watched, live_server, member, job):
+    log_in(watched, live_server.url, member.username)
+    page = watched.page
+    for name, path in (
+        ("job-list", "/"),
+        ("team", "/teams/llm/"),
+        ("baselines", "/baselines/"),
+        ("catalog", "/catalog/"),
+        ("readiness", "/readiness/"),
+    ):
+        page.goto(live_server.url + path)
+        assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"], name
+        watched.shot(name)
+    watched.assert_clean()

@@ -1,0 +1,59 @@
+"""/metrics exports per-job numbers in Prometheus text format, escaped, and honours METRICS_TOKEN."""
+
+import subprocess
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import Finding, Job
+
+
+@pytest.fixture
+def jobs(make_team):
+    team = make_team("llm")
+    now = timezone.now()
+    running = Job.objects.create(
+        external_id='evil"} 1\nx', team=team, gpu_count=8, started_at=now - timedelta(hours=3),
+        model_name="llama-7b", mfu=0.31, cost_per_day_usd=1321.0, waste_per_day_usd=408.0,
+    )  # fmt: skip
+    Job.objects.create(
+        external_id="old", team=team, gpu_count=8, started_at=now - timedelta(days=30),
+        ended_at=now - timedelta(days=29), mfu=0.5, status=Job.Status.FINALIZED,
+    )  # fmt: skip
+    Finding.objects.create(
+        job=running, code="false_saturation", severity="warning", confidence=0.9, title="t",
+        recommendation="r", waste_per_day_usd=100,
+    )  # fmt: skip
+    return running
+
+
+@pytest.mark.django_db
+def test_metrics_lists_recent_jobs_with_escaped_labels(client, jobs):
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert 'job="evil\\"} 1\\nx"' in text
+    assert "efficiency_job_mfu_ratio{" in text and " 0.31\n" in text
+    assert 'code="false_saturation",severity="warning"} 1' in text
+    assert 'job="old"' not in text
+
+
+@pytest.mark.django_db
+def test_metrics_text_is_valid_for_promtool(client, jobs, tmp_path):
+    path = tmp_path / "metrics.txt"
+    path.write_bytes(client.get("/metrics").content)
+    try:
+        result = subprocess.run(["promtool", "check", "metrics"], stdin=path.open("rb"), capture_output=True,
+                                text=True, timeout=30)  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("promtool is not installed (Debian package 'prometheus')")
+    assert "error" not in (result.stdout + result.stderr).lower(), result.stdout + result.stderr
+
+
+@pytest.mark.django_db
+def test_metrics_requires_the_bearer_token_when_configured(client, jobs, settings):
+    settings.METRICS_TOKEN = "s3cret"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer nope").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
