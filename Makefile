@@ -38,6 +38,7 @@ demo: migrate
 	$(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
 	@.ci/services restart-prometheus
 	$(PY) manage.py ingest --once
+	$(PY) manage.py collectstatic --noinput -v0
 	@mkdir -p $(VAR)/run
 	@$(MAKE) --no-print-directory _stop_app
 	$(VENV)/bin/gunicorn efficiency.wsgi --bind $(WEB_ADDR) --workers 2 --timeout 60 --daemon \
