@@ -61,9 +61,10 @@ def _synthetic_signals(step: int, gpu_step: int, keys: list[str], gpu_keys: list
     rng = np.random.default_rng(7)
     gpus = tuple(GpuKey(f"gpu-node-{i // 8 + 1:03d}", str(i % 8)) for i in range(GPUS))
     sigs = JobSignals(start, end, step, ts)
-    base = {"gpu_util": 0.98, "sm_active": 0.55, "tensor_active": 0.3, "dram_active": 0.4, "power_usage": 520.0,
-            "gpu_temp": 64.0, "memory_temp": 70.0, "sm_clock": 1830.0, "pcie_rx_bytes": 2e9, "pcie_tx_bytes": 5e8,
-            "nvlink_rx_bytes": 4e10, "nvlink_tx_bytes": 4e10, "fb_used": 61000.0, "fb_free": 20000.0}  # fmt: skip
+    base = {"gpu_util": 0.98, "sm_active": 0.55, "tensor_active": 0.3, "dram_active": 0.4,
+            "power_usage": 520.0, "gpu_temp": 64.0, "memory_temp": 70.0, "sm_clock": 1830.0,
+            "pcie_rx_bytes": 2e9, "pcie_tx_bytes": 5e8, "nvlink_rx_bytes": 4e10, "nvlink_tx_bytes": 4e10,
+            "fb_used": 61000.0, "fb_free": 20000.0}  # fmt: skip
     for key in keys:
         level = base.get(key, 0.5 if SIGNALS[key].unit == "ratio" else 100.0)
         stall = (np.arange(ts.size) % 40 == 0) * 0.6  # a periodic input stall
@@ -167,7 +168,7 @@ def _measure(client: Client, url: str, runs: int) -> tuple[list[float], bytes]:
 
 def _report(name: str, times: list[float], body: bytes, target_ms: float | None) -> None:
     p50 = statistics.median(times)
-    p95 = sorted(times)[max(0, int(round(0.95 * len(times))) - 1)]
+    p95 = sorted(times)[max(0, round(0.95 * len(times)) - 1)]
     figure = re.search(rb'<script id="job-data" type="application/json">(.*?)</script>', body, re.S)
     payload = f"html {len(body) / 1024:,.0f} KiB"
     if figure:
@@ -236,7 +237,7 @@ def main() -> None:
             (f"leaderboard, this week, {args.jobs:,} jobs", f"/leaderboard/?week={week}", 200.0),
             (f"leaderboard, this month, {args.jobs:,} jobs", "/leaderboard/?by=month", 200.0),
             (f"job list, sorted by waste, {args.jobs:,} jobs", "/?sort=-waste", None),
-            (f"job list, sorted by MFU, team filter", "/?sort=-mfu&team=team-03", None),
+            ("job list, sorted by MFU, team filter", "/?sort=-mfu&team=team-03", None),
             ("team page", "/teams/team-03/", None),
             ("readiness page", "/readiness/", None),
         ]

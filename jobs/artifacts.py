@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.findings import run_diagnosis
 from jobs.models import Artifact, Job
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError
@@ -240,9 +241,5 @@ def _failed(artifact: Artifact, reason: str) -> Artifact:
 
 
 def after_parse(artifact: Artifact) -> None:
-    """Re-run the job's diagnosis with the new analysis (when the diagnosis module is installed)."""
-    try:
-        from jobs.findings import run_diagnosis
-    except ImportError:
-        return
+    """Re-run the job's diagnosis with the new analysis."""
     run_diagnosis(Job.objects.select_related("gpu_model").get(pk=artifact.job_id))

@@ -57,8 +57,9 @@ class Row:
     digits: int
     lines: tuple[Line, ...]
     percent: bool = False
-    # Lines drawn only when none of the preferred lines of the row has data (NVLink total vs TX/RX).
+    # Lines drawn only when none of the `fallback_for` lines has data (NVLink total instead of TX/RX).
     fallback: tuple[Line, ...] = ()
+    fallback_for: tuple[str, ...] = ()
 
 
 ROWS: tuple[Row, ...] = (
@@ -79,7 +80,8 @@ ROWS: tuple[Row, ...] = (
         Line("pcie_tx_bytes", "PCIe TX (GPU → host)", BLUE, "dash"),
         Line("nvlink_rx_bytes", "NVLink RX", GREEN),
         Line("nvlink_tx_bytes", "NVLink TX", GREEN, "dash"),
-    ), fallback=(Line("nvlink_bandwidth_total", "NVLink total (both directions)", GREEN, "dot"),)),
+    ), fallback=(Line("nvlink_bandwidth_total", "NVLink total (both directions)", GREEN, "dot"),),
+       fallback_for=("nvlink_rx_bytes", "nvlink_tx_bytes")),
     Row("Memory", "GiB", 1 / 1024, 2, (Line("fb_used", "Frame buffer used (mean per GPU)", BLUE),)),
     Row("Throughput", "tokens/s", 1.0, 0, (Line("tokens_per_second", "Tokens/s (whole job)", BLACK),)),
     Row("MFU", "%", 100.0, 1, (Line("mfu", "MFU", VERMILLION),), percent=True),
@@ -146,22 +148,30 @@ def _window_slice(ts: np.ndarray, window: tuple[float, float] | None) -> slice:
 
 
 def row_lines(row: Row, sigs: JobSignals | None) -> list[Line]:
-    """The lines a row draws: its own, or its fallback lines when none of its own has data."""
-    if sigs is None:
+    """The lines a row draws: its own, plus its fallback lines when the lines they stand in for have no
+    data (NVLink total bandwidth when NVLink TX/RX bytes are not collected)."""
+    if sigs is None or not row.fallback:
         return list(row.lines)
-    if row.fallback and not any(_has_data(sigs.get(line.key)) for line in row.lines):
-        return list(row.fallback)
-    return list(row.lines)
+    if any(_has_data(sigs.get(key)) for key in row.fallback_for):
+        return list(row.lines)
+    return [line for line in row.lines if line.key not in row.fallback_for] + list(row.fallback)
 
 
 def missing_lines(sigs: JobSignals | None, reasons: Mapping[str, str]) -> list[dict[str, str]]:
-    """Lines without data, with the reason (for the note under the chart): [{row, label, reason}]."""
+    """Lines without data, with the reason (for the note under the chart): [{row, label, key, reason}]."""
     out = []
     for row in ROWS:
-        for line in row_lines(row, sigs):
+        shown = row_lines(row, sigs)
+        for line in row.lines:
             if sigs is None or not _has_data(sigs.get(line.key)):
                 reason = reasons.get(line.key) or "no data archived yet"
+                if line not in shown:
+                    reason += f" (the chart shows {row.fallback[0].label} instead)"
                 out.append({"row": row.title, "label": line.label, "key": line.key, "reason": reason})
+        for line in shown:
+            if line not in row.lines and (sigs is None or not _has_data(sigs.get(line.key))):
+                out.append({"row": row.title, "label": line.label, "key": line.key,
+                            "reason": reasons.get(line.key) or "no data archived yet"})  # fmt: skip
     return out
 
 

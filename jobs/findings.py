@@ -15,9 +15,9 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from jobs.archive import load_job_signals
 from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
 from jobs.diagnosis import Finding as Diagnosis
-from jobs.ingest import load_job_signals
 from jobs.models import Artifact, Baseline, Finding, Job
 
 log = logging.getLogger(__name__)

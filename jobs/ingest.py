@@ -6,15 +6,15 @@
   archive in one transaction, so a job page keeps working after Prometheus dropped the data.
 - Prometheus down: the job keeps its archive, `ingest_error` says why, and the next successful poll
   resumes from the last archived point, which fills the gap.
+- After each poll and finalize the job's diagnosis runs again (findings updated in place).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -22,30 +22,21 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from jobs import archive
+from jobs.findings import run_diagnosis
 from jobs.kpis import ModelShape, compute_kpis, tokens_per_second_from_progress
 from jobs.models import Baseline, Job, JobSeries, PriceEntry
 from jobs.prometheus import PrometheusClient, PrometheusError
 from jobs.promql import Selector
-from jobs.signals import (
-    SIGNALS,
-    GpuKey,
-    JobSignals,
-    SignalSeries,
-    fetch_job_signals,
-    grid,
-    window_total_query,
-)
+from jobs.signals import SIGNALS, JobSignals, fetch_job_signals, grid, window_total_query
 
 log = logging.getLogger(__name__)
 
 POLL_STEP_S = 30  # dcgm-exporter's default collection interval
 POLL_PER_GPU_STEP_S = 300  # heatmaps need coarse per-GPU data only
-CHUNK_POINTS = 240  # points per archived row: 2 h at the poll step
 FINALIZE_MAX_POINTS = 4000  # per aggregate series of a finalized job
 FINALIZE_MAX_GPU_POINTS = 500  # per GPU row of a finalized job's heatmap
 _NICE_STEPS = (30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
-THROUGHPUT = "tokens_per_second"
-MFU = "mfu"
 
 
 def prometheus_client() -> PrometheusClient:
@@ -73,136 +64,8 @@ def nice_step(duration_s: float, max_points: int) -> int:
 
 
 def _aligned(ts: float, step: int) -> float:
-    span = step * CHUNK_POINTS
+    span = step * archive.CHUNK_POINTS
     return math.floor(ts / span) * span
-
-
-def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
-
-
-# ------------------------------------------------------------------------------------------- archive
-
-
-def _chunk_rows(
-    job: Job, signal: str, stat: str, gpu_key: str, step: int, ts: np.ndarray, values: np.ndarray
-) -> list[JobSeries]:
-    rows: list[JobSeries] = []
-    if ts.size == 0:
-        return rows
-    span = step * CHUNK_POINTS
-    chunk_ids = np.floor(ts / span).astype(np.int64)
-    for chunk in np.unique(chunk_ids):
-        mask = chunk_ids == chunk
-        vals = values[mask]
-        if np.isnan(vals).all():
-            continue
-        t = ts[mask]
-        rows.append(
-            JobSeries(
-                job=job,
-                signal=signal,
-                stat=stat,
-                gpu_key=gpu_key,
-                step_seconds=step,
-                start=_utc(float(chunk * span)),
-                end=_utc(float(t[-1])),
-                timestamps=t.tolist(),
-                values=[None if math.isnan(v) else float(v) for v in vals],
-            )
-        )
-    return rows
-
-
-def _rows_for(job: Job, sigs: JobSignals, extra: dict[str, np.ndarray]) -> list[JobSeries]:
-    step = int(sigs.step)
-    rows: list[JobSeries] = []
-    for key, series in sigs.signals.items():
-        for stat, values in series.stats.items():
-            rows += _chunk_rows(job, key, stat, "", step, series.timestamps, values)
-        if (
-            series.per_gpu is not None
-            and series.gpu_timestamps is not None
-            and len(series.gpu_timestamps) > 1
-        ):
-            gstep = round(series.gpu_timestamps[1] - series.gpu_timestamps[0])
-            for gpu, row in zip(series.gpus, series.per_gpu, strict=True):
-                rows += _chunk_rows(job, key, "gpu", str(gpu), gstep, series.gpu_timestamps, row)
-    for name, values in extra.items():
-        rows += _chunk_rows(job, name, "mean", "", step, sigs.timestamps, values)
-    return rows
-
-
-def _upsert(rows: list[JobSeries]) -> None:
-    JobSeries.objects.bulk_create(
-        rows,
-        batch_size=500,
-        update_conflicts=True,
-        unique_fields=["job", "signal", "stat", "gpu_key", "start"],
-        update_fields=["step_seconds", "end", "timestamps", "values"],
-    )
-
-
-def load_job_signals(job: Job) -> JobSignals | None:
-    """The archived signals of a job as a JobSignals on one grid (None when nothing is archived)."""
-    rows = list(
-        JobSeries.objects.filter(job=job).values_list(
-            "signal", "stat", "gpu_key", "step_seconds", "timestamps", "values"
-        )
-    )
-    if not rows:
-        return None
-    agg_steps = [r[3] for r in rows if r[1] != "gpu"]
-    if not agg_steps:
-        return None
-    step = max(set(agg_steps), key=agg_steps.count)
-    start = min(min(r[4]) for r in rows if r[1] != "gpu" and r[3] == step)
-    end = max(max(r[4]) for r in rows if r[1] != "gpu" and r[3] == step)
-    ts = grid(start, end, step)
-    result = JobSignals(start, end, step, ts)
-    agg: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
-    per_gpu: dict[str, dict[str, list[tuple[list[float], list[float | None]]]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
-    gpu_steps: dict[str, int] = {}
-    for signal, stat, gpu_key, row_step, times, values in rows:
-        if stat == "gpu":
-            per_gpu[signal][gpu_key].append((times, values))
-            gpu_steps[signal] = row_step
-            continue
-        if row_step != step:
-            continue
-        target = agg[signal].setdefault(stat, np.full(ts.shape, np.nan))
-        idx = np.rint((np.asarray(times) - start) / step).astype(np.int64)
-        vals = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        ok = (idx >= 0) & (idx < len(ts))
-        target[idx[ok]] = vals[ok]
-    for signal, stats in agg.items():
-        unit = (
-            SIGNALS[signal].unit if signal in SIGNALS else ("tokens/s" if signal == THROUGHPUT else "ratio")
-        )
-        series = SignalSeries(signal, unit, ts, stats)
-        if signal in per_gpu:
-            gstep = gpu_steps[signal]
-            gts = grid(math.floor(start / gstep) * gstep, end, gstep)
-            keys = sorted(per_gpu[signal], key=_gpu_sort_key)
-            matrix = np.full((len(keys), len(gts)), np.nan)
-            for i, key in enumerate(keys):
-                for times, values in per_gpu[signal][key]:
-                    idx = np.rint((np.asarray(times) - gts[0]) / gstep).astype(np.int64)
-                    vals = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-                    ok = (idx >= 0) & (idx < len(gts))
-                    matrix[i, idx[ok]] = vals[ok]
-            series.gpus = tuple(GpuKey(*k.rsplit("/", 1)) for k in keys)
-            series.gpu_timestamps, series.per_gpu = gts, matrix
-        result.signals[signal] = series
-    result.missing = dict((job.summary or {}).get("missing_reasons", {}))
-    return result
-
-
-def _gpu_sort_key(key: str) -> tuple[str, int, str]:
-    host, _, gpu = key.rpartition("/")
-    return host, int(gpu) if gpu.isdigit() else -1, gpu
 
 
 # ---------------------------------------------------------------------------------------- throughput
@@ -329,9 +192,9 @@ def update_summary(
     job.summary = summary
     derived: dict[str, np.ndarray] = {}
     if tps is not None:
-        derived[THROUGHPUT] = tps
+        derived[archive.THROUGHPUT] = tps
     if kpis.mfu_series is not None:
-        derived[MFU] = kpis.mfu_series
+        derived[archive.MFU] = kpis.mfu_series
     return derived
 
 
@@ -393,15 +256,16 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         job = Job.objects.select_for_update().get(pk=job.pk)
         _set_energy(job, energy_j)
         _record_missing(job, sigs)
-        _upsert(_rows_for(job, sigs, {}))
-        archived = load_job_signals(job)
+        archive.upsert(archive.rows_for(job, sigs, {}))
+        archived = archive.load_job_signals(job)
         derived = update_summary(job, archived, client)
         if archived is not None:
-            _upsert(_rows_for(job, _derived_only(archived), derived))
-        job.data_until = _utc(end)
+            archive.upsert(archive.rows_for(job, _derived_only(archived), derived))
+        job.data_until = archive.utc(end)
         job.last_polled_at = now
         job.ingest_error = ""
         job.save()
+    run_diagnosis(job)
     return job
 
 
@@ -440,16 +304,19 @@ def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime
         return _mark_stale(job, exc, now)
     if not sigs.signals and JobSeries.objects.filter(job=job).exists():
         # Prometheus no longer has the data (retention): keep the archive from the polls.
-        return _finish(job, now, note="Prometheus had no data for the window; kept the archive from polling")
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
-        JobSeries.objects.filter(job=job).delete()
-        _set_energy(job, energy_j)
-        _record_missing(job, sigs)
-        derived = update_summary(job, sigs, client)
-        _upsert(_rows_for(job, sigs, derived))
-        job.data_until = job.ended_at
-        return _finish(job, now)
+        job = _finish(job, now, note="Prometheus had no data for the window; kept the archive from polling")
+    else:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job.pk)
+            JobSeries.objects.filter(job=job).delete()
+            _set_energy(job, energy_j)
+            _record_missing(job, sigs)
+            derived = update_summary(job, sigs, client)
+            archive.upsert(archive.rows_for(job, sigs, derived))
+            job.data_until = job.ended_at
+            job = _finish(job, now)
+    run_diagnosis(job)
+    return job
 
 
 def _finish(job: Job, now: datetime, note: str = "") -> Job:

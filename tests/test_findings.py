@@ -29,10 +29,17 @@ def sims():
     """Three simulated jobs on their own nodes: launch overhead, an input stall, a healthy one."""
     specs = {
         "2001": SimSpec(scenario="launch_overhead", gpus=8, job_id="2001", seed=5, hosts=("diag-a",)),
-        "2002": SimSpec(scenario="data_pipeline_stall", gpus=8, job_id="2002", seed=6, hosts=("diag-b",),
-                        noise=0.08, missing_fraction=0.2),
+        "2002": SimSpec(
+            scenario="data_pipeline_stall",
+            gpus=8,
+            job_id="2002",
+            seed=6,
+            hosts=("diag-b",),
+            noise=0.08,
+            missing_fraction=0.2,
+        ),
         "2003": SimSpec(scenario="healthy", gpus=4, job_id="2003", seed=7, hosts=("diag-c",)),
-    }  # fmt: skip
+    }
     return {k: simulate(v) for k, v in specs.items()}
 
 
@@ -99,10 +106,25 @@ def test_findings_are_stored_once_and_updated_in_place(prom, sims, make_team):
 def test_a_code_no_longer_found_is_deleted_and_artifacts_count_only_when_parsed(prom, sims, make_team):
     job = _finalized(sims["2003"], make_team("llm"), prom)
     assert run_diagnosis(job) == []
-    analysis = {"ranks": [{"rank": 0, "temporal_breakdown": {"idle_pct": 30.0, "span_ms": 1000.0},
-                           "sync": {"cpu_sync_calls": 60, "cpu_sync_ms": 400.0}, "step_times": {"count": 5}}]}  # fmt: skip
-    art = Artifact.objects.create(job=job, kind="kineto", original_name="t.json.gz", sha256="a" * 64,
-                                  size_bytes=10, status=Artifact.Status.PARSING, analysis=analysis)  # fmt: skip
+    analysis = {
+        "ranks": [
+            {
+                "rank": 0,
+                "temporal_breakdown": {"idle_pct": 30.0, "span_ms": 1000.0},
+                "sync": {"cpu_sync_calls": 60, "cpu_sync_ms": 400.0},
+                "step_times": {"count": 5},
+            }
+        ]
+    }
+    art = Artifact.objects.create(
+        job=job,
+        kind="kineto",
+        original_name="t.json.gz",
+        sha256="a" * 64,
+        size_bytes=10,
+        status=Artifact.Status.PARSING,
+        analysis=analysis,
+    )
     assert run_diagnosis(job) == []
     art.status = Artifact.Status.DONE
     art.save()
@@ -128,8 +150,12 @@ def test_prometheus_path_agrees_with_the_pure_emulation(prom, sims, make_team):
 def test_the_active_baseline_is_compared(prom, sims, make_team):
     team = make_team("llm")
     job = _finalized(sims["2003"], team, prom, model="sim-7b-baselined")
-    Baseline.objects.create(fingerprint=job.config_fingerprint, model_name=job.model_name, team=team,
-                            stats={"mfu": {"median": 0.62, "mad": 0.01, "n": 3}})  # fmt: skip
+    Baseline.objects.create(
+        fingerprint=job.config_fingerprint,
+        model_name=job.model_name,
+        team=team,
+        stats={"mfu": {"median": 0.62, "mad": 0.01, "n": 3}},
+    )
     job = _finalized(sims["2003"], team, prom, model="sim-7b-baselined")  # reference MFU now the baseline's
     found = {f.code: f for f in run_diagnosis(job)}
     assert found["baseline_regression"].severity in ("warning", "critical")
@@ -142,8 +168,9 @@ def test_evaluate_diagnosis_small_run_completes_and_writes_nothing(make_team):
         pytest.skip("prometheus is not installed (Debian package 'prometheus')")
     before = Job.objects.count()
     out = io.StringIO()
-    call_command("evaluate_diagnosis", "--per-scenario", "1", "--seed", "3", "--json", stdout=out,
-                 stderr=io.StringIO())  # fmt: skip
+    call_command(
+        "evaluate_diagnosis", "--per-scenario", "1", "--seed", "3", "--json", stdout=out, stderr=io.StringIO()
+    )
     report = json.loads(out.getvalue())
     assert report["jobs"] == 14 and report["findings_dollars_within_waste"] is True
     assert report["healthy_false_warning_rate"] == 0.0

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jobs import ingest
+from jobs.archive import load_job_signals
 from jobs.models import Job, JobSeries
 from jobs.prometheus import PrometheusClient
 from jobs.registry import register_job
@@ -156,7 +157,7 @@ def test_prometheus_down_keeps_the_archive_and_the_next_poll_fills_the_gap(prom,
     _assert_same(_snapshot(job), kept)
     job = ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=90))
     assert job.ingest_error == ""
-    archived = ingest.load_job_signals(job)
+    archived = load_job_signals(job)
     util = archived.get("gpu_util").mean
     covered = archived.timestamps[~np.isnan(util)]
     assert covered.min() <= DEFAULT_START + 60 and covered.max() >= DEFAULT_START + 89 * 60

@@ -17,25 +17,30 @@ from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
 KEYS_USED: dict[str, tuple[str, ...]] = {
     "trace (kineto / nsys_sqlite: trace_analysis.analyze_trace)": (
         "ranks[].rank",
-        "ranks[].temporal_breakdown.{idle_pct,compute_pct,non_compute_pct,span_ms}",
+        "ranks[].temporal_breakdown.{idle_pct,compute_pct,compute_ms,non_compute_ms,span_ms}",
         "ranks[].idle_breakdown.{host_wait_pct,kernel_wait_pct}",
-        "ranks[].kernel_breakdown.{kernel_count,kernel_time_ms}",
-        "ranks[].kernel_breakdown.tiny_kernels.{count_pct,time_pct}",
+        "ranks[].kernel_breakdown.kernel_count",
+        "ranks[].kernel_breakdown.tiny_kernels.count_pct",
         "ranks[].launch_stats.gpu_shorter_than_launch_pct",
-        "ranks[].memcpy.{total_ms,by_kind[].{copy_kind,time_ms,bytes},pageable_bytes_pct}",
+        "ranks[].memcpy.{by_kind[].{copy_kind,time_ms},pageable_bytes_pct}",
         "ranks[].sync.{cpu_sync_calls,cpu_sync_ms,gpu_sync_count,cpu_sync_by_call[].name}",
         "ranks[].comm_compute_overlap.{communication_ms,overlap_pct}",
         "ranks[].tensor_cores.tensor_core_compute_time_pct",
-        "ranks[].step_times.{count,mean_ms}",
+        "ranks[].step_times.{count,median_ms}",
         "ranks[].step_breakdown.{steps,dataloader_pct,communication_pct}",
     ),
-    "py-spy (pyspy.analyze_pyspy)": ("classes_pct", "input_pipeline_pct", "hot_inclusive[].{label,class}"),
+    "py-spy (pyspy.analyze_pyspy)": (
+        "classes_pct",
+        "input_pipeline_pct",
+        "hot_inclusive[].{label,class,inclusive_pct}",
+    ),
     "nsys stats (nsys_stats.analyze_nsys_stats)": (
+        "format == nsys_stats_csv",
         "kernels.{tiny_instance_share_pct,nccl_time_share_pct,total_time_ms}",
-        "cuda_api.{sync_calls,sync_time_ms,launch_calls}",
+        "cuda_api.{sync_calls,sync_share_of_api_pct}",
         "memory_ops.by_operation[].{operation,total_time_ms}",
     ),
-    "ncu (ncu.analyze_ncu)": ("bound_time_share_pct.memory", "kernel_launches"),
+    "ncu (ncu.analyze_ncu)": ("format == ncu_csv", "bound_time_share_pct.memory"),
 }
 
 

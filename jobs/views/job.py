@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.utils.html import strip_tags
+from django.utils.html import format_html, strip_tags
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from jobs import baselines, charts
@@ -25,6 +27,25 @@ from jobs.views import artifacts as artifact_views
 from jobs.views.series import heatmap_signal, load_means, load_per_gpu
 
 REFRESH_S = 60
+# Django's json_script escaping: the JSON cannot close the <script> element or start a comment.
+_JSON_ESCAPES = (("&", "\\u0026"), ("<", "\\u003C"), (">", "\\u003E"))
+
+
+def json_script(value: Any, element_id: str) -> str:
+    """django.utils.html.json_script with the same escaping, serialised by orjson: a megabyte of figure
+    data takes ~3 ms instead of ~30 ms."""
+    text = orjson.dumps(value).decode()
+    for char, escaped in _JSON_ESCAPES:
+        text = text.replace(char, escaped)
+    return format_html('<script id="{}" type="application/json">{}</script>', element_id, mark_safe(text))
+
+
+def _json_response(body: dict[str, Any]) -> HttpResponse:
+    response = HttpResponse(orjson.dumps(body), content_type="application/json")
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 HEATMAP_LABELS = {"sm_active": "SM active", "gpu_util": "nvidia-smi util"}
 
 
@@ -285,6 +306,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "kinds": Artifact.Kind.choices,
         "figures": figures,
         "page_data": page_data,
+        "page_json": json_script(page_data, "job-data"),
         "comparison": comparison,
         "mfu_vs_baseline": mfu_row,
         "in_baseline": comparison is not None and job.pk in comparison.run_ids,
@@ -297,7 +319,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
 
 
 @require_GET
-def job_figures(request: HttpRequest, external_id: str) -> JsonResponse:
+def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
     """Figures as JSON for the page's script: `?points=` (pixel budget), `?start=&end=` (Unix s) for the
     detail of a zoomed window, `?only=status` for just status, KPIs and artifact states. Polled every
     minute while the job runs."""
@@ -319,9 +341,7 @@ def job_figures(request: HttpRequest, external_id: str) -> JsonResponse:
         window = _window(request)
         figures = build_figures(job, list(job.findings.all()), points=_points(request), window=window)
         body |= {"timeseries": figures["timeseries"], "heatmap": figures["heatmap"], "window": window}
-    response = JsonResponse(body)
-    response["Cache-Control"] = "no-store"
-    return response
+    return _json_response(body)
 
 
 @require_POST

@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Prefetch, Q
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q
 from django.db.models.functions import Lower
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, render
@@ -26,11 +26,16 @@ from jobs import baselines as baseline_ops
 from jobs.api.auth import can_write_team, writable_team_ids
 from jobs.charts import sparkline_points
 from jobs.health import run_checks
-from jobs.leaderboard import Period, iso_week, month, parse_iso_week, team_rows, worst_jobs
+from jobs.leaderboard import Period, iso_week, month, parse_iso_week, worst_jobs
 from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, Team
 from jobs.signals import SIGNALS, readiness
-from jobs.views.trend import last_weeks, weekly_mfu
+from jobs.views.trend import last_weeks, mfu_trend, period_rows
 
+# What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
+_LIST_FIELDS = (
+    "external_id", "name", "owner", "model_name", "gpu_count", "gpu_model_name", "status", "started_at",
+    "mfu", "sm_active_mean", "waste_per_day_usd", "team__name", "team__slug", "gpu_model__name",
+)  # fmt: skip
 _SORTS = {
     "mfu": "mfu",
     "-mfu": "-mfu",
@@ -84,8 +89,12 @@ def job_list(request: HttpRequest) -> HttpResponse:
     sort = sort if sort in _SORTS else "-started"
     order = _SORTS[sort]
     field = order.lstrip("-")
-    ordered = F(field).desc(nulls_last=True) if order.startswith("-") else F(field).asc(nulls_last=True)
-    qs = qs.order_by(ordered, "-started_at", "-pk")
+    if field == "started_at":  # never null: a plain order can walk an index on started_at
+        qs = qs.order_by(order, "-pk")
+    else:  # jobs without an MFU yet go last either way
+        ordered = F(field).desc(nulls_last=True) if order.startswith("-") else F(field).asc(nulls_last=True)
+        qs = qs.order_by(ordered, "-started_at", "-pk")
+    qs = qs.only(*_LIST_FIELDS)
     page = Paginator(qs, 50).get_page(params.get("page"))
     query = urlencode({k: v for k, v in filters.items() if v})
     context = {
@@ -94,7 +103,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "sort": sort,
         "errors": errors,
         "teams": Team.objects.order_by("name"),
-        "gpu_models": GpuModel.objects.filter(jobs__isnull=False).distinct().order_by("name"),
+        # EXISTS probes the job table's gpu_model index instead of joining every job.
+        "gpu_models": GpuModel.objects.filter(Exists(Job.objects.filter(gpu_model=OuterRef("pk")))).order_by(
+            "name"
+        ),
         "models": Job.objects.exclude(model_name="")
         .order_by("model_name")
         .values_list("model_name", flat=True)
@@ -193,20 +205,23 @@ _LEADER_SORTS: dict[str, Any] = {
 @require_GET
 def leaderboard(request: HttpRequest) -> HttpResponse:
     """Teams ranked by GPU-hour-weighted MFU over a week or month, with change vs the previous period,
-    an 8-week MFU sparkline and the most wasteful jobs (5 aggregate queries)."""
+    an 8-week MFU sparkline and the most wasteful jobs (3 queries besides the session)."""
     period, errors = _period_from(request)
     by = "month" if "-W" not in period.label else "week"
     previous = period.previous()
-    before = {r.team_id: r for r in team_rows(previous)}
     weeks = last_weeks(period)
-    trends = weekly_mfu(weeks)
+    # The week view's period and the one before are the trend's last two weeks: one aggregation for all.
+    periods = weeks if by == "week" else [*weeks, previous, period]
+    rows = period_rows(periods)
+    current, before = rows[-1], rows[-2]
+    trend_rows = rows[: len(weeks)]
     table = []
-    for r in team_rows(period):
-        trend = trends.get(r.team_id, [None] * len(weeks))
+    for r in current.values():
+        trend = mfu_trend(trend_rows, r.team_id)
         table.append(LeaderRow(r, before.get(r.team_id), trend, sparkline_points(trend, vmax=1.0)))
     sort = request.GET.get("sort", "mfu")
     sort = sort if sort in _LEADER_SORTS else "mfu"
-    table.sort(key=_LEADER_SORTS[sort])
+    table.sort(key=lambda item: (_LEADER_SORTS[sort](item), item.row.team_name.lower()))
     worst = worst_jobs(period, limit=10)
     _attach_main_finding(worst)
     context = {
@@ -250,9 +265,10 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     """One team: this week's numbers and trend, members, worst and recent jobs, baselines."""
     team = get_object_or_404(Team, slug=slug)
     period = iso_week(timezone.now().date())
-    row = next((r for r in team_rows(period) if r.team_id == team.pk), None)
     weeks = last_weeks(period)
-    trend = weekly_mfu(weeks).get(team.pk, [None] * len(weeks))
+    rows = period_rows(weeks)
+    row = rows[-1].get(team.pk)
+    trend = mfu_trend(rows, team.pk)
     worst = worst_jobs(period, limit=5, team_id=team.pk)
     _attach_main_finding(worst)
     context = {

@@ -113,7 +113,9 @@ def test_gpus_in_lock_step_are_synchronised_and_independent_ones_are_not():
 def test_synchrony_needs_two_gpus_and_correlation_handles_constants():
     assert D.synchrony(np.ones((1, 50))) is None
     assert D.correlation(np.ones(10), np.arange(10.0)) is None
-    assert D.correlation([1.0, 2.0, np.nan, 4.0, 5.0, 6.0], [2.0, 4.0, 1.0, 8.0, 10.0, 12.0]) == pytest.approx(1.0)
+    assert D.correlation(
+        [1.0, 2.0, np.nan, 4.0, 5.0, 6.0], [2.0, 4.0, 1.0, 8.0, 10.0, 12.0]
+    ) == pytest.approx(1.0)
 
 
 # -------------------------------------------------------------------------------------- robust z

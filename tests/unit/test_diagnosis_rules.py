@@ -36,8 +36,18 @@ def _sim_input(
     params: tuple[tuple[str, Any], ...],
 ) -> DiagnosisInput:
     hosts = tuple(f"node-{h}" for h in range(-(-gpus // 8)))
-    res = simulate(SimSpec(scenario=scenario, gpus=gpus, seed=seed, noise=noise, missing_fraction=missing,
-                           disabled=disabled, hosts=hosts, params=dict(params)))  # fmt: skip
+    res = simulate(
+        SimSpec(
+            scenario=scenario,
+            gpus=gpus,
+            seed=seed,
+            noise=noise,
+            missing_fraction=missing,
+            disabled=disabled,
+            hosts=hosts,
+            params=dict(params),
+        )
+    )
     return input_from_sim(res, signals=signals_from_sim(res, per_gpu=per_gpu))
 
 
@@ -53,7 +63,9 @@ def sim_input(
     **params: Any,
 ) -> DiagnosisInput:
     """A DiagnosisInput for a simulated job (cached; copied so tests may change it)."""
-    inp = _sim_input(scenario, gpus, seed, noise, missing, frozenset(disabled), per_gpu, tuple(sorted(params.items())))
+    inp = _sim_input(
+        scenario, gpus, seed, noise, missing, frozenset(disabled), per_gpu, tuple(sorted(params.items()))
+    )
     return copy.copy(inp)
 
 
@@ -124,8 +136,11 @@ def test_a_missing_signal_lowers_confidence_and_is_named(code):
 def test_without_sm_active_the_default_exporter_still_separates_the_look_alikes():
     # No SM_ACTIVE: launch overhead (pipes quiet) vs tensor cores idle (DRAM busy) vs false saturation.
     for scenario in ("false_saturation", "launch_overhead", "tensor_cores_idle", "memory_bound"):
-        found = {f.code for f in diagnose(sim_input(scenario, disabled=DEFAULT_DISABLED, noise=0.05))
-                 if f.severity.rank >= 1}  # fmt: skip
+        found = {
+            f.code
+            for f in diagnose(sim_input(scenario, disabled=DEFAULT_DISABLED, noise=0.05))
+            if f.severity.rank >= 1
+        }
         assert found == {scenario}, (scenario, found)
 
 
@@ -198,7 +213,9 @@ def test_a_profiler_capture_is_a_gap_not_idle_and_not_a_finding():
 
 
 def test_a_capture_does_not_hide_a_real_problem():
-    res = blank_profiling(simulate(SimSpec(scenario="false_saturation", gpus=8, seed=2, hosts=("n1",))), 0.2, 0.5)
+    res = blank_profiling(
+        simulate(SimSpec(scenario="false_saturation", gpus=8, seed=2, hosts=("n1",))), 0.2, 0.5
+    )
     f = run("false_saturation", input_from_sim(res))
     assert at_least_warning(f)
 
@@ -257,8 +274,14 @@ def trace(**rank: Any) -> ArtifactAnalysis:
     """A Kineto trace analysis with one rank; unspecified sections are healthy."""
     base: dict[str, Any] = {
         "rank": 0,
-        "temporal_breakdown": {"idle_pct": 5.0, "compute_pct": 90.0, "non_compute_pct": 5.0,
-                               "compute_ms": 900.0, "non_compute_ms": 50.0, "span_ms": 1000.0},
+        "temporal_breakdown": {
+            "idle_pct": 5.0,
+            "compute_pct": 90.0,
+            "non_compute_pct": 5.0,
+            "compute_ms": 900.0,
+            "non_compute_ms": 50.0,
+            "span_ms": 1000.0,
+        },
         "idle_breakdown": {"host_wait_pct": 20.0, "kernel_wait_pct": 80.0},
         "kernel_breakdown": {"kernel_count": 2000, "tiny_kernels": {"count_pct": 10.0}},
         "launch_stats": {"gpu_shorter_than_launch_pct": 5.0},
@@ -268,7 +291,7 @@ def trace(**rank: Any) -> ArtifactAnalysis:
         "tensor_cores": {"tensor_core_compute_time_pct": 80.0},
         "step_times": {"count": 5, "median_ms": 200.0},
         "step_breakdown": {"steps": 5, "dataloader_pct": 0.0},
-    }  # fmt: skip
+    }
     for section, values in rank.items():
         base[section] = {**base.get(section, {}), **values} if isinstance(values, dict) else values
     return ArtifactAnalysis("kineto", {"ranks": [base]}, "trace.json.gz", 0)
@@ -285,16 +308,30 @@ def test_a_healthy_trace_triggers_nothing():
 @pytest.mark.parametrize(
     ("code", "sections"),
     [
-        ("launch_overhead", {"kernel_breakdown": {"tiny_kernels": {"count_pct": 70.0}},
-                             "temporal_breakdown": {"idle_pct": 30.0}, "idle_breakdown": {"kernel_wait_pct": 60.0}}),
+        (
+            "launch_overhead",
+            {
+                "kernel_breakdown": {"tiny_kernels": {"count_pct": 70.0}},
+                "temporal_breakdown": {"idle_pct": 30.0},
+                "idle_breakdown": {"kernel_wait_pct": 60.0},
+            },
+        ),
         ("communication_wait", {"comm_compute_overlap": {"communication_ms": 250.0, "overlap_pct": 10.0}}),
         ("host_sync", {"sync": {"cpu_sync_calls": 40, "cpu_sync_ms": 300.0}}),
-        ("host_device_copy", {"memcpy": {"by_kind": [{"copy_kind": "HtoD", "time_ms": 200.0}],
-                                         "pageable_bytes_pct": 100.0}}),
-        ("data_pipeline_stall", {"temporal_breakdown": {"idle_pct": 40.0}, "idle_breakdown": {"host_wait_pct": 90.0},
-                                 "step_breakdown": {"dataloader_pct": 35.0}}),
+        (
+            "host_device_copy",
+            {"memcpy": {"by_kind": [{"copy_kind": "HtoD", "time_ms": 200.0}], "pageable_bytes_pct": 100.0}},
+        ),
+        (
+            "data_pipeline_stall",
+            {
+                "temporal_breakdown": {"idle_pct": 40.0},
+                "idle_breakdown": {"host_wait_pct": 90.0},
+                "step_breakdown": {"dataloader_pct": 35.0},
+            },
+        ),
     ],
-)  # fmt: skip
+)
 def test_trace_analyses_alone_produce_findings(code, sections):
     found = {f.code: f for f in diagnose(art_input(trace(**sections)))}
     assert code in found and found[code].severity.rank >= 1
@@ -302,31 +339,63 @@ def test_trace_analyses_alone_produce_findings(code, sections):
 
 
 def test_pageable_copies_change_the_recommendation():
-    f = run("host_device_copy", art_input(trace(memcpy={"by_kind": [{"copy_kind": "HtoD", "time_ms": 200.0}],
-                                                        "pageable_bytes_pct": 100.0})))  # fmt: skip
+    f = run(
+        "host_device_copy",
+        art_input(
+            trace(memcpy={"by_kind": [{"copy_kind": "HtoD", "time_ms": 200.0}], "pageable_bytes_pct": 100.0})
+        ),
+    )
     assert f.recommendation.startswith("Most copies use pageable host memory")
 
 
 def test_other_artifacts_ncu_nsys_stats_and_pyspy():
     ncu = ArtifactAnalysis("ncu_csv", {"format": "ncu_csv", "bound_time_share_pct": {"memory": 70.0}})
-    stats = ArtifactAnalysis("nsys_stats_csv", {"format": "nsys_stats_csv",
-                             "kernels": {"tiny_instance_share_pct": 80.0, "nccl_time_share_pct": 30.0,
-                                         "total_time_ms": 100.0},
-                             "cuda_api": {"sync_calls": 50, "sync_share_of_api_pct": 40.0}})  # fmt: skip
-    py = ArtifactAnalysis("pyspy_speedscope", {"classes_pct": {"tokenization": 60.0}, "input_pipeline_pct": 60.0,
-                          "hot_inclusive": [{"label": "encode (tok.py)", "class": "tokenization",
-                                             "inclusive_pct": 55.0}]})  # fmt: skip
+    stats = ArtifactAnalysis(
+        "nsys_stats_csv",
+        {
+            "format": "nsys_stats_csv",
+            "kernels": {"tiny_instance_share_pct": 80.0, "nccl_time_share_pct": 30.0, "total_time_ms": 100.0},
+            "cuda_api": {"sync_calls": 50, "sync_share_of_api_pct": 40.0},
+        },
+    )
+    py = ArtifactAnalysis(
+        "pyspy_speedscope",
+        {
+            "classes_pct": {"tokenization": 60.0},
+            "input_pipeline_pct": 60.0,
+            "hot_inclusive": [{"label": "encode (tok.py)", "class": "tokenization", "inclusive_pct": 55.0}],
+        },
+    )
     codes = {f.code: f for f in diagnose(art_input(ncu, stats, py))}
-    assert {"memory_bound", "launch_overhead", "communication_wait", "host_sync", "data_pipeline_stall"} <= set(codes)
+    assert {
+        "memory_bound",
+        "launch_overhead",
+        "communication_wait",
+        "host_sync",
+        "data_pipeline_stall",
+    } <= set(codes)
     assert any("encode" in e.label for e in codes["data_pipeline_stall"].evidence)
 
 
 @pytest.mark.parametrize(
     "analysis",
-    [{}, {"ranks": "x"}, {"ranks": [None, 3, {"temporal_breakdown": "bad"}]}, {"ranks": [{"temporal_breakdown": {
-        "span_ms": "1", "idle_pct": None}, "sync": [], "memcpy": {"by_kind": [1, None]}}]},
-     {"format": "ncu_csv", "bound_time_share_pct": None}, {"classes_pct": 1, "input_pipeline_pct": "lots"}],
-)  # fmt: skip
+    [
+        {},
+        {"ranks": "x"},
+        {"ranks": [None, 3, {"temporal_breakdown": "bad"}]},
+        {
+            "ranks": [
+                {
+                    "temporal_breakdown": {"span_ms": "1", "idle_pct": None},
+                    "sync": [],
+                    "memcpy": {"by_kind": [1, None]},
+                }
+            ]
+        },
+        {"format": "ncu_csv", "bound_time_share_pct": None},
+        {"classes_pct": 1, "input_pipeline_pct": "lots"},
+    ],
+)
 def test_malformed_analyses_are_ignored(analysis):
     assert diagnose(art_input(ArtifactAnalysis("kineto", analysis))) == []
 
@@ -350,7 +419,9 @@ def test_findings_dollars_never_exceed_the_jobs_waste(scenario):
         total = sum(f.waste_per_day_usd for f in findings)
         assert total <= inp.waste_per_day_usd + 1e-6
         assert all(f.waste_per_day_usd >= 0 for f in findings)
-        assert [f.waste_per_day_usd for f in findings] == sorted((f.waste_per_day_usd for f in findings), reverse=True)
+        assert [f.waste_per_day_usd for f in findings] == sorted(
+            (f.waste_per_day_usd for f in findings), reverse=True
+        )
 
 
 def _finding(code: str, impact: float, severity: Severity = Severity.WARNING) -> Finding:
@@ -367,7 +438,9 @@ def test_apportion_scales_overlapping_causes_and_gives_symptoms_the_rest():
     causes = [_finding("data_pipeline_stall", 0.2), _finding("throttling", 0.1)]
     symptom = _finding("baseline_regression", 0.5)
     E.apportion([*causes, symptom], 1000.0, 500.0)
-    assert causes[0].waste_per_day_usd == pytest.approx(200.0) and causes[1].waste_per_day_usd == pytest.approx(100.0)
+    assert causes[0].waste_per_day_usd == pytest.approx(200.0) and causes[
+        1
+    ].waste_per_day_usd == pytest.approx(100.0)
     assert symptom.waste_per_day_usd == pytest.approx(200.0) and symptom.waste_share == pytest.approx(0.4)
     over = [_finding("data_pipeline_stall", 0.6), _finding("throttling", 0.6)]
     E.apportion(over, 1000.0, 300.0)
@@ -398,6 +471,22 @@ def test_a_failing_rule_is_skipped(monkeypatch, caplog):
     found = diagnose(sim_input("memory_bound"))
     assert [f.code for f in found] == ["memory_bound"]
     assert "throttling failed" in caplog.text
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_degenerate_data_never_breaks_a_rule(scenario):
+    one_gpu_two_samples = input_from_sim(simulate(SimSpec(scenario=scenario, gpus=1, duration_s=60)))
+    blank = input_from_sim(simulate(SimSpec(scenario=scenario, gpus=2, duration_s=600)))
+    for series in blank.signals.signals.values():
+        for values in series.stats.values():
+            values[:] = np.nan
+        if series.per_gpu is not None:
+            series.per_gpu[:] = np.nan
+    mostly_lost = sim_input(scenario, missing=0.9)
+    for inp in (one_gpu_two_samples, blank, mostly_lost):
+        for code in CODES:
+            run(code, inp)  # rules are called directly: the engine would hide an exception
+    assert diagnose(blank) == []
 
 
 def test_no_signals_and_no_artifacts_means_no_findings():

@@ -59,31 +59,38 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             secondary = True
     if worst is None and not secondary:
         return None
-    metric, result = worst if worst is not None else ("", None)  # type: ignore[assignment]
-    shortfall = abs(result.deviation_pct or 0.0) / 100.0 if result is not None else 0.0
-    severity = Severity.INFO
-    if result is not None:
-        severity = Severity.CRITICAL if shortfall * 100 >= T.BASELINE_CRITICAL_PCT else Severity.WARNING
+    missing = ["mfu"] if inp.mfu is None else []
+    if worst is None:
+        # Only hardware activity is below the band: context for the engineer, not a verdict on speed.
+        return Finding(
+            code=CODE,
+            severity=Severity.INFO,
+            confidence=confidence(0.5, missing=missing),
+            title="Hardware activity below this config's baseline"
+            + (" (MFU unknown)" if missing else " while MFU is within its band"),
+            recommendation=RECOMMENDATION,
+            evidence=evidence,
+            windows=f.whole_window,
+            impact=0.0,
+            missing_signals=missing,
+            sources=["baseline"],
+        )
+    metric, result = worst
+    shortfall = abs(result.deviation_pct or 0.0) / 100.0
+    severity = Severity.CRITICAL if shortfall * 100 >= T.BASELINE_CRITICAL_PCT else Severity.WARNING
     windows, onset = _windows(f, result if metric == "mfu" else None)
     if onset is not None:
         evidence.append(Evidence("MFU level shift at", onset, "unix s"))
-    title = (
-        f"{metric.replace('_', ' ')} {abs(result.deviation_pct or 0):.0f} % worse than this config's baseline"
-        if result is not None
-        else "Hardware activity below this config's baseline (MFU unknown)"
-    )
     return Finding(
         code=CODE,
         severity=severity,
-        confidence=confidence(
-            0.9 if result is not None else 0.5, missing=[k for k in ("mfu",) if inp.mfu is None]
-        ),
-        title=title,
+        confidence=confidence(0.9, missing=missing),
+        title=f"{metric.replace('_', ' ')} {100 * shortfall:.0f} % worse than this config's baseline",
         recommendation=RECOMMENDATION,
         evidence=evidence,
         windows=windows or f.whole_window,
         impact=clamp01(shortfall),
-        missing_signals=[k for k in ("mfu",) if inp.mfu is None],
+        missing_signals=missing,
         sources=["baseline"],
     )
 

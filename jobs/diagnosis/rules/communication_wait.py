@@ -35,27 +35,29 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     severity = Severity.INFO
     metric = _metric_pattern(f)
     if metric is not None:
-        key, period, sync, nvlink_phase = metric
+        key, series, period, sync, nvlink_phase = metric
         base = 0.75
         severity = Severity.WARNING
         evidence += [
             Evidence(f"{key} sawtooth period", round(period.period_s), "s"),
-            Evidence(f"{key} autocorrelation at the period", round(period.acf, 3), ""),
+            Evidence(f"{key} autocorrelation at the period", round(period.acf, 3), "r"),
             Evidence(f"{key} swing, peak to trough", round(100 * period.swing, 1), "% of its level"),
         ]
         if sync is not None:
             evidence.append(
-                Evidence("correlation of each GPU with its peers, median", round(sync.median_corr, 3))
+                Evidence("correlation of each GPU with its peers, median", round(sync.median_corr, 3), "r")
             )
             base += 0.1
         else:
             missing.append("per-GPU series")
         if nvlink_phase is not None:
-            evidence.append(Evidence("NVLink traffic vs SM activity correlation", round(nvlink_phase, 3)))
+            evidence.append(
+                Evidence("NVLink traffic vs SM activity correlation", round(nvlink_phase, 3), "r")
+            )
             if nvlink_phase < -0.2:
                 base += 0.05  # bursts of traffic in the troughs: the waits are collectives
         missing += f.missing(["sm_active", "nvlink_tx_bytes"])
-        cycle = D.folded_cycle(f.mean(key), period.period_samples)  # type: ignore[arg-type]
+        cycle = D.folded_cycle(series, period.period_samples)
         peak = float(np.nanmax(cycle))
         impact = clamp01(1.0 - float(np.nanmean(cycle)) / peak) if peak > 0 else 0.0
         sources.append("metrics")
@@ -71,7 +73,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         if exposed * 100 >= T.EXPOSED_COMM_HIGH_PCT or trace_share:
             severity = Severity.WARNING
     title = (
-        f"Ranks wait in collectives together: a sawtooth every {round(metric[1].period_s)} s on all GPUs"
+        f"Ranks wait in collectives together: a sawtooth every {round(metric[2].period_s)} s on all GPUs"
         if metric is not None
         else f"Communication not overlapped with compute takes {100 * exposed:.1f} % of the traced time"
     )
@@ -91,7 +93,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     )
 
 
-def _metric_pattern(f: Features) -> tuple[str, D.Periodicity, D.Synchrony | None, float | None] | None:
+def _metric_pattern(
+    f: Features,
+) -> tuple[str, np.ndarray, D.Periodicity, D.Synchrony | None, float | None] | None:
+    """(signal, its mean series, the period, cross-GPU synchrony, NVLink correlation) of a sawtooth."""
     util = util_level(f)
     if util is None or util < T.COMM_UTIL_MIN:
         return None
@@ -122,7 +127,7 @@ def _metric_pattern(f: Features) -> tuple[str, D.Periodicity, D.Synchrony | None
             if nvl is not None
             else None
         )
-        return key, period, sync, phase
+        return key, series, period, sync, phase
     return None
 
 

@@ -28,7 +28,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     impacts: list[float] = []
     missing: list[str] = []
     base = 0.0
-    windows = []
+    windows: list[tuple[float, float]] = []
     util, sm = util_level(f), f.level("sm_active")
     tensor, dram = f.level("tensor_active"), f.level("dram_active")
     quiet = (
@@ -47,6 +47,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             ratio_ev("tensor active while busy, median", tensor),
             ratio_ev("DRAM active while busy, median", dram),
         ]
+        # Without SM active, healthy jobs keep tensor active near half of SM active: scale it up.
         level = sm if sm is not None else 2.0 * (tensor or 0.0)
         impacts.append(busy_share(f) * clamp01(1.0 - level / T.SM_ACTIVE_HEALTHY))
         sources.append("metrics")

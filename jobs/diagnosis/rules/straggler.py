@@ -77,7 +77,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
                     unit,
                 )
             )
-            evidence.append(Evidence(f"{gpu}: {key} robust z-score", round(z, 1)))
+            evidence.append(Evidence(f"{gpu}: {key} robust z-score", round(z, 1), "z"))
             worst = max(worst, 1.0 - value / median)
         strong = strong or "sm_clock" in hits or len(hits) >= 2
         reasons = _reasons(f, gpu)

@@ -121,11 +121,11 @@ def _causes(inp: DiagnosisInput, f: Features) -> tuple[list[str], list[Evidence]
         evidence.append(Evidence("memory temperature, 90th percentile", round(mem_temp, 1), "C"))
         if "thermal" not in causes and "hot" not in causes:
             causes.append("hot memory")
-    power = f.level("power_usage", 0.9)
-    if power is not None and inp.tdp_w:
+    board = f.level("power_usage", 0.9)
+    if board is not None and inp.tdp_w:
         evidence.append(
-            Evidence("board power, 90th percentile", round(100 * power / inp.tdp_w, 1), "% of TDP")
+            Evidence("board power, 90th percentile", round(100 * board / inp.tdp_w, 1), "% of TDP")
         )
-        if power >= T.POWER_AT_CAP * inp.tdp_w and "power cap" not in causes:
+        if board >= T.POWER_AT_CAP * inp.tdp_w and "power cap" not in causes:
             causes.append("at the power limit")
     return causes, evidence, missing

@@ -110,8 +110,9 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(data, indent=2, default=_json_default))
             return
         title = (
-            f"evaluate_diagnosis: {len(jobs)} jobs ({opts['per_scenario']} per scenario), seed {opts['seed']}, "
-            f"missing samples {opts['missing_fraction']:.0%}, noise up to {opts['noise']}, {elapsed:.0f} s"
+            f"evaluate_diagnosis: {len(jobs)} jobs ({opts['per_scenario']} per scenario), "
+            f"seed {opts['seed']}, missing samples {opts['missing_fraction']:.0%}, "
+            f"noise up to {opts['noise']}, {elapsed:.0f} s"
         )
         self.stdout.write(format_report(report, title=title))
         variants = sorted({j.variant for j in jobs})

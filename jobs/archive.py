@@ -1,0 +1,147 @@
+"""The archive of a job's series in Postgres: aligned chunks written whole, read back as JobSignals.
+
+Chunk boundaries are aligned to multiples of (step x CHUNK_POINTS) on the Unix clock, so any re-read of a
+window rewrites exactly the same rows: repeated or overlapping polls never duplicate data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from datetime import UTC, datetime
+
+import numpy as np
+
+from jobs.models import Job, JobSeries
+from jobs.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
+
+CHUNK_POINTS = 240  # points per archived row: 2 h at the 30 s poll step
+THROUGHPUT = "tokens_per_second"
+MFU = "mfu"
+
+
+def utc(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _chunk_rows(
+    job: Job, signal: str, stat: str, gpu_key: str, step: int, ts: np.ndarray, values: np.ndarray
+) -> list[JobSeries]:
+    rows: list[JobSeries] = []
+    if ts.size == 0:
+        return rows
+    span = step * CHUNK_POINTS
+    chunk_ids = np.floor(ts / span).astype(np.int64)
+    for chunk in np.unique(chunk_ids):
+        mask = chunk_ids == chunk
+        vals = values[mask]
+        if np.isnan(vals).all():
+            continue
+        t = ts[mask]
+        rows.append(
+            JobSeries(
+                job=job,
+                signal=signal,
+                stat=stat,
+                gpu_key=gpu_key,
+                step_seconds=step,
+                start=utc(float(chunk * span)),
+                end=utc(float(t[-1])),
+                timestamps=t.tolist(),
+                values=[None if math.isnan(v) else float(v) for v in vals],
+            )
+        )
+    return rows
+
+
+def rows_for(job: Job, sigs: JobSignals, extra: dict[str, np.ndarray]) -> list[JobSeries]:
+    step = int(sigs.step)
+    rows: list[JobSeries] = []
+    for key, series in sigs.signals.items():
+        for stat, values in series.stats.items():
+            rows += _chunk_rows(job, key, stat, "", step, series.timestamps, values)
+        if (
+            series.per_gpu is not None
+            and series.gpu_timestamps is not None
+            and len(series.gpu_timestamps) > 1
+        ):
+            gstep = round(series.gpu_timestamps[1] - series.gpu_timestamps[0])
+            for gpu, row in zip(series.gpus, series.per_gpu, strict=True):
+                rows += _chunk_rows(job, key, "gpu", str(gpu), gstep, series.gpu_timestamps, row)
+    for name, values in extra.items():
+        rows += _chunk_rows(job, name, "mean", "", step, sigs.timestamps, values)
+    return rows
+
+
+def upsert(rows: list[JobSeries]) -> None:
+    JobSeries.objects.bulk_create(
+        rows,
+        batch_size=500,
+        update_conflicts=True,
+        unique_fields=["job", "signal", "stat", "gpu_key", "start"],
+        update_fields=["step_seconds", "end", "timestamps", "values"],
+    )
+
+
+def load_job_signals(job: Job) -> JobSignals | None:
+    """The archived signals of a job as a JobSignals on one grid (None when nothing is archived)."""
+    rows = list(
+        JobSeries.objects.filter(job=job).values_list(
+            "signal", "stat", "gpu_key", "step_seconds", "timestamps", "values"
+        )
+    )
+    if not rows:
+        return None
+    agg_steps = [r[3] for r in rows if r[1] != "gpu"]
+    if not agg_steps:
+        return None
+    step = max(set(agg_steps), key=agg_steps.count)
+    start = min(min(r[4]) for r in rows if r[1] != "gpu" and r[3] == step)
+    end = max(max(r[4]) for r in rows if r[1] != "gpu" and r[3] == step)
+    ts = grid(start, end, step)
+    result = JobSignals(start, end, step, ts)
+    agg: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
+    per_gpu: dict[str, dict[str, list[tuple[list[float], list[float | None]]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    gpu_steps: dict[str, int] = {}
+    for signal, stat, gpu_key, row_step, times, values in rows:
+        if stat == "gpu":
+            per_gpu[signal][gpu_key].append((times, values))
+            gpu_steps[signal] = row_step
+            continue
+        if row_step != step:
+            continue
+        target = agg[signal].setdefault(stat, np.full(ts.shape, np.nan))
+        idx = np.rint((np.asarray(times) - start) / step).astype(np.int64)
+        vals = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        ok = (idx >= 0) & (idx < len(ts))
+        target[idx[ok]] = vals[ok]
+    for signal, stats in agg.items():
+        unit = (
+            SIGNALS[signal].unit if signal in SIGNALS else ("tokens/s" if signal == THROUGHPUT else "ratio")
+        )
+        series = SignalSeries(signal, unit, ts, stats)
+        if signal in per_gpu:
+            gstep = gpu_steps[signal]
+            gts = grid(math.floor(start / gstep) * gstep, end, gstep)
+            keys = sorted(per_gpu[signal], key=_gpu_sort_key)
+            matrix = np.full((len(keys), len(gts)), np.nan)
+            for i, key in enumerate(keys):
+                for times, values in per_gpu[signal][key]:
+                    idx = np.rint((np.asarray(times) - gts[0]) / gstep).astype(np.int64)
+                    vals = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+                    ok = (idx >= 0) & (idx < len(gts))
+                    matrix[i, idx[ok]] = vals[ok]
+            series.gpus = tuple(GpuKey(*k.rsplit("/", 1)) for k in keys)
+            series.gpu_timestamps, series.per_gpu = gts, matrix
+        result.signals[signal] = series
+    result.missing = dict((job.summary or {}).get("missing_reasons", {}))
+    return result
+
+
+def _gpu_sort_key(key: str) -> tuple[str, int, str]:
+    host, _, gpu = key.rpartition("/")
+    return host, int(gpu) if gpu.isdigit() else -1, gpu
+
+
