@@ -37,7 +37,7 @@ export DEMO_STATE_DIR ?= $(CURDIR)/$(VAR)/demo
 demo: migrate
 	$(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
 	@.ci/services restart-prometheus
-	$(PY) manage.py ingest --once
+	$(PY) manage.py load_demo --finish
 	$(PY) manage.py collectstatic --noinput -v0
 	@mkdir -p $(VAR)/run
 	@$(MAKE) --no-print-directory _stop_app

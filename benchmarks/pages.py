@@ -113,13 +113,13 @@ def _make_job(team, gpu, external_id: str, running: bool):
 
 
 def _fill_series(job, step: int, gpu_step: int, keys: list[str], gpu_keys: list[str]) -> int:
-    # jobs.ingest's own row builder, so the archive has exactly the production layout.
-    from jobs.ingest import _rows_for, _upsert
+    # jobs.archive.s own row builder, so the archive has exactly the production layout.
+    from jobs.archive import rows_for, upsert
 
     sigs, derived = _synthetic_signals(step, gpu_step, keys, gpu_keys)
-    rows = _rows_for(job, sigs, derived)
+    rows = rows_for(job, sigs, derived)
     for i in range(0, len(rows), 2000):
-        _upsert(rows[i : i + 2000])
+        upsert(rows[i : i + 2000])
     return len(rows)
 
 

@@ -7,6 +7,7 @@ receiving data from a simulated dcgm-exporter endpoint that the demo's Prometheu
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import tempfile
@@ -23,7 +24,11 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 
-from jobs.models import Job, Membership, Team
+from jobs.artifacts import parse_artifact, store_upload
+from jobs.baselines import promote
+from jobs.findings import run_diagnosis
+from jobs.ingest import ingest_once
+from jobs.models import Finding, Job, Membership, Team
 from jobs.registry import register_job
 from jobs.simulate import (
     SCENARIOS,
@@ -42,6 +47,7 @@ DEMO_PASSWORD = "demo-password"
 TEAMS = (("llm-pretrain", "LLM pretraining"), ("vision", "Vision"), ("speech", "Speech"))
 MEMBERS = (("alice", "llm-pretrain"), ("bob", "vision"), ("carol", "speech"))
 LIVE_SPECS_FILE = "demo-live-jobs.json"
+HOST_SYNC_JOB = "demo-4850"
 _MODELS = (("llama-7b", 6.7e9), ("vit-h-632m", 0.63e9), ("whisper-large-1.5b", 1.55e9))
 
 
@@ -83,6 +89,10 @@ def plan(now: datetime) -> list[DemoJob]:
         start = t_now - (5 + i % 3) * 3600
         spec = _spec(scenario, f"demo-{4800 + i}", hosts(gpus), gpus, start, 2.0, 60.0, 100 + i, params)
         jobs.append(DemoJob(spec, team, f"{model}-{scenario.replace('_', '-')}", model, ended=True))
+    # host_sync shows only in a trace: this job gets a synthetic profiler trace with blocking syncs.
+    start = t_now - 4 * 3600
+    spec = _spec("false_saturation", HOST_SYNC_JOB, hosts(8), 8, start, 2.0, 60.0, 150, 6.7e9)
+    jobs.append(DemoJob(spec, "llm-pretrain", "llama-7b-host-sync", "llama-7b", ended=True))
     # Two running jobs (healthy and false saturation): the live exporter keeps feeding them.
     for j, scenario in enumerate(("healthy", "false_saturation")):
         team, _ = TEAMS[j]
@@ -184,6 +194,60 @@ def load(tsdb_dir: Path, state_dir: Path, now: datetime | None = None) -> dict[s
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / LIVE_SPECS_FILE).write_text(json.dumps(live, indent=1))
     return {"jobs_created": len(new), "jobs_existing": len(known), "live_jobs": len(live)}
+
+
+def host_sync_trace(steps: int = 6, kernels_per_step: int = 20, syncs_per_step: int = 3) -> bytes:
+    """A small Kineto trace whose step calls cudaStreamSynchronize (think `.item()`) a few times."""
+    events: list[dict[str, Any]] = []
+    t, corr = 1000.0, 1
+    every = max(1, kernels_per_step // syncs_per_step)
+    for step in range(steps):
+        step_start = t
+        for k in range(kernels_per_step):
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": t, "dur": 6.0, "args": {"correlation": corr}})  # fmt: skip
+            events.append({"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n",
+                           "pid": 0, "tid": 7, "ts": t + 8, "dur": 120.0,
+                           "args": {"correlation": corr, "stream": 7, "device": 0}})  # fmt: skip
+            corr, t = corr + 1, t + 130
+            if k % every == 0:
+                events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
+                               "tid": 1, "ts": t, "dur": 400.0, "args": {"correlation": corr}})  # fmt: skip
+                corr, t = corr + 1, t + 900  # the CPU waits, then prepares the next launch: the GPU idles
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1,
+                       "tid": 1, "ts": step_start, "dur": t - step_start})  # fmt: skip
+    trace = {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132}],
+        "distributedInfo": {"rank": 0, "world_size": 8, "backend": "nccl"},
+        "traceEvents": events,
+    }
+    return json.dumps(trace).encode()
+
+
+def finish() -> dict[str, Any]:
+    """After Prometheus has loaded the demo blocks: ingest everything, attach the profiler trace, promote
+    the healthy history runs to baselines, and diagnose again so every finding code appears somewhere."""
+    report = ingest_once()
+    job = Job.objects.filter(external_id=HOST_SYNC_JOB).first()
+    if job is not None and not job.artifacts.exists():
+        artifact = store_upload(
+            job, io.BytesIO(host_sync_trace()), filename="rank0.pt.trace.json", parse=False
+        )
+        parse_artifact(artifact.pk)
+    promoted = 0
+    for candidate in Job.objects.filter(external_id__startswith="demo-h", status=Job.Status.FINALIZED):
+        healthy = (
+            candidate.mfu is not None
+            and candidate.mfu >= 0.4
+            and not candidate.findings.exclude(severity=Finding.Severity.INFO).exists()
+        )
+        if healthy and not candidate.baselines.exists():
+            promote(candidate)
+            promoted += 1
+    for other in Job.objects.filter(external_id__startswith="demo-h"):
+        run_diagnosis(other)
+    return {**report, "baselines_promoted_runs": promoted}
 
 
 def truncate(result: SimResult, until: float) -> SimResult:

@@ -284,11 +284,6 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "details": job.summary or {},
         "defs": definitions(job),
         "kpis": kpis(job),
-        "ratios": {
-            "gpu_util": job.gpu_util_mean,
-            "sm_active": job.sm_active_mean,
-            "tensor_active": job.tensor_active_mean,
-        },
         "verdict": utilisation_verdict(job),
         "trio": [
             ("gpu_util", "nvidia-smi util", job.gpu_util_mean, "share of time any kernel was running"),
@@ -330,6 +325,7 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
         "running": job.status == Job.Status.RUNNING,
         "data_until": job.data_until.isoformat() if job.data_until else None,
         "kpis": kpis(job),
+        "verdict": utilisation_verdict(job),
         "ratios": {
             "gpu_util": job.gpu_util_mean,
             "sm_active": job.sm_active_mean,

@@ -199,24 +199,27 @@
       var bar = document.querySelector('[data-bar="' + key + '"]');
       if (bar && typeof ratios[key] === "number") { bar.setAttribute("width", String(Math.round(ratios[key] * 100))); }
     });
+    var verdict = document.querySelector('[data-field="verdict"]');
+    if (verdict && body.verdict) { verdict.textContent = body.verdict; }
     var until = document.querySelector('[data-field="data_until"]');
     if (until && body.data_until) { until.textContent = body.data_until.slice(0, 16).replace("T", " "); }
   }
 
   function refresh() {
     var extra = detailWindow ? "start=" + detailWindow[0] / 1000 + "&end=" + detailWindow[1] / 1000 : "";
-    fetchJson(figuresUrl(extra)).then(function (body) {
+    return fetchJson(figuresUrl(extra)).then(function (body) {
       updateNumbers(body);
-      if (!detailWindow) { fullFigures = { timeseries: body.timeseries, heatmap: body.heatmap }; }
-      if (body.timeseries && body.timeseries.layout.xaxis.range && !detailWindow) {
-        fullRange = body.timeseries.layout.xaxis.range.slice();
+      if (!detailWindow) {
+        fullFigures = { timeseries: body.timeseries, heatmap: body.heatmap };
+        if (body.timeseries && body.timeseries.layout.xaxis.range) {
+          fullRange = body.timeseries.layout.xaxis.range.slice();
+        }
       }
-      draw(ts, body.timeseries);
-      draw(heat, body.heatmap);
-      if (!body.running) {
+      if (!body.running && refreshTimer) {
         clearInterval(refreshTimer);
         say("The job has ended; reload the page for its final numbers and findings.");
       }
+      return Promise.all([draw(ts, body.timeseries), draw(heat, body.heatmap)]);
     }).catch(function () { /* keep the last data; the next tick retries */ });
   }
 
@@ -250,6 +253,8 @@
     });
     initArtifacts();
     if (page.running) { refreshTimer = setInterval(refresh, (page.refresh_s || 60) * 1000); }
+    // For the browser tests and for debugging from the console.
+    window.jobPage = { refresh: refresh, zoomTo: zoomTo, showWholeJob: showWholeJob };
   }
 
   if (document.readyState === "loading") {

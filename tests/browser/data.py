@@ -73,15 +73,16 @@ def register(sim: SimResult, team: Any, *, ended: bool, **extra: Any):
     return register_job(data).job
 
 
-def ingest(job: Any, prom_url: str, *, ended: bool) -> Any:
-    """Pull the job's series from Prometheus into the archive (finalize when ended, else one poll)."""
+def ingest(job: Any, prom_url: str, *, ended: bool, hours: float = 2.0) -> Any:
+    """Pull the job's series from Prometheus into the archive (finalize when ended, else one poll
+    `hours` after the simulated start)."""
     from jobs import ingest as ingestion
     from jobs.prometheus import PrometheusClient
 
     client = PrometheusClient(prom_url, timeout_s=20, retries=0)
     if ended:
         return ingestion.finalize_job(job, client, now=START + timedelta(hours=4))
-    return ingestion.poll_job(job, client, now=START + timedelta(hours=2))
+    return ingestion.poll_job(job, client, now=START + timedelta(hours=hours))
 
 
 def add_findings(job: Any) -> list[Any]:

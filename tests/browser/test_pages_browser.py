@@ -123,6 +123,30 @@ def test_clicking_a_finding_zooms_every_plot(watched, live_server, member, job):
 
 
 @db
+def test_a_running_job_refreshes_without_reloading(watched, live_server, member, prom, sims):
+    job = data.register(sims["7002"], member.teams.get(), ended=False)
+    job = data.ingest(job, prom.url, ended=False, hours=1)
+    log_in(watched, live_server.url, member.username)
+    open_job(watched, live_server, job)
+    page = watched.page
+    page.evaluate("window.__sameDocument = true")
+    end_before = x_range(page, "timeseries")[1]
+    assert page.locator('[data-field="data_until"]').inner_text() == "2026-01-01 01:00"
+    data.ingest(job, prom.url, ended=False, hours=2)  # the next minute's poll, one hour later
+    page.evaluate("window.jobPage.refresh()")
+    page.wait_for_function(
+        "document.querySelector('[data-field=\"data_until\"]').textContent === '2026-01-01 02:00'"
+    )
+    end_after = page.evaluate("Math.max(...document.getElementById('timeseries').data.flatMap(t => t.x))")
+    assert end_after >= end_before + 50 * 60 * 1000
+    assert page.evaluate("window.__sameDocument") is True  # no reload happened
+    # The heatmap falls back to nvidia-smi util: this job has no SM_ACTIVE.
+    assert page.get_by_text("Per GPU: nvidia-smi util over time").is_visible()
+    watched.shot("job-page-running-no-sm-active")
+    watched.assert_clean()
+
+
+@db
 def test_uploading_an_artifact_shows_its_analysis(
     watched, live_server, member, job, monkeypatch, settings, tmp_path
 ):

@@ -17,16 +17,31 @@ class Command(BaseCommand):
     help = (
         "Create demo teams and users (demo / demo-password) and a simulated cluster: one job per diagnosis "
         "scenario, two running jobs and six weeks of history. Metrics are written into the Prometheus TSDB "
-        "directory given (restart Prometheus afterwards, then run `ingest --once`)."
+        "directory given; restart Prometheus, then run `load_demo --finish`."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--tsdb", required=True, help="Prometheus --storage.tsdb.path to backfill into")
+        parser.add_argument("--tsdb", help="Prometheus --storage.tsdb.path to backfill into")
+        parser.add_argument(
+            "--finish",
+            action="store_true",
+            help="second step, once Prometheus has loaded the blocks: ingest, attach a trace, baselines",
+        )
         parser.add_argument(
             "--state-dir", help="where to keep the running jobs' specs (default DEMO_STATE_DIR)"
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["finish"]:
+            report = demo.finish()
+            self.stdout.write(
+                f"demo: polled {len(report['polled'])}, finalized {len(report['finalized'])}, "
+                f"stale {len(report['stale'])}; "
+                f"{report['baselines_promoted_runs']} runs promoted to baselines"
+            )
+            return
+        if not opts["tsdb"]:
+            raise CommandError("give --tsdb DIR (or --finish after restarting Prometheus)")
         state = opts["state_dir"] or settings.DEMO_STATE_DIR
         if not state:
             raise CommandError("give --state-dir or set DEMO_STATE_DIR")
