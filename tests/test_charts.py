@@ -198,6 +198,16 @@ def test_finding_windows_are_shaded_numbered_and_bounded():
     assert labels[0]["font"]["color"] == "#000000" and labels[1]["font"]["color"] == "#ffffff"
 
 
+def test_a_finding_over_the_whole_span_is_not_shaded():
+    t0 = 1.7e9
+    whole = charts.FindingMark("straggler", 1, "x", charts.BLUE, ((t0, t0 + 0.95 * DAY),))
+    part = charts.FindingMark("throttling", 2, "y", charts.VERMILLION, ((t0, t0 + 3600),))
+    shapes, labels = charts.finding_shapes([whole, part], span_s=DAY, points=1000)
+    assert {s["name"] for s in shapes} == {"finding:throttling"} and len(labels) == 1
+    assert charts.covers_whole_span([[t0, t0 + DAY / 2], [t0 + DAY / 2, t0 + DAY]], DAY)
+    assert not charts.covers_whole_span([], DAY)
+
+
 def test_merge_windows_merges_overlaps_and_close_gaps():
     merged = charts.merge_windows([[10, 20], [15, 30], [31, 40], [100, 110], [5, 4]], min_gap_s=2)
     assert merged == [(10.0, 40.0), (100.0, 110.0)]

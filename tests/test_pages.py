@@ -47,7 +47,7 @@ def outsider(make_user, make_team):
 
 @pytest.fixture
 def finished(prom, sims, team):
-    """Job 7001: 16 GPUs, 3 h, ended and finalized, with two findings."""
+    """Job 7001: 16 GPUs, 3 h, ended and finalized; its diagnosis plus two findings with short windows."""
     job = data.register(sims["7001"], team, ended=True)
     job = data.ingest(job, prom.url, ended=True)
     assert job.status == Job.Status.FINALIZED and not job.ingest_error
@@ -91,9 +91,12 @@ def test_job_page_shows_kpis_with_units_findings_and_real_series(client, member,
     assert unescape(finished.summary["price_note"]) in unescape(html)
     # The utilisation contrast comes before the findings and the charts.
     assert html.index("nvidia-smi util") < html.index('id="findings"') < html.index('id="charts"')
-    # Findings ranked by $/day, each with a keyboard-usable zoom button.
-    assert html.index("One GPU is slower") < html.index("Collectives wait")
+    # Findings ranked by $/day (the diagnosis found the planted straggler); those with windows have a
+    # keyboard-usable zoom button, the straggler spans the whole job and needs none.
+    assert html.index("Clocks throttled") < html.index("Straggler: node-b/7") < html.index("Collectives wait")
     assert html.count('class="zoom secondary"') == 2
+    straggler = html[html.index('id="finding-straggler"') :]
+    assert "When: the whole job" in straggler[: straggler.index("\n    </li>")]
     # Recommendation text from a rule is escaped, never markup.
     assert "&lt;b&gt;now&lt;/b&gt;" in html and "<b>now</b>" not in html
     # No inline script: json_script is data, and scripts come from our static files.
@@ -115,9 +118,12 @@ def test_job_page_shows_kpis_with_units_findings_and_real_series(client, member,
     x = names["SM active"]["x"]
     assert x[0] >= finished.started_at.timestamp() * 1000 - 3600_000
     assert x[-1] <= finished.ended_at.timestamp() * 1000 + 3600_000
-    # Finding windows are shaded across all subplots.
+    # Finding windows are shaded across all subplots (not the whole-job straggler: it would tint all).
     shapes = [s for s in ts["layout"]["shapes"] if s.get("name", "").startswith("finding:")]
-    assert {s["name"] for s in shapes} == {"finding:straggler", "finding:communication_wait"}
+    assert {s["name"] for s in shapes} == {
+        "finding:throttling",
+        "finding:communication_wait",
+    }
     assert all(s["yref"] == "paper" for s in shapes)
     # Per-GPU heatmap: 16 GPUs, in %.
     heat = figures["heatmap"]["data"][0]

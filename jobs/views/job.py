@@ -14,6 +14,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, strip_tags
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
@@ -117,23 +118,31 @@ def _window_text(windows: tuple[tuple[float, float], ...]) -> str:
     return f"{count}, {hours:,.1f} h in all, {first:%Y-%m-%d %H:%M} → {last:%Y-%m-%d %H:%M} UTC"
 
 
-def finding_views(findings: list[Finding]) -> list[FindingView]:
-    """Findings in page order (most $/day first) with what the list and its zoom buttons need."""
+def finding_views(findings: list[Finding], job_span_s: float) -> list[FindingView]:
+    """Findings in page order (most $/day first) with what the list and its zoom buttons need. A finding
+    over (nearly) the whole job gets no zoom button: there is nothing to zoom to."""
     out = []
     for f, mark in zip(findings, finding_marks(findings), strict=True):
         zoom = None
-        if mark.windows:
+        whole = not mark.windows or charts.covers_whole_span(mark.windows, job_span_s)
+        if not whole:
             zoom = (
                 round(min(w[0] for w in mark.windows) * 1000),
                 round(max(w[1] for w in mark.windows) * 1000),
             )
+        text = "the whole job" if whole else _window_text(mark.windows)
         out.append(
             FindingView(
-                f, mark, (mark.number - 1) % len(charts.FINDING_COLOURS), _window_text(mark.windows), zoom,
+                f, mark, (mark.number - 1) % len(charts.FINDING_COLOURS), text, zoom,
                 [_evidence(e) for e in (f.evidence or [])],
             )
         )  # fmt: skip
     return out
+
+
+def _job_span_s(job: Job) -> float:
+    end = job.ended_at or job.data_until or timezone.now()
+    return max(0.0, (end - job.started_at).total_seconds())
 
 
 def _window(request: HttpRequest) -> tuple[float, float] | None:
@@ -174,7 +183,9 @@ def build_figures(
     )
     return {
         "timeseries": timeseries,
-        "heatmap": charts.heatmap_figure(per_gpu, label, window=window),
+        "heatmap": charts.heatmap_figure(
+            per_gpu, label, window=window, x_range=timeseries["layout"]["xaxis"].get("range")
+        ),
         "heatmap_label": label,
         "outliers": charts.gpu_outliers(per_gpu) if window is None else [],
         "missing": charts.missing_lines(sigs, reasons),
@@ -296,7 +307,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
             ),
         ],
         "target_mfu": settings.TARGET_MFU,
-        "findings": finding_views(findings),
+        "findings": finding_views(findings, _job_span_s(job)),
         "artifacts": artifacts,
         "kinds": Artifact.Kind.choices,
         "figures": figures,

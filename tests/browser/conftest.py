@@ -52,6 +52,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=f"{CHROMIUM} is absent (Debian package 'chromium')"))
 
 
+@pytest.fixture
+def catalog(transactional_db: None) -> None:
+    """The seeded GPU catalog and price book. live_server needs committed data, so browser tests are
+    transactional, and a transactional test before them may have flushed the migration's seed rows
+    (Django's serialized_rollback restores them only while content-type ids never changed, which other
+    transactional tests break); seeding is idempotent."""
+    from jobs.models import GpuModel, PriceEntry
+    from jobs.seed import seed_catalog
+
+    seed_catalog(GpuModel, PriceEntry)
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     """One headless Chromium for the session."""

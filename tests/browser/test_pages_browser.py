@@ -13,8 +13,8 @@ from tests.browser import data
 from tests.browser.conftest import LAPTOP, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.prometheus]
-# live_server needs committed data; serialized_rollback restores the seeded GPU catalog and price book.
-db = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+# live_server needs committed data; the `catalog` fixture puts the seeded GPU catalog back.
+db = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def prom(sims, tmp_path_factory):
 
 
 @pytest.fixture
-def member(make_team, make_user):
+def member(catalog, make_team, make_user):
     team = make_team("llm", "LLM pretraining")
     return make_user("alice", teams=[team])
 
@@ -84,10 +84,10 @@ def test_clicking_a_finding_zooms_every_plot(watched, live_server, member, job):
     open_job(watched, live_server, job)
     page = watched.page
     before = x_range(page, "timeseries")
-    straggler = Finding.objects.get(job=job, code="straggler")
-    start, end = (t * 1000 for t in straggler.windows[0])
+    throttling = Finding.objects.get(job=job, code="throttling")
+    start, end = (t * 1000 for t in throttling.windows[0])
 
-    page.locator("#finding-straggler button.zoom").click()
+    page.locator("#finding-throttling button.zoom").click()
     page.wait_for_function(
         "(b) => { const r = document.getElementById('timeseries')._fullLayout.xaxis.range;"
         " return Date.parse(String(r[0]).replace(' ', 'T') + 'Z') > b; }",
@@ -97,7 +97,7 @@ def test_clicking_a_finding_zooms_every_plot(watched, live_server, member, job):
     assert zoomed != before
     assert before[0] < zoomed[0] <= start and end <= zoomed[1] < before[1]
     assert x_range(page, "heatmap") == pytest.approx(zoomed, abs=1000)
-    assert page.locator("#finding-straggler button.zoom").get_attribute("aria-pressed") == "true"
+    assert page.locator("#finding-throttling button.zoom").get_attribute("aria-pressed") == "true"
     page.wait_for_selector("#zoom-status:has-text('full detail')")
     watched.shot("job-page-zoomed-to-finding", full_page=False)
 
@@ -210,6 +210,11 @@ def test_leaderboard_sorts(watched, live_server, member):
 def test_other_pages_fit_a_laptop_and_are_clean(watched, live_server, member, job):
     log_in(watched, live_server.url, member.username)
     page = watched.page
+    page.set_viewport_size({"width": 1024, "height": 768})  # a small laptop
+    open_job(watched, live_server, job)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1024
+    watched.shot("job-page-1024", full_page=False)
+    page.set_viewport_size(LAPTOP)
     for name, path in (
         ("job-list", "/"),
         ("team", "/teams/llm/"),

@@ -1,16 +1,14 @@
-"""Plotly figures as plain dicts, built in Python and drawn by one static script per page. Pure: no Django.
+"""The job's time-series figure, the per-GPU heatmap, straggler candidates and sparklines. Pure: no Django.
 
 Every axis names its unit; every trace is downsampled to a pixel budget (jobs.downsample) with a min/max
 envelope wherever thinning could hide a spike; missing signals stay missing (a note in the chart, never a
 line at 0). Times go to the browser as Unix milliseconds (Plotly's native date number).
 
-Text that comes from users or traces (GPU host names, frame and kernel names) is HTML-escaped: Plotly
-interprets a small HTML subset (<a href>, <b>, <br>) in labels, and decodes entities back for display.
+Host names are escaped (jobs.charts.common.escape).
 """
 
 from __future__ import annotations
 
-import html
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -19,22 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from jobs.charts.common import BLACK, BLUE, FONT, GREEN, GREY, PURPLE, VERMILLION, escape
 from jobs.downsample import bucket_mean, downsample_line
 from jobs.signals import JobSignals, SignalSeries
-
-# Okabe-Ito, the colour-blind-safe palette of app.css. Lines use only the members with >= 3:1 contrast on
-# white (blue, vermillion, green, black, purple) and differ in dash style too: colour is never the only cue.
-BLACK, ORANGE, SKY, GREEN = "#000000", "#E69F00", "#56B4E9", "#009E73"
-YELLOW, BLUE, VERMILLION, PURPLE = "#F0E442", "#0072B2", "#D55E00", "#CC79A7"
-GREY = "#5f6b77"
-FINDING_COLOURS = (VERMILLION, BLUE, GREEN, PURPLE, ORANGE, SKY, BLACK, YELLOW)
 
 DEFAULT_POINTS = 1000  # per trace: about one point per horizontal pixel of a laptop-wide chart
 MAX_POINTS = 2400
 MIN_POINTS = 100
 HEATMAP_COLUMNS = 300
 MAX_SHAPES = 240  # finding windows drawn; closer windows are merged first
-FONT = {"family": 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif', "size": 12, "color": "#1b1f24"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +94,6 @@ class FindingMark:
     title: str
     colour: str
     windows: tuple[tuple[float, float], ...] = field(default_factory=tuple)
-
-
-def escape(text: object) -> str:
-    """Text from users or traces made inert for Plotly's HTML-like labels (entities display literally)."""
-    return html.escape(str(text), quote=False)
 
 
 def ms(values: np.ndarray) -> list[int]:
@@ -194,16 +180,30 @@ def merge_windows(
         gap = max(gap * 2, 1.0)
 
 
+WHOLE_SPAN_SHARE = 0.9  # a finding whose windows cover this much of the shown span is "the whole job"
+
+
+def covers_whole_span(windows: Sequence[Sequence[float]], span_s: float) -> bool:
+    """Whether the windows (merged) cover most of the span: shading them would tint the whole chart, and
+    zooming to them would show nothing new."""
+    if span_s <= 0 or not windows:
+        return False
+    return sum(end - start for start, end in merge_windows(windows, 0.0)) >= WHOLE_SPAN_SHARE * span_s
+
+
 def finding_shapes(
     marks: Sequence[FindingMark], span_s: float, points: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Shaded rectangles over every subplot for each finding window, and a numbered label over the first
-    window of each finding (the number matches the findings list: colour is not the only cue)."""
+    window of each finding (the number matches the findings list: colour is not the only cue). Findings
+    that cover the whole span are not shaded: the list says "the whole job"."""
     shapes: list[dict[str, Any]] = []
     labels: list[dict[str, Any]] = []
     per = max(1, MAX_SHAPES // max(1, len(marks)))
     pixel_s = span_s / max(points, 1)
     for mark in marks:
+        if covers_whole_span(mark.windows, span_s):
+            continue
         merged = merge_windows(mark.windows, pixel_s, per)
         for start, end in merged:
             if end - start < pixel_s:  # keep sub-pixel windows visible
@@ -276,12 +276,10 @@ def timeseries_figure(
         "shapes": [],
         "annotations": [],
     }  # fmt: skip
-    span = (sigs.end - sigs.start) if sigs is not None else 0.0
-    if window is not None:
-        span = window[1] - window[0]
-        layout["xaxis"]["range"] = [round(window[0] * 1000), round(window[1] * 1000)]
-    elif sigs is not None and span > 0:
-        layout["xaxis"]["range"] = [round(sigs.start * 1000), round(sigs.end * 1000)]
+    shown = window or data_extent(sigs)
+    span = (shown[1] - shown[0]) if shown else 0.0
+    if shown and span > 0:
+        layout["xaxis"]["range"] = [round(shown[0] * 1000), round(shown[1] * 1000)]
     for r, row in enumerate(ROWS, start=1):
         top = 1 - (r - 1) * (row_h + gap)
         axis_key = "yaxis" if r == 1 else f"yaxis{r}"
@@ -335,6 +333,22 @@ def timeseries_figure(
     layout["shapes"] += shapes
     layout["annotations"] += labels
     return {"data": data, "layout": layout}
+
+
+def data_extent(sigs: JobSignals | None) -> tuple[float, float] | None:
+    """First and last time any charted signal has a sample (archive chunks are aligned to the clock, so
+    the grid can start hours before the job)."""
+    if sigs is None:
+        return None
+    present = np.zeros(sigs.timestamps.shape, dtype=bool)
+    for key in CHART_SIGNALS:
+        series = sigs.get(key)
+        if series is not None and series.mean is not None:
+            present |= ~np.isnan(series.mean)
+    if not present.any():
+        return None
+    idx = np.flatnonzero(present)
+    return float(sigs.timestamps[idx[0]]), float(sigs.timestamps[idx[-1]])
 
 
 def _row_index(title: str) -> int:
@@ -391,17 +405,22 @@ def heatmap_figure(
     *,
     columns: int = HEATMAP_COLUMNS,
     window: tuple[float, float] | None = None,
+    x_range: Sequence[int] | None = None,
 ) -> dict[str, Any] | None:
     """GPU x time heatmap of a ratio signal in %, bucket-averaged to `columns` columns (None without
-    per-GPU data). Rows are GPUs in host/index order so a node's GPUs sit together."""
+        per-GPU data). Rows are GPUs in host/index order so a node's GPUs sit together. `x_range` (Unix ms)
+    starts it on the time series' range so both line up."""
     if series is None or series.per_gpu is None or series.gpu_timestamps is None or not series.gpus:
         return None
     ts, matrix = series.gpu_timestamps, series.per_gpu
     if window is not None:
         part = _window_slice(ts, window)
         ts, matrix = ts[part], matrix[:, part]
-    if ts.size == 0:
+    filled = np.flatnonzero(~np.isnan(matrix).all(axis=0)) if ts.size else np.empty(0, dtype=np.int64)
+    if filled.size == 0:
         return None
+    # Chunks are aligned to the clock: drop empty columns before the first and after the last sample.
+    ts, matrix = ts[filled[0] : filled[-1] + 1], matrix[:, filled[0] : filled[-1] + 1]
     edges, means = bucket_mean(matrix, columns)
     ends = np.append(edges[1:], ts.size)
     centres = (ts[edges] + ts[ends - 1]) / 2.0
@@ -420,7 +439,8 @@ def heatmap_figure(
         "layout": {
             "height": height, "margin": {"l": 110, "r": 16, "t": 10, "b": 40}, "font": FONT,
             "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "dragmode": "zoom",
-            "xaxis": {"type": "date", "hoverformat": "%Y-%m-%d %H:%M UTC"},
+            "xaxis": {"type": "date", "hoverformat": "%Y-%m-%d %H:%M UTC",
+                      **({"range": list(x_range)} if x_range else {})},
             "yaxis": {"type": "category", "autorange": "reversed", "fixedrange": True,
                       "title": {"text": "GPU (host/index)"}},
         },
@@ -487,108 +507,3 @@ def sparkline_points(
 def _tick(point: str) -> str:
     x, y = (float(v) for v in point.split(","))
     return f"{x - 2:.1f},{y:.1f} {x + 2:.1f},{y:.1f}"
-
-
-# ---------------------------------------------------------------------------------- artifact analyses
-
-_BREAKDOWN = (("compute_pct", "Compute", BLUE), ("non_compute_pct", "Non-compute (comm, memcpy…)", ORANGE),
-              ("idle_pct", "Idle", GREY))  # fmt: skip
-_STEP_PARTS = (
-    ("kernel_pct", "Kernels", BLUE), ("communication_pct", "Communication", ORANGE),
-    ("memcpy_pct", "Memcpy", SKY), ("memset_pct", "Memset", YELLOW), ("runtime_pct", "CUDA runtime", PURPLE),
-    ("dataloader_pct", "DataLoader", VERMILLION), ("cpu_exec_pct", "CPU ops", GREEN),
-    ("other_pct", "Other", GREY),
-)  # fmt: skip
-PYSPY_CLASS_COLOURS = {
-    "data_loading": VERMILLION, "tokenization": ORANGE, "collate": YELLOW, "framework": BLUE,
-    "stdlib": SKY, "user_code": GREEN, "other": "#c9d1d9", "": "#e6eaee",
-}  # fmt: skip
-MAX_BAR_RANKS = 64
-
-
-def _stacked_bars(rows: list[tuple[str, dict[str, Any]]], parts: Sequence[tuple[str, str, str]], title: str):
-    labels = [escape(label) for label, _ in rows]
-    data = [
-        {
-            "type": "bar", "orientation": "h", "name": name, "y": labels,
-            "x": [None if (v := section.get(key)) is None else round(float(v), 2) for _, section in rows],
-            "marker": {"color": colour}, "hovertemplate": f"{name}: %{{x:.1f}} %<extra>%{{y}}</extra>",
-        }
-        for key, name, colour in parts
-    ]  # fmt: skip
-    return {
-        "data": data,
-        "layout": {
-            "barmode": "stack", "height": 90 + 26 * len(rows), "font": FONT, "paper_bgcolor": "#ffffff",
-            "plot_bgcolor": "#ffffff", "margin": {"l": 80, "r": 16, "t": 30, "b": 36},
-            "xaxis": {"range": [0, 100], "title": {"text": title}, "fixedrange": True},
-            "yaxis": {"type": "category", "autorange": "reversed", "fixedrange": True},
-            "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-        },
-    }  # fmt: skip
-
-
-def trace_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Per rank, HTA's temporal breakdown: compute, non-compute and idle as % of the GPU span."""
-    ranks = [r for r in analysis.get("ranks") or [] if (r.get("temporal_breakdown") or {}).get("idle_pct")
-             is not None][:MAX_BAR_RANKS]  # fmt: skip
-    if not ranks:
-        return None
-    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["temporal_breakdown"]) for r in ranks]
-    return _stacked_bars(rows, _BREAKDOWN, "% of the GPU-busy span (first to last GPU op)")
-
-
-def step_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Per rank, where a training step's time goes (TensorBoard plugin's step breakdown), % of step."""
-    ranks = [r for r in analysis.get("ranks") or [] if (r.get("step_breakdown") or {}).get("steps")]
-    if not ranks:
-        return None
-    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["step_breakdown"]) for r in ranks]
-    rows = rows[:MAX_BAR_RANKS]
-    return _stacked_bars(rows, _STEP_PARTS, "% of step time")
-
-
-def icicle_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A py-spy profile as a Plotly icicle (a flame graph, root on top), coloured by frame class."""
-    tree = analysis.get("icicle") or {}
-    ids, labels, parents, values = (tree.get(k) or [] for k in ("ids", "labels", "parents", "values"))
-    if not ids or not (len(ids) == len(labels) == len(parents) == len(values)):
-        return None
-    classes = tree.get("classes") or [""] * len(ids)
-    unit = "s" if analysis.get("weight_unit") == "seconds" else "samples"
-    return {
-        "data": [{
-            "type": "icicle", "ids": [escape(i) for i in ids], "labels": [escape(label) for label in labels],
-            "parents": [escape(p) for p in parents], "values": values,
-            "branchvalues": tree.get("branchvalues", "total"), "tiling": {"orientation": "v"},
-            "marker": {"colors": [PYSPY_CLASS_COLOURS.get(c, "#e6eaee") for c in classes],
-                       "line": {"width": 0.5, "color": "#ffffff"}},
-            "customdata": [escape(c) for c in classes], "maxdepth": 12, "sort": False,
-            "hovertemplate": f"%{{label}}<br>%{{value:,.2f}} {unit} · %{{percentRoot:.1%}} of all samples"
-                             "<br>class: %{customdata}<extra></extra>",
-            "textinfo": "label",
-        }],
-        "layout": {"height": 520, "margin": {"l": 4, "r": 4, "t": 4, "b": 4}, "font": FONT,
-                   "paper_bgcolor": "#ffffff"},
-    }  # fmt: skip
-
-
-def pyspy_classes_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Where the Python time went, by class (data loading, tokenisation, collate, framework, ...), in %."""
-    shares = analysis.get("classes_pct") or {}
-    if not shares:
-        return None
-    keys = [k for k in PYSPY_CLASS_COLOURS if k in shares]
-    return {
-        "data": [{
-            "type": "bar", "orientation": "h", "y": [k.replace("_", " ") for k in keys],
-            "x": [shares[k] for k in keys], "marker": {"color": [PYSPY_CLASS_COLOURS[k] for k in keys]},
-            "hovertemplate": "%{y}: %{x:.1f} % of samples<extra></extra>",
-        }],
-        "layout": {
-            "height": 60 + 26 * len(keys), "font": FONT, "paper_bgcolor": "#ffffff",
-            "plot_bgcolor": "#ffffff", "margin": {"l": 100, "r": 16, "t": 8, "b": 36},
-            "xaxis": {"range": [0, 100], "title": {"text": "% of samples"}, "fixedrange": True},
-            "yaxis": {"autorange": "reversed", "fixedrange": True},
-        },
-    }  # fmt: skip

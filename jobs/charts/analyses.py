@@ -1,0 +1,112 @@
+"""Figures of artifact analyses: HTA breakdown bars per rank, step breakdown, py-spy icicle and classes.
+Pure: no Django. Frame and rank names are escaped (jobs.charts.common.escape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jobs.charts.common import BLUE, FONT, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, escape
+
+_BREAKDOWN = (("compute_pct", "Compute", BLUE), ("non_compute_pct", "Non-compute (comm, memcpy…)", ORANGE),
+              ("idle_pct", "Idle", GREY))  # fmt: skip
+_STEP_PARTS = (
+    ("kernel_pct", "Kernels", BLUE), ("communication_pct", "Communication", ORANGE),
+    ("memcpy_pct", "Memcpy", SKY), ("memset_pct", "Memset", YELLOW), ("runtime_pct", "CUDA runtime", PURPLE),
+    ("dataloader_pct", "DataLoader", VERMILLION), ("cpu_exec_pct", "CPU ops", GREEN),
+    ("other_pct", "Other", GREY),
+)  # fmt: skip
+PYSPY_CLASS_COLOURS = {
+    "data_loading": VERMILLION, "tokenization": ORANGE, "collate": YELLOW, "framework": BLUE,
+    "stdlib": SKY, "user_code": GREEN, "other": "#c9d1d9", "": "#e6eaee",
+}  # fmt: skip
+MAX_BAR_RANKS = 64
+
+
+def _stacked_bars(rows: list[tuple[str, dict[str, Any]]], parts: Sequence[tuple[str, str, str]], title: str):
+    labels = [escape(label) for label, _ in rows]
+    data = [
+        {
+            "type": "bar", "orientation": "h", "name": name, "y": labels,
+            "x": [None if (v := section.get(key)) is None else round(float(v), 2) for _, section in rows],
+            "marker": {"color": colour}, "hovertemplate": f"{name}: %{{x:.1f}} %<extra>%{{y}}</extra>",
+        }
+        for key, name, colour in parts
+    ]  # fmt: skip
+    return {
+        "data": data,
+        "layout": {
+            "barmode": "stack", "height": 90 + 26 * len(rows), "font": FONT, "paper_bgcolor": "#ffffff",
+            "plot_bgcolor": "#ffffff", "margin": {"l": 80, "r": 16, "t": 30, "b": 36},
+            "xaxis": {"range": [0, 100], "title": {"text": title}, "fixedrange": True},
+            "yaxis": {"type": "category", "autorange": "reversed", "fixedrange": True},
+            "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        },
+    }  # fmt: skip
+
+
+def trace_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Per rank, HTA's temporal breakdown: compute, non-compute and idle as % of the GPU span."""
+    ranks = [r for r in analysis.get("ranks") or [] if (r.get("temporal_breakdown") or {}).get("idle_pct")
+             is not None][:MAX_BAR_RANKS]  # fmt: skip
+    if not ranks:
+        return None
+    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["temporal_breakdown"]) for r in ranks]
+    return _stacked_bars(rows, _BREAKDOWN, "% of the GPU-busy span (first to last GPU op)")
+
+
+def step_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Per rank, where a training step's time goes (TensorBoard plugin's step breakdown), % of step."""
+    ranks = [r for r in analysis.get("ranks") or [] if (r.get("step_breakdown") or {}).get("steps")]
+    if not ranks:
+        return None
+    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["step_breakdown"]) for r in ranks]
+    rows = rows[:MAX_BAR_RANKS]
+    return _stacked_bars(rows, _STEP_PARTS, "% of step time")
+
+
+def icicle_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A py-spy profile as a Plotly icicle (a flame graph, root on top), coloured by frame class."""
+    tree = analysis.get("icicle") or {}
+    ids, labels, parents, values = (tree.get(k) or [] for k in ("ids", "labels", "parents", "values"))
+    if not ids or not (len(ids) == len(labels) == len(parents) == len(values)):
+        return None
+    classes = tree.get("classes") or [""] * len(ids)
+    unit = "s" if analysis.get("weight_unit") == "seconds" else "samples"
+    return {
+        "data": [{
+            "type": "icicle", "ids": [escape(i) for i in ids], "labels": [escape(label) for label in labels],
+            "parents": [escape(p) for p in parents], "values": values,
+            "branchvalues": tree.get("branchvalues", "total"), "tiling": {"orientation": "v"},
+            "marker": {"colors": [PYSPY_CLASS_COLOURS.get(c, "#e6eaee") for c in classes],
+                       "line": {"width": 0.5, "color": "#ffffff"}},
+            "customdata": [escape(c) for c in classes], "maxdepth": 12, "sort": False,
+            "hovertemplate": f"%{{label}}<br>%{{value:,.2f}} {unit} · %{{percentRoot:.1%}} of all samples"
+                             "<br>class: %{customdata}<extra></extra>",
+            "textinfo": "label",
+        }],
+        "layout": {"height": 520, "margin": {"l": 4, "r": 4, "t": 4, "b": 4}, "font": FONT,
+                   "paper_bgcolor": "#ffffff"},
+    }  # fmt: skip
+
+
+def pyspy_classes_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Where the Python time went, by class (data loading, tokenisation, collate, framework, ...), in %."""
+    shares = analysis.get("classes_pct") or {}
+    if not shares:
+        return None
+    keys = [k for k in PYSPY_CLASS_COLOURS if k in shares]
+    return {
+        "data": [{
+            "type": "bar", "orientation": "h", "y": [k.replace("_", " ") for k in keys],
+            "x": [shares[k] for k in keys], "marker": {"color": [PYSPY_CLASS_COLOURS[k] for k in keys]},
+            "hovertemplate": "%{y}: %{x:.1f} % of samples<extra></extra>",
+        }],
+        "layout": {
+            "height": 60 + 26 * len(keys), "font": FONT, "paper_bgcolor": "#ffffff",
+            "plot_bgcolor": "#ffffff", "margin": {"l": 100, "r": 16, "t": 8, "b": 36},
+            "xaxis": {"range": [0, 100], "title": {"text": "% of samples"}, "fixedrange": True},
+            "yaxis": {"autorange": "reversed", "fixedrange": True},
+        },
+    }  # fmt: skip
