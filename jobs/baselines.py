@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from jobs.models import Baseline, Job
+from jobs.registry import config_fields
 from jobs.robust import RegressionCheck, Summary, canonical_config, check_regression, summarize
 
 
@@ -53,23 +54,9 @@ METRIC_BY_KEY = {m.key: m for m in METRICS}
 
 
 def config_of(job: Job) -> dict[str, object]:
-    """The canonical config the job's fingerprint hashes (the same fields as jobs.registry.fingerprint_for),
-    kept on the baseline so its page can say what a match means."""
-    par = job.parallelism or {}
-    return canonical_config(
-        job.model_name or "unnamed",
-        gpu_model=job.gpu_model.name if job.gpu_model else job.gpu_model_name,
-        gpu_count=job.gpu_count,
-        dtype=job.dtype,
-        tp=par.get("tp", 1),
-        pp=par.get("pp", 1),
-        dp=par.get("dp", 1),
-        ep=par.get("ep", 1),
-        micro_batch=job.micro_batch,
-        global_batch=job.global_batch,
-        seq_len=(job.model_config or {}).get("seq_len"),
-        recompute=job.recompute,
-    )
+    """The canonical config the job's fingerprint hashes, kept on the baseline so its page can say what a
+    match means."""
+    return canonical_config(job.model_name or "unnamed", **config_fields(job))
 
 
 def stats_for(runs: list[Job]) -> dict[str, dict[str, Any]]:

@@ -200,6 +200,17 @@ class Job(models.Model):
             models.Index(fields=["team", "started_at"]),
             models.Index(fields=["status", "started_at"]),
             models.Index(fields=["model_name"]),
+            # Leaderboard and trend windows filter on both ends of a job; the job list sorts by these.
+            models.Index(fields=["ended_at"], name="job_ended_at_idx"),
+            models.Index(fields=["started_at"], name="job_started_at_idx"),
+            models.Index(
+                models.F("waste_per_day_usd").desc(nulls_last=True),
+                models.F("started_at").desc(),
+                name="job_waste_sort_idx",
+            ),
+            models.Index(
+                models.F("mfu").desc(nulls_last=True), models.F("started_at").desc(), name="job_mfu_sort_idx"
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -38,11 +38,10 @@ def resolve_gpu_model(reported: str) -> GpuModel | None:
     return GpuModel.objects.filter(name=spec.name).first()
 
 
-def fingerprint_for(job: Job) -> str:
-    """The model + config fingerprint baselines are keyed by."""
+def config_fields(job: Job) -> dict[str, object]:
+    """The config fields a baseline fingerprint covers (model name aside)."""
     par = job.parallelism or {}
-    return config_fingerprint(
-        model_name=job.model_name,
+    return dict(
         gpu_model=job.gpu_model.name if job.gpu_model else job.gpu_model_name,
         gpu_count=job.gpu_count,
         dtype=job.dtype,
@@ -55,6 +54,11 @@ def fingerprint_for(job: Job) -> str:
         seq_len=(job.model_config or {}).get("seq_len"),
         recompute=job.recompute,
     )
+
+
+def fingerprint_for(job: Job) -> str:
+    """The model + config fingerprint baselines are keyed by."""
+    return config_fingerprint(job.model_name, **config_fields(job))
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,13 @@ def _pyspy(view: ArtifactView, a: Mapping[str, Any]) -> None:
     if fig := charts.icicle_figure(a):
         kept, total = _g(a, "icicle", "kept_nodes"), _g(a, "icicle", "total_nodes")
         note = f" (the {kept} heaviest of {total} frames)" if kept and total and kept < total else ""
-        view.figures.append(("icicle", f"Flame graph as an icicle: width = share of samples{note}", fig))
+        view.figures.append(
+            (
+                "icicle",
+                f"Flame graph as an icicle: width = share of samples, colour = frame class as above{note}",
+                fig,
+            )
+        )
 
 
 def _ncu(view: ArtifactView, a: Mapping[str, Any]) -> None:

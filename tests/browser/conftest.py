@@ -94,11 +94,14 @@ class Watched:
         assert self.page_errors == [], self.page_errors
         assert self.csp_violations() == []
 
-    def shot(self, name: str, full_page: bool = True) -> Path:
-        """Save a screenshot under test-artifacts/screenshots/."""
+    def shot(self, name: str, full_page: bool = True, selector: str | None = None) -> Path:
+        """Save a screenshot (of the page, or of one element) under test-artifacts/screenshots/."""
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         path = SCREENSHOTS / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=full_page)
+        if selector:
+            self.page.locator(selector).screenshot(path=str(path))
+        else:
+            self.page.screenshot(path=str(path), full_page=full_page)
         return path
 
 

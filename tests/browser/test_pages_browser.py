@@ -100,6 +100,7 @@ def test_clicking_a_finding_zooms_every_plot(watched, live_server, member, job):
     assert page.locator("#finding-throttling button.zoom").get_attribute("aria-pressed") == "true"
     page.wait_for_selector("#zoom-status:has-text('full detail')")
     watched.shot("job-page-zoomed-to-finding", full_page=False)
+    watched.shot("heatmap-zoomed", selector="#heatmap")
 
     # Keyboard: Tab to the other finding's button and press Enter.
     other = Finding.objects.get(job=job, code="communication_wait")
@@ -171,6 +172,7 @@ def test_uploading_an_artifact_shows_its_analysis(
     assert page.get_by_text("Hottest Python frames").is_visible()
     page.locator("#artifacts").scroll_into_view_if_needed()
     watched.shot("job-page-artifact")
+    watched.shot("artifact-analysis", selector="#artifacts")
     watched.assert_clean()
 
 
