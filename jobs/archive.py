@@ -143,5 +143,3 @@ def load_job_signals(job: Job) -> JobSignals | None:
 def _gpu_sort_key(key: str) -> tuple[str, int, str]:
     host, _, gpu = key.rpartition("/")
     return host, int(gpu) if gpu.isdigit() else -1, gpu
-
-
