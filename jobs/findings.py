@@ -16,19 +16,13 @@ from django.conf import settings
 from django.db import transaction
 
 from jobs.archive import load_job_signals
+from jobs.baselines import active_baseline
 from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
 from jobs.diagnosis import Finding as Diagnosis
-from jobs.models import Artifact, Baseline, Finding, Job
+from jobs.models import Artifact, Finding, Job
 
 log = logging.getLogger(__name__)
 MIB = 2**20
-
-
-def active_baseline(job: Job) -> Baseline | None:
-    """The job's model + config baseline (not retired), if any."""
-    if not job.config_fingerprint:
-        return None
-    return Baseline.objects.filter(fingerprint=job.config_fingerprint, retired_at__isnull=True).first()
 
 
 def _step_time_ms(job: Job, artifacts: list[ArtifactAnalysis]) -> float | None:

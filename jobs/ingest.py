@@ -23,9 +23,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import archive
+from jobs.baselines import active_baseline
 from jobs.findings import run_diagnosis
 from jobs.kpis import ModelShape, compute_kpis, tokens_per_second_from_progress
-from jobs.models import Baseline, Job, JobSeries, PriceEntry
+from jobs.models import Job, JobSeries, PriceEntry
 from jobs.prometheus import PrometheusClient, PrometheusError
 from jobs.promql import Selector
 from jobs.signals import SIGNALS, JobSignals, fetch_job_signals, grid, window_total_query
@@ -113,8 +114,8 @@ def _prices(job: Job) -> tuple[list[tuple[datetime, float]], str]:
 
 def reference_for(job: Job) -> tuple[float, str]:
     """The MFU waste is measured against: the active baseline's median, else the organisation target."""
-    baseline = Baseline.objects.filter(fingerprint=job.config_fingerprint, retired_at__isnull=True).first()
-    if baseline and job.config_fingerprint:
+    baseline = active_baseline(job)
+    if baseline is not None:
         median = (baseline.stats.get("mfu") or {}).get("median")
         if median:
             return float(median), f"baseline {baseline.fingerprint[:8]} median"

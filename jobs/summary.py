@@ -6,6 +6,7 @@ from typing import Any
 
 from django.conf import settings
 
+from jobs.baselines import compare
 from jobs.models import Job
 
 
@@ -60,6 +61,7 @@ def job_summary(job: Job) -> dict[str, Any]:
             "target_mfu": settings.TARGET_MFU,
             "details": job.summary,
         },
+        "baseline": baseline_comparison(job),
         "findings": [
             {
                 "code": f.code,
@@ -89,6 +91,30 @@ def job_summary(job: Job) -> dict[str, Any]:
                 "uploaded_at": _iso(a.uploaded_at),
             }
             for a in artifacts
+        ],
+    }
+
+
+def baseline_comparison(job: Job) -> dict[str, Any] | None:
+    """The job against its config's active baseline: per metric, deviation in % and in robust spreads."""
+    comparison = compare(job)
+    if comparison is None:
+        return None
+    return {
+        "id": comparison.baseline.pk,
+        "fingerprint": comparison.baseline.fingerprint,
+        "runs": sorted(run.external_id for run in comparison.baseline.runs.all()),
+        "metrics": [
+            {
+                "metric": row.metric.key,
+                "unit": row.metric.unit,
+                "value": row.value,
+                "baseline_median": row.baseline.median if row.baseline else None,
+                "deviation_pct": row.check.deviation_pct if row.check else None,
+                "robust_z": row.check.robust_z if row.check else None,
+                "verdict": row.verdict,
+            }
+            for row in comparison.rows
         ],
     }
 

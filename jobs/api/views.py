@@ -22,6 +22,7 @@ from jobs.api.serializers import (
     ProgressSerializer,
 )
 from jobs.artifacts import UploadError, store_upload
+from jobs.baselines import BaselineError, promote, retire
 from jobs.models import Artifact, Baseline, Job
 from jobs.registry import RegistryError, record_progress, register_job, update_job
 from jobs.summary import job_summary, summary_queryset
@@ -196,10 +197,40 @@ class ArtifactViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
 
+class PromoteSerializer(serializers.Serializer):
+    """Body of POST /api/v1/baselines/: the finished job to add to its config's baseline."""
+
+    job = serializers.CharField(help_text="external id of a finished job")
+
+
 class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
-    """Healthy baselines per model + config fingerprint."""
+    """Healthy baselines per model + config fingerprint: list, promote a job into one, retire one."""
 
     serializer_class = BaselineSerializer
+    permission_classes = [IsAuthenticated, TeamScopedWrite]
+
+    @extend_schema(request=PromoteSerializer, responses={201: BaselineSerializer})
+    def create(self, request: Request) -> Response:
+        """Promote a finished job: it joins (or starts) the active baseline of its config fingerprint."""
+        body = PromoteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        job = get_object_or_404(
+            Job.objects.select_related("team", "gpu_model"), external_id=body.validated_data["job"]
+        )
+        if not can_write_team(request.user, job.team):
+            raise PermissionDenied(f"you are not a member of team {job.team.slug!r}")
+        try:
+            baseline = promote(job, request.user)
+        except BaselineError as exc:
+            raise ValidationError({"job": str(exc)}) from None
+        return Response(BaselineSerializer(baseline).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: BaselineSerializer})
+    @action(detail=True, methods=["post"])
+    def retire(self, request: Request, pk: str) -> Response:
+        """Retire a baseline: kept for history, jobs stop being compared with it."""
+        baseline = retire(self.get_object())
+        return Response(BaselineSerializer(baseline).data)
 
     def get_queryset(self) -> Any:
         qs = Baseline.objects.select_related("team").prefetch_related("runs")
