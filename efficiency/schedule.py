@@ -23,6 +23,7 @@ def beat_schedule() -> dict[str, dict[str, object]]:
     return {
         "poll-running-jobs": {"task": "jobs.tasks.poll_running_jobs", "schedule": crontab(minute="*")},
         "finalize-ended-jobs": {"task": "jobs.tasks.finalize_ended_jobs", "schedule": crontab(minute="*/5")},
+        "discover-jobs": {"task": "jobs.tasks.discover_jobs", "schedule": crontab(minute="*/5")},
         "weekly-reports": {
             "task": "jobs.tasks.send_weekly_reports",
             "schedule": _crontab_from(settings.WEEKLY_REPORT_CRON),

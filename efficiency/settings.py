@@ -131,6 +131,9 @@ PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
 TARGET_MFU = env_float("TARGET_MFU", 0.45, min_value=0.01, max_value=1.0)
 PRICE_TIERS = ("on_demand", "reserved", "spot", "on_prem")
 DEFAULT_PRICE_TIER = env_choice("DEFAULT_PRICE_TIER", "on_demand", PRICE_TIERS)
+# Job discovery from exporter labels (e.g. hpc_job, pod); empty turns it off. New jobs go to this team.
+DISCOVERY_LABEL = env_str("DISCOVERY_LABEL", "")
+DISCOVERY_TEAM = env_str("DISCOVERY_TEAM", "unassigned")
 # Bearer token Prometheus must send to scrape /metrics; empty leaves /metrics open (set it in production).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Demo only: where `load_demo` keeps the running demo jobs; enables the simulated dcgm-exporter endpoint.

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from jobs import archive
 from jobs.baselines import active_baseline
+from jobs.discovery import discover
 from jobs.findings import run_diagnosis
 from jobs.kpis import ModelShape, compute_kpis, tokens_per_second_from_progress
 from jobs.models import Job, JobSeries, PriceEntry
@@ -349,9 +350,11 @@ def ended_jobs(grace: timedelta = timedelta(minutes=2)) -> Iterable[Job]:
 
 
 def ingest_once(client: PrometheusClient | None = None) -> dict[str, Any]:
-    """Poll every running job and finalize every ended one, synchronously (the `ingest --once` command)."""
+    """Discover unregistered jobs (when configured), poll every running job and finalize every ended one,
+    synchronously (the `ingest --once` command)."""
     client = client or prometheus_client()
     report: dict[str, Any] = {"polled": [], "finalized": [], "stale": []}
+    report["discovered"] = discover(client)["created"]
     for job in running_jobs():
         job = poll_job(job, client)
         report["stale" if job.ingest_error else "polled"].append(job.external_id)

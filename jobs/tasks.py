@@ -54,6 +54,15 @@ def finalize_job(self: Task, job_id: int) -> None:
 
 
 @shared_task(acks_late=True, ignore_result=True)
+def discover_jobs() -> int:
+    """Register jobs seen on exporter series under DISCOVERY_LABEL (no-op when it is unset)."""
+    from jobs.discovery import discover
+
+    report = discover(ingest.prometheus_client())
+    return len(report["created"])
+
+
+@shared_task(acks_late=True, ignore_result=True)
 def send_weekly_reports() -> int:
     """Send last week's cost-waste email to every team, once per team and week (claims make reruns safe)."""
     from jobs.reports import send_weekly_reports as send
