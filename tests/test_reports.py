@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import logging
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -58,6 +59,10 @@ def smtp(settings):
     """A real SMTP server on a free loopback port, with Django's SMTP backend pointed at it."""
     from aiosmtpd.controller import Controller
 
+    # aiosmtpd's server thread logs each session at INFO, sometimes after pytest closed the captured stream.
+    mail_log = logging.getLogger("mail.log")
+    level = mail_log.level
+    mail_log.setLevel(logging.WARNING)
     handler = SmtpHandler()
     controller = Controller(handler, hostname="127.0.0.1", port=_free_port())
     controller.start()
@@ -72,6 +77,7 @@ def smtp(settings):
         yield handler
     finally:
         controller.stop()
+        mail_log.setLevel(level)
 
 
 @pytest.fixture
