@@ -151,6 +151,7 @@ def register(demo: DemoJob, teams: dict[str, Team], now: datetime) -> Job:
     spec = demo.spec
     started = datetime.fromtimestamp(spec.start, tz=UTC)
     ended = started + timedelta(seconds=spec.duration_s) if demo.ended else None
+    window = max(300, int(3 * spec.step_s))
     body = {
         "external_id": spec.job_id,
         "name": demo.name,
@@ -165,7 +166,8 @@ def register(demo: DemoJob, teams: dict[str, Team], now: datetime) -> Job:
         "started_at": started,
         "ended_at": ended if ended and ended < now else None,
         "gpus": [{"hostname": h, "gpu": str(i)} for h in spec.hosts for i in range(min(8, spec.gpus))],
-        "throughput_query": f'sum(rate({TOKENS_METRIC}{{job_id="{spec.job_id}"}}[5m]))',
+        # rate() needs two samples in its window: coarse history (600 s samples) gets a wider one.
+        "throughput_query": f'sum(rate({TOKENS_METRIC}{{job_id="{spec.job_id}"}}[{window}s]))',
     }
     return register_job(body).job
 
