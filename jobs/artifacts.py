@@ -181,18 +181,23 @@ def analyze_file(
     raise ArtifactError(f"no parser for kind {kind!r}")
 
 
+def _rank_median(analysis: dict[str, Any], section: str, key: str) -> float | None:
+    values = sorted(
+        float(v)
+        for rank in analysis.get("ranks") or []
+        if isinstance(v := (rank.get(section) or {}).get(key), int | float)
+    )
+    return values[len(values) // 2] if values else None
+
+
 def profiler_step_time_ms(analysis: dict[str, Any]) -> float | None:
     """Median step time across ranks from a trace analysis, when the trace marks steps."""
-    times = []
-    for rank in analysis.get("ranks") or []:
-        steps = rank.get("step_times") or {}
-        value = steps.get("median_ms") or steps.get("p50_ms")
-        if value:
-            times.append(float(value))
-    if not times:
-        return None
-    times.sort()
-    return times[len(times) // 2]
+    return _rank_median(analysis, "step_times", "median_ms") or None
+
+
+def profiler_comm_share_pct(analysis: dict[str, Any]) -> float | None:
+    """Median communication share of the step across ranks (TensorBoard-style step breakdown)."""
+    return _rank_median(analysis, "step_breakdown", "communication_pct")
 
 
 def parse_artifact(artifact_id: int) -> Artifact | None:
@@ -218,12 +223,14 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
         artifact.error = ""
         artifact.parsed_at = timezone.now()
         artifact.save(update_fields=["analysis", "status", "error", "parsed_at"])
-        step_ms = profiler_step_time_ms(analysis)
-        if step_ms:
+        found = {
+            "profiler_step_time_ms": profiler_step_time_ms(analysis),
+            "profiler_comm_share_pct": profiler_comm_share_pct(analysis),
+        }
+        found = {k: v for k, v in found.items() if v is not None}
+        if found:
             job = Job.objects.select_for_update().get(pk=artifact.job_id)
-            summary = dict(job.summary or {})
-            summary["profiler_step_time_ms"] = step_ms
-            job.summary = summary
+            job.summary = {**(job.summary or {}), **found}
             job.save(update_fields=["summary"])
     after_parse(artifact)
     return artifact

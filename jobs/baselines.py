@@ -33,12 +33,21 @@ class Metric:
     read: Callable[[Job], float | None]
     percent: bool = False  # stored as a ratio 0-1, shown in %
     definition: str = ""
+    higher_is_better: bool = True
 
 
 def _per_gpu_tokens(job: Job) -> float | None:
     if job.tokens_per_second is None or not job.gpu_count:
         return None
     return job.tokens_per_second / job.gpu_count
+
+
+def _summary_number(key: str) -> Callable[[Job], float | None]:
+    def read(job: Job) -> float | None:
+        value = (job.summary or {}).get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    return read
 
 
 METRICS: tuple[Metric, ...] = (
@@ -49,6 +58,12 @@ METRICS: tuple[Metric, ...] = (
            "DCGM SM_ACTIVE, mean over GPUs and time"),
     Metric("tensor_active", "Tensor active", "%", lambda j: j.tensor_active_mean, True,
            "DCGM PIPE_TENSOR_ACTIVE, mean over GPUs and time"),
+    Metric("step_time_ms", "Step time", "ms", _summary_number("profiler_step_time_ms"), False,
+           "median ProfilerStep duration in the uploaded traces", higher_is_better=False),
+    Metric("comm_share_pct", "Communication share", "% of step", _summary_number("profiler_comm_share_pct"),
+           False, "communication share of the step in the uploaded traces", higher_is_better=False),
+    Metric("peak_memory_mib", "Peak memory", "MiB", _summary_number("peak_memory_mib"), False,
+           "highest DCGM frame buffer used on any of the job's GPUs", higher_is_better=False),
 )  # fmt: skip
 METRIC_BY_KEY = {m.key: m for m in METRICS}
 
@@ -161,7 +176,11 @@ def compare_with(job: Job, baseline: Baseline) -> Comparison:
     for metric in METRICS:
         value = metric.read(job)
         summary = _summary((baseline.stats or {}).get(metric.key))
-        check = check_regression(value, summary) if value is not None and summary is not None else None
+        check = (
+            check_regression(value, summary, higher_is_better=metric.higher_is_better)
+            if value is not None and summary is not None
+            else None
+        )
         rows.append(MetricComparison(metric, value, summary, check))
     return Comparison(baseline, rows)
 

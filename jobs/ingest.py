@@ -190,6 +190,11 @@ def update_summary(
     summary = dict(job.summary or {})
     summary.update(kpis.details())
     summary["price_note"] = kpis.variants.get("cost", "")
+    fb_used = sigs.get("fb_used") if sigs is not None else None
+    peak = fb_used.max if fb_used is not None else None
+    summary["peak_memory_mib"] = (
+        float(np.nanmax(peak)) if peak is not None and not np.isnan(peak).all() else None
+    )
     summary["flops_variant"] = kpis.variants.get("mfu", "")
     job.summary = summary
     derived: dict[str, np.ndarray] = {}

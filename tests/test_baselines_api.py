@@ -83,3 +83,21 @@ def test_retiring_keeps_history_and_stops_comparisons(setup):
     assert client.get("/api/v1/baselines/?include_retired=1").json()["count"] == 1
     assert client.get("/api/v1/jobs/b1/").json()["baseline"] is None
     assert Baseline.objects.get().retired_at is not None
+
+
+@pytest.mark.django_db
+def test_slower_steps_and_more_memory_count_as_regressions(setup):
+    client, _, job = setup
+    for i, (step_ms, mib) in enumerate(((400.0, 60000.0), (410.0, 61000.0), (405.0, 60500.0))):
+        run = job(f"b{i}", 0.45)
+        run.summary = {**run.summary, "profiler_step_time_ms": step_ms, "peak_memory_mib": mib}
+        run.save()
+        client.post("/api/v1/baselines/", {"job": f"b{i}"}, format="json")
+    slow = job("slow", 0.45)
+    slow.summary = {**slow.summary, "profiler_step_time_ms": 600.0, "peak_memory_mib": 60200.0}
+    slow.save()
+    rows = {m["metric"]: m for m in client.get("/api/v1/jobs/slow/").json()["baseline"]["metrics"]}
+    assert rows["step_time_ms"]["verdict"] == "regression"
+    assert rows["step_time_ms"]["deviation_pct"] == pytest.approx(48.1, abs=0.1)
+    assert rows["peak_memory_mib"]["verdict"] == "within"
+    assert rows["comm_share_pct"]["verdict"] == "n/a"
