@@ -148,9 +148,17 @@ def _detect(name: str, path: Path, given: str | None = None) -> str:
 
 
 def _enqueue(artifact_id: int) -> None:
-    from jobs.tasks import parse_artifact
+    from jobs.tasks import parse_artifact  # tasks import this module
 
     parse_artifact.delay(artifact_id)
+
+
+def requeue(artifact: Artifact) -> Artifact:
+    """Parse a stored artifact again (after a parser fix, or to retry a failure)."""
+    Artifact.objects.filter(pk=artifact.pk).update(status=Artifact.Status.QUEUED, error="")
+    transaction.on_commit(lambda: _enqueue(artifact.pk))
+    artifact.refresh_from_db()
+    return artifact
 
 
 def analyze_file(

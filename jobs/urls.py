@@ -9,6 +9,11 @@ urlpatterns = [
     path("jobs/<str:external_id>/", views.job_detail, name="job-detail"),
     path("jobs/<str:external_id>/figures.json", views.job_figures, name="job-figures"),
     path("jobs/<str:external_id>/artifacts/", views.job_artifact_upload, name="job-artifact-upload"),
+    path(
+        "jobs/<str:external_id>/artifacts/<int:artifact_id>/reparse/",
+        views.job_artifact_reparse,
+        name="job-artifact-reparse",
+    ),
     path("jobs/<str:external_id>/promote/", views.job_promote_baseline, name="job-promote-baseline"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),
     path("teams/", views.team_list, name="team-list"),

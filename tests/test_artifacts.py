@@ -183,3 +183,20 @@ def test_command_line_client_uploads_and_waits_for_the_analysis(llm, make_user, 
         assert client_main(["status", "48213"], env={}) == 2
     finally:
         server.shutdown()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_page_reparses_an_artifact_for_team_members_only(llm, client, make_user, make_team):
+    _upload(llm, "t.json", _kineto_bytes())
+    artifact = Artifact.objects.get()
+    Artifact.objects.filter(pk=artifact.pk).update(status="failed", error="old parser bug")
+    url = f"/jobs/48213/artifacts/{artifact.pk}/reparse/"
+    client.force_login(make_user("eve", teams=[make_team("vision")]))
+    assert client.post(url).status_code == 403
+    client.force_login(Job.objects.get().team.memberships.first().user)
+    page = client.get("/jobs/48213/")
+    assert url.encode() in page.content
+    response = client.post(url)
+    assert response.status_code == 302
+    artifact.refresh_from_db()
+    assert artifact.status == "done" and artifact.error == ""

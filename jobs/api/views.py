@@ -21,7 +21,7 @@ from jobs.api.serializers import (
     JobRegisterSerializer,
     ProgressSerializer,
 )
-from jobs.artifacts import UploadError, store_upload
+from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.baselines import BaselineError, promote, retire
 from jobs.models import Artifact, Baseline, Job
 from jobs.registry import RegistryError, record_progress, register_job, update_job
@@ -188,12 +188,7 @@ class ArtifactViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def reparse(self, request: Request, pk: str) -> Response:
         """Parse the stored file again (after a parser fix, or to retry)."""
-        artifact = self.get_object()  # TeamScopedWrite refuses other teams on POST
-        Artifact.objects.filter(pk=artifact.pk).update(status=Artifact.Status.QUEUED, error="")
-        from jobs.tasks import parse_artifact
-
-        parse_artifact.delay(artifact.pk)
-        artifact.refresh_from_db()
+        artifact = requeue(self.get_object())  # TeamScopedWrite refuses other teams on POST
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
 

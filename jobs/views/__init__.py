@@ -1,6 +1,12 @@
 """Server-rendered pages. Login is required everywhere except /healthz (see efficiency.middleware)."""
 
-from jobs.views.job import job_artifact_upload, job_detail, job_figures, job_promote_baseline
+from jobs.views.job import (
+    job_artifact_reparse,
+    job_artifact_upload,
+    job_detail,
+    job_figures,
+    job_promote_baseline,
+)
 from jobs.views.pages import (
     baseline_list,
     baseline_retire,
@@ -19,6 +25,7 @@ __all__ = [
     "cluster_readiness",
     "gpu_catalog",
     "healthz",
+    "job_artifact_reparse",
     "job_artifact_upload",
     "job_detail",
     "job_figures",

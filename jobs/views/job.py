@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs import baselines, charts
 from jobs.api.auth import can_write_team
+from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.models import Artifact, Finding, Job
 from jobs.signals import SIGNALS, readiness
 from jobs.templatetags.units import num, pct, usd
@@ -354,9 +355,6 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
 @require_POST
 def job_artifact_upload(request: HttpRequest, external_id: str) -> HttpResponse:
     """Store an uploaded profiling file for the job and queue its analysis (team members and staff)."""
-    # Imported here: the page must keep working while the artifact store is being deployed or changed.
-    from jobs.artifacts import UploadError, store_upload
-
     job = _job_or_404(external_id)
     if not can_write_team(request.user, job.team):
         raise PermissionDenied("Only members of the job's team can upload artifacts.")
@@ -386,6 +384,17 @@ def job_artifact_upload(request: HttpRequest, external_id: str) -> HttpResponse:
         f"analysis {artifact.get_status_display().lower()}.",
     )
     return HttpResponseRedirect(target)
+
+
+@require_POST
+def job_artifact_reparse(request: HttpRequest, external_id: str, artifact_id: int) -> HttpResponse:
+    """Parse one of the job's artifacts again (team members and staff)."""
+    job = _job_or_404(external_id)
+    if not can_write_team(request.user, job.team):
+        raise PermissionDenied("Only members of the job's team can re-parse its artifacts.")
+    artifact = requeue(get_object_or_404(Artifact, pk=artifact_id, job=job))
+    messages.success(request, f"{artifact.original_name} queued for parsing again.")
+    return HttpResponseRedirect(reverse("job-detail", args=[job.external_id]) + "#artifacts")
 
 
 @require_POST
