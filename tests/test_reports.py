@@ -473,7 +473,6 @@ def test_command_rejects_an_unknown_team(week):
 
 
 @pytest.mark.django_db
-@pytest.mark.urls("tests.urls_reports")
 def test_preview_page_renders_and_escapes_user_text(client, week, tmp_path):
     llm = scenario(week)["llm"]
     Job.objects.filter(external_id="101").update(name="<script>alert(1)</script>")
@@ -497,7 +496,6 @@ def test_preview_page_renders_and_escapes_user_text(client, week, tmp_path):
 
 
 @pytest.mark.django_db
-@pytest.mark.urls("tests.urls_reports")
 def test_preview_hides_addresses_from_outsiders_and_404s_a_bad_week(client, week):
     scenario(week)
     outsider = get_user_model().objects.create_user(username="eve", email="eve@example.com")
