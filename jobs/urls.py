@@ -2,7 +2,8 @@
 
 from django.urls import path
 
-from jobs import views, views_reports
+from jobs import views
+from jobs.views import reports as report_views
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
@@ -18,7 +19,7 @@ urlpatterns = [
     path("leaderboard/", views.leaderboard, name="leaderboard"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
-    path("teams/<slug:slug>/reports/<str:week>/", views_reports.report_preview, name="report-preview"),
+    path("teams/<slug:slug>/reports/<str:week>/", report_views.report_preview, name="report-preview"),
     path("baselines/", views.baseline_list, name="baseline-list"),
     path("baselines/<int:pk>/retire/", views.baseline_retire, name="baseline-retire"),
     path("catalog/", views.gpu_catalog, name="gpu-catalog"),
