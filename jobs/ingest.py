@@ -246,16 +246,18 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         return job
     try:
         selector = job_selector(job)
-        sigs = fetch_job_signals(client, selector, start, end, POLL_STEP_S, per_gpu_step=POLL_PER_GPU_STEP_S)
-        if gpu_start < start:
-            # Per-GPU chunks are longer: re-read them from their own chunk start so each row stays whole.
-            wide = fetch_job_signals(client, selector, gpu_start, end, POLL_PER_GPU_STEP_S,
-                                     keys=list(sigs.signals), per_gpu_step=POLL_PER_GPU_STEP_S)  # fmt: skip
-            for key, series in wide.signals.items():
-                if key in sigs.signals:
-                    sigs.signals[key].gpus = series.gpus
-                    sigs.signals[key].gpu_timestamps = series.gpu_timestamps
-                    sigs.signals[key].per_gpu = series.per_gpu
+        sigs = fetch_job_signals(client, selector, start, end, POLL_STEP_S)
+        # Per-GPU chunks are longer than aggregate ones: read them from their own chunk start so each
+        # archived row is rewritten whole (one per-GPU query per present signal).
+        wide = fetch_job_signals(
+            client, selector, gpu_start, end, POLL_PER_GPU_STEP_S,
+            keys=list(sigs.signals), per_gpu_step=POLL_PER_GPU_STEP_S, aggregates=False,
+        )  # fmt: skip
+        for key, series in wide.signals.items():
+            if key in sigs.signals:
+                sigs.signals[key].gpus = series.gpus
+                sigs.signals[key].gpu_timestamps = series.gpu_timestamps
+                sigs.signals[key].per_gpu = series.per_gpu
         energy_j = _energy_total(client, selector, job.started_at.timestamp(), end)
     except (PrometheusError, ValueError) as exc:
         return _mark_stale(job, exc, now)

@@ -441,10 +441,12 @@ def fetch_job_signals(
     keys: Iterable[str] | None = None,
     per_gpu_step: float | None = None,
     rate_window_s: float | None = None,
+    aggregates: bool = True,
 ) -> JobSignals:
     """Read a job's signals: 1 presence query, then 1 aggregate (+1 per-GPU) range query per signal.
 
-    `per_gpu_step` None skips the per-GPU matrices. The rate window defaults to max(5 min, step).
+    `per_gpu_step` None skips the per-GPU matrices; `aggregates=False` reads only those (signals then
+    carry empty stats). The rate window defaults to max(5 min, step).
     """
     window = rate_window_s or max(DEFAULT_RATE_WINDOW_S, step)
     duration(window)  # validates
@@ -457,11 +459,15 @@ def fetch_job_signals(
         if not found:
             result.missing[sig.key] = missing_reason(sig, False)
             continue
-        stats = stats_from_series(client.range(aggregate_query(sig, selector, window), start, end, step), ts)
-        # `count` is NaN wherever no GPU reported; `or vector(0)` lines do not count as data.
-        if COUNT not in stats or np.isnan(stats[COUNT]).all():
-            result.missing[sig.key] = missing_reason(sig, True)
-            continue
+        stats: dict[str, np.ndarray] = {}
+        if aggregates:
+            stats = stats_from_series(
+                client.range(aggregate_query(sig, selector, window), start, end, step), ts
+            )
+            # `count` is NaN wherever no GPU reported; `or vector(0)` lines do not count as data.
+            if COUNT not in stats or np.isnan(stats[COUNT]).all():
+                result.missing[sig.key] = missing_reason(sig, True)
+                continue
         series = SignalSeries(sig.key, sig.unit, ts, stats)
         if per_gpu_step:
             gts = grid(start, end, per_gpu_step)
