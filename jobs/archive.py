@@ -83,13 +83,16 @@ def upsert(rows: list[JobSeries]) -> None:
     )
 
 
-def load_job_signals(job: Job) -> JobSignals | None:
-    """The archived signals of a job as a JobSignals on one grid (None when nothing is archived)."""
-    rows = list(
-        JobSeries.objects.filter(job=job).values_list(
-            "signal", "stat", "gpu_key", "step_seconds", "timestamps", "values"
-        )
-    )
+def load_job_signals(job: Job, *, per_gpu: bool = True) -> JobSignals | None:
+    """The archived signals of a job as a JobSignals on one grid (None when nothing is archived).
+
+    `per_gpu=False` skips the per-GPU rows, by far the bulk of a large job's archive, when only the
+    cross-GPU statistics are needed (the summary after each poll).
+    """
+    rows_qs = JobSeries.objects.filter(job=job)
+    if not per_gpu:
+        rows_qs = rows_qs.exclude(stat="gpu")
+    rows = list(rows_qs.values_list("signal", "stat", "gpu_key", "step_seconds", "timestamps", "values"))
     if not rows:
         return None
     agg_steps = [r[3] for r in rows if r[1] != "gpu"]

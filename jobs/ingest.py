@@ -38,6 +38,7 @@ POLL_STEP_S = 30  # dcgm-exporter's default collection interval
 POLL_PER_GPU_STEP_S = 300  # heatmaps need coarse per-GPU data only
 FINALIZE_MAX_POINTS = 4000  # per aggregate series of a finalized job
 FINALIZE_MAX_GPU_POINTS = 500  # per GPU row of a finalized job's heatmap
+DIAGNOSE_RUNNING_EVERY = timedelta(minutes=10)
 _NICE_STEPS = (30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -266,7 +267,7 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         _set_energy(job, energy_j)
         _record_missing(job, sigs)
         archive.upsert(archive.rows_for(job, sigs, {}))
-        archived = archive.load_job_signals(job)
+        archived = archive.load_job_signals(job, per_gpu=False)
         derived = update_summary(job, archived, client)
         if archived is not None:
             archive.upsert(archive.rows_for(job, _derived_only(archived), derived))
@@ -274,8 +275,20 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         job.last_polled_at = now
         job.ingest_error = ""
         job.save()
-    run_diagnosis(job)
+    if _diagnosis_due(job, now):
+        run_diagnosis(job)
     return job
+
+
+def _diagnosis_due(job: Job, now: datetime) -> bool:
+    """Running jobs are re-diagnosed every DIAGNOSE_RUNNING_EVERY, not on every one-minute poll: the
+    diagnosis reads the whole per-GPU archive, which for a large job costs far more than the poll."""
+    last = (job.summary or {}).get("diagnosed_at")
+    if last is not None and now.timestamp() - float(last) < DIAGNOSE_RUNNING_EVERY.total_seconds():
+        return False
+    Job.objects.filter(pk=job.pk).update(summary={**(job.summary or {}), "diagnosed_at": now.timestamp()})
+    job.refresh_from_db(fields=["summary"])
+    return True
 
 
 def _derived_only(sigs: JobSignals) -> JobSignals:

@@ -189,3 +189,17 @@ def test_a_job_id_with_promql_metacharacters_cannot_widen_the_query(prom, sims, 
     assert job.ingest_error == ""
     assert not JobSeries.objects.filter(job=job, signal="gpu_util").exists()
     assert "gpu_util" in job.missing_signals
+
+
+@pytest.mark.django_db
+def test_running_jobs_are_rediagnosed_every_ten_minutes_not_every_poll(prom, sims, make_team):
+    job = _register(sims["1001"], make_team("llm"), ended=False)
+    client = _client(prom)
+    first = START + timedelta(minutes=30)
+    job = ingest.poll_job(job, client, now=first)
+    assert job.summary["diagnosed_at"] == first.timestamp()
+    job = ingest.poll_job(job, client, now=first + timedelta(minutes=1))
+    assert job.summary["diagnosed_at"] == first.timestamp()
+    later = first + timedelta(minutes=11)
+    job = ingest.poll_job(job, client, now=later)
+    assert job.summary["diagnosed_at"] == later.timestamp()
