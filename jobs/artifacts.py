@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -222,6 +223,8 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
         return _failed(artifact, str(exc))
     except FileNotFoundError:
         return _failed(artifact, "the stored file is missing; upload it again")
+    except SoftTimeLimitExceeded:
+        return _failed(artifact, "parsing took longer than 15 minutes and was stopped; the file is kept")
     except Exception as exc:  # a parser bug must not lose the upload or kill the worker
         log.exception("artifact %s: unexpected error while parsing", artifact.pk)
         return _failed(artifact, f"internal error while parsing ({type(exc).__name__}); the file is kept")

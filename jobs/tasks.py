@@ -70,7 +70,8 @@ def send_weekly_reports() -> int:
     return len(send())
 
 
-@shared_task(acks_late=True, ignore_result=True)
+# A pathological trace must not hold a worker forever: the soft limit lets the parse record why it stopped.
+@shared_task(acks_late=True, ignore_result=True, soft_time_limit=900, time_limit=960)
 def parse_artifact(artifact_id: int) -> None:
     """Parse one uploaded artifact (re-running replaces the previous analysis)."""
     from jobs.artifacts import parse_artifact as parse
