@@ -62,12 +62,22 @@ def discover_jobs() -> int:
     return len(report["created"])
 
 
-@shared_task(acks_late=True, ignore_result=True)
-def send_weekly_reports() -> int:
-    """Send last week's cost-waste email to every team, once per team and week (claims make reruns safe)."""
+@shared_task(acks_late=True, ignore_result=True, bind=True, max_retries=12, default_retry_delay=600)
+def send_weekly_reports(self: Task, week: str | None = None) -> int:
+    """Send last week's cost-waste email to every team, once per team and week (claims make reruns safe).
+
+    When a send fails (SMTP down), the task retries the same week every 10 minutes; teams already sent
+    are skipped by their delivery rows, so only the failed ones go out.
+    """
+    from jobs.leaderboard import parse_iso_week
+    from jobs.reports import Outcome, default_period
     from jobs.reports import send_weekly_reports as send
 
-    return len(send())
+    period = parse_iso_week(week) if week else default_period()
+    outcomes = send(period)
+    if any(o.status == Outcome.FAILED for o in outcomes):
+        raise self.retry(kwargs={"week": period.label})
+    return len(outcomes)
 
 
 # A pathological trace must not hold a worker forever: the soft limit lets the parse record why it stopped.

@@ -504,3 +504,20 @@ def test_preview_hides_addresses_from_outsiders_and_404s_a_bad_week(client, week
     assert "alice@example.com" not in body and "2 address(es)" in body
     assert client.get("/teams/llm/reports/2026-47/").status_code == 404
     assert client.get(f"/teams/nope/reports/{week.label}/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_the_weekly_task_retries_the_same_week_after_an_smtp_failure(settings, monkeypatch):
+    from celery.exceptions import Retry
+
+    from jobs import reports, tasks
+
+    failed = reports.DeliveryOutcome(team_slug="llm", week="2026-W47", status=reports.Outcome.FAILED)
+    seen = []
+    monkeypatch.setattr(reports, "send_weekly_reports", lambda period: seen.append(period.label) or [failed])
+    with pytest.raises(Retry):
+        tasks.send_weekly_reports.apply(kwargs={"week": "2026-W47"}, throw=True)
+    assert seen == ["2026-W47"]
+    ok = reports.DeliveryOutcome(team_slug="llm", week="2026-W47", status=reports.Outcome.SENT)
+    monkeypatch.setattr(reports, "send_weekly_reports", lambda period: [ok])
+    assert tasks.send_weekly_reports.apply(kwargs={"week": "2026-W47"}, throw=True).get() == 1
