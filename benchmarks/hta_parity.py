@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import sys
 import time
@@ -36,48 +37,11 @@ TEMPORAL = ("idle_pct", "compute_pct", "non_compute_pct")
 IDLE = ("host_wait_pct", "kernel_wait_pct", "other_pct")
 
 #: HTA 0.5.0 (pandas 3.1.1) on the shared samples, default TraceAnalysis (last profiler step excluded),
-#: consecutive_kernel_delay=30. Idle shares are HTA's per-stream idle times summed over streams.
-RECORDED_HTA: dict[str, dict[str, float]] = {
-    "hta_128rank_sampled_rank0.json.gz": {
-        "idle_pct": 53.5578, "compute_pct": 17.7070, "non_compute_pct": 28.7352,
-        "host_wait_pct": 75.4657, "kernel_wait_pct": 0.1629, "other_pct": 24.3713,
-    },
-    "hta_128rank_sampled_rank1.json.gz": {
-        "idle_pct": 54.7170, "compute_pct": 22.5660, "non_compute_pct": 22.7170,
-        "host_wait_pct": 73.6661, "kernel_wait_pct": 0.1411, "other_pct": 26.1928,
-    },
-    "hta_a100_8rank_rank3.json.gz": {
-        "idle_pct": 16.2020, "compute_pct": 61.2305, "non_compute_pct": 22.5676,
-        "host_wait_pct": 94.4972, "kernel_wait_pct": 1.5940, "other_pct": 3.9087,
-    },
-    "hta_a100_nccl_allreduce_rank0.json.gz": {
-        "idle_pct": 77.7759, "compute_pct": 17.2570, "non_compute_pct": 4.9671,
-        "host_wait_pct": 99.7091, "kernel_wait_pct": 0.2909, "other_pct": 0.0,
-    },
-    "hta_alexnet_a100.json.gz": {
-        "idle_pct": 99.4896, "compute_pct": 0.0818, "non_compute_pct": 0.4285,
-        "host_wait_pct": 99.9996, "kernel_wait_pct": 0.0004, "other_pct": 0.0,
-    },
-    "hta_amd_mi250_minitoy.json.gz": {
-        "idle_pct": 98.5299, "compute_pct": 1.0773, "non_compute_pct": 0.3928,
-        "host_wait_pct": 100.0, "kernel_wait_pct": 0.0, "other_pct": 0.0,
-    },
-    "hta_triton_cuLaunchKernel.json.gz": {
-        "idle_pct": 0.0, "compute_pct": 100.0, "non_compute_pct": 0.0,
-    },
-    "hta_v100_2rank_rank1.json.gz": {
-        "idle_pct": 46.0819, "compute_pct": 35.5478, "non_compute_pct": 18.3703,
-        "host_wait_pct": 94.4895, "kernel_wait_pct": 1.2216, "other_pct": 4.2888,
-    },
-    "hta_v100_ns_resolution.json.gz": {
-        "idle_pct": 2.6293, "compute_pct": 96.7543, "non_compute_pct": 0.6164,
-        "host_wait_pct": 16.8990, "kernel_wait_pct": 83.1010, "other_pct": 0.0,
-    },
-    "tbplugin_gpu_metrics_input.json": {
-        "idle_pct": 99.5814, "compute_pct": 0.4018, "non_compute_pct": 0.0167,
-        "host_wait_pct": 100.0, "kernel_wait_pct": 0.0, "other_pct": 0.0,
-    },
-}  # fmt: skip
+#: consecutive_kernel_delay=30. Idle shares are HTA's per-stream idle times summed over streams. The tests
+#: hold the same values (tests/unit/test_trace_analysis.py reads this file).
+RECORDED_HTA: dict[str, dict[str, float]] = json.loads(
+    (REPO / "tests" / "unit" / "data" / "hta_reference.json").read_text()
+)
 
 
 def run_hta(path: Path) -> dict[str, float] | None:
