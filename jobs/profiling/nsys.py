@@ -25,13 +25,13 @@ import numpy.typing as npt
 
 from jobs.profiling.events import (
     ANNOTATION_COLUMNS,
+    COPY_KIND_LABELS,
     GPU_COLUMNS,
     RUNTIME_COLUMNS,
     SYNC_KIND_NAMES,
     Annotations,
     AnnotationSource,
     ColumnBuilder,
-    CopyKind,
     DeviceInfo,
     DistributedInfo,
     GpuOps,
@@ -67,21 +67,8 @@ _SYNC_ENUM_SUFFIX = {
     "CONTEXT_SYNCHRONIZE": SyncKind.CONTEXT_SYNC,
 }
 _NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
-_COPY_LABELS = {
-    CopyKind.HTOD: "HtoD",
-    CopyKind.DTOH: "DtoH",
-    CopyKind.HTOA: "HtoA",
-    CopyKind.ATOH: "AtoH",
-    CopyKind.ATOA: "AtoA",
-    CopyKind.ATOD: "AtoD",
-    CopyKind.DTOA: "DtoA",
-    CopyKind.DTOD: "DtoD",
-    CopyKind.HTOH: "HtoH",
-    CopyKind.PTOP: "PtoP",
-    CopyKind.UVM_HTOD: "HtoD",
-    CopyKind.UVM_DTOH: "DtoH",
-    CopyKind.UVM_DTOD: "DtoD",
-}
+# Kineto's spelling for the synthesised memcpy names; unified-memory copies are named like plain ones.
+_COPY_LABELS = {kind: label.removeprefix("UVM ") for kind, label in COPY_KIND_LABELS.items()}
 _MEM_LABELS = {
     MemKind.PAGEABLE: "Pageable",
     MemKind.PINNED: "Pinned",

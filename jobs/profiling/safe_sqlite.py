@@ -67,31 +67,29 @@ class GuardedSQLite:
         # A non-zero return makes sqlite abort the running statement with "interrupted".
         return 1 if time.monotonic() > self.deadline else 0
 
+    def _error(self, exc: sqlite3.Error, corrupt: str) -> ArtifactError:
+        # The progress handler aborts a read that runs too long; SQLite reports it as "interrupted".
+        if isinstance(exc, sqlite3.OperationalError):
+            if "interrupt" in str(exc).lower():
+                return ArtifactError(
+                    f"Reading the {self.what} took longer than {self.timeout_s:g} s and was stopped."
+                )
+            return ArtifactError(f"The {self.what} cannot be read: {exc}.")
+        return ArtifactError(f"{corrupt}: {exc}.")
+
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         try:
             return self.con.execute(sql, params)
-        except sqlite3.OperationalError as exc:
-            if "interrupt" in str(exc).lower():
-                raise ArtifactError(
-                    f"Reading the {self.what} took longer than {self.timeout_s:g} s and was stopped."
-                ) from exc
-            raise ArtifactError(f"The {self.what} cannot be read: {exc}.") from exc
         except sqlite3.DatabaseError as exc:
-            raise ArtifactError(f"The file is not a readable SQLite database: {exc}.") from exc
+            raise self._error(exc, "The file is not a readable SQLite database") from exc
 
     def rows(self, sql: str) -> Iterator[tuple[Any, ...]]:
         cur = self.execute(sql)
         while True:
             try:
                 chunk = cur.fetchmany(_FETCH)
-            except sqlite3.OperationalError as exc:
-                if "interrupt" in str(exc).lower():
-                    raise ArtifactError(
-                        f"Reading the {self.what} took longer than {self.timeout_s:g} s and was stopped."
-                    ) from exc
-                raise ArtifactError(f"The {self.what} cannot be read: {exc}.") from exc
             except sqlite3.DatabaseError as exc:
-                raise ArtifactError(f"The {self.what} is corrupt: {exc}.") from exc
+                raise self._error(exc, f"The {self.what} is corrupt") from exc
             if not chunk:
                 return
             yield from chunk
