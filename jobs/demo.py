@@ -13,7 +13,7 @@ import logging
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from jobs.simulate import (
     SimSpec,
     backfill,
     exporter_text,
+    registration_body,
     simulate,
     write_openmetrics,
 )
@@ -146,29 +147,22 @@ def ensure_people() -> dict[str, Team]:
     return teams
 
 
-def register(demo: DemoJob, teams: dict[str, Team], now: datetime) -> Job:
+def register(demo: DemoJob, result: SimResult, teams: dict[str, Team], now: datetime) -> Job:
     """Register a demo job as a scheduler would (explicit GPUs, a throughput PromQL expression)."""
     spec = demo.spec
-    started = datetime.fromtimestamp(spec.start, tz=UTC)
-    ended = started + timedelta(seconds=spec.duration_s) if demo.ended else None
-    window = max(300, int(3 * spec.step_s))
-    body = {
-        "external_id": spec.job_id,
-        "name": demo.name,
-        "team": teams[demo.team],
-        "owner": next(u for u, t in MEMBERS if t == demo.team),
-        "model": {"name": demo.model, "n_params": spec.model_params},
-        "dtype": "bf16",
-        "parallelism": {"tp": 1, "pp": 1, "dp": spec.gpus, "ep": 1},
-        "recompute": "none",
-        "gpu_model": spec.gpu_model,
-        "gpu_count": spec.gpus,
-        "started_at": started,
-        "ended_at": ended if ended and ended < now else None,
-        "gpus": [{"hostname": h, "gpu": str(i)} for h in spec.hosts for i in range(min(8, spec.gpus))],
+    body = registration_body(
+        result,
+        team=teams[demo.team],
+        name=demo.name,
+        model=demo.model,
+        ended=demo.ended,
         # rate() needs two samples in its window: coarse history (600 s samples) gets a wider one.
-        "throughput_query": f'sum(rate({TOKENS_METRIC}{{job_id="{spec.job_id}"}}[{window}s]))',
-    }
+        rate_window_s=max(300, int(3 * spec.step_s)),
+        owner=next(u for u, t in MEMBERS if t == demo.team),
+        parallelism={"tp": 1, "pp": 1, "dp": spec.gpus, "ep": 1},
+    )
+    if body["ended_at"] is not None and body["ended_at"] >= now:
+        body["ended_at"] = None  # still running as far as the demo's clock goes
     return register_job(body).job
 
 
@@ -190,8 +184,8 @@ def load(tsdb_dir: Path, state_dir: Path, now: datetime | None = None) -> dict[s
             path = Path(tmp) / "demo.om"
             write_openmetrics(results, path)
             backfill(path, tsdb_dir)
-        for demo in new:
-            register(demo, teams, now)
+        for demo, result in zip(new, results, strict=True):
+            register(demo, result, teams, now)
     live = [asdict(d.spec) | {"disabled": sorted(d.spec.disabled)} for d in planned if not d.ended]
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / LIVE_SPECS_FILE).write_text(json.dumps(live, indent=1))

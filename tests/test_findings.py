@@ -16,7 +16,7 @@ from jobs.findings import build_input, run_diagnosis
 from jobs.models import Artifact, Baseline, Finding, Job
 from jobs.prometheus import PrometheusClient
 from jobs.registry import register_job
-from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics
+from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 
 pytestmark = [pytest.mark.prometheus]
@@ -55,23 +55,7 @@ def prom(sims, tmp_path_factory):
 
 
 def _finalized(sim, team, prom, model: str = "sim-7b") -> Job:
-    job_id = sim.spec.job_id
-    job = register_job(
-        {
-            "external_id": job_id,
-            "name": f"sim-{job_id}",
-            "team": team,
-            "model": {"name": model, "n_params": sim.throughput.model_params},
-            "dtype": "bf16",
-            "gpu_model": sim.spec.gpu_model,
-            "gpu_count": len(sim.gpus),
-            "started_at": START,
-            "ended_at": START + timedelta(seconds=sim.spec.duration_s),
-            "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in sim.gpus],
-            "throughput_query": f'sum(rate(train_tokens_total{{job_id="{job_id}"}}[2m]))',
-            "recompute": "none",
-        }
-    ).job
+    job = register_job(registration_body(sim, team=team, model=model)).job
     client = PrometheusClient(prom.url, timeout_s=10, retries=0)
     return ingest.finalize_job(job, client, now=START + timedelta(hours=3))
 

@@ -13,7 +13,7 @@ from jobs.archive import load_job_signals
 from jobs.models import Job, JobSeries
 from jobs.prometheus import PrometheusClient
 from jobs.registry import register_job
-from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics
+from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 
 pytestmark = [pytest.mark.prometheus]
@@ -44,22 +44,7 @@ def prom(sims, tmp_path_factory):
 
 
 def _register(sim, team, *, ended: bool) -> Job:
-    job_id = sim.spec.job_id
-    data = {
-        "external_id": job_id,
-        "name": f"sim-{job_id}",
-        "team": team,
-        "model": {"name": "sim-7b", "n_params": sim.throughput.model_params},
-        "dtype": "bf16",
-        "gpu_model": sim.spec.gpu_model,
-        "gpu_count": len(sim.gpus),
-        "started_at": START,
-        "ended_at": START + timedelta(seconds=sim.spec.duration_s) if ended else None,
-        "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in sim.gpus],
-        "throughput_query": f'sum(rate(train_tokens_total{{job_id="{job_id}"}}[2m]))',
-        "recompute": "none",
-    }
-    return register_job(data).job
+    return register_job(registration_body(sim, team=team, ended=ended)).job
 
 
 def _client(prom) -> PrometheusClient:

@@ -21,6 +21,7 @@ from jobs.simulate.core import (
     simulate_cluster,
 )
 from jobs.simulate.gpus import GPU_MODELS, GpuModel, gpu_model
+from jobs.simulate.registration import registration_body
 from jobs.simulate.scenarios import SCENARIOS, Scenario
 from jobs.simulate.writers import (
     TOKENS_METRIC,
@@ -49,6 +50,7 @@ __all__ = [
     "exporter_text",
     "gpu_model",
     "openmetrics_lines",
+    "registration_body",
     "simulate",
     "simulate_cluster",
     "write_openmetrics",

@@ -11,7 +11,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobs.simulate import DEFAULT_START, SimResult, SimSpec, backfill, simulate, write_openmetrics
+from jobs.simulate import (
+    DEFAULT_START,
+    SimResult,
+    SimSpec,
+    backfill,
+    registration_body,
+    simulate,
+    write_openmetrics,
+)
 
 HOUR = 3600.0
 START = datetime.fromtimestamp(DEFAULT_START, tz=UTC)
@@ -50,25 +58,12 @@ def register(sim: SimResult, team: Any, *, ended: bool, **extra: Any):
     """Register a simulated job as the scheduler would (model config, GPUs, throughput query)."""
     from jobs.registry import register_job
 
-    job_id = sim.spec.job_id
-    data = {
-        "external_id": job_id,
-        "name": f"pretrain-{job_id}",
-        "team": team,
-        "owner": "alice",
-        "model": {"name": "llama-7b", "n_params": sim.throughput.model_params, "seq_len": 4096},
-        "dtype": "bf16",
-        "parallelism": {"tp": 1, "pp": 1, "dp": len(sim.gpus), "ep": 1},
-        "micro_batch": 4,
-        "global_batch": 4 * len(sim.gpus),
-        "gpu_model": sim.spec.gpu_model,
-        "gpu_count": len(sim.gpus),
-        "started_at": START,
-        "ended_at": START + timedelta(seconds=sim.spec.duration_s) if ended else None,
-        "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in sim.gpus],
-        "throughput_query": f'sum(rate(train_tokens_total{{job_id="{job_id}"}}[2m]))',
-        "recompute": "none",
-    }
+    n = len(sim.gpus)
+    data = registration_body(
+        sim, team=team, name=f"pretrain-{sim.spec.job_id}", model="llama-7b", ended=ended, owner="alice",
+        parallelism={"tp": 1, "pp": 1, "dp": n, "ep": 1}, micro_batch=4, global_batch=4 * n,
+    )  # fmt: skip
+    data["model"]["seq_len"] = 4096
     data.update(extra)
     return register_job(data).job
 

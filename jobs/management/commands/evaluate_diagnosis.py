@@ -15,7 +15,7 @@ import secrets
 import tempfile
 import time
 from argparse import ArgumentParser
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from jobs.models import Baseline, Job, Team
 from jobs.prometheus import PrometheusClient
 from jobs.promserver import PrometheusProcess, PrometheusStartError, prometheus_binary
 from jobs.registry import register_job
-from jobs.simulate import SimResult, backfill, simulate, write_openmetrics
+from jobs.simulate import SimResult, backfill, registration_body, simulate, write_openmetrics
 from jobs.simulate.core import EXTRA_KEYS
 
 
@@ -145,22 +145,14 @@ class Command(BaseCommand):
         return outcomes
 
     def _register(self, ej: EvalJob, sim: SimResult, team: Team) -> Job:
-        start = datetime.fromtimestamp(sim.spec.start, tz=UTC)
-        data = {
-            "external_id": ej.job_id,
-            "name": f"{ej.scenario} ({ej.variant})",
-            "team": team,
-            # A model name per job keeps every job's config fingerprint (and baseline) its own.
-            "model": {"name": f"sim-7b-{ej.job_id}", "n_params": sim.throughput.model_params},
-            "dtype": "bf16",
-            "gpu_model": sim.spec.gpu_model,
-            "gpu_count": len(sim.gpus),
-            "started_at": start,
-            "ended_at": start + timedelta(seconds=sim.spec.duration_s),
-            "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in sim.gpus],
-            "throughput_query": f'sum(rate(train_tokens_total{{job_id="{sim.spec.job_id}"}}[2m]))',
-            "recompute": "none",
-        }
+        # A model name per job keeps every job's config fingerprint (and baseline) its own.
+        data = registration_body(
+            sim,
+            team=team,
+            name=f"{ej.scenario} ({ej.variant})",
+            model=f"sim-7b-{ej.job_id}",
+            external_id=ej.job_id,
+        )
         job = register_job(data).job
         if ej.baseline is not None:
             Baseline.objects.create(
