@@ -10,7 +10,9 @@ signals, never with the number of GPUs. A second, optional query per signal retu
 
 Values are normalised in PromQL to the registry's `unit` (ratios 0-1 for utilisations; GPU_UTIL and
 MEM_COPY_UTIL arrive in percent, and so does DCGM 4.6's `DCGM_FI_DEV_GPU_UTIL_RATIO` despite its name:
-DCGM still stores NVML's integer percent). Missing signals are reported with a reason, never as zeros.
+DCGM still stores NVML's integer percent; NVLINK_BANDWIDTH_TOTAL, field 449, arrives as an instantaneous
+MB/s rate although the exporter declares it `counter`, and is read as a gauge into B/s). Missing signals
+are reported with a reason, never as zeros.
 """
 
 from __future__ import annotations
@@ -31,15 +33,21 @@ DEFAULT_RATE_WINDOW_S = 300.0
 
 
 class Reading(enum.StrEnum):
-    """How a field's samples are turned into a time series."""
+    """How a field's samples are turned into a time series.
 
-    GAUGE = "gauge"  # sampled value, scaled
+    The reading follows what the values *are*, not the `# TYPE` the exporter declares: field 449
+    (NVLINK_BANDWIDTH_TOTAL) is declared `counter` but holds an instantaneous rate, so it is a GAUGE.
+    """
+
+    GAUGE = "gauge"  # sampled value, scaled; never rate()
     RATE = "rate"  # counter of ns throttled: rate(x[w]) / 1e9 = share of time
     ENERGY = "energy"  # counter of mJ: rate(x[w]) / 1e3 = average W; increase over the job = energy
-    COUNTER = "counter"  # other counters: rate(x[w]) * scale
+    COUNTER = "counter"  # other cumulative counters: rate(x[w]) * scale (no registered field needs it now)
     CODE = "code"  # last error code (XID): any non-zero value matters, averages do not
     BITMASK = "bitmask"  # clock event reasons: share of GPUs with each reason bit set
 
+
+_CUMULATIVE = (Reading.RATE, Reading.ENERGY, Reading.COUNTER)
 
 # Clock event reason bits worth a finding (DCGM_CLOCKS_EVENT_REASON_*); idle/app clocks/display are not.
 THROTTLE_BITS: dict[str, int] = {
@@ -49,6 +57,13 @@ THROTTLE_BITS: dict[str, int] = {
     "hw_thermal": 0x40,
     "hw_power_brake": 0x80,
 }
+
+# Field 449 arrives in MB/s, decimal: 1 MB/s = 1e6 B/s. Sources: dcgm.md (measured as MB/s on H200 and
+# cross-checked against `nvidia-smi nvlink -gt d`, KempnerInstitute/kempnerpulse #10, #11). A
+# dcgm-exporter maintainer wrote KB/s (dcgm-exporter #472), which would be 1000x off the measurement;
+# dcgm.md keeps the measured MB/s. Other readings of DCGM's conversion (a KiB/s delta / 1000, or MiB/s)
+# differ from 1e6 by 2.4 % and 4.9 %: a few per cent, not the 10^4 of reading it as a KiB counter.
+NVLINK_TOTAL_B_PER_MB = 1e6
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +78,7 @@ class Signal:
     scale: float
     reading: Reading
     default_enabled: bool
-    prom_type: str  # gauge | counter, as in the counters CSV
+    prom_type: str  # gauge | counter, as the counters CSV declares it (may differ from `reading`)
     help: str
     hides: str
     group: str
@@ -83,7 +98,7 @@ class Signal:
         return (MEAN, MIN, MAX, COUNT)
 
     def normalise(self, raw: np.ndarray | float) -> np.ndarray:
-        """Raw exporter values (gauges) in `unit`, e.g. GPU_UTIL percent -> ratio."""
+        """Raw exporter values (gauges) in `unit`, e.g. GPU_UTIL percent -> ratio, field 449 MB/s -> B/s."""
         return np.asarray(raw, dtype=np.float64) * self.scale
 
 
@@ -99,34 +114,46 @@ def _s(
     help_text: str,
     hides: str,
     group: str,
+    *,
+    prom_type: str | None = None,
 ) -> Signal:
-    counter = reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER)
+    # The CSV type follows the reading unless the exporter declares otherwise (field 449).
+    declared = prom_type or ("counter" if reading in _CUMULATIVE else "gauge")
     metrics = (field_name,) if new is None else (field_name, new)
     return Signal(key, field_name, metrics, raw_unit, unit, scale, reading, default,
-                  "counter" if counter else "gauge", help_text, hides, group)  # fmt: skip
+                  declared, help_text, hides, group)  # fmt: skip
 
 
 _G, _R = Reading.GAUGE, Reading.RATE
 _P = "DCGM_FI_PROF_"
 _D = "DCGM_FI_DEV_"
 
+# Units, readings and CSV types checked against reference/dcgm.md ("Fields the product reads") and
+# dcgm-exporter's etc/default-counters.csv / dcp-metrics-included.csv; `default` against dcgm.md's
+# "What a default dcgm-exporter emits".
 SIGNALS: dict[str, Signal] = {s.key: s for s in (
+    # dcgm.md: percent 0-100 (int), gauge; the 4.6 name GPU_UTIL_RATIO still carries NVML's integer percent.
     _s("gpu_util", f"{_D}GPU_UTIL", f"{_D}GPU_UTIL_RATIO", "%", "ratio", 0.01, _G, True,
        "GPU utilization (in %).",
        "the nvidia-smi number itself: idle GPUs and the false-saturation comparison", "utilisation"),
+    # dcgm.md: ratio 0-1, gauge (profiling field, default on).
     _s("gr_engine_active", f"{_P}GR_ENGINE_ACTIVE", f"{_P}GR_ENGINE_UTIL_RATIO", "ratio", "ratio", 1.0, _G,
        True, "Ratio of time the graphics engine is active.",
        "a finer GPU-busy measure when GPU_UTIL is coarse", "utilisation"),
+    # dcgm.md: ratio 0-1, gauge; off by default.
     _s("sm_active", f"{_P}SM_ACTIVE", f"{_P}SM_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
        "The ratio of cycles an SM has at least 1 warp assigned.",
        "false saturation, launch overhead and stragglers: whether busy GPUs actually use their SMs",
        "utilisation"),
+    # dcgm.md: ratio 0-1 (resident warps / max warps), gauge; off by default.
     _s("sm_occupancy", f"{_P}SM_OCCUPANCY", f"{_P}SM_OCCUPANCY_RATIO", "ratio", "ratio", 1.0, _G, False,
        "The ratio of number of warps resident on an SM.",
        "how full the SMs are (small kernels, low parallelism)", "utilisation"),
+    # dcgm.md: ratio 0-1, gauge (default on).
     _s("tensor_active", f"{_P}PIPE_TENSOR_ACTIVE", f"{_P}TENSOR_UTIL_RATIO", "ratio", "ratio", 1.0, _G,
        True, "Ratio of cycles the tensor (HMMA) pipe is active.",
        "idle tensor cores, memory-bound work and the hardware cross-check of MFU", "utilisation"),
+    # dcgm.md: HMMA / IMMA / DFMA pipes, ratio 0-1, gauges; not in the default set.
     _s("tensor_hmma_active", f"{_P}PIPE_TENSOR_HMMA_ACTIVE", f"{_P}HMMA_UTIL_RATIO", "ratio", "ratio", 1.0,
        _G, False, "Ratio of cycles the HMMA pipe is active.",
        "whether tensor work is half precision (bf16/fp16) as configured", "pipes"),
@@ -134,6 +161,7 @@ SIGNALS: dict[str, Signal] = {s.key: s for s in (
        _G, False, "Ratio of cycles the IMMA pipe is active.", "integer (int8) tensor work", "pipes"),
     _s("tensor_dfma_active", f"{_P}PIPE_TENSOR_DFMA_ACTIVE", f"{_P}DFMA_UTIL_RATIO", "ratio", "ratio", 1.0,
        _G, False, "Ratio of cycles the DFMA pipe is active.", "FP64 tensor work", "pipes"),
+    # dcgm.md: FP16 / FP32 / FP64 non-tensor pipes, ratio 0-1, gauges; off by default.
     _s("fp16_active", f"{_P}PIPE_FP16_ACTIVE", f"{_P}FP16_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
        "Ratio of cycles the fp16 pipes are active.", "non-tensor half-precision math", "pipes"),
     _s("fp32_active", f"{_P}PIPE_FP32_ACTIVE", f"{_P}FP32_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
@@ -141,15 +169,19 @@ SIGNALS: dict[str, Signal] = {s.key: s for s in (
        "fp32 math where tensor cores were expected (AMP off)", "pipes"),
     _s("fp64_active", f"{_P}PIPE_FP64_ACTIVE", f"{_P}FP64_UTIL_RATIO", "ratio", "ratio", 1.0, _G, False,
        "Ratio of cycles the fp64 pipes are active.", "accidental double-precision math", "pipes"),
+    # dcgm.md: ratio 0-1 (practical maximum ~0.8), gauge (default on).
     _s("dram_active", f"{_P}DRAM_ACTIVE", f"{_P}DRAM_UTIL_RATIO", "ratio", "ratio", 1.0, _G, True,
        "Ratio of cycles the device memory interface is active sending or receiving data.",
        "memory-bound kernels (DRAM busy, tensor idle)", "memory"),
+    # dcgm.md: percent, gauge (default-counters.csv: "Memory utilization (in %)").
     _s("mem_copy_util", f"{_D}MEM_COPY_UTIL", None, "%", "ratio", 0.01, _G, True,
        "Memory utilization (in %).", "device-memory traffic when DRAM_ACTIVE is off", "memory"),
+    # dcgm.md: MiB, gauges (default-counters.csv: "(in MiB)").
     _s("fb_used", f"{_D}FB_USED", None, "MiB", "MiB", 1.0, _G, True, "Framebuffer memory used (in MiB).",
        "memory headroom (room for a larger micro-batch)", "memory"),
     _s("fb_free", f"{_D}FB_FREE", None, "MiB", "MiB", 1.0, _G, True, "Framebuffer memory free (in MiB).",
        "the GPU's memory capacity, hence headroom as a share", "memory"),
+    # dcgm.md: bytes/s incl. headers, gauges (a rate, not a byte counter: sampling.md); default on.
     _s("pcie_tx_bytes", f"{_P}PCIE_TX_BYTES", None, "B/s", "B/s", 1.0, _G, True,
        "The rate of data transmitted over the PCIe bus - including both protocol headers and data "
        "payloads - in bytes per second.", "device-to-host copies", "interconnect"),
@@ -157,37 +189,48 @@ SIGNALS: dict[str, Signal] = {s.key: s for s in (
        "The rate of data received over the PCIe bus - including both protocol headers and data "
        "payloads - in bytes per second.", "host-to-device copies (pageable memory, data on the host)",
        "interconnect"),
+    # dcgm.md: bytes/s, gauges; off by default.
     _s("nvlink_tx_bytes", f"{_P}NVLINK_TX_BYTES", None, "B/s", "B/s", 1.0, _G, False,
        "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
        "collective traffic per direction (communication wait)", "interconnect"),
     _s("nvlink_rx_bytes", f"{_P}NVLINK_RX_BYTES", None, "B/s", "B/s", 1.0, _G, False,
        "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
        "collective traffic per direction (communication wait)", "interconnect"),
-    # NVML's NVLink throughput counters count KiB; rate() * 1024 gives bytes/s (both directions).
-    _s("nvlink_bandwidth_total", f"{_D}NVLINK_BANDWIDTH_TOTAL", f"{_D}NVLINK_THROUGHPUT_TOTAL", "KiB",
-       "B/s", 1024.0, Reading.COUNTER, True, "Total number of NVLink bandwidth counters for all lanes.",
-       "collective traffic bursts when NVLink TX/RX bytes are off", "interconnect"),
+    # dcgm.md: field 449 is an instantaneous MB/s rate (TX+RX, all links) that goes up and down, although
+    # default-counters.csv declares it `counter`: the enable line keeps `counter` (what the exporter
+    # says), the reading is a gauge (never rate()/increase()), * 1e6 gives B/s like the PROF NVLink fields.
+    _s("nvlink_bandwidth_total", f"{_D}NVLINK_BANDWIDTH_TOTAL", f"{_D}NVLINK_THROUGHPUT_TOTAL", "MB/s",
+       "B/s", NVLINK_TOTAL_B_PER_MB, _G, True, "Total number of NVLink bandwidth counters for all lanes.",
+       "collective traffic bursts when NVLink TX/RX bytes are off", "interconnect", prom_type="counter"),
+    # dcgm.md: W, gauge (default-counters.csv: "Power draw (in W)").
     _s("power_usage", f"{_D}POWER_USAGE", f"{_D}BOARD_POWER_WATTS", "W", "W", 1.0, _G, True,
        "Power draw (in W).", "power-cap throttling and idle GPUs drawing idle power", "power"),
+    # dcgm.md: mJ counter since driver load; rate() * 1e-3 = W, increase over the job * 1e-3 = J.
     _s("total_energy", f"{_D}TOTAL_ENERGY_CONSUMPTION", None, "mJ", "W", 1e-3, Reading.ENERGY, True,
        "Total energy consumption since boot (in mJ).", "energy per job (and average power)", "power"),
+    # dcgm.md: deg C, gauges.
     _s("gpu_temp", f"{_D}GPU_TEMP", f"{_D}GPU_TEMP_CELSIUS", "C", "C", 1.0, _G, True,
        "GPU temperature (in C).", "thermal throttling causes", "power"),
     _s("memory_temp", f"{_D}MEMORY_TEMP", f"{_D}MEMORY_TEMP_CELSIUS", "C", "C", 1.0, _G, True,
        "Memory temperature (in C).", "HBM thermal throttling", "power"),
+    # dcgm.md: MHz, gauges.
     _s("sm_clock", f"{_D}SM_CLOCK", None, "MHz", "MHz", 1.0, _G, True, "SM clock frequency (in MHz).",
        "clocks below boost (throttling, stragglers) and the clock ratio of the MFU cross-check", "clocks"),
     _s("mem_clock", f"{_D}MEM_CLOCK", None, "MHz", "MHz", 1.0, _G, True, "Memory clock frequency (in MHz).",
        "memory clock drops", "clocks"),
+    # dcgm.md: bitmask (DCGM_CLOCKS_EVENT_REASON_*), gauge; not in the default set.
     _s("clock_throttle_reasons", f"{_D}CLOCK_THROTTLE_REASONS", f"{_D}CLOCKS_EVENT_REASONS", "bitmask",
        "share of GPUs", 1.0, Reading.BITMASK, False, "Current clock throttle reasons.",
        "why clocks are low (power cap, thermal, HW slowdown)", "clocks"),
+    # dcgm.md: cumulative ns; rate(x[w]) / 1e9 = share of time throttled. dcgm_fields.h's comment says usec;
+    # NVIDIA/DCGM #266 and dcgm-exporter #589 (merged) correct it to ns. Off by default.
     _s("power_violation", f"{_D}POWER_VIOLATION", None, "ns", "share of time", 1e-9, _R, False,
        "Throttling duration due to power constraints (in ns).", "how long clocks were power-capped",
        "clocks"),
     _s("thermal_violation", f"{_D}THERMAL_VIOLATION", None, "ns", "share of time", 1e-9, _R, False,
        "Throttling duration due to thermal constraints (in ns).", "how long clocks were thermally capped",
        "clocks"),
+    # dcgm.md: gauge holding the last XID code.
     _s("xid_errors", f"{_D}XID_ERRORS", f"{_D}XID_ERROR", "code", "code", 1.0, Reading.CODE, True,
        "Value of the last XID error encountered.", "GPU hardware and driver errors during the job",
        "errors"),

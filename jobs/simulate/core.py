@@ -1,8 +1,11 @@
 """Turn a scenario profile into dcgm-exporter fields per GPU and sample, plus the job's throughput.
 
-Values are raw, as the exporter reports them: GPU_UTIL in integer percent, counters cumulative (energy
-in mJ since driver load, violations in ns), clocks in MHz, frame buffer in MiB. Missing samples are NaN
-(a whole host's scrape is lost at once, as when an exporter or node is unreachable).
+Values are raw, as the exporter reports them (units from reference/dcgm.md): GPU_UTIL and MEM_COPY_UTIL in
+integer percent, profiling activities as 0-1 ratios, PCIe and NVLink TX/RX in bytes/s, counters cumulative
+(energy in mJ since driver load, violations in ns), clocks in MHz, frame buffer in MiB, power in W.
+NVLINK_BANDWIDTH_TOTAL (field 449) is an instantaneous rate in MB/s, TX+RX over all links, although the
+exporter's `# TYPE` line calls it a counter. Missing samples are NaN (a whole host's scrape is lost at
+once, as when an exporter or node is unreachable).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from jobs.signals import SIGNALS, signal_for_metric
 from jobs.simulate.gpus import GpuModel, gpu_model, gpu_uuid, pci_bus_id
 from jobs.simulate.scenarios import SCENARIOS, Ctx, Profile
 
+# Field 449's unit: dcgm.md measures it as MB/s, decimal (KempnerInstitute/kempnerpulse #10, #11). Written
+# out here rather than taken from jobs.signals so that the registry's read-back is checked, not mirrored.
+NVLINK_TOTAL_BYTES_PER_UNIT = 1e6
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so simulated data is reproducible
 EXTRA_KEYS = ("fb_reserved", "enc_util", "dec_util", "pcie_replay_counter")
 HOST_LABEL_NAMES = ("Hostname", "hostname", "exported_Hostname", "exported_hostname")
@@ -287,8 +293,11 @@ def _fields(p: Profile, m: GpuModel, ctx: Ctx, noise: float) -> tuple[dict[str, 
     power = np.clip(jitter(m.idle_w + (m.tdp_w - m.idle_w) * power_frac, 0.5), m.idle_w * 0.8, m.tdp_w * 1.02)
     temp = _lagged(_b(p.ambient_c, shape) + 50.0 * power / m.tdp_w, ctx.step_s, tau_s=120.0)
     temp = np.clip(np.rint(temp + 0.5 * rng.standard_normal(shape)), 20, 95)
-    nvl = np.clip(jitter(_b(p.nvlink, shape) * busy), 0, None)
-    nvl_rx = np.clip(nvl * (1.0 + 0.02 * rng.standard_normal(shape)), 0, None)
+    # Per direction, bytes/s; no more than the model's links carry (GPUs without NVLink read 0).
+    nvl_cap = m.nvlink_gbps * 1e9
+    nvl = np.clip(jitter(_b(p.nvlink, shape) * busy), 0, nvl_cap)
+    # RX follows TX within the noise level (noise=0 gives RX == TX, which the unit tests rely on).
+    nvl_rx = np.clip(nvl * (1.0 + noise * rng.standard_normal(shape)), 0, nvl_cap)
     fb_used = np.rint(np.clip(_b(p.fb, (ctx.n_gpus, 1)), 0, 0.99) * m.fb_total_mib) * np.ones(shape)
     fb_used = np.clip(
         fb_used + np.rint(rng.normal(0, 0.002 * m.fb_total_mib, shape)) * (fb_used > 1000), 0, None
@@ -296,7 +305,10 @@ def _fields(p: Profile, m: GpuModel, ctx: Ctx, noise: float) -> tuple[dict[str, 
     thermal = _b(p.thermal_share, shape) * busy
     power_cap = _b(p.power_share, shape) * busy
     step_ns = ctx.step_s * 1e9
-    offsets = rng.uniform(1e9, 5e9, (4, ctx.n_gpus, 1))  # counters started at driver load, long before
+    # Counters started at driver load, long before the job. Row 0 once started field 449 (wrongly read as a
+    # counter); it is still drawn so that every seed keeps the random stream, and hence the data, it had.
+    offsets = rng.uniform(1e9, 5e9, (4, ctx.n_gpus, 1))
+    nvlink_tx, nvlink_rx = np.rint(nvl), np.rint(nvl_rx)
 
     f: dict[str, np.ndarray] = {
         "gpu_util": util.astype(np.float64),
@@ -317,9 +329,10 @@ def _fields(p: Profile, m: GpuModel, ctx: Ctx, noise: float) -> tuple[dict[str, 
         "fb_reserved": np.full(shape, float(m.fb_reserved_mib)),
         "pcie_tx_bytes": np.rint(np.clip(jitter(2e7 + act * _b(p.pcie_tx, shape), 3), 0, None)),
         "pcie_rx_bytes": np.rint(np.clip(jitter(2e7 + act * _b(p.pcie_rx, shape), 3), 0, None)),
-        "nvlink_tx_bytes": np.rint(nvl),
-        "nvlink_rx_bytes": np.rint(nvl_rx),
-        "nvlink_bandwidth_total": np.rint(offsets[0] + np.cumsum((nvl + nvl_rx) * ctx.step_s / 1024, axis=1)),
+        "nvlink_tx_bytes": nvlink_tx,
+        "nvlink_rx_bytes": nvlink_rx,
+        # dcgm.md: field 449 = TX+RX over all links, an integer MB/s rate that goes up and down with traffic.
+        "nvlink_bandwidth_total": np.rint((nvlink_tx + nvlink_rx) / NVLINK_TOTAL_BYTES_PER_UNIT),
         "power_usage": np.round(power, 3),
         "total_energy": np.rint(offsets[1] * 1e3 + np.cumsum(power * ctx.step_s * 1e3, axis=1)),
         "gpu_temp": temp,
