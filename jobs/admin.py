@@ -42,7 +42,17 @@ class PriceInline(admin.TabularInline):
 
 @admin.register(GpuModel)
 class GpuModelAdmin(admin.ModelAdmin):
-    list_display = ["name", "vendor", "memory_gb", "bandwidth_tbps", "sm_count", "tdp_w", "single_source"]
+    list_display = [
+        "name",
+        "vendor",
+        "memory_mib",
+        "bandwidth_tbps",
+        "sm_count",
+        "tdp_w",
+        "peak_clock_mhz",
+        "max_clock_mhz",
+        "single_source",
+    ]
     list_filter = ["vendor", "single_source"]
     search_fields = ["name", "aliases"]
     inlines = [PriceInline]

@@ -32,18 +32,21 @@ class GpuSpec:
     """One GPU model (or, for MI250X, one GCD: the unit the driver reports as a device).
 
     ``sm_count`` holds compute units for AMD parts. ``single_source`` marks rows that rest on one source and
-    should be shown as such in the UI.
+    should be shown as such in the UI. ``peak_clock_mhz`` is the SM clock the dense peaks assume (the tensor
+    cross-check scales by SM clock / it); ``max_clock_mhz`` is the maximum boost clock (what throttling is
+    judged against). ``memory_mib`` is the capacity as the GPU reports it, in MiB. None means unknown.
     """
 
     name: str
     vendor: str
     aliases: tuple[str, ...]
     peak_tflops: MappingProxyType[str, float] = field(hash=False)
-    memory_gb: float | None = None
+    memory_mib: int | None = None
     bandwidth_tbps: float | None = None
     sm_count: int | None = None
     tdp_w: float | None = None
-    boost_clock_mhz: float | None = None
+    peak_clock_mhz: float | None = None
+    max_clock_mhz: float | None = None
     mamf_bf16_tflops: float | None = None
     single_source: bool = False
     source: str = _PEAK_SOURCES
@@ -66,11 +69,12 @@ class GpuSpec:
             "vendor": self.vendor,
             "aliases": list(self.aliases),
             "peak_tflops": dict(self.peak_tflops),
-            "memory_gb": self.memory_gb,
+            "memory_mib": self.memory_mib,
             "bandwidth_tbps": self.bandwidth_tbps,
             "sm_count": self.sm_count,
             "tdp_w": self.tdp_w,
-            "boost_clock_mhz": self.boost_clock_mhz,
+            "peak_clock_mhz": self.peak_clock_mhz,
+            "max_clock_mhz": self.max_clock_mhz,
             "mamf_bf16_tflops": self.mamf_bf16_tflops,
             "single_source": self.single_source,
             "source": self.source,
@@ -102,6 +106,29 @@ _HOPPER_SXM = {
     "fp8": 1979.0,
     "int8": 1979.0,
 }
+# Clocks (reference/gpus.md, "Clocks behind the peaks"). The quoted dense peak of a part assumes one SM
+# clock: the tensor cross-check scales by SM clock / that clock. The max boost clock can be higher (H100
+# SXM: 1980 vs 1830 MHz); throttling is judged against it, since a GPU at the peak's clock is not slowed.
+H100_SXM_PEAK_CLOCK_MHZ = 1830  # 528 tensor cores x 512 FMA/clk x 2 FLOP x 1.83 GHz = 989.4 TFLOP/s
+H100_SXM_MAX_CLOCK_MHZ = 1980  # max boost; what DCGM_FI_DEV_MAX_SM_CLOCK reports on a healthy H100 SXM
+# A100: the peaks assume 1410 MHz (reference/gpus.md), which is also its max boost: CUDA deviceQuery on an
+# A100-SXM4-40GB prints "GPU Max Clock rate: 1410 MHz" (Paderborn PC2 wiki, "NVIDIA A100 40GB with
+# NVLINK"). The 80 GB and PCIe parts are the same GA100 chip; NVIDIA's Ampere (GA100) whitepaper lists a
+# single A100 boost clock, 1410 MHz.
+_A100_CLOCK_MHZ = 1410
+
+# Memory capacity in MiB as the GPU reports it (nvidia-smi memory.total = DCGM FB_USED + FB_FREE + the
+# driver's reservation), not "80 GB" converted from decimal (80e9 / 2**20 = 76,294 MiB, 7 % short). Values
+# read from `nvidia-smi` tables printed on real hosts in public repositories; rows without such a reading
+# stay None (unknown) rather than a converted datasheet figure.
+H100_80GB_MIB = 81559  # "NVIDIA H100 80GB HBM3 ... / 81559MiB"
+_A100_80GB_MIB = 81920  # "NVIDIA A100-SXM4-80GB ... / 81920MiB", same on "NVIDIA A100 80GB PCIe"
+_A100_40GB_MIB = 40960  # "NVIDIA A100-SXM4-40GB ... / 40960MiB", same on "NVIDIA A100-PCIE-40GB"
+_MEMORY_SOURCE = "in MiB as nvidia-smi reports the frame buffer (public nvidia-smi output)"
+_A100_SOURCE = (
+    _PEAK_SOURCES + "; peaks assume 1410 MHz, also the max boost (CUDA deviceQuery); memory " + _MEMORY_SOURCE
+)
+
 _MI300 = {"fp64": 81.7, "fp64_tensor": 163.4, "tf32": 653.7, "bf16": 1307.0, "fp16": 1307.0}
 
 GPU_SPECS: tuple[GpuSpec, ...] = (
@@ -110,14 +137,18 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
           {"fp64": 7.8, "fp16": 125.0}, bandwidth_tbps=0.9, sm_count=80, tdp_w=300),
     _spec("V100 PCIe", "NVIDIA", ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"),
           {"fp64": 7.0, "fp16": 112.0}, bandwidth_tbps=0.9, sm_count=80, tdp_w=250),
-    _spec("A100 SXM 40GB", "NVIDIA", ("NVIDIA A100-SXM4-40GB",), _A100, memory_gb=40, bandwidth_tbps=1.555,
-          sm_count=108, tdp_w=400, boost_clock_mhz=1410, mamf_bf16_tflops=271.0),
-    _spec("A100 SXM 80GB", "NVIDIA", ("NVIDIA A100-SXM4-80GB", "A100 80GB"), _A100, memory_gb=80,
-          bandwidth_tbps=2.039, sm_count=108, tdp_w=400, boost_clock_mhz=1410, mamf_bf16_tflops=271.0),
-    _spec("A100 PCIe 40GB", "NVIDIA", ("NVIDIA A100-PCIE-40GB",), _A100, memory_gb=40, bandwidth_tbps=1.555,
-          sm_count=108, tdp_w=250, boost_clock_mhz=1410),
-    _spec("A100 PCIe 80GB", "NVIDIA", ("NVIDIA A100 80GB PCIe",), _A100, memory_gb=80, bandwidth_tbps=1.94,
-          sm_count=108, tdp_w=300, boost_clock_mhz=1410),
+    _spec("A100 SXM 40GB", "NVIDIA", ("NVIDIA A100-SXM4-40GB",), _A100, memory_mib=_A100_40GB_MIB,
+          bandwidth_tbps=1.555, sm_count=108, tdp_w=400, peak_clock_mhz=_A100_CLOCK_MHZ,
+          max_clock_mhz=_A100_CLOCK_MHZ, mamf_bf16_tflops=271.0, source=_A100_SOURCE),
+    _spec("A100 SXM 80GB", "NVIDIA", ("NVIDIA A100-SXM4-80GB", "A100 80GB"), _A100, memory_mib=_A100_80GB_MIB,
+          bandwidth_tbps=2.039, sm_count=108, tdp_w=400, peak_clock_mhz=_A100_CLOCK_MHZ,
+          max_clock_mhz=_A100_CLOCK_MHZ, mamf_bf16_tflops=271.0, source=_A100_SOURCE),
+    _spec("A100 PCIe 40GB", "NVIDIA", ("NVIDIA A100-PCIE-40GB",), _A100, memory_mib=_A100_40GB_MIB,
+          bandwidth_tbps=1.555, sm_count=108, tdp_w=250, peak_clock_mhz=_A100_CLOCK_MHZ,
+          max_clock_mhz=_A100_CLOCK_MHZ, source=_A100_SOURCE),
+    _spec("A100 PCIe 80GB", "NVIDIA", ("NVIDIA A100 80GB PCIe",), _A100, memory_mib=_A100_80GB_MIB,
+          bandwidth_tbps=1.94, sm_count=108, tdp_w=300, peak_clock_mhz=_A100_CLOCK_MHZ,
+          max_clock_mhz=_A100_CLOCK_MHZ, source=_A100_SOURCE),
     _spec("A10", "NVIDIA", ("NVIDIA A10",), _A10, bandwidth_tbps=0.6, sm_count=72, tdp_w=150),
     _spec("A10G", "NVIDIA", ("NVIDIA A10G",), _A10, bandwidth_tbps=0.6, sm_count=80, tdp_w=150),
     _spec("L4", "NVIDIA", ("NVIDIA L4",), {"tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.0,
@@ -125,9 +156,12 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
           source=_PEAK_SOURCES + "; FP8 figure rests on one source (?)"),
     _spec("L40S", "NVIDIA", ("NVIDIA L40S",), {"tf32": 183.0, "bf16": 362.0, "fp16": 362.0, "fp8": 733.0,
           "int8": 733.0}, bandwidth_tbps=0.864, sm_count=142, tdp_w=350),
-    _spec("H100 SXM", "NVIDIA", ("NVIDIA H100 80GB HBM3", "H100 SXM5"), _HOPPER_SXM, memory_gb=80,
-          bandwidth_tbps=3.35, sm_count=132, tdp_w=700, boost_clock_mhz=1830, mamf_bf16_tflops=794.5,
-          source=_PEAK_SOURCES + "; boost clock 1830 MHz behind the peaks; MAMF: " + _MAMF_SOURCE),
+    _spec("H100 SXM", "NVIDIA", ("NVIDIA H100 80GB HBM3", "H100 SXM5"), _HOPPER_SXM,
+          memory_mib=H100_80GB_MIB, bandwidth_tbps=3.35, sm_count=132, tdp_w=700,
+          peak_clock_mhz=H100_SXM_PEAK_CLOCK_MHZ, max_clock_mhz=H100_SXM_MAX_CLOCK_MHZ,
+          mamf_bf16_tflops=794.5,
+          source=_PEAK_SOURCES + "; peaks assume 1830 MHz, max boost 1980 MHz (reference/gpus.md); memory "
+          + _MEMORY_SOURCE + "; MAMF: " + _MAMF_SOURCE),
     _spec("H100 PCIe", "NVIDIA", ("NVIDIA H100 PCIe",), {"fp64": 25.6, "fp64_tensor": 51.0, "tf32": 378.0,
           "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0, "int8": 1513.0}, bandwidth_tbps=2.0, sm_count=114,
           tdp_w=350),

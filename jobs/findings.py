@@ -22,7 +22,6 @@ from jobs.diagnosis import Finding as Diagnosis
 from jobs.models import Artifact, Finding, Job
 
 log = logging.getLogger(__name__)
-MIB = 2**20
 
 
 def _step_time_ms(job: Job, artifacts: list[ArtifactAnalysis]) -> float | None:
@@ -57,8 +56,8 @@ def build_input(job: Job) -> DiagnosisInput:
         tokens_per_second=job.tokens_per_second,
         cost_per_day_usd=job.cost_per_day_usd,
         waste_per_day_usd=job.waste_per_day_usd,
-        gpu_memory_mib=gpu.memory_gb * 1e9 / MIB if gpu is not None and gpu.memory_gb else None,
-        boost_clock_mhz=float(gpu.boost_clock_mhz) if gpu is not None and gpu.boost_clock_mhz else None,
+        gpu_memory_mib=float(gpu.memory_mib) if gpu is not None and gpu.memory_mib else None,
+        max_clock_mhz=float(gpu.max_clock_mhz) if gpu is not None and gpu.max_clock_mhz else None,
         tdp_w=gpu.tdp_w if gpu is not None else None,
         baseline=baseline.stats if baseline is not None and isinstance(baseline.stats, dict) else None,
         artifacts=artifacts,

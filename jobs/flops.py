@@ -23,11 +23,16 @@ from typing import Literal
 RecomputeMode = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
-# A factor of two between MFU and the tensor-pipe estimate is the size of the config mistakes we want to
+# MFU far BELOW the tensor-pipe estimate: a factor of two is the size of the config mistakes we want to
 # catch (FP8 vs BF16 peak, sparse vs dense datasheet peak, total vs active MoE parameters are each >= 2x),
-# while honest jobs stay inside it: the estimate is an upper bound, recomputation adds at most 4/3 and the
+# while honest jobs stay inside it: recomputation adds at most 4/3 tensor work MFU does not count, and the
 # attention variants differ by well under 2x.
 CROSS_CHECK_FACTOR = 2.0
+# MFU ABOVE the estimate is impossible for correct inputs (the estimate is an upper bound), so any excess
+# beyond sampling noise disagrees. 10 % relative covers the noise: PIPE_TENSOR_ACTIVE and SM clock are
+# means of 15-60 s samples (reference/sampling.md) over windows that do not line up exactly with the
+# throughput windows of MFU, and a clock change inside a sample is averaged, not tracked.
+CROSS_CHECK_ABOVE_TOLERANCE = 0.10
 # Below this level (2 % of peak) both numbers are dominated by noise and idle time; a ratio means nothing.
 CROSS_CHECK_MIN_LEVEL = 0.02
 # DCGM ratios are 0-1; a value above this is almost certainly a percentage passed by mistake.
@@ -476,21 +481,22 @@ def tensor_flops_upper_estimate(
     tensor_active: float,
     dense_peak_flops: float,
     sm_clock_mhz: float | None = None,
-    boost_clock_mhz: float | None = None,
+    peak_clock_mhz: float | None = None,
 ) -> TensorEstimate:
-    """Upper estimate of one device's tensor FLOP/s: tensor_active x dense peak x SM clock / boost clock.
+    """Upper estimate of one device's tensor FLOP/s: tensor_active x dense peak x SM clock / peak clock.
 
-    The dense peak assumes the boost clock, so a throttled SM clock scales it down. Without both clocks the
-    estimate is left uncorrected (and the variant says so).
+    The dense peak assumes one SM clock (H100 SXM: 1830 MHz, reference/gpus.md), not the max boost clock; an
+    SM clock below it scales the estimate down and one above it (H100s boost to 1980 MHz) up. Without both
+    clocks the estimate is left uncorrected (and the variant says so).
     """
     active = _ratio("tensor_active", tensor_active)
     peak = _positive("dense_peak_flops", dense_peak_flops)
-    if sm_clock_mhz is not None and boost_clock_mhz is not None:
-        ratio = _non_negative("sm_clock_mhz", sm_clock_mhz) / _positive("boost_clock_mhz", boost_clock_mhz)
-        variant = "tensor_active x dense peak x SM clock / boost clock"
+    if sm_clock_mhz is not None and peak_clock_mhz is not None:
+        ratio = _non_negative("sm_clock_mhz", sm_clock_mhz) / _positive("peak_clock_mhz", peak_clock_mhz)
+        variant = "tensor_active x dense peak x SM clock / peak clock"
     else:
         ratio = 1.0
-        variant = "tensor_active x dense peak (no clock correction: SM or boost clock unknown)"
+        variant = "tensor_active x dense peak (no clock correction: SM clock or peak clock unknown)"
     fraction = active * ratio
     return TensorEstimate(
         flops_per_s=fraction * peak, fraction_of_peak=fraction, clock_ratio=ratio, variant=variant
@@ -501,22 +507,32 @@ def cross_check_mfu(
     mfu_value: float | Utilization,
     tensor_active: float,
     sm_clock_mhz: float | None = None,
-    boost_clock_mhz: float | None = None,
+    peak_clock_mhz: float | None = None,
     *,
     factor: float = CROSS_CHECK_FACTOR,
+    above_tolerance: float = CROSS_CHECK_ABOVE_TOLERANCE,
 ) -> CrossCheck:
-    """Compare MFU with the tensor-pipe upper estimate and flag a disagreement wider than ``factor``.
+    """Compare MFU with the tensor-pipe upper estimate (tensor_active x SM clock / peak clock, as a fraction
+    of the dense peak; the peak itself cancels).
 
-    Both are fractions of the same dense peak, so the peak itself cancels. MFU well above the estimate means
-    FLOPs are counted that the tensor cores did not do (parameters overstated, wrong dtype peak, work on
-    non-tensor pipes); MFU far below means the tensor pipes are busy with work MFU does not count, or the
-    configured peak is too high (e.g. FP8 peak for a BF16 job).
+    The estimate is an upper bound on the tensor FLOPs done, and the FLOPs MFU counts are matmuls that run
+    on the tensor pipes, so MFU above it is impossible for correct inputs: beyond ``above_tolerance``
+    (relative) it "disagrees" with direction ``mfu_above_hardware`` — the model shape (n_params, layers,
+    seq_len) or the dtype is wrong. MFU more than ``factor`` times below the estimate also disagrees
+    (``mfu_far_below_hardware``): the tensor pipes do work MFU does not count, or the peak is too high.
+
+    What the estimate cannot see: FLOPs on non-tensor pipes (an FP32 model without TF32 can legitimately
+    exceed it: its matmuls never touch the tensor cores), 2:4 sparsity (a sparse kernel does twice the
+    nominal FLOPs per tensor cycle) and the resolution of PIPE_TENSOR_ACTIVE (a DCGM average over its watch
+    interval, collected every 1-30 s and scraped every 15-60 s, reference/sampling.md) — a job whose
+    throughput and tensor samples cover slightly different windows can sit a few per cent above it.
     """
     value = mfu_value.value if isinstance(mfu_value, Utilization) else _non_negative("mfu", mfu_value)
     limit = _positive("factor", factor)
     if limit < 1.0:
         raise ValueError(f"factor must be at least 1, got {factor!r}")
-    estimate = tensor_flops_upper_estimate(tensor_active, 1.0, sm_clock_mhz, boost_clock_mhz).fraction_of_peak
+    tolerance = _non_negative("above_tolerance", above_tolerance)
+    estimate = tensor_flops_upper_estimate(tensor_active, 1.0, sm_clock_mhz, peak_clock_mhz).fraction_of_peak
     if value < CROSS_CHECK_MIN_LEVEL and estimate < CROSS_CHECK_MIN_LEVEL:
         return CrossCheck(
             mfu=value,
@@ -528,11 +544,12 @@ def cross_check_mfu(
             factor=limit,
         )
     ratio = value / estimate if estimate > 0 else math.inf
-    if ratio > limit:
+    if ratio > 1.0 + tolerance:
         direction: Literal["agree", "mfu_above_hardware", "mfu_far_below_hardware"] = "mfu_above_hardware"
         explanation = (
-            f"MFU {value:.1%} is above the tensor-pipe upper estimate {estimate:.1%}: check the parameter "
-            "count (total vs active for MoE), the dtype and its peak, or the model runs on non-tensor pipes"
+            f"MFU {value:.1%} is above the tensor-pipe upper estimate {estimate:.1%}. MFU exceeds what the "
+            "tensor pipes could deliver: check the model shape (n_params, layers, seq_len) or dtype "
+            "(total vs active parameters for MoE, the dtype's peak)"
         )
     elif ratio < 1.0 / limit:
         direction = "mfu_far_below_hardware"

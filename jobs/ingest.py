@@ -154,7 +154,7 @@ def update_summary(
         gpu_count=job.gpu_count,
         shape=ModelShape.from_config(job.model_config or {}, job.recompute),
         peak_flops_per_gpu=job.gpu_model.peak_flops(job.dtype) if job.gpu_model else None,
-        boost_clock_mhz=job.gpu_model.boost_clock_mhz if job.gpu_model else None,
+        peak_clock_mhz=job.gpu_model.peak_clock_mhz if job.gpu_model else None,
         grid_step_s=step,
         tokens_per_second=tps,
         throughput_source=source,

@@ -179,7 +179,7 @@ def compute_kpis(
     gpu_count: int,
     shape: ModelShape,
     peak_flops_per_gpu: float | None,
-    boost_clock_mhz: float | None,
+    peak_clock_mhz: float | None,
     grid_step_s: float,
     tokens_per_second: np.ndarray | None,
     throughput_source: str,
@@ -217,7 +217,7 @@ def compute_kpis(
         k.notes.append("waste/day needs MFU, which needs throughput and the model's parameter count")
     if k.mfu is not None and k.tensor_active_mean is not None:
         clock = time_mean(sm_clock)
-        k.cross_check = cross_check_mfu(k.mfu, k.tensor_active_mean, clock, boost_clock_mhz)
+        k.cross_check = cross_check_mfu(k.mfu, k.tensor_active_mean, clock, peak_clock_mhz)
     _energy(k, gpu_count, energy_increase_j, power_w, power_times, usd_per_kwh)
     return k
 

@@ -64,11 +64,27 @@ class GpuModel(models.Model):
         default=dict,
         help_text="Dense (no sparsity) peak TFLOP/s per dtype: fp64, fp64_tensor, tf32, bf16, fp16, fp8…",
     )
-    memory_gb = models.FloatField(null=True, blank=True)
+    memory_mib = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="memory (MiB)",
+        help_text="Capacity as the GPU reports it (nvidia-smi memory.total), e.g. 81559 for H100 80GB.",
+    )
     bandwidth_tbps = models.FloatField(null=True, blank=True, verbose_name="memory bandwidth (TB/s)")
     sm_count = models.PositiveIntegerField(null=True, blank=True)
     tdp_w = models.FloatField(null=True, blank=True, verbose_name="TDP (W)")
-    boost_clock_mhz = models.PositiveIntegerField(null=True, blank=True)
+    peak_clock_mhz = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="peak clock (MHz)",
+        help_text="SM clock the dense peaks assume (H100 SXM 1830); the MFU cross-check scales by it.",
+    )
+    max_clock_mhz = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        verbose_name="max boost clock (MHz)",
+        help_text="Maximum SM boost clock (H100 SXM 1980); throttling is judged against it.",
+    )
     mamf_bf16_tflops = models.FloatField(
         null=True, blank=True, help_text="Measured best dense BF16 matmul (achievable ceiling), TFLOP/s."
     )

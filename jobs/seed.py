@@ -15,12 +15,16 @@ from jobs.catalog import GPU_SPECS, PRICE_SEEDS
 def seed_catalog(gpu_model_cls: Any, price_entry_cls: Any) -> tuple[int, int]:
     """Create missing GPU models and seed prices; returns (models created, prices created).
 
-    Takes the model classes so the data migration can pass its historical models.
+    Takes the model classes so the data migration can pass its historical models; catalog fields the given
+    model class does not have are skipped.
     """
     models_created = prices_created = 0
     by_name = {}
+    # A historical model (migration 0002 runs before 0004 split the clock and moved memory to MiB) lacks
+    # some of today's fields: seed only the ones it has; the later migration fills the rest.
+    known = {f.name for f in gpu_model_cls._meta.get_fields()}
     for spec in GPU_SPECS:
-        fields = spec.to_dict()
+        fields = {key: value for key, value in spec.to_dict().items() if key in known}
         name = fields.pop("name")
         gpu, created = gpu_model_cls.objects.get_or_create(name=name, defaults=fields)
         by_name[name] = gpu

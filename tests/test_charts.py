@@ -131,7 +131,9 @@ def job_signals(points: int, step: float, gpus: int = 0, gpu_step: float = 300.0
 
 
 def test_one_shared_time_axis_with_unified_hover_and_units():
-    fig = charts.timeseries_figure(job_signals(361, 30.0), target_mfu=0.45, boost_clock_mhz=1830)
+    fig = charts.timeseries_figure(
+        job_signals(361, 30.0), target_mfu=0.45, peak_clock_mhz=1830, max_clock_mhz=1980
+    )
     layout = fig["layout"]
     assert {t["xaxis"] for t in fig["data"]} == {"x"}
     assert layout["hovermode"] == "x unified" and layout["hoversubplots"] == "axis"
@@ -145,7 +147,9 @@ def test_one_shared_time_axis_with_unified_hover_and_units():
     assert 30 < np.nanmean([v for v in sm["y"] if v is not None]) < 70  # ratios shown in %
     assert isinstance(sm["x"][0], int) and sm["x"][0] == 1_700_000_000_000
     texts = [a["text"] for a in layout["annotations"]]
-    assert any("boost clock" in t for t in texts) and any("target 45%" in t for t in texts)
+    assert any("target 45%" in t for t in texts)
+    assert any("max boost 1,980 MHz (throttling reference)" in t for t in texts)
+    assert any("peak's clock 1,830 MHz (MFU cross-check)" in t for t in texts)
     json.dumps(fig)  # plain JSON types only
 
 

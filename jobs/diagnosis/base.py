@@ -143,7 +143,7 @@ class DiagnosisInput:
     cost_per_day_usd: float | None = None
     waste_per_day_usd: float | None = None
     gpu_memory_mib: float | None = None
-    boost_clock_mhz: float | None = None
+    max_clock_mhz: float | None = None  # max boost clock (catalog), what throttling is judged against
     tdp_w: float | None = None
     baseline: Mapping[str, Mapping[str, Any]] | None = None
     artifacts: Sequence[ArtifactAnalysis] = ()

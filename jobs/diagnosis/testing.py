@@ -35,11 +35,12 @@ from jobs.simulate import SimResult
 LOOKBACK_S = 300.0  # Prometheus's default lookback delta
 RATE_WINDOW_S = 300.0
 DEFAULT_PRICE_USD_PER_GPU_HOUR = 6.88
-# Boost clocks and memory as the product's GPU catalog has them (jobs/catalog.py), keyed by exporter name.
+# Max boost clocks and memory (MiB) as the product's GPU catalog has them (jobs/catalog.py), keyed by
+# exporter name.
 CATALOG = {
-    "NVIDIA H100 80GB HBM3": {"boost_clock_mhz": 1830.0, "memory_gb": 80.0, "tdp_w": 700.0},
-    "NVIDIA A100-SXM4-80GB": {"boost_clock_mhz": 1410.0, "memory_gb": 80.0, "tdp_w": 400.0},
-    "NVIDIA A100-SXM4-40GB": {"boost_clock_mhz": 1410.0, "memory_gb": 40.0, "tdp_w": 400.0},
+    "NVIDIA H100 80GB HBM3": {"max_clock_mhz": 1980.0, "memory_mib": 81559.0, "tdp_w": 700.0},
+    "NVIDIA A100-SXM4-80GB": {"max_clock_mhz": 1410.0, "memory_mib": 81920.0, "tdp_w": 400.0},
+    "NVIDIA A100-SXM4-40GB": {"max_clock_mhz": 1410.0, "memory_mib": 40960.0, "tdp_w": 400.0},
 }
 
 
@@ -158,7 +159,6 @@ def input_from_sim(
     cost = n * price * 24.0
     mfu = res.throughput.mfu
     spec = CATALOG.get(res.spec.gpu_model, {}) if catalog else {}
-    memory_gb = spec.get("memory_gb")
     return DiagnosisInput(
         signals=sigs,
         gpu_count=n,
@@ -168,8 +168,8 @@ def input_from_sim(
         tokens_per_second=float(np.mean(res.throughput.tokens_per_s)),
         cost_per_day_usd=cost,
         waste_per_day_usd=cost * max(0.0, 1.0 - mfu / reference_mfu),
-        gpu_memory_mib=memory_gb * 1e9 / 2**20 if memory_gb else None,
-        boost_clock_mhz=spec.get("boost_clock_mhz"),
+        gpu_memory_mib=spec.get("memory_mib"),
+        max_clock_mhz=spec.get("max_clock_mhz"),
         tdp_w=spec.get("tdp_w"),
         baseline=baseline,
         artifacts=tuple(artifacts),

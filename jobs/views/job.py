@@ -171,13 +171,14 @@ def build_figures(
         per_gpu = load_per_gpu(job, heat_key, window)
     label = HEATMAP_LABELS[heat_key]
     gpu = job.gpu_model
-    memory_gib = gpu.memory_gb * 1e9 / 2**30 if gpu and gpu.memory_gb else None
+    memory_gib = gpu.memory_mib / 1024 if gpu and gpu.memory_mib else None
     timeseries = charts.timeseries_figure(
         sigs,
         points=points,
         findings=finding_marks(findings),
         reasons=reasons,
-        boost_clock_mhz=gpu.boost_clock_mhz if gpu else None,
+        peak_clock_mhz=gpu.peak_clock_mhz if gpu else None,
+        max_clock_mhz=gpu.max_clock_mhz if gpu else None,
         memory_gib=memory_gib,
         target_mfu=settings.TARGET_MFU,
         window=window,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import pickle
 from datetime import date
@@ -131,8 +132,8 @@ def test_variant_specific_facts() -> None:
     assert specs["A100 SXM 40GB"].bandwidth_tbps == 1.555 and specs["A100 SXM 80GB"].bandwidth_tbps == 2.039
     assert specs["A100 PCIe 40GB"].tdp_w == 250 and specs["A100 PCIe 80GB"].tdp_w == 300
     assert specs["A10"].sm_count == 72 and specs["A10G"].sm_count == 80
-    assert specs["H100 SXM"].boost_clock_mhz == 1830 and specs["A100 SXM 80GB"].boost_clock_mhz == 1410
-    assert specs["B200"].boost_clock_mhz is None
+    assert specs["H100 SXM"].peak_clock_mhz == 1830 and specs["A100 SXM 80GB"].peak_clock_mhz == 1410
+    assert specs["B200"].peak_clock_mhz is None and specs["B200"].max_clock_mhz is None
     assert specs["L4"].single_source and not specs["H100 SXM"].single_source
     assert "GCD" in specs["MI250X"].source
 
@@ -211,3 +212,113 @@ def test_catalog_peaks_cannot_be_mutated() -> None:
     spec = catalog.GPU_SPECS[0]
     with pytest.raises(TypeError):
         spec.peak_tflops["fp16"] = 1.0  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------- clocks and memory capacity
+
+
+def test_h100_sxm_dense_peak_is_reproduced_by_its_peak_clock_not_its_max_clock() -> None:
+    h100 = catalog.gpu_by_name("H100 SXM")
+    assert h100 is not None and h100.peak_clock_mhz is not None and h100.max_clock_mhz is not None
+    # 528 tensor cores (132 SMs x 4) x 512 dense BF16 FMA per clock each x 2 FLOP per FMA:
+    # 528 x 512 = 270,336 FMA/clk; x 2 = 540,672 FLOP/clk; x 1.83e9 clk/s = 989.43e12 FLOP/s.
+    flop_per_clock = 528 * 512 * 2
+    assert flop_per_clock == 540_672
+    from_peak_clock = flop_per_clock * h100.peak_clock_mhz * 1e6
+    assert from_peak_clock == pytest.approx(989.43e12, rel=1e-4)
+    # The table's 989.5 is NVIDIA's rounding of 989.4: within 0.01 %.
+    assert from_peak_clock == pytest.approx(h100.peak_flops("bf16"), rel=1e-3)
+    # At the 1980 MHz max boost the same arithmetic gives 540,672 x 1.98e9 = 1070.5e12: 8 % off the quoted
+    # peak, so the quoted peak does not assume the max clock.
+    from_max_clock = flop_per_clock * h100.max_clock_mhz * 1e6
+    assert from_max_clock == pytest.approx(1070.5e12, rel=1e-4)
+    assert from_max_clock / h100.peak_flops("bf16") > 1.05
+
+
+def test_h100_sxm_max_boost_clock_is_1980_mhz_above_the_peaks_1830() -> None:
+    h100 = catalog.gpu_by_name("H100 SXM")
+    assert h100 is not None
+    # reference/gpus.md: "a healthy H100 SXM runs its SMs up to 1980 MHz (max boost)".
+    assert h100.max_clock_mhz == 1980
+    assert h100.peak_clock_mhz == 1830
+
+
+def test_a100_peak_clock_is_also_its_max_boost_clock() -> None:
+    for name in ("A100 SXM 40GB", "A100 SXM 80GB", "A100 PCIe 40GB", "A100 PCIe 80GB"):
+        spec = catalog.gpu_by_name(name)
+        assert spec is not None
+        assert spec.peak_clock_mhz == spec.max_clock_mhz == 1410, name
+        # 432 tensor cores x 256 dense FP16 FMA/clk x 2 x 1.41 GHz = 311.9e12: the 312 TFLOP/s peak.
+        assert spec.peak_flops("bf16") == pytest.approx(432 * 256 * 2 * 1.41e9, rel=1e-3)
+
+
+def test_h100_80gb_memory_is_81559_mib_as_the_gpu_reports_not_80_decimal_gb() -> None:
+    h100 = catalog.gpu_by_name("H100 SXM")
+    assert h100 is not None
+    assert h100.memory_mib == 81559
+    # The old figure, 80 GB read as decimal: 80e9 B / 2**20 B/MiB = 76,293.9 MiB, 5,265 MiB (6.5 %) short.
+    assert h100.memory_mib - round(80e9 / 2**20) == 81559 - 76294
+
+
+def test_a100_memory_is_the_power_of_two_figure_nvidia_smi_reports() -> None:
+    specs = {spec.name: spec for spec in catalog.GPU_SPECS}
+    # nvidia-smi shows 81920MiB (= 80 x 1024) on A100 80GB and 40960MiB (= 40 x 1024) on A100 40GB.
+    assert specs["A100 SXM 80GB"].memory_mib == specs["A100 PCIe 80GB"].memory_mib == 80 * 1024
+    assert specs["A100 SXM 40GB"].memory_mib == specs["A100 PCIe 40GB"].memory_mib == 40 * 1024
+
+
+def test_every_memory_figure_is_a_reported_mib_reading_with_its_source() -> None:
+    for spec in catalog.GPU_SPECS:
+        if spec.memory_mib is None:
+            continue
+        # Every figure is a MiB reading (tens of thousands), never a GB figure left in the field.
+        assert spec.memory_mib > 1024, spec.name
+        assert "MiB as nvidia-smi reports" in spec.source, spec.name
+    assert catalog.gpu_by_name("B200").memory_mib is None  # type: ignore[union-attr]
+
+
+def test_no_catalog_row_has_a_peak_clock_above_its_max_clock() -> None:
+    for spec in catalog.GPU_SPECS:
+        if spec.peak_clock_mhz is not None and spec.max_clock_mhz is not None:
+            assert spec.peak_clock_mhz <= spec.max_clock_mhz, spec.name
+
+
+# Migration 0004 freezes this release's corrected values; its row logic is pure and tested here.
+_M0004 = importlib.import_module("jobs.migrations.0004_gpu_clocks")
+
+
+def test_migration_0004_froze_the_catalog_values_of_this_release() -> None:
+    for name, (peak, max_clock, mib) in _M0004.CORRECTED.items():
+        spec = catalog.gpu_by_name(name)
+        assert spec is not None
+        assert (spec.peak_clock_mhz, spec.max_clock_mhz, spec.memory_mib) == (peak, max_clock, mib), name
+    with_clocks = {s.name for s in catalog.GPU_SPECS if s.max_clock_mhz or s.memory_mib or s.peak_clock_mhz}
+    assert with_clocks == set(_M0004.CORRECTED)
+
+
+def test_migration_0004_corrects_a_seeded_h100_row() -> None:
+    # 0002 seeded boost 1830 (renamed to peak) and memory_gb 80: both are the known-wrong seeds.
+    fields = _M0004.corrected_fields("H100 SXM", 1830, 80.0)
+    assert fields == {"peak_clock_mhz": 1830, "max_clock_mhz": 1980, "memory_mib": 81559}
+
+
+def test_migration_0004_fills_rows_a_fresh_database_seeded_without_clocks() -> None:
+    # On a fresh database 0002 seeds through today's catalog, which has no boost_clock_mhz / memory_gb.
+    fields = _M0004.corrected_fields("A100 SXM 40GB", None, None)
+    assert fields == {"peak_clock_mhz": 1410, "max_clock_mhz": 1410, "memory_mib": 40960}
+
+
+def test_migration_0004_keeps_an_admins_edits() -> None:
+    # An admin wrote 79.0 GB: kept, converted as the code did before: 79e9 / 2**20 = 75,340.3 -> 75,340 MiB.
+    edited = _M0004.corrected_fields("H100 SXM", 1755, 79.0)
+    assert edited == {"peak_clock_mhz": 1755, "max_clock_mhz": 1980, "memory_mib": 75340}
+    # A GPU the catalog does not know: its one clock served both purposes, so it keeps doing so.
+    custom = _M0004.corrected_fields("RTX 6000 Ada", 2505, 48.0)
+    assert custom == {"peak_clock_mhz": 2505, "max_clock_mhz": 2505, "memory_mib": round(48e9 / 2**20)}
+
+
+def test_migration_0004_reverses_to_the_seeded_decimal_gb() -> None:
+    assert _M0004.restored_memory_gb("H100 SXM", 81559) == 80.0
+    assert _M0004.restored_memory_gb("H100 SXM", None) is None
+    # Not the catalog figure: MiB back to decimal GB, 75,340 x 2**20 / 1e9 = 79.0 GB (to 3 decimals).
+    assert _M0004.restored_memory_gb("H100 SXM", 75340) == pytest.approx(79.0, abs=1e-3)

@@ -18,7 +18,7 @@ from jobs.diagnosis import engine as E
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import RULES
 from jobs.diagnosis.testing import blank_profiling, input_from_sim, signals_from_sim
-from jobs.signals import DEFAULT_DISABLED
+from jobs.signals import DEFAULT_DISABLED, SignalSeries
 from jobs.simulate import SCENARIOS, SimSpec, simulate
 
 METRIC_CODES = [s.code for s in SCENARIOS.values() if s.code]
@@ -185,13 +185,63 @@ def test_xid_severity_depends_on_the_code():
     assert any(e.label.endswith(": XID") for e in hw.evidence)
 
 
-def test_throttling_without_a_catalog_boost_clock_uses_the_highest_clock_seen():
+def test_throttling_without_a_catalog_max_clock_uses_the_highest_clock_seen():
     inp = sim_input("throttling")
-    inp.boost_clock_mhz = None
+    inp.max_clock_mhz = None
     f = run("throttling", inp)
     full = run("throttling", sim_input("throttling"))
     assert f is not None and f.confidence < full.confidence
     assert any("highest clock seen" in e.label for e in f.evidence)
+
+
+def _with_constant_clock(inp: DiagnosisInput, sm_mhz: float, reported_max_mhz: float | None = None):
+    """`inp` (a healthy H100 job) with every GPU's SM clock at `sm_mhz`, optionally with a reported max."""
+    sigs = copy.deepcopy(inp.signals)
+    assert sigs is not None
+    clock = sigs.signals["sm_clock"]
+    const = {k: np.full_like(v, sm_mhz) for k, v in clock.stats.items()}
+    clock.stats = const
+    if clock.per_gpu is not None:
+        clock.per_gpu = np.full_like(clock.per_gpu, sm_mhz)
+    if reported_max_mhz is not None:
+        ts = clock.timestamps
+        stats = {k: np.full_like(ts, reported_max_mhz) for k in ("mean", "min", "max")}
+        sigs.signals["max_sm_clock"] = SignalSeries("max_sm_clock", "MHz", ts, stats)
+    out = copy.copy(inp)
+    out.signals = sigs
+    return out
+
+
+def test_h100_at_its_peaks_clock_of_1830_mhz_is_not_throttled():
+    # 1830 / 1980 = 0.9242: 7.6 % below the max boost. That is the clock NVIDIA's 989.5 TFLOP/s peak
+    # assumes, so the GPU delivers its full quoted peak there; GPU Boost steps down a few bins under heavy
+    # tensor load without any power or thermal fault. The rule's line is CLOCK_RATIO_LOW = 0.85 (1683 MHz):
+    # 1830 is above it, so no finding.
+    inp = _with_constant_clock(sim_input("healthy"), 1830.0)
+    assert inp.max_clock_mhz == 1980.0
+    assert round(1830 / 1980, 4) == 0.9242
+    assert run("throttling", inp) is None
+
+
+def test_h100_at_1600_mhz_is_throttled_against_the_1980_max_boost():
+    # 1600 / 1980 = 0.8081 < 0.85. (Against the old single 1830 MHz "boost" it read 0.874: missed.)
+    f = run("throttling", _with_constant_clock(sim_input("healthy"), 1600.0))
+    assert f is not None
+    evidence = {e.label: e.value for e in f.evidence}
+    assert evidence["max boost clock (GPU catalog)"] == 1980
+    assert evidence["clock / max boost"] == pytest.approx(80.8)
+
+
+def test_throttling_prefers_the_max_clock_the_gpus_report_over_the_catalog():
+    # The GPUs report DCGM_FI_DEV_MAX_SM_CLOCK 1755 MHz (a lower-clocked part than the catalog row):
+    # 1600 / 1755 = 0.9117 >= 0.85, not throttled; 1400 / 1755 = 0.7977 < 0.85, throttled.
+    healthy = sim_input("healthy")
+    assert run("throttling", _with_constant_clock(healthy, 1600.0, reported_max_mhz=1755.0)) is None
+    f = run("throttling", _with_constant_clock(healthy, 1400.0, reported_max_mhz=1755.0))
+    assert f is not None
+    evidence = {e.label: e.value for e in f.evidence}
+    assert evidence["max boost clock (reported by the GPUs, DCGM_FI_DEV_MAX_SM_CLOCK)"] == 1755
+    assert evidence["clock / max boost"] == pytest.approx(79.8)
 
 
 def test_tensor_cores_idle_needs_a_tensor_core_dtype():

@@ -222,11 +222,18 @@ def test_capacity_weighted_mfu_equals_total_flops_over_total_capacity() -> None:
     assert flops.capacity_weighted_mfu([]) is None
 
 
-def test_tensor_estimate_scales_by_sm_clock_over_boost_clock() -> None:
-    estimate = flops.tensor_flops_upper_estimate(0.5, 989.5e12, sm_clock_mhz=1372.5, boost_clock_mhz=1830)
+def test_tensor_estimate_scales_by_sm_clock_over_peak_clock() -> None:
+    estimate = flops.tensor_flops_upper_estimate(0.5, 989.5e12, sm_clock_mhz=1372.5, peak_clock_mhz=1830)
     assert estimate.clock_ratio == pytest.approx(0.75)
     assert estimate.flops_per_s == pytest.approx(0.5 * 989.5e12 * 0.75)
-    assert "SM clock / boost clock" in estimate.variant
+    assert "SM clock / peak clock" in estimate.variant
+
+
+def test_tensor_estimate_above_the_peaks_clock_exceeds_tensor_active() -> None:
+    # An H100 SXM boosting to its 1980 MHz max runs 1980 / 1830 = 1.0820 times the clock its peak assumes.
+    estimate = flops.tensor_flops_upper_estimate(0.5, 989.5e12, sm_clock_mhz=1980, peak_clock_mhz=1830)
+    assert estimate.clock_ratio == pytest.approx(1.0820, abs=1e-4)
+    assert estimate.fraction_of_peak == pytest.approx(0.5410, abs=1e-4)
 
 
 def test_tensor_estimate_without_clocks_is_uncorrected_and_says_so() -> None:
@@ -240,7 +247,7 @@ def test_tensor_estimate_rejects_percentages() -> None:
 
 
 def test_cross_check_agrees_within_factor() -> None:
-    check = flops.cross_check_mfu(0.40, 0.55, sm_clock_mhz=1830, boost_clock_mhz=1830)
+    check = flops.cross_check_mfu(0.40, 0.55, sm_clock_mhz=1830, peak_clock_mhz=1830)
     assert not check.disagrees and check.direction == "agree"
 
 
@@ -258,8 +265,8 @@ def test_cross_check_flags_mfu_far_below_tensor_activity() -> None:
 
 
 def test_cross_check_throttled_clock_lowers_the_estimate() -> None:
-    unthrottled = flops.cross_check_mfu(0.35, 0.6, sm_clock_mhz=1830, boost_clock_mhz=1830)
-    throttled = flops.cross_check_mfu(0.35, 0.6, sm_clock_mhz=900, boost_clock_mhz=1830)
+    unthrottled = flops.cross_check_mfu(0.35, 0.6, sm_clock_mhz=1830, peak_clock_mhz=1830)
+    throttled = flops.cross_check_mfu(0.35, 0.6, sm_clock_mhz=900, peak_clock_mhz=1830)
     assert not unthrottled.disagrees
     assert throttled.tensor_estimate < unthrottled.tensor_estimate
 
@@ -273,3 +280,44 @@ def test_cross_check_accepts_utilization_object() -> None:
     utilization = flops.mfu(1e9, 4e5, 1, 1e15)
     check = flops.cross_check_mfu(utilization, 0.5)
     assert check.mfu == pytest.approx(0.4)
+
+
+def test_cross_check_mfu_13_percent_against_an_8_9_percent_estimate_disagrees_above() -> None:
+    # The case. An H100 at 1464 MHz = 0.8 x its 1830 MHz peak clock with tensor_active 0.11125:
+    # upper estimate = 0.11125 x 1464 / 1830 = 0.11125 x 0.8 = 0.0890. MFU 0.13 is 0.13 / 0.089 = 1.46x
+    # what the tensor pipes could deliver: impossible for correct inputs (it used to pass as "consistent",
+    # being inside the factor of 2).
+    check = flops.cross_check_mfu(0.13, 0.11125, sm_clock_mhz=1464, peak_clock_mhz=1830)
+    assert check.tensor_estimate == pytest.approx(0.089)
+    assert check.ratio == pytest.approx(1.4607, abs=1e-4)
+    assert check.disagrees and check.direction == "mfu_above_hardware"
+    assert "MFU exceeds what the tensor pipes could deliver" in check.explanation
+    assert "check the model shape (n_params, layers, seq_len) or dtype" in check.explanation
+    assert "consistent" not in check.explanation
+
+
+def test_cross_check_tolerates_mfu_slightly_above_the_estimate_as_sampling_noise() -> None:
+    # Estimate 0.40 (no clock correction). MFU 0.42 is 5 % above: inside the 10 % tolerance for
+    # PIPE_TENSOR_ACTIVE's sampling; 0.45 is 12.5 % above: beyond it.
+    assert flops.CROSS_CHECK_ABOVE_TOLERANCE == 0.10
+    inside = flops.cross_check_mfu(0.42, 0.40)
+    beyond = flops.cross_check_mfu(0.45, 0.40)
+    assert not inside.disagrees and inside.direction == "agree"
+    assert beyond.disagrees and beyond.direction == "mfu_above_hardware"
+
+
+def test_cross_check_mfu_at_half_the_estimate_still_agrees_and_below_half_disagrees() -> None:
+    # MFU below the upper estimate is normal (non-model tensor work, recomputation) down to 1 / factor = 0.5.
+    at_half = flops.cross_check_mfu(0.25, 0.50)
+    below = flops.cross_check_mfu(0.24, 0.50)
+    assert not at_half.disagrees
+    assert below.disagrees and below.direction == "mfu_far_below_hardware"
+
+
+def test_cross_check_uses_the_peaks_clock_so_a_max_boost_job_gets_the_higher_estimate() -> None:
+    # tensor_active 0.40 at 1980 MHz: 0.40 x 1980 / 1830 = 0.4328. MFU 0.46 is 0.46 / 0.4328 = 1.063x: inside
+    # the tolerance. Against the max clock (1980 / 1980 = 1) the estimate would be 0.40 and 0.46 / 0.40 =
+    # 1.15x would wrongly disagree.
+    check = flops.cross_check_mfu(0.46, 0.40, sm_clock_mhz=1980, peak_clock_mhz=1830)
+    assert check.tensor_estimate == pytest.approx(0.4328, abs=1e-4)
+    assert not check.disagrees

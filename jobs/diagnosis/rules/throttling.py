@@ -1,6 +1,10 @@
-"""throttling: most of the job's GPUs run below their boost clock because of power or heat.
+"""throttling: most of the job's GPUs run below their max boost clock because of power or heat.
 
-Clock below boost while busy is the effect; throttle reason bits, the violation counters, temperature near
+The reference is the MAX boost clock (reference/gpus.md: "Throttling is judged against the max clock (or
+the reported max)"): the GPU's own DCGM_FI_DEV_MAX_SM_CLOCK when the job has it, else the catalog's max.
+Not the clock behind the quoted peak (H100 SXM: 1830 of 1980 MHz), which only the MFU cross-check uses.
+
+Clock below max boost while busy is the effect; throttle reason bits, the violation counters, temperature near
 the slowdown point and power at the cap are the causes that corroborate it. A minority of slow GPUs is a
 straggler (its own rule), not a job-wide throttle.
 """
@@ -26,10 +30,10 @@ _THERMAL_BITS = ("sw_thermal", "hw_thermal", "hw_slowdown")
 
 
 def check(inp: DiagnosisInput, f: Features) -> Finding | None:
-    """Fire when the majority of GPUs run below CLOCK_RATIO_LOW of boost while busy."""
+    """Fire when the majority of GPUs run below CLOCK_RATIO_LOW of their max boost clock while busy."""
     if not f.has("sm_clock"):
         return None
-    boost, boost_source = _boost(inp, f)
+    boost, boost_source = _max_clock(inp, f)
     if not boost:
         return None
     per_gpu = f.per_gpu_level("sm_clock")
@@ -48,16 +52,16 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     causes, evidence, missing = _causes(inp, f)
     evidence = [
         Evidence("SM clock while busy, median", round(ratio * boost), "MHz"),
-        Evidence(f"boost clock ({boost_source})", round(boost), "MHz"),
-        Evidence("clock / boost", round(100 * ratio, 1), "%"),
+        Evidence(f"max boost clock ({boost_source})", round(boost), "MHz"),
+        Evidence("clock / max boost", round(100 * ratio, 1), "%"),
         Evidence("GPUs below the throttle line", round(100 * throttled_share, 1), "%"),
         *evidence,
     ]
     corroborators = ("clock_throttle_reasons", "power_violation", "thermal_violation", "gpu_temp")
     silent = not causes and not f.missing(list(corroborators))
     base = 0.9 if causes else 0.6
-    if boost_source != "GPU catalog":
-        base -= 0.15
+    if boost_source == _SEEN:
+        base -= 0.15  # the highest clock seen is only a lower bound of the max: ratios read too high
     if silent:
         severity = Severity.INFO  # clocks low yet every cause signal is quiet: app clocks or a setting
     elif ratio < T.CLOCK_RATIO_VERY_LOW:
@@ -71,7 +75,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         code=CODE,
         severity=severity,
         confidence=confidence(base, missing=missing, coverage=f.coverage("sm_clock")),
-        title=f"GPUs throttled to {pct(ratio)} of their boost clock{why}",
+        title=f"GPUs throttled to {pct(ratio)} of their max boost clock{why}",
         recommendation=RECOMMENDATION,
         evidence=evidence,
         windows=(f.windows_where(mask, min_len=2) if mask is not None else []) or f.whole_window,
@@ -81,13 +85,26 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     )
 
 
-def _boost(inp: DiagnosisInput, f: Features) -> tuple[float | None, str]:
-    if inp.boost_clock_mhz:
-        return float(inp.boost_clock_mhz), "GPU catalog"
-    # Unknown boost: the highest clock the job's GPUs reached is a (low) stand-in.
+_REPORTED = "reported by the GPUs, DCGM_FI_DEV_MAX_SM_CLOCK"
+_CATALOG = "GPU catalog"
+_SEEN = "highest clock seen in the job"
+
+
+def _max_clock(inp: DiagnosisInput, f: Features) -> tuple[float | None, str]:
+    """The max boost clock to judge against, and where it came from."""
+    # The GPU's own report beats the catalog: it is the part actually installed (a catalog row can be a
+    # sibling SKU, e.g. an H100 PCIe matched as SXM) and needs no admin to keep it right.
+    reported = f.stat("max_sm_clock", "mean")
+    if reported is not None and np.isfinite(reported).any():
+        value = float(np.nanmedian(reported))
+        if value > 0:
+            return value, _REPORTED
+    if inp.max_clock_mhz:
+        return float(inp.max_clock_mhz), _CATALOG
+    # Unknown max: the highest clock the job's GPUs reached is a (low) stand-in.
     peak = f.stat("sm_clock", "max")
     top = float(np.nanmax(peak)) if peak is not None and np.isfinite(peak).any() else None
-    return top, "highest clock seen in the job"
+    return top, _SEEN
 
 
 def _causes(inp: DiagnosisInput, f: Features) -> tuple[list[str], list[Evidence], list[str]]:
