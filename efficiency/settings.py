@@ -127,6 +127,9 @@ REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:56379/0", schemes=("redis", 
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:59090", schemes=("http", "https"))
 PROMETHEUS_TIMEOUT_S = env_float("PROMETHEUS_TIMEOUT_S", 10.0, min_value=0.1, max_value=300)
 PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
+# dcgm-exporter's scrape interval: coverage = samples / (window / interval), and rate() windows hold >= 2
+# intervals. 30 s as in efficiency/deploy/prometheus.yml (Prometheus' own default is 1 m; sampling.md).
+PROMETHEUS_SCRAPE_INTERVAL_S = env_float("PROMETHEUS_SCRAPE_INTERVAL_S", 30.0, min_value=1.0, max_value=600)
 
 # Organisation defaults (editable per job / baseline; see reference/formulas.md).
 TARGET_MFU = env_float("TARGET_MFU", 0.45, min_value=0.01, max_value=1.0)

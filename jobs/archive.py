@@ -7,12 +7,13 @@ window rewrites exactly the same rows: repeated or overlapping polls never dupli
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 
 import numpy as np
 
 from jobs.models import Job, JobSeries
+from jobs.sampling import lattice_point, place_on_grid
 from jobs.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 
 CHUNK_POINTS = 240  # points per archived row: 2 h at the 30 s poll step
@@ -107,19 +108,25 @@ def load_job_signals(job: Job, *, per_gpu: bool = True) -> JobSignals | None:
     per_gpu: dict[str, dict[str, list[tuple[list[float], list[float | None]]]]] = defaultdict(
         lambda: defaultdict(list)
     )
-    gpu_steps: dict[str, int] = {}
-    for signal, stat, gpu_key, row_step, times, values in rows:
+    gpu_step_counts: dict[str, Counter[int]] = defaultdict(Counter)
+    for signal, stat, _key, row_step, times, values in rows:
         if stat == "gpu":
-            per_gpu[signal][gpu_key].append((times, values))
-            gpu_steps[signal] = row_step
+            gpu_step_counts[signal][row_step] += 1
             continue
         if row_step != step:
             continue
         target = agg[signal].setdefault(stat, np.full(ts.shape, np.nan))
-        idx = np.rint((np.asarray(times) - start) / step).astype(np.int64)
-        vals = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        ok = (idx >= 0) & (idx < len(ts))
-        target[idx[ok]] = vals[ok]
+        placed = place_on_grid(times, _floats(values), start, step, len(ts))
+        # Chunks of one series do not overlap: each fills its own columns of the grid.
+        target[:] = np.where(np.isnan(placed), target, placed)
+    # One per-GPU step per signal (the most common), like the aggregate step: rows of another step would
+    # leave holes between their columns or pile several samples into one.
+    gpu_steps = {signal: counts.most_common(1)[0][0] for signal, counts in gpu_step_counts.items()}
+    gpu_last = end
+    for signal, stat, gpu_key, row_step, times, values in rows:
+        if stat == "gpu" and row_step == gpu_steps[signal]:
+            per_gpu[signal][gpu_key].append((times, values))
+            gpu_last = max(gpu_last, max(times))
     for signal, stats in agg.items():
         unit = (
             SIGNALS[signal].unit if signal in SIGNALS else ("tokens/s" if signal == THROUGHPUT else "ratio")
@@ -127,20 +134,27 @@ def load_job_signals(job: Job, *, per_gpu: bool = True) -> JobSignals | None:
         series = SignalSeries(signal, unit, ts, stats)
         if signal in per_gpu:
             gstep = gpu_steps[signal]
-            gts = grid(math.floor(start / gstep) * gstep, end, gstep)
+            # The per-GPU grid lies on multiples of its step (as fetch_job_signals reads it) from the one
+            # closing the window that holds the job's first aggregate point, through the point closing
+            # the window of the last per-GPU sample: every archived row, whatever grid it was read on
+            # (older archives used start + k*step), maps one sample to one column (`grid_columns`).
+            g0 = lattice_point(start, gstep)
+            gts = grid(g0, lattice_point(gpu_last, gstep), gstep)
             keys = sorted(per_gpu[signal], key=_gpu_sort_key)
             matrix = np.full((len(keys), len(gts)), np.nan)
             for i, key in enumerate(keys):
                 for times, values in per_gpu[signal][key]:
-                    idx = np.rint((np.asarray(times) - gts[0]) / gstep).astype(np.int64)
-                    vals = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-                    ok = (idx >= 0) & (idx < len(gts))
-                    matrix[i, idx[ok]] = vals[ok]
+                    placed = place_on_grid(times, _floats(values), g0, gstep, len(gts))
+                    matrix[i] = np.where(np.isnan(placed), matrix[i], placed)
             series.gpus = tuple(GpuKey(*k.rsplit("/", 1)) for k in keys)
             series.gpu_timestamps, series.per_gpu = gts, matrix
         result.signals[signal] = series
     result.missing = dict((job.summary or {}).get("missing_reasons", {}))
     return result
+
+
+def _floats(values: list[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
 def _gpu_sort_key(key: str) -> tuple[str, int, str]:

@@ -40,6 +40,7 @@ from jobs.promql import (
     validate_label_name,
     validate_metric_name,
 )
+from jobs.sampling import PROMETHEUS_RESOLUTION_S, place_on_grid
 
 __all__ = [
     "HOST_LABELS",
@@ -120,16 +121,17 @@ class Series:
         return len(self.timestamps)
 
     def on_grid(self, grid: np.ndarray) -> np.ndarray:
-        """Values placed on a regular grid (as returned for start/step), NaN where no point exists."""
-        out = np.full(len(grid), np.nan)
+        """Values placed on a regular grid (as returned for start/step), NaN where no point exists.
+
+        A point at grid time g stands for (g - step, g] (`jobs.sampling`): a value on a grid point keeps
+        it, an off-grid value goes to the point closing its window, and two values in one window are
+        averaged, so no two samples one step apart ever collide. Values before the grid's first window
+        or after its last point are dropped. A one-point grid keeps only values within its millisecond.
+        """
         if len(grid) == 0 or len(self.timestamps) == 0:
-            return out
-        step = float(grid[1] - grid[0]) if len(grid) > 1 else 1.0
-        idx = np.rint((self.timestamps - grid[0]) / step).astype(np.int64)
-        ok = (idx >= 0) & (idx < len(grid))
-        ok &= np.abs(self.timestamps - grid[np.clip(idx, 0, len(grid) - 1)]) < step / 2
-        out[idx[ok]] = self.values[ok]
-        return out
+            return np.full(len(grid), np.nan)
+        step = float(grid[1] - grid[0]) if len(grid) > 1 else PROMETHEUS_RESOLUTION_S
+        return place_on_grid(self.timestamps, self.values, float(grid[0]), step, len(grid))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,11 +25,20 @@ from typing import Any, Protocol
 import numpy as np
 
 from jobs.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key
+from jobs.sampling import (
+    DEFAULT_SCRAPE_INTERVAL_S,
+    coverage_from_stats,
+    lattice_point,
+    step_window_s,
+)
+from jobs.sampling import rate_window_s as _rate_window  # the parameter of fetch_job_signals has its name
 
 MEAN, MIN, MAX, COUNT = "mean", "min", "max", "count"
 NONZERO = "nonzero"  # XID: number of GPUs with a non-zero code
+SAMPLED = "sampled"  # GPUs' worth of each step the samples cover (see `sampled_vector`)
 STAT_LABEL = "stat"
-DEFAULT_RATE_WINDOW_S = 300.0
+DEFAULT_RATE_WINDOW_S = 300.0  # default of the query builders; fetch_job_signals uses sampling.rate_window_s
+DEFAULT_STEP_S = 30.0  # default grid step of the query builders (the poll step)
 
 
 class Reading(enum.StrEnum):
@@ -251,12 +260,35 @@ def signal_for_metric(metric: str) -> Signal | None:
 # PromQL
 
 
-def base_vector(signal: Signal, selector: Selector, rate_window_s: float = DEFAULT_RATE_WINDOW_S) -> str:
-    """Per-GPU instant vector of `signal` in its normalised unit (counters already turned into rates)."""
+def _over_time(signal: Signal) -> str:
+    """How a gauge-like field's samples inside one step become that step's value."""
+    if signal.reading is Reading.CODE:
+        return "max_over_time"  # any non-zero code in the step matters; an average of codes means nothing
+    if signal.reading is Reading.BITMASK:
+        # Neither an average nor a max of bitmasks is a bitmask: keep the state at the end of the step.
+        return "last_over_time"
+    return "avg_over_time"
+
+
+def base_vector(
+    signal: Signal,
+    selector: Selector,
+    rate_window_s: float = DEFAULT_RATE_WINDOW_S,
+    *,
+    step_s: float = DEFAULT_STEP_S,
+) -> str:
+    """Per-GPU instant vector of `signal` in its normalised unit, one value per step of `step_s`.
+
+    Evaluated at grid time t, a gauge reads `avg_over_time(x[step - 1ms])`: the mean of the samples in
+    (t - step, t] (see `jobs.sampling.step_window_s` for the millisecond), so a step coarser than the
+    scrape interval averages every sample instead of keeping the last, and a step without any sample
+    returns nothing (NaN on the grid) instead of the 5-minute lookback's stale value. Counters are turned
+    into rates over `rate_window_s` (callers pass `jobs.sampling.rate_window_s`).
+    """
     if signal.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER):
         expr = selector.select_range(signal.metrics, "rate", rate_window_s)
     else:
-        expr = selector.select(signal.metrics)
+        expr = selector.select_range(signal.metrics, _over_time(signal), step_window_s(step_s))
     return f"({expr})" if signal.scale == 1.0 else f"({expr}) * {signal.scale!r}"
 
 
@@ -265,9 +297,34 @@ def _tag(expr: str, stat: str) -> str:
     return f'label_replace({expr}, "{STAT_LABEL}", "{stat}", "", "")'
 
 
-def aggregate_query(signal: Signal, selector: Selector, rate_window_s: float = DEFAULT_RATE_WINDOW_S) -> str:
-    """One query whose series (labelled `stat`) are the cross-GPU aggregates in `signal.stats`."""
-    base = base_vector(signal, selector, rate_window_s)
+def sampled_vector(
+    signal: Signal,
+    selector: Selector,
+    *,
+    step_s: float = DEFAULT_STEP_S,
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+) -> str:
+    """How many GPUs' worth of each step the raw samples cover: samples of all GPUs in (t - step, t]
+    times scrape interval / step (4 GPUs scraped without a miss read 4.0; see `coverage_from_stats`)."""
+    counted = selector.select_range(signal.metrics, "count_over_time", step_window_s(step_s))
+    return f"sum({counted}) * {scrape_interval_s / step_s!r}"
+
+
+def aggregate_query(
+    signal: Signal,
+    selector: Selector,
+    rate_window_s: float = DEFAULT_RATE_WINDOW_S,
+    *,
+    step_s: float = DEFAULT_STEP_S,
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+) -> str:
+    """One query whose series (labelled `stat`) are the cross-GPU aggregates in `signal.stats`, plus
+    SAMPLED (the coverage of each step), all on the grid of `step_s`.
+
+    Cross-GPU min and max are taken over each GPU's mean of the step, so they still compare GPUs (the
+    least busy one) rather than mixing in every sample's jitter.
+    """
+    base = base_vector(signal, selector, rate_window_s, step_s=step_s)
     parts: list[str] = []
     for stat in signal.stats:
         if stat == MEAN:
@@ -280,16 +337,24 @@ def aggregate_query(signal: Signal, selector: Selector, rate_window_s: float = D
         else:  # a throttle reason: share of reporting GPUs with that bit set
             bit = THROTTLE_BITS[stat]
             parts.append(_tag(f"avg(floor({base} / {bit}) % 2)", stat))
+    sampled = sampled_vector(signal, selector, step_s=step_s, scrape_interval_s=scrape_interval_s)
+    parts.append(_tag(sampled, SAMPLED))
     return " or ".join(parts)
 
 
-def per_gpu_query(signal: Signal, selector: Selector, rate_window_s: float = DEFAULT_RATE_WINDOW_S) -> str:
-    """One series per GPU, keyed by every host-label spelling and `gpu`.
+def per_gpu_query(
+    signal: Signal,
+    selector: Selector,
+    rate_window_s: float = DEFAULT_RATE_WINDOW_S,
+    *,
+    step_s: float = DEFAULT_STEP_S,
+) -> str:
+    """One series per GPU, keyed by every host-label spelling and `gpu`, one value per `step_s`.
 
     `avg by` also merges copies of one GPU's series (an `hpc_job` label emits one per job); codes and
     bitmasks use `max` because an average of codes means nothing.
     """
-    base = base_vector(signal, selector, rate_window_s)
+    base = base_vector(signal, selector, rate_window_s, step_s=step_s)
     agg = "max" if signal.reading in (Reading.CODE, Reading.BITMASK) else "avg"
     return f"{agg} by ({', '.join((*HOST_LABEL_SPELLINGS, 'gpu'))}) ({base})"
 
@@ -398,6 +463,12 @@ class SignalSeries:
         """Number of GPUs reporting at each timestamp."""
         return self.stats.get(COUNT)
 
+    @property
+    def coverage(self) -> float:
+        """Share of the job's GPU-time (its GPUs x the grid's windows) with samples, 0-1; NaN when the
+        series has no cross-GPU stats (a per-GPU-only read). See `jobs.sampling.coverage_from_stats`."""
+        return coverage_from_stats(self.stats.get(SAMPLED), self.stats.get(COUNT))
+
 
 @dataclass(slots=True)
 class JobSignals:
@@ -418,6 +489,11 @@ class JobSignals:
     def present(self) -> set[str]:
         """Keys of the signals that have data."""
         return set(self.signals)
+
+    def coverage(self, key: str) -> float | None:
+        """The signal's coverage (share of its GPU-time with samples), None when the signal is missing."""
+        series = self.signals.get(key)
+        return None if series is None else series.coverage
 
 
 def grid(start: float, end: float, step: float) -> np.ndarray:
@@ -485,13 +561,21 @@ def fetch_job_signals(
     per_gpu_step: float | None = None,
     rate_window_s: float | None = None,
     aggregates: bool = True,
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
 ) -> JobSignals:
     """Read a job's signals: 1 presence query, then 1 aggregate (+1 per-GPU) range query per signal.
 
-    `per_gpu_step` None skips the per-GPU matrices; `aggregates=False` reads only those (signals then
-    carry empty stats). The rate window defaults to max(5 min, step).
+    Every grid point t stands for the window (t - step, t] of its grid (`base_vector`): the aggregate
+    grid is start, start + step, ... as requested (ingestion passes a start aligned to the step); the
+    per-GPU grid always lies on multiples of `per_gpu_step` on the Unix clock, from the first one at or
+    after `start`, which is where `jobs.archive` puts it back, so per-GPU rows never shift or collide on
+    reload. `per_gpu_step` None skips the per-GPU matrices; `aggregates=False` reads only those (signals
+    then carry empty stats). Counters use `rate_window_s`, by default `jobs.sampling.rate_window_s`, and
+    never a window shorter than the grid's step. `scrape_interval_s` scales the SAMPLED coverage stat.
     """
-    window = rate_window_s or max(DEFAULT_RATE_WINDOW_S, step)
+    if not scrape_interval_s > 0:
+        raise ValueError(f"scrape interval must be positive, got {scrape_interval_s}")
+    window = max(rate_window_s or _rate_window(step, scrape_interval_s), step)
     duration(window)  # validates
     wanted = [SIGNALS[k] for k in (keys if keys is not None else SIGNALS)]
     present = set(client.label_values("__name__", selector.series_selectors(DCGM_NAME_REGEX), start, end))
@@ -504,18 +588,20 @@ def fetch_job_signals(
             continue
         stats: dict[str, np.ndarray] = {}
         if aggregates:
-            stats = stats_from_series(
-                client.range(aggregate_query(sig, selector, window), start, end, step), ts
-            )
+            query = aggregate_query(sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s)
+            stats = stats_from_series(client.range(query, start, end, step), ts)
             # `count` is NaN wherever no GPU reported; `or vector(0)` lines do not count as data.
             if COUNT not in stats or np.isnan(stats[COUNT]).all():
                 result.missing[sig.key] = missing_reason(sig, True)
                 continue
         series = SignalSeries(sig.key, sig.unit, ts, stats)
         if per_gpu_step:
-            gts = grid(start, end, per_gpu_step)
-            raw = client.range(per_gpu_query(sig, selector, window), start, end, per_gpu_step)
-            series.gpus, series.per_gpu = per_gpu_matrix(raw, gts)
+            g0 = lattice_point(start, per_gpu_step)
+            g1 = max(end, g0)  # a window shorter than one per-GPU step still gets the point closing it
+            gts = grid(g0, g1, per_gpu_step)
+            gwindow = max(rate_window_s or _rate_window(per_gpu_step, scrape_interval_s), per_gpu_step)
+            query = per_gpu_query(sig, selector, gwindow, step_s=per_gpu_step)
+            series.gpus, series.per_gpu = per_gpu_matrix(client.range(query, g0, g1, per_gpu_step), gts)
             series.gpu_timestamps = gts
         result.signals[sig.key] = series
     return result

@@ -188,3 +188,45 @@ def test_running_jobs_are_rediagnosed_every_ten_minutes_not_every_poll(prom, sim
     later = first + timedelta(minutes=11)
     job = ingest.poll_job(job, client, now=later)
     assert job.summary["diagnosed_at"] == later.timestamp()
+
+
+@pytest.mark.django_db
+def test_per_gpu_rows_archived_half_a_step_off_reload_one_sample_per_column(sims, make_team):
+    """Rows read on start + k*step (before per-GPU grids were aligned) sit half a step off the reload grid.
+
+    2 GPUs, aggregate grid T0, T0+30, ..., T0+3600 (121 points); per-GPU rows at T0+15+30k, k = 0..119,
+    GPU 0 idle (0 %), GPU 1 busy (90 %). Each sample closes into column k+1 of the 30 s grid, so every
+    row keeps its 120 samples in 120 distinct columns (np.rint sent k+0.5 to the even neighbour: 61
+    columns, the odd ones empty). Idle share: 120 idle samples of 240 observed = 50.0 %, not the 99.2 %
+    (121 bridged columns / 122 observed) the collided grid gave.
+    """
+    from jobs import archive
+    from jobs.diagnosis import DiagnosisInput
+    from jobs.diagnosis.features import Features
+    from jobs.diagnosis.rules import idle_gpus
+    from jobs.signals import COUNT, MEAN, GpuKey, JobSignals, SignalSeries, grid
+
+    job = _register(sims["1001"], make_team("llm"), ended=True)
+    t0 = DEFAULT_START
+    ts = grid(t0, t0 + HOUR, 30.0)
+    stats = {MEAN: np.full(ts.size, 0.45), COUNT: np.full(ts.size, 2.0)}
+    series = SignalSeries("gpu_util", "ratio", ts, stats)
+    series.gpus = (GpuKey("node-a", "0"), GpuKey("node-a", "1"))
+    series.gpu_timestamps = t0 + 15 + 30.0 * np.arange(120)
+    series.per_gpu = np.vstack([np.zeros(120), np.full(120, 0.9)])
+    sigs = JobSignals(t0, t0 + HOUR, 30.0, ts, {"gpu_util": series})
+    JobSeries.objects.filter(job=job).delete()
+    archive.upsert(archive.rows_for(job, sigs, {}))
+
+    loaded = load_job_signals(job)
+    assert loaded is not None
+    s = loaded.signals["gpu_util"]
+    assert s.per_gpu is not None and s.gpu_timestamps is not None
+    np.testing.assert_array_equal(s.gpu_timestamps, ts)  # aligned with the aggregate grid
+    np.testing.assert_array_equal(np.isfinite(s.per_gpu).sum(axis=1), [120, 120])
+    np.testing.assert_array_equal(np.isnan(s.per_gpu[:, 0]), [True, True])  # nothing closes at T0
+    inp = DiagnosisInput(signals=loaded, gpu_count=2)
+    finding = idle_gpus.check(inp, Features(inp))
+    assert finding is not None
+    share = {e.label: e.value for e in finding.evidence}["share of the job's GPU time idle"]
+    assert share == 50.0

@@ -15,7 +15,6 @@ aligned `start` has its timestamps read after all).
 
 from __future__ import annotations
 
-import math
 import struct
 from collections import Counter
 from collections.abc import Iterable
@@ -27,6 +26,7 @@ import numpy as np
 from django.db import connection
 
 from jobs.models import Job, JobSeries
+from jobs.sampling import grid_columns, lattice_point
 from jobs.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 
 _UNITS = {"tokens_per_second": "tokens/s", "mfu": "ratio"}
@@ -130,9 +130,11 @@ def _place_all(
     times = np.repeat(firsts, counts) + np.repeat(steps, counts) * position
     for i, times_of_chunk in _odd_positions(chunks, _odd_times(chunks)):
         times[begins[i] : begins[i] + counts[i]] = times_of_chunk[: counts[i]]
-    col = np.rint((times - start) / step).astype(np.int64)
+    # The point closing each sample's window, as everywhere (`jobs.sampling.grid_columns`): rounding put
+    # two samples of a half-step-offset row into one column and left the next one empty.
+    col = grid_columns(times, start, step)
     line = np.repeat(np.asarray(line_of, dtype=np.int64), counts)
-    ok = (col >= 0) & (col < target.shape[1])
+    ok = (col >= 0) & (col < target.shape[1]) & np.isfinite(values)
     target[line[ok], col[ok]] = values[ok]
 
 
@@ -171,8 +173,10 @@ def load_per_gpu(job: Job, signal: str, window: tuple[float, float] | None = Non
         return None
     step = Counter(c.step for c in chunks).most_common(1)[0][0]
     chunks = [c for c in chunks if c.step == step]
-    start = math.floor(min(c.first for c in chunks) / step) * step
-    end = max(c.first + (c.count - 1) * step for c in chunks)
+    # Multiples of the step on the Unix clock, through the point closing the last sample's window: the
+    # grid jobs.signals.fetch_job_signals reads per-GPU rows on, so every sample keeps its own column.
+    start = lattice_point(min(c.first for c in chunks), step)
+    end = lattice_point(max(c.first + (c.count - 1) * step for c in chunks), step)
     gts = grid(start, end, step)
     keys = sorted({c.key for c in chunks}, key=_gpu_sort_key)
     position = {k: i for i, k in enumerate(keys)}

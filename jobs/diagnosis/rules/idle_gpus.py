@@ -1,8 +1,10 @@
 """idle_gpus: allocated GPUs at ~0 % for long stretches (paid for, unused).
 
 Per GPU, runs of samples with GPU_UTIL at or below IDLE_UTIL_MAX, at least IDLE_MIN_STRETCH_S long. Missing
-samples are not idle (a short hole inside an idle stretch is bridged), and a blank stretch of profiling
-fields while GPU_UTIL stays up (an Nsight capture) is never read as idle because only utilisation counts.
+samples are not idle (a short hole inside an idle stretch is bridged for the stretch's length but counts
+neither as idle GPU-time nor in the share, which is idle over *observed* GPU-time), and a blank stretch of
+profiling fields while GPU_UTIL stays up (an Nsight capture) is never read as idle because only
+utilisation counts.
 """
 
 from __future__ import annotations
@@ -49,12 +51,17 @@ def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
         if not rs:
             continue
         idle_gpus.append(gpu)
-        idle_cells += sum(b - a for a, b in rs)
+        # Only observed samples count as idle GPU-time: a bridged hole inside a run joins the run (its
+        # length, its window) but is a gap, not idle. Counting the holes made shares above 100 % when
+        # half the columns were empty (per-GPU rows reloaded onto a grid offset by half a step).
+        idle_cells += sum(int(np.isfinite(u[i, a:b]).sum()) for a, b in rs)
         windows += D.run_windows(rs, ts, step)
     if not idle_gpus:
         return None
-    known = int(np.isfinite(u).sum())
-    share = idle_cells / known if known else 0.0
+    known = int(np.isfinite(u).sum())  # > 0: a run holds at least one observed idle sample
+    # Idle observed GPU-time over observed GPU-time: a subset over its set, so never above 1.
+    share = idle_cells / known
+    assert 0.0 <= share <= 1.0, f"idle share {share} outside [0, 1]"
     fb = f.gpu_data(("fb_used",))
     fb_note: list[Evidence] = []
     if fb is not None:
