@@ -7,13 +7,14 @@ VAR := var
 WEB_ADDR ?= 127.0.0.1:8000
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: demo test stop services venv migrate lint format bench help
+.PHONY: demo test stop services venv migrate lint typecheck format bench help
 
 help:
 	@echo "make demo    install, start Postgres/Redis/Prometheus, load demo data, run web + worker + beat"
 	@echo "make test    run the test suite (starts the services it needs)"
 	@echo "make stop    stop everything make demo started"
 	@echo "make lint    ruff check and format check"
+	@echo "make typecheck  mypy (django-stubs, DRF stubs) on jobs/ and efficiency/"
 
 $(PY):
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-dev >/dev/null; }
@@ -69,6 +70,9 @@ test: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
 
 format: venv
 	$(VENV)/bin/ruff format .

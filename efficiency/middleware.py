@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.contrib.auth.middleware import LoginRequiredMiddleware as _DjangoLoginRequired
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 # Machines authenticate to these with tokens (DRF does that inside the view), or they are public probes.
 _EXEMPT_PREFIXES = ("/api/", "/healthz", "/metrics", "/static/", "/simulated/")
@@ -32,8 +33,12 @@ class LoginRequiredMiddleware(_DjangoLoginRequired):
     """Django's login-required middleware, except for the API (token auth) and public probes."""
 
     def process_view(
-        self, request: HttpRequest, view_func: Callable[..., HttpResponse], view_args: list, view_kwargs: dict
-    ) -> HttpResponse | None:
+        self,
+        request: HttpRequest,
+        view_func: Callable[..., HttpResponseBase],
+        view_args: tuple[Any, ...],
+        view_kwargs: dict[Any, Any],
+    ) -> HttpResponseBase | None:
         if request.path.startswith(_EXEMPT_PREFIXES):
             return None
         return super().process_view(request, view_func, view_args, view_kwargs)

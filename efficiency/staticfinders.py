@@ -7,7 +7,7 @@ Keeps a 4.6 MB generated file out of the repository while still serving it from 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import plotly
 from django.contrib.staticfiles.finders import BaseFinder
@@ -26,7 +26,11 @@ class PlotlyFinder(BaseFinder):
     def check(self, **kwargs: Any) -> list[Any]:
         return []
 
-    def find(self, path: str, find_all: bool = False, **kwargs: Any) -> str | list[str]:
+    @overload
+    def find(self, path: str, find_all: Literal[False] = False, **kwargs: Any) -> str | None: ...
+    @overload
+    def find(self, path: str, find_all: Literal[True], **kwargs: Any) -> list[str]: ...
+    def find(self, path: str, find_all: bool = False, **kwargs: Any) -> str | list[str] | None:
         if path == _NAME:
             found = str(_plotly_dir() / "plotly.min.js")
             return [found] if find_all else found

@@ -218,8 +218,8 @@ class Selector:
         for host, idx in by_host.items():
             groups.setdefault(tuple(sorted(idx)), []).append(host)
         alts: list[list[Matcher]] = []
-        for idx, hosts in sorted(groups.items()):
-            gpu_m = _eq_or_any("gpu", [str(i) for i in idx])
+        for gpu_set, hosts in sorted(groups.items()):
+            gpu_m = _eq_or_any("gpu", [str(i) for i in gpu_set])
             for spelling in label_spellings("Hostname"):
                 alts.append([_eq_or_any(spelling, hosts), gpu_m])
         return cls(alts)

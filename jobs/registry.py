@@ -58,7 +58,7 @@ def config_fields(job: Job) -> dict[str, object]:
 
 def fingerprint_for(job: Job) -> str:
     """The model + config fingerprint baselines are keyed by."""
-    return config_fingerprint(job.model_name, **config_fields(job))
+    return config_fingerprint(job.model_name, config_fields(job))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 from array import array
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from enum import IntEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -212,17 +212,20 @@ class StringTable:
 class _Columns:
     """Base of the columnar tables: equal-length numpy arrays, one per dataclass field."""
 
+    # Every subclass is a @dataclass; declared here so `fields(self)` type-checks on the base.
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
     def __len__(self) -> int:
-        first = fields(self)[0].name  # type: ignore[arg-type]
+        first = fields(self)[0].name
         return int(getattr(self, first).shape[0])
 
     def take(self, index: npt.NDArray[Any]) -> Any:
         """A new table of the same type holding only the rows selected by `index` (mask or positions)."""
-        return type(self)(**{f.name: getattr(self, f.name)[index] for f in fields(self)})  # type: ignore[arg-type]
+        return type(self)(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     def nbytes(self) -> int:
         """Memory held by the columns."""
-        return sum(int(getattr(self, f.name).nbytes) for f in fields(self))  # type: ignore[arg-type]
+        return sum(int(getattr(self, f.name).nbytes) for f in fields(self))
 
 
 @dataclass

@@ -344,7 +344,7 @@ def memset_stats(gpu: GpuOps) -> dict[str, Any]:
 def sync_stats(trace: Trace, gpu: GpuOps, runtime: RuntimeCalls) -> dict[str, Any]:
     """Synchronisation: CUPTI sync records by type, and blocking CPU *Synchronize calls by name."""
     s = gpu.take(gpu.kind == OpKind.SYNC)
-    by_type = []
+    by_type: list[dict[str, Any]] = []
     for kind in np.unique(s.sync_kind).tolist():
         sel = s.sync_kind == kind
         by_type.append(
@@ -360,7 +360,7 @@ def sync_stats(trace: Trace, gpu: GpuOps, runtime: RuntimeCalls) -> dict[str, An
     cpu_sel = (
         np.isin(runtime.name, sync_name_ids) if sync_name_ids.size else np.zeros(len(runtime), dtype=bool)
     )
-    by_name = []
+    by_name: list[dict[str, Any]] = []
     for n in np.unique(runtime.name[cpu_sel]).tolist():
         sel = cpu_sel & (runtime.name == n)
         by_name.append(

@@ -342,7 +342,9 @@ def _to_ns(us: np.ndarray) -> np.ndarray:
 
 
 def _memcpy_kinds(name: str, kind_arg: Any) -> tuple[int, int, int]:
-    copy_kind, src, dst = CopyKind.UNKNOWN, MemKind.UNKNOWN, MemKind.UNKNOWN
+    copy_kind: int = CopyKind.UNKNOWN
+    src: int = MemKind.UNKNOWN
+    dst: int = MemKind.UNKNOWN
     m = _MEMCPY_NAME_RE.match(name)
     if m:
         copy_kind = _COPY_KIND_BY_LABEL.get(m.group(1).lower(), CopyKind.UNKNOWN)

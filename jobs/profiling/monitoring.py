@@ -135,8 +135,8 @@ def _parse_time_cached(text: str, utc_offset_s: float) -> float | None:
                 break
             except ValueError:
                 continue
-        if parsed is None:
-            return None
+    if parsed is None:
+        return None
     if parsed.tzinfo is not None:
         return parsed.timestamp()
     return parsed.replace(tzinfo=UTC).timestamp() - utc_offset_s

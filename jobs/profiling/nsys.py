@@ -69,7 +69,7 @@ _SYNC_ENUM_SUFFIX = {
 _NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 # Kineto's spelling for the synthesised memcpy names; unified-memory copies are named like plain ones.
 _COPY_LABELS = {kind: label.removeprefix("UVM ") for kind, label in COPY_KIND_LABELS.items()}
-_MEM_LABELS = {
+_MEM_LABELS: dict[int, str] = {
     MemKind.PAGEABLE: "Pageable",
     MemKind.PINNED: "Pinned",
     MemKind.DEVICE: "Device",

@@ -378,6 +378,10 @@ def _kernel_summary(
         )
     thr = TINY_KERNEL_US * 1e3
     trace_kernels = [t for t in trace or [] if not str(t.get("name", "")).startswith("[CUDA ")]
+    tiny_count: float
+    tiny_time: float
+    all_count: float
+    all_time: float
     if trace_kernels:
         method = "per_instance"
         tiny = [t for t in trace_kernels if (t.get("duration") or 0.0) < thr]

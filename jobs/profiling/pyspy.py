@@ -6,13 +6,16 @@ SVG flame graphs are refused: they are pictures with scripts, and their frame wi
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 import sys
-from collections import Counter
+from collections import defaultdict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -119,7 +122,7 @@ def _parse_frame(text: str) -> Frame:
 
 def parse_pyspy_raw(text: str) -> Profile:
     """Parse `py-spy record --format raw` output: one `frame;frame;...;leaf COUNT` line per stack."""
-    stacks: Counter[tuple[Frame, ...]] = Counter()
+    stacks: defaultdict[tuple[Frame, ...], float] = defaultdict(float)
     frames: dict[str, Frame] = {}
     bad = good = 0
     for line in text.splitlines():
@@ -170,7 +173,7 @@ def parse_speedscope(data: bytes) -> Profile:
                 str(item.get("name", "?")), str(item.get("file") or ""), line if isinstance(line, int) else 0
             )
         )
-    stacks: Counter[tuple[Frame, ...]] = Counter()
+    stacks: defaultdict[tuple[Frame, ...], float] = defaultdict(float)
     samples = 0
     units = set()
     for number, profile in enumerate(doc["profiles"]):
@@ -198,7 +201,7 @@ def _add_sampled(
     profile: dict[str, Any],
     frames: list[Frame],
     thread: Frame,
-    stacks: Counter[tuple[Frame, ...]],
+    stacks: defaultdict[tuple[Frame, ...], float],
     number: int,
 ) -> int:
     samples, weights = profile.get("samples"), profile.get("weights")
@@ -219,7 +222,7 @@ def _add_sampled(
 
 
 def _add_evented(
-    profile: dict[str, Any], frames: list[Frame], thread: Frame, stacks: Counter[tuple[Frame, ...]]
+    profile: dict[str, Any], frames: list[Frame], thread: Frame, stacks: defaultdict[tuple[Frame, ...], float]
 ) -> int:
     events = profile.get("events")
     if not isinstance(events, list):
@@ -382,9 +385,18 @@ def _icicle(profile: Profile, max_nodes: int) -> dict[str, Any]:
     }
 
 
+_K = TypeVar("_K", bound=Hashable)
+
+
+def _most_common(weights: Mapping[_K, float], n: int) -> list[tuple[_K, float]]:
+    """The n heaviest entries, heaviest first (what Counter.most_common(n) does)."""
+    return heapq.nlargest(n, weights.items(), key=itemgetter(1))
+
+
 def _hot_frames(profile: Profile, total: float, top_n: int, cache: dict[Frame, str]) -> dict[str, Any]:
-    self_w: Counter[tuple[str, str, str]] = Counter()
-    incl_w: Counter[tuple[str, str, str]] = Counter()
+    # Float weights (seconds or samples), so defaultdict(float) rather than Counter (int-valued in typeshed).
+    self_w: defaultdict[tuple[str, str, str], float] = defaultdict(float)
+    incl_w: defaultdict[tuple[str, str, str], float] = defaultdict(float)
     example: dict[tuple[str, str, str], Frame] = {}
     for stack, weight in profile.stacks.items():
         python = [f for f in stack if f.kind == "python"]
@@ -403,13 +415,13 @@ def _hot_frames(profile: Profile, total: float, top_n: int, cache: dict[Frame, s
             "file": frame.file,
             "label": frame.label(),
             "class": cache.setdefault(frame, frame_class(frame)),
-            "self_pct": round(100.0 * self_w[key] / total, 3),
-            "inclusive_pct": round(100.0 * incl_w[key] / total, 3),
+            "self_pct": round(100.0 * self_w.get(key, 0.0) / total, 3),
+            "inclusive_pct": round(100.0 * incl_w.get(key, 0.0) / total, 3),
         }
 
     return {
-        "hot_self": [row(k) for k, _ in self_w.most_common(top_n)],
-        "hot_inclusive": [row(k) for k, _ in incl_w.most_common(top_n)],
+        "hot_self": [row(k) for k, _ in _most_common(self_w, top_n)],
+        "hot_inclusive": [row(k) for k, _ in _most_common(incl_w, top_n)],
         "distinct_functions": len(incl_w),
     }
 
@@ -434,13 +446,13 @@ def analyze_pyspy(
     if total <= 0:
         raise ArtifactError("The profile's samples all have zero weight.")
     cache: dict[Frame, str] = {}
-    class_w: Counter[str] = Counter()
-    thread_w: Counter[str] = Counter()
+    class_w: defaultdict[str, float] = defaultdict(float)
+    thread_w: defaultdict[str, float] = defaultdict(float)
     for stack, weight in profile.stacks.items():
         class_w[_sample_class(stack, cache)] += weight
         threads = [f.func for f in stack if f.kind == "thread"]
         thread_w[threads[-1] if threads else "(all threads)"] += weight
-    classes_pct = {cls: round(100.0 * class_w[cls] / total, 3) for cls in CLASSES}
+    classes_pct = {cls: round(100.0 * class_w.get(cls, 0.0) / total, 3) for cls in CLASSES}
     return {
         "format": profile.format,
         "samples": profile.samples,
@@ -450,7 +462,8 @@ def analyze_pyspy(
         "distinct_stacks": len(profile.stacks),
         "skipped_lines": profile.skipped_lines,
         "threads": [
-            {"thread": name, "share_pct": round(100.0 * w / total, 3)} for name, w in thread_w.most_common(50)
+            {"thread": name, "share_pct": round(100.0 * w / total, 3)}
+            for name, w in _most_common(thread_w, 50)
         ],
         "classes_pct": classes_pct,
         "input_pipeline_pct": round(sum(classes_pct[c] for c in INPUT_PIPELINE_CLASSES), 3),

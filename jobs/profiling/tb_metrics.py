@@ -61,10 +61,10 @@ def tb_steps(trace: Trace, rank: RankTrace) -> TbSteps:
     """StepParser.parse_steps + update_device_steps."""
     ann = rank.annotations
     host: list[tuple[int, int, str]] = []
-    for i in np.flatnonzero(ann.source == AnnotationSource.CPU):
-        name = trace.strings[int(ann.name[i])]
+    for row in np.flatnonzero(ann.source == AnnotationSource.CPU):
+        name = trace.strings[int(ann.name[row])]
         if _PROFILER_STEP_RE.match(name):
-            host.append((int(ann.start_ns[i]), int(ann.start_ns[i] + ann.dur_ns[i]), name))
+            host.append((int(ann.start_ns[row]), int(ann.start_ns[row] + ann.dur_ns[row]), name))
     source = "ProfilerStep"
     if not host:
         cpu = rank.cpu_ops
@@ -321,8 +321,8 @@ def step_breakdown(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, A
             )
     n = steps.starts.size
     result["step_ms_mean"] = ms(total / n)
-    for role, value in zip((*ROLES, "other"), sums, strict=True):
-        result[f"{role}_pct"] = pct(value, total)
+    for role_name, value in zip((*ROLES, "other"), sums, strict=True):
+        result[f"{role_name}_pct"] = pct(value, total)
     result["dataloader_share_pct"] = result["dataloader_pct"]
     return result
 

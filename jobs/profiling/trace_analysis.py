@@ -227,7 +227,7 @@ def idle_breakdown(
     counts as zero unless `clamp_negative_gaps` is off, which sums it like HTA does.
     """
     ops = gpu.take(gpu.kind != OpKind.SYNC)
-    empty = {
+    empty: dict[str, Any] = {
         "host_wait_pct": None,
         "kernel_wait_pct": None,
         "other_pct": None,

@@ -188,7 +188,11 @@ def simulate(spec: SimSpec) -> SimResult:
             arr[per_gpu] = np.nan
     for key in _disabled_keys(spec.disabled):
         fields.pop(key, None)
-    truth = {"scenario": spec.scenario, "code": SCENARIOS[spec.scenario].code, "mfu": throughput.mfu}
+    truth: dict[str, Any] = {
+        "scenario": spec.scenario,
+        "code": SCENARIOS[spec.scenario].code,
+        "mfu": throughput.mfu,
+    }
     truth |= profile.truth
     for k in ("straggler_gpus", "idle_gpus"):
         if k in truth:

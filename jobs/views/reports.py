@@ -23,7 +23,9 @@ def report_preview(request: HttpRequest, slug: str, week: str) -> HttpResponse:
     report = build_report(team, period)
     subject, text, html = render_report(report)
     user = request.user
-    can_see_addresses = bool(user.is_staff or team.memberships.filter(user_id=user.pk).exists())
+    can_see_addresses = bool(
+        user.is_staff or (user.is_authenticated and team.memberships.filter(user_id=user.pk).exists())
+    )
     context = {
         "team": team,
         "period": period,

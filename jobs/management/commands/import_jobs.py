@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,19 @@ from jobs.registry import RegistryError, register_job
 
 class Command(BaseCommand):
     help = "Register or update jobs from a JSON file holding a list of job bodies (see the API docs)."
+    # BaseCommand has no stdin of its own; call_command(..., stdin=StringIO(...)) can pass one (tests).
+    stealth_options = ("stdin",)
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("file", help="path to a JSON list, or - for standard input")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
-            text = self.stdin.read() if opts["file"] == "-" else Path(opts["file"]).read_text()
+            text = (
+                (opts.get("stdin") or sys.stdin).read()
+                if opts["file"] == "-"
+                else Path(opts["file"]).read_text()
+            )
             bodies = json.loads(text)
         except (OSError, ValueError) as exc:
             raise CommandError(f"cannot read {opts['file']}: {exc}") from None
