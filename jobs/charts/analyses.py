@@ -24,7 +24,9 @@ PYSPY_CLASS_COLOURS = {
 MAX_BAR_RANKS = 64
 
 
-def _stacked_bars(rows: list[tuple[str, dict[str, Any]]], parts: Sequence[tuple[str, str, str]], title: str):
+def _stacked_bars(
+    rows: list[tuple[str, dict[str, Any]]], parts: Sequence[tuple[str, str, str]], title: str
+) -> dict[str, Any]:
     labels = [escape(label) for label, _ in rows]
     data = [
         {
