@@ -264,7 +264,7 @@ def hardware_flops_per_token(
     n_heads: int | None = None,
     head_dim: int | None = None,
     seq_len: int | None = None,
-    recompute: RecomputeMode | float = "none",
+    recompute: RecomputeMode | str | float = "none",  # any case/spacing of a mode; validated below
     attention: bool = True,
     causal: bool = False,
     moe: bool = False,

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.catalog import normalise_dtype
-from jobs.flops import RecomputeMode, hardware_flops_per_token, hfu, mfu, model_flops_per_token
+from jobs.flops import hardware_flops_per_token, hfu, mfu, model_flops_per_token
 from jobs.registry import resolve_gpu_model
 
 
@@ -51,7 +51,7 @@ class Command(BaseCommand):
         peak, peak_source = self._peak(opts)
         moe = opts["active_params"] is not None
         n = opts["active_params"] if moe else opts["n_params"]
-        recompute: RecomputeMode | float = opts["recompute"]
+        recompute: str | float = opts["recompute"]
         if recompute not in ("none", "selective", "full"):
             try:
                 recompute = float(recompute)
