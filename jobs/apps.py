@@ -8,3 +8,13 @@ class JobsConfig(AppConfig):
 
     name = "jobs"
     verbose_name = "GPU jobs"
+
+    def ready(self) -> None:
+        """A price book change re-evaluates the jobs of that GPU model (cost and waste follow the book)."""
+        from django.db.models.signals import post_delete, post_save
+
+        from jobs.evaluation.refresh import after_price_change
+        from jobs.models import PriceEntry
+
+        post_save.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-save")
+        post_delete.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-delete")

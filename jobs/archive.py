@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import numpy as np
+from django.db.models import Q
 
 from jobs.models import Job, JobSeries
 from jobs.sampling import lattice_point, place_on_grid
@@ -84,15 +86,18 @@ def upsert(rows: list[JobSeries]) -> None:
     )
 
 
-def load_job_signals(job: Job, *, per_gpu: bool = True) -> JobSignals | None:
+def load_job_signals(job: Job, *, per_gpu: bool | Iterable[str] = True) -> JobSignals | None:
     """The archived signals of a job as a JobSignals on one grid (None when nothing is archived).
 
     `per_gpu=False` skips the per-GPU rows, by far the bulk of a large job's archive, when only the
-    cross-GPU statistics are needed (the summary after each poll).
+    cross-GPU statistics are needed; a list of signal keys loads per-GPU rows of those signals only (the
+    evaluation after each poll needs GPU_UTIL per GPU for the exact idle share, nothing else).
     """
     rows_qs = JobSeries.objects.filter(job=job)
-    if not per_gpu:
+    if per_gpu is False:
         rows_qs = rows_qs.exclude(stat="gpu")
+    elif per_gpu is not True:
+        rows_qs = rows_qs.exclude(Q(stat="gpu") & ~Q(signal__in=list(per_gpu)))
     rows = list(rows_qs.values_list("signal", "stat", "gpu_key", "step_seconds", "timestamps", "values"))
     if not rows:
         return None
@@ -149,7 +154,7 @@ def load_job_signals(job: Job, *, per_gpu: bool = True) -> JobSignals | None:
             series.gpus = tuple(GpuKey(*k.rsplit("/", 1)) for k in keys)
             series.gpu_timestamps, series.per_gpu = gts, matrix
         result.signals[signal] = series
-    result.missing = dict((job.summary or {}).get("missing_reasons", {}))
+    result.missing = dict(job.missing_reasons or {})
     return result
 
 

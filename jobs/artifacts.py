@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.evaluation.refresh import reevaluate
 from jobs.findings import run_diagnosis
 from jobs.models import Artifact, Job
 from jobs.profiling.detect import detect_kind, read_head
@@ -240,9 +241,7 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
         }
         found = {k: v for k, v in found.items() if v is not None}
         if found:
-            job = Job.objects.select_for_update().get(pk=artifact.job_id)
-            job.summary = {**(job.summary or {}), **found}
-            job.save(update_fields=["summary"])
+            Job.objects.filter(pk=artifact.job_id).update(**found)
     after_parse(artifact)
     return artifact
 
@@ -259,5 +258,5 @@ def _failed(artifact: Artifact, reason: str) -> Artifact:
 
 
 def after_parse(artifact: Artifact) -> None:
-    """Re-run the job's diagnosis with the new analysis."""
-    run_diagnosis(Job.objects.select_related("gpu_model").get(pk=artifact.job_id))
+    """Re-evaluate the job (a trace's step time can give its throughput) and re-run its diagnosis."""
+    run_diagnosis(reevaluate(artifact.job_id))

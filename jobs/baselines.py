@@ -42,12 +42,9 @@ def _per_gpu_tokens(job: Job) -> float | None:
     return job.tokens_per_second / job.gpu_count
 
 
-def _summary_number(key: str) -> Callable[[Job], float | None]:
-    def read(job: Job) -> float | None:
-        value = (job.summary or {}).get(key)
-        return float(value) if isinstance(value, int | float) else None
-
-    return read
+def _peak_memory(job: Job) -> float | None:
+    evaluated = job.evaluated
+    return evaluated.peak_memory_mib if evaluated is not None else None
 
 
 METRICS: tuple[Metric, ...] = (
@@ -58,11 +55,11 @@ METRICS: tuple[Metric, ...] = (
            "DCGM SM_ACTIVE, mean over GPUs and time"),
     Metric("tensor_active", "Tensor active", "%", lambda j: j.tensor_active_mean, True,
            "DCGM PIPE_TENSOR_ACTIVE, mean over GPUs and time"),
-    Metric("step_time_ms", "Step time", "ms", _summary_number("profiler_step_time_ms"), False,
+    Metric("step_time_ms", "Step time", "ms", lambda j: j.profiler_step_time_ms, False,
            "median ProfilerStep duration in the uploaded traces", higher_is_better=False),
-    Metric("comm_share_pct", "Communication share", "% of step", _summary_number("profiler_comm_share_pct"),
+    Metric("comm_share_pct", "Communication share", "% of step", lambda j: j.profiler_comm_share_pct,
            False, "communication share of the step in the uploaded traces", higher_is_better=False),
-    Metric("peak_memory_mib", "Peak memory", "MiB", _summary_number("peak_memory_mib"), False,
+    Metric("peak_memory_mib", "Peak memory", "MiB", _peak_memory, False,
            "highest DCGM frame buffer used on any of the job's GPUs", higher_is_better=False),
 )  # fmt: skip
 METRIC_BY_KEY = {m.key: m for m in METRICS}
@@ -119,7 +116,16 @@ def _promote_locked(job: Job, user: Any) -> Baseline:
     baseline.runs.add(job)
     baseline.stats = stats_for(list(baseline.runs.all()))
     baseline.save(update_fields=["stats", "updated_at"])
+    _reference_changed(baseline)
     return baseline
+
+
+def _reference_changed(baseline: Baseline) -> None:
+    # The baseline's MFU median is the reference of every job of its fingerprint: their waste moves.
+    # Imported here because the evaluation reads baselines (active_baseline) at module level.
+    from jobs.evaluation.refresh import after_baseline_change
+
+    after_baseline_change(baseline)
 
 
 def retire(baseline: Baseline) -> Baseline:
@@ -127,6 +133,7 @@ def retire(baseline: Baseline) -> Baseline:
     if baseline.retired_at is None:
         baseline.retired_at = timezone.now()
         baseline.save(update_fields=["retired_at", "updated_at"])
+        _reference_changed(baseline)
     return baseline
 
 

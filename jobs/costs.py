@@ -1,7 +1,12 @@
 """Cost, waste and energy of GPU jobs (definitions from ``reference/formulas.md``). Pure Python, no Django.
 
 - cost per day  = GPUs x price per GPU-hour x 24
-- waste per day = cost per day x max(0, 1 - MFU / reference MFU)
+- waste per day, split by what each part needs (``split_waste``):
+  * idle waste       = cost per day x share of the job's observed GPU-time at ~0 % utilisation
+                       (needs utilisation and a price, no MFU);
+  * efficiency waste = cost per day x max(0, 1 - MFU / reference MFU) (needs MFU);
+  * total            = max(idle, efficiency) when MFU is known; unknown (None) otherwise, with the idle
+                       waste as a stated lower bound. Never 0 for "unknown".
 - the cost of a window follows the dated price book: the window is split wherever the price changes.
 - energy from the DCGM TOTAL_ENERGY_CONSUMPTION counter (mJ) or by integrating POWER_USAGE (W).
 """
@@ -124,6 +129,89 @@ def waste_per_day(daily_cost: float, mfu: float, reference_mfu: float = DEFAULT_
     value = _non_negative("mfu", mfu)
     reference = _positive("reference_mfu", reference_mfu)
     return cost * max(0.0, 1.0 - value / reference)
+
+
+@dataclass(frozen=True)
+class Amount:
+    """A dollar figure as every channel shows it: exact, a stated lower bound, or unknown with a reason.
+
+    `usd` None = unknown; `lower_bound` True = "at least `usd`" (some parts could not be computed).
+    """
+
+    usd: float | None
+    lower_bound: bool = False
+    reason: str = ""
+
+    @classmethod
+    def of(cls, total: float | None, floor: float | None, reason: str) -> Amount:
+        """The total when known, else the lower bound flagged as such, else unknown."""
+        if total is not None:
+            return cls(total)
+        return cls(floor, lower_bound=floor is not None, reason=reason or "not computable")
+
+    def text(self, unit: str = "") -> str:
+        """Plain text: "$1,234", "at least $12.50 (reason)", "unknown (reason)"."""
+        if self.usd is None:
+            return f"unknown ({self.reason})" if self.reason else "unknown"
+        value = f"${self.usd:,.0f}" if abs(self.usd) >= 100 else f"${self.usd:,.2f}"
+        if self.lower_bound:
+            return f"at least {value}{unit} ({self.reason})"
+        return value + unit
+
+
+@dataclass(frozen=True)
+class Waste:
+    """A job's waste per day split by what each part needs; None = cannot be computed (see `reason`).
+
+    `total_per_day` is None when MFU is unknown; `lower_bound_per_day` is then the idle waste (what is
+    certainly lost), and `reason` says what is missing. Every channel (page, leaderboard, email, API,
+    /metrics) shows `total_per_day` when known, else "at least `lower_bound_per_day`" with `reason`.
+    """
+
+    total_per_day: float | None
+    lower_bound_per_day: float | None
+    idle_per_day: float | None
+    efficiency_per_day: float | None
+    reason: str = ""
+
+    @property
+    def known(self) -> bool:
+        """True when the total is computed (not only bounded)."""
+        return self.total_per_day is not None
+
+
+def split_waste(
+    daily_cost: float | None,
+    *,
+    mfu: float | None,
+    reference_mfu: float,
+    idle_share: float | None,
+    mfu_missing_reason: str = "MFU unknown",
+) -> Waste:
+    """The job's waste per day: idle part, efficiency part and their total (see the module docstring).
+
+    Why the total is max(idle, efficiency) and not their sum: idle GPUs do no model FLOPs, so MFU already
+    counts them. With a share i of GPU-time idle and the busy GPUs at MFU m, the job's MFU is (1 - i)·m and
+    the efficiency loss 1 - (1 - i)·m / ref >= i exactly when m <= ref: the efficiency waste then contains
+    the idle waste. Only when the busy GPUs beat the reference is idle time the larger (and real) loss.
+    """
+    if daily_cost is None:
+        return Waste(None, None, None, None, "no price for the job's GPU model and tier")
+    cost = _non_negative("daily_cost", daily_cost)
+    idle = None
+    if idle_share is not None:
+        share = _non_negative("idle_share", idle_share)
+        if share > 1.0 + 1e-9:
+            raise ValueError(f"idle_share must be at most 1, got {idle_share!r}")
+        idle = cost * min(share, 1.0)
+    if mfu is None:
+        reason = mfu_missing_reason
+        if idle is None:
+            reason += "; utilisation unknown, so not even the idle part is known"
+        return Waste(None, idle, idle, None, reason)
+    efficiency = waste_per_day(cost, mfu, reference_mfu)
+    total = max(efficiency, idle) if idle is not None else efficiency
+    return Waste(total, total, idle, efficiency, "")
 
 
 def gpu_hours(gpus: float, start: datetime, end: datetime) -> float:

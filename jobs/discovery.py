@@ -113,13 +113,13 @@ def discover(client: PrometheusClient, now: datetime | None = None) -> dict[str,
                 gpu_count=max(s.gpu_count, 1),
                 selector={label: value},
                 started_at=s.first_seen,
-                summary={"discovered": True, "discovered_by": label_matcher(label, value)},
+                discovered_by=label_matcher(label, value)[:300],
             )
             job.config_fingerprint = fingerprint_for(job)
             job.save()
         report["created"].append(job.external_id)
     for job in Job.objects.filter(
-        external_id__startswith=prefix, ended_at__isnull=True, summary__discovered=True
+        external_id__startswith=prefix, ended_at__isnull=True, discovered_by__gt=""
     ):
         value = job.external_id.removeprefix(prefix)
         last = by_value[value].last_seen if value in by_value else None

@@ -16,18 +16,52 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from jobs.kpis import CONVENTION_LABELS
 from jobs.models import Finding, Job
 
 RECENT = timedelta(days=7)
 _GAUGES = (
-    ("efficiency_job_mfu_ratio", "mfu", "Model FLOPs utilization of the job (6N + attention, PaLM), 0-1."),
+    ("efficiency_job_mfu_ratio", "mfu", "Model FLOPs utilization of the job ({convention}), 0-1."),
     ("efficiency_job_hfu_ratio", "hfu", "Hardware FLOPs utilization incl. recomputation, 0-1."),
     ("efficiency_job_tokens_per_second", "tokens_per_second", "Training throughput of the whole job."),
     ("efficiency_job_sm_active_ratio", "sm_active_mean", "Mean DCGM SM active over the job's GPUs, 0-1."),
     ("efficiency_job_cost_usd_per_day", "cost_per_day_usd", "GPUs x USD per GPU-hour x 24 (price book)."),
-    ("efficiency_job_waste_usd_per_day", "waste_per_day_usd", "cost/day x max(0, 1 - MFU / reference MFU)."),
+    (
+        "efficiency_job_waste_usd_per_day",
+        "waste_per_day_usd",
+        "Total waste: cost/day x max(idle share, 1 - MFU / reference MFU); absent when MFU is unknown.",
+    ),
+    (
+        "efficiency_job_waste_lower_bound_usd_per_day",
+        "waste_lower_bound_per_day_usd",
+        "What is certainly wasted, USD/day: the total when known, else the idle part.",
+    ),
+    (
+        "efficiency_job_idle_waste_usd_per_day",
+        "idle_waste_per_day_usd",
+        "cost/day x share of observed GPU time at ~0 % GPU_UTIL (needs no MFU).",
+    ),
+    (
+        "efficiency_job_waste_known",
+        "waste_known",
+        "1 when the total waste is computed, 0 when only its lower bound is known (MFU or price missing).",
+    ),
+    (
+        "efficiency_job_mfu_fallback",
+        "mfu_fallback",
+        "1 when the job's MFU used 6N because its shape lacks what the organisation's convention needs.",
+    ),
     ("efficiency_job_gpus", "gpu_count", "GPUs allocated to the job."),
 )
+
+
+def _value(job: Job, field: str) -> float | None:
+    if field == "waste_known":
+        return None if job.cost_per_day_usd is None else float(job.waste_per_day_usd is not None)
+    if field == "mfu_fallback":
+        return None if job.mfu is None else float(job.mfu_fallback)
+    value = getattr(job, field)
+    return None if value is None else float(value)
 
 
 def escape(value: str) -> str:
@@ -51,10 +85,11 @@ def render() -> str:
         for j in jobs
     }
     lines: list[str] = []
+    convention = CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION]
     for name, field, help_text in _GAUGES:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        lines += [f"# HELP {name} {help_text.format(convention=convention)}", f"# TYPE {name} gauge"]
         for job in jobs:
-            value = getattr(job, field)
+            value = _value(job, field)
             if value is not None:
                 lines.append(f"{name}{{{labels[job.pk]}}} {float(value):.6g}")
     counts = Counter(

@@ -12,21 +12,21 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 
 from jobs.archive import load_job_signals
 from jobs.baselines import active_baseline
 from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
 from jobs.diagnosis import Finding as Diagnosis
+from jobs.evaluation.load import reference_mfu
 from jobs.models import Artifact, Finding, Job
 
 log = logging.getLogger(__name__)
 
 
 def _step_time_ms(job: Job, artifacts: list[ArtifactAnalysis]) -> float | None:
-    value = (job.summary or {}).get("profiler_step_time_ms")
-    if isinstance(value, int | float) and value > 0:
+    value = job.profiler_step_time_ms
+    if value is not None and value > 0:
         return float(value)
     medians = []
     for art in artifacts:
@@ -46,16 +46,16 @@ def build_input(job: Job) -> DiagnosisInput:
     ]
     gpu = job.gpu_model
     baseline = active_baseline(job)
-    reference = (job.summary or {}).get("reference_mfu")
     return DiagnosisInput(
         signals=load_job_signals(job),
         gpu_count=job.gpu_count,
         dtype=job.dtype,
         mfu=job.mfu,
-        reference_mfu=float(reference) if isinstance(reference, int | float) else settings.TARGET_MFU,
+        reference_mfu=reference_mfu(job),
         tokens_per_second=job.tokens_per_second,
         cost_per_day_usd=job.cost_per_day_usd,
         waste_per_day_usd=job.waste_per_day_usd,
+        idle_waste_per_day_usd=job.idle_waste_per_day_usd,
         gpu_memory_mib=float(gpu.memory_mib) if gpu is not None and gpu.memory_mib else None,
         max_clock_mhz=float(gpu.max_clock_mhz) if gpu is not None and gpu.max_clock_mhz else None,
         tdp_w=gpu.tdp_w if gpu is not None else None,
@@ -80,7 +80,9 @@ def _fields(d: Diagnosis) -> dict[str, Any]:
         "evidence": [e.as_dict() for e in d.evidence],
         "recommendation": d.recommendation,
         # Cents rounded down, so the stored findings never add up to more than the job's waste.
-        "waste_per_day_usd": math.floor(max(d.waste_per_day_usd, 0.0) * 100) / 100,
+        "waste_per_day_usd": (
+            None if d.waste_per_day_usd is None else math.floor(max(d.waste_per_day_usd, 0.0) * 100) / 100
+        ),
         "missing_signals": list(d.missing_signals),
     }
 

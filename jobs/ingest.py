@@ -1,4 +1,4 @@
-"""Ingestion: pull a job's DCGM signals from Prometheus, archive them in Postgres, recompute its summary.
+"""Ingestion: pull a job's DCGM signals from Prometheus, archive them in Postgres, re-evaluate the job.
 
 - poll (running jobs, every minute): re-reads from the start of the archive chunk that holds the last
   archived point, so a chunk row is always rewritten whole; overlapping or repeated polls store the same rows.
@@ -23,14 +23,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import archive
-from jobs.baselines import active_baseline
 from jobs.discovery import discover
+from jobs.evaluation.evaluate import evaluate
+from jobs.evaluation.load import load_context
+from jobs.evaluation.store import store
 from jobs.findings import run_diagnosis
-from jobs.kpis import ModelShape, compute_kpis, tokens_per_second_from_progress
-from jobs.models import Job, JobSeries, PriceEntry
+from jobs.models import Job, JobSeries
 from jobs.prometheus import PrometheusClient, PrometheusError
 from jobs.promql import Selector
-from jobs.signals import SIGNALS, JobSignals, fetch_job_signals, grid, window_total_query
+from jobs.signals import SIGNALS, JobSignals, fetch_job_signals, window_total_query
 
 log = logging.getLogger(__name__)
 
@@ -71,139 +72,17 @@ def _aligned(ts: float, step: int) -> float:
     return math.floor(ts / span) * span
 
 
-# ---------------------------------------------------------------------------------------- throughput
-
-
-def throughput_series(
-    job: Job, ts: np.ndarray, client: PrometheusClient | None
-) -> tuple[np.ndarray | None, str]:
-    """tokens/s on `ts` from, in order: pushed progress, the job's PromQL expression, profiler step times."""
-    points = list(job.progress.order_by("timestamp").values_list("timestamp", "tokens"))
-    if len(points) >= 2:
-        times = np.array([p[0].timestamp() for p in points])
-        tokens = np.array([float(p[1]) for p in points])
-        return tokens_per_second_from_progress(times, tokens, ts), "pushed progress (tokens over time)"
-    if job.throughput_query and client is not None and ts.size:
-        step = float(ts[1] - ts[0]) if ts.size > 1 else float(POLL_STEP_S)
-        series = client.range(job.throughput_query, float(ts[0]), float(ts[-1]), step)
-        if series:
-            rows = np.vstack([s.on_grid(ts) for s in series])
-            # Several series (one per rank, say) add up; a time with no sample at all stays missing.
-            values = np.where(np.isnan(rows).all(axis=0), np.nan, np.nansum(rows, axis=0))
-            return values, f"PromQL: {job.throughput_query}"
-    step_ms = (job.summary or {}).get("profiler_step_time_ms")
-    if step_ms and job.tokens_per_step:
-        rate = job.tokens_per_step / (step_ms / 1000.0)
-        return np.full(
-            ts.shape, rate
-        ), f"profiler step time {step_ms:.1f} ms × {job.tokens_per_step} tokens/step"
-    return None, ""
-
-
-# ------------------------------------------------------------------------------------------- summary
-
-
-def _prices(job: Job) -> tuple[list[tuple[datetime, float]], str]:
-    tier = job.price_tier or settings.DEFAULT_PRICE_TIER
-    if job.gpu_model is None:
-        return [], f"unknown GPU model {job.gpu_model_name!r}"
-    entries = PriceEntry.objects.filter(gpu_model=job.gpu_model, tier=tier).values_list(
-        "effective_from", "usd_per_gpu_hour"
-    )
-    label = f"{job.gpu_model.name}, {PriceEntry.Tier(tier).label.lower()}"
-    return [(when, float(usd)) for when, usd in entries], label
-
-
-def reference_for(job: Job) -> tuple[float, str]:
-    """The MFU waste is measured against: the active baseline's median, else the organisation target."""
-    baseline = active_baseline(job)
-    if baseline is not None:
-        median = (baseline.stats.get("mfu") or {}).get("median")
-        if median:
-            return float(median), f"baseline {baseline.fingerprint[:8]} median"
-    return settings.TARGET_MFU, "organisation target"
+# ------------------------------------------------------------------------------------------- evaluation
 
 
 def update_summary(
     job: Job, sigs: JobSignals | None, client: PrometheusClient | None
 ) -> dict[str, np.ndarray]:
-    """Recompute the job's KPIs from its signals; returns the derived series to archive (throughput, MFU)."""
-    end = min(job.ended_at or timezone.now(), timezone.now())
-    ts = (
-        sigs.timestamps
-        if sigs is not None
-        else grid(job.started_at.timestamp(), end.timestamp(), POLL_STEP_S)
-    )
-    step = float(sigs.step) if sigs is not None else float(POLL_STEP_S)
-    try:
-        tps, source = throughput_series(job, ts, client)
-    except PrometheusError as exc:
-        tps, source = None, ""
-        log.warning("job %s: throughput query failed: %s", job.external_id, exc)
-
-    def mean_of(key: str) -> np.ndarray | None:
-        series = sigs.get(key) if sigs is not None else None
-        return series.mean if series is not None else None
-
-    prices, label = _prices(job)
-    reference, ref_source = reference_for(job)
-    power = sigs.get("power_usage") if sigs is not None else None
-    kpis = compute_kpis(
-        start=job.started_at,
-        end=end,
-        gpu_count=job.gpu_count,
-        shape=ModelShape.from_config(job.model_config or {}, job.recompute),
-        peak_flops_per_gpu=job.gpu_model.peak_flops(job.dtype) if job.gpu_model else None,
-        peak_clock_mhz=job.gpu_model.peak_clock_mhz if job.gpu_model else None,
-        grid_step_s=step,
-        tokens_per_second=tps,
-        throughput_source=source,
-        gpu_util=mean_of("gpu_util"),
-        sm_active=mean_of("sm_active"),
-        tensor_active=mean_of("tensor_active"),
-        sm_clock=mean_of("sm_clock"),
-        prices=prices,
-        price_label=label,
-        reference_mfu=reference,
-        reference_source=ref_source,
-        energy_increase_j=(job.summary or {}).get("energy_j"),
-        power_w=power.mean if power is not None else None,
-        power_times=power.timestamps if power is not None else None,
-        usd_per_kwh=settings.ENERGY_USD_PER_KWH,
-    )
-    if job.gpu_model is None:
-        kpis.notes.insert(
-            0, f"unknown GPU model {job.gpu_model_name!r}: an admin can add it to the GPU catalog"
-        )
-    for field in (
-        "mfu",
-        "hfu",
-        "tokens_per_second",
-        "gpu_util_mean",
-        "sm_active_mean",
-        "tensor_active_mean",
-        "gpu_hours",
-        "cost_usd",
-        "cost_per_day_usd",
-        "waste_per_day_usd",
-    ):
-        setattr(job, field, getattr(kpis, field))
-    summary = dict(job.summary or {})
-    summary.update(kpis.details())
-    summary["price_note"] = kpis.variants.get("cost", "")
-    fb_used = sigs.get("fb_used") if sigs is not None else None
-    peak = fb_used.max if fb_used is not None else None
-    summary["peak_memory_mib"] = (
-        float(np.nanmax(peak)) if peak is not None and not np.isnan(peak).all() else None
-    )
-    summary["flops_variant"] = kpis.variants.get("mfu", "")
-    job.summary = summary
-    derived: dict[str, np.ndarray] = {}
-    if tps is not None:
-        derived[archive.THROUGHPUT] = tps
-    if kpis.mfu_series is not None:
-        derived[archive.MFU] = kpis.mfu_series
-    return derived
+    """Re-evaluate the job on `sigs` through the spine (load_context -> evaluate -> store; not saved);
+    returns the derived series to archive (throughput, MFU)."""
+    evaluated = evaluate(load_context(job, sigs, client))
+    store(job, evaluated.evaluation)
+    return evaluated.derived
 
 
 # ------------------------------------------------------------------------------------- poll, finalize
@@ -211,9 +90,7 @@ def update_summary(
 
 def _record_missing(job: Job, sigs: JobSignals) -> None:
     job.missing_signals = sorted(sigs.missing)
-    summary = dict(job.summary or {})
-    summary["missing_reasons"] = dict(sigs.missing)
-    job.summary = summary
+    job.missing_reasons = dict(sigs.missing)
 
 
 def _energy_total(client: PrometheusClient, selector: Selector, start: float, end: float) -> float | None:
@@ -228,9 +105,7 @@ def _energy_total(client: PrometheusClient, selector: Selector, start: float, en
 
 
 def _set_energy(job: Job, energy_j: float | None) -> None:
-    summary = dict(job.summary or {})
-    summary["energy_j"] = energy_j
-    job.summary = summary
+    job.energy_j = energy_j
 
 
 def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | None = None) -> Job:
@@ -247,12 +122,14 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         return job
     try:
         selector = job_selector(job)
-        sigs = fetch_job_signals(client, selector, start, end, POLL_STEP_S)
+        scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
+        sigs = fetch_job_signals(client, selector, start, end, POLL_STEP_S, scrape_interval_s=scrape)
         # Per-GPU chunks are longer than aggregate ones: read them from their own chunk start so each
         # archived row is rewritten whole (one per-GPU query per present signal).
         wide = fetch_job_signals(
             client, selector, gpu_start, end, POLL_PER_GPU_STEP_S,
             keys=list(sigs.signals), per_gpu_step=POLL_PER_GPU_STEP_S, aggregates=False,
+            scrape_interval_s=scrape,
         )  # fmt: skip
         for key, series in wide.signals.items():
             if key in sigs.signals:
@@ -267,7 +144,8 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         _set_energy(job, energy_j)
         _record_missing(job, sigs)
         archive.upsert(archive.rows_for(job, sigs, {}))
-        archived = archive.load_job_signals(job, per_gpu=False)
+        # GPU_UTIL per GPU for the exact idle share; the other per-GPU rows are the bulk of the archive.
+        archived = archive.load_job_signals(job, per_gpu=("gpu_util",))
         derived = update_summary(job, archived, client)
         if archived is not None:
             archive.upsert(archive.rows_for(job, _derived_only(archived), derived))
@@ -283,11 +161,11 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
 def _diagnosis_due(job: Job, now: datetime) -> bool:
     """Running jobs are re-diagnosed every DIAGNOSE_RUNNING_EVERY, not on every one-minute poll: the
     diagnosis reads the whole per-GPU archive, which for a large job costs far more than the poll."""
-    last = (job.summary or {}).get("diagnosed_at")
-    if last is not None and now.timestamp() - float(last) < DIAGNOSE_RUNNING_EVERY.total_seconds():
+    last = job.diagnosed_at
+    if last is not None and now - last < DIAGNOSE_RUNNING_EVERY:
         return False
-    Job.objects.filter(pk=job.pk).update(summary={**(job.summary or {}), "diagnosed_at": now.timestamp()})
-    job.refresh_from_db(fields=["summary"])
+    Job.objects.filter(pk=job.pk).update(diagnosed_at=now)
+    job.diagnosed_at = now
     return True
 
 
@@ -319,8 +197,9 @@ def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime
     try:
         selector = job_selector(job)
         sigs = fetch_job_signals(
-            client, selector, math.floor(start / step) * step, end, step, per_gpu_step=gpu_step
-        )
+            client, selector, math.floor(start / step) * step, end, step, per_gpu_step=gpu_step,
+            scrape_interval_s=settings.PROMETHEUS_SCRAPE_INTERVAL_S,
+        )  # fmt: skip
         energy_j = _energy_total(client, selector, start, end)
     except (PrometheusError, ValueError) as exc:
         return _mark_stale(job, exc, now)
@@ -343,9 +222,7 @@ def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime
 
 def _finish(job: Job, now: datetime, note: str = "") -> Job:
     if note:
-        summary = dict(job.summary or {})
-        summary["finalize_note"] = note
-        job.summary = summary
+        job.finalize_note = note[:300]
     job.status = Job.Status.FINALIZED
     job.finalized_at = now
     job.last_polled_at = now

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from jobs import costs
+from jobs.diagnosis.thresholds import IDLE_UTIL_MAX as IDLE_THRESHOLD
 from jobs.flops import (
     CrossCheck,
     FlopsEstimate,
@@ -22,6 +23,13 @@ from jobs.flops import (
     hardware_flops_per_token,
     model_flops_per_token,
 )
+
+#: The organisation-wide FLOPs conventions a setting can choose (MFU_FLOPS_CONVENTION).
+FLOPS_CONVENTIONS = ("palm", "6n")
+CONVENTION_LABELS = {"palm": "6N + 12·L·H·Q·T (PaLM, attention counted)", "6n": "6N (attention not counted)"}
+#: GPU_UTIL at or below this is "idle" (same threshold as the idle_gpus rule: NVML's utilisation is the
+#: share of its sample window with a kernel running, so ~0 means no kernel at all, not "slow kernels").
+IDLE_UTIL_MAX = IDLE_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -61,20 +69,29 @@ class ModelShape:
     def _attention_known(self) -> bool:
         return all(v for v in (self.n_layers, self.n_heads, self.head_dim, self.seq_len))
 
-    def model_flops(self) -> FlopsEstimate | None:
-        """6N (+ 12·L·H·Q·T when the shape is known); None without a parameter count."""
+    def model_flops(self, convention: str = "palm") -> tuple[FlopsEstimate | None, bool]:
+        """Model FLOPs per token under the organisation's `convention`, and whether a fallback was used.
+
+        "palm": 6N + 12·L·H·Q·T (PaLM appendix B, formulas.md); a shape without layers, heads, head dim and
+        sequence length is computed as 6N and flagged as a fallback (MFU then reads ~2-10 % low for long
+        sequences). "6n": 6N for every job (no fallback possible). None without a parameter count.
+        """
+        if convention not in FLOPS_CONVENTIONS:
+            raise ValueError(f"unknown FLOPs convention {convention!r}; expected one of {FLOPS_CONVENTIONS}")
         n = self.active_params or self.n_params
         if not n:
-            return None
-        return model_flops_per_token(
+            return None, False
+        attention = convention == "palm" and self._attention_known()
+        estimate = model_flops_per_token(
             n,
             n_layers=self.n_layers,
             n_heads=self.n_heads,
             head_dim=self.head_dim,
             seq_len=self.seq_len,
-            attention=self._attention_known(),
+            attention=attention,
             moe=self.active_params is not None,
         )
+        return estimate, convention == "palm" and not attention
 
     def hardware_flops(self) -> FlopsEstimate | None:
         """FLOPs executed per token including recomputation (for HFU)."""
@@ -115,7 +132,10 @@ class Kpis:
     tensor_active_mean: float | None = None
     cost_usd: float | None = None
     cost_per_day_usd: float | None = None
-    waste_per_day_usd: float | None = None
+    waste: costs.Waste | None = None
+    idle_share: float | None = None
+    idle_share_exact: bool = False
+    flops_fallback: bool = False
     reference_mfu: float | None = None
     reference_source: str = ""
     energy_kwh: float | None = None
@@ -124,26 +144,10 @@ class Kpis:
     variants: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def details(self) -> dict[str, Any]:
-        """JSON-safe details for Job.summary."""
-        out: dict[str, Any] = {
-            "duration_s": self.duration_s,
-            "reference_mfu": self.reference_mfu,
-            "reference_source": self.reference_source,
-            "energy_kwh": self.energy_kwh,
-            "energy_cost_usd": self.energy_cost_usd,
-            "variants": self.variants,
-            "notes": self.notes,
-        }
-        if self.cross_check is not None:
-            cc = self.cross_check
-            out["cross_check"] = {
-                "tensor_upper_mfu": cc.tensor_estimate,
-                "disagrees": cc.disagrees,
-                "direction": cc.direction,
-                "explanation": cc.explanation,
-            }
-        return out
+    @property
+    def waste_per_day_usd(self) -> float | None:
+        """Total waste per day; None when it cannot be computed (see `waste.reason`)."""
+        return self.waste.total_per_day if self.waste is not None else None
 
 
 def time_mean(values: np.ndarray | None) -> float | None:
@@ -151,6 +155,60 @@ def time_mean(values: np.ndarray | None) -> float | None:
     if values is None or values.size == 0 or np.isnan(values).all():
         return None
     return float(np.nanmean(values))
+
+
+FP8_DTYPES = frozenset({"fp8", "float8", "e4m3", "e5m2", "fp8_e4m3", "fp8_e5m2"})
+
+
+def target_mfu(dtype: str, target: float, fp8_target: float) -> tuple[float, str]:
+    """The organisation's reference MFU for a job of `dtype` and where it comes from.
+
+    MFU is a fraction of the dense peak *for the job's dtype*; FP8's peak is twice BF16's on Hopper, so an
+    FP8 job with the same kernels' efficiency reads about half the MFU and needs its own target.
+    """
+    if (dtype or "").strip().lower() in FP8_DTYPES:
+        return fp8_target, "organisation target for FP8 (of the FP8 dense peak)"
+    return target, "organisation target"
+
+
+def idle_share_per_gpu(util: np.ndarray) -> float | None:
+    """Share of the observed GPU samples (GPUs × time, missing cells excluded) at ~0 % utilisation.
+
+    Each cell of the per-GPU matrix is one GPU over one grid step; a missing cell is neither idle nor busy,
+    so the share is over observed cells only and can never exceed 100 %.
+    """
+    observed = np.isfinite(util)
+    n = int(observed.sum())
+    if n == 0:
+        return None
+    share = float((util[observed] <= IDLE_UTIL_MAX).sum()) / n
+    assert 0.0 <= share <= 1.0
+    return share
+
+
+def idle_share_lower_bound(
+    mean: np.ndarray, minimum: np.ndarray | None, maximum: np.ndarray | None, gpu_count: int
+) -> float | None:
+    """A lower bound on the idle share from cross-GPU statistics when per-GPU rows are not at hand.
+
+    At each observed step with c = `gpu_count` GPUs: all are idle when the max is ≤ the threshold θ; at
+    least one when the min is; and since a busy GPU reads > θ, c·mean > (c − k)·θ gives k > c·(1 − mean/θ).
+    The bound is exact when all or none of the GPUs are idle, and low when only some are (one idle node of
+    four shows as at least one idle GPU): it is shown as "at least".
+    """
+    observed = np.isfinite(mean)
+    if not observed.any() or gpu_count < 1:
+        return None
+    c = float(gpu_count)
+    theta = IDLE_UTIL_MAX
+    k = np.clip(np.ceil(c * (1.0 - mean[observed] / theta) - 1e-9), 0.0, c)
+    if minimum is not None:
+        lo = minimum[observed]
+        k = np.where(np.isfinite(lo) & (lo <= theta), np.maximum(k, 1.0), k)
+    if maximum is not None:
+        hi = maximum[observed]
+        k = np.where(np.isfinite(hi) & (hi <= theta), c, k)
+    return float(k.sum() / (c * observed.sum()))
 
 
 def tokens_per_second_from_progress(times: np.ndarray, tokens: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -195,6 +253,10 @@ def compute_kpis(
     power_w: np.ndarray | None = None,
     power_times: np.ndarray | None = None,
     usd_per_kwh: float = 0.0,
+    gpu_util_per_gpu: np.ndarray | None = None,
+    gpu_util_min: np.ndarray | None = None,
+    gpu_util_max: np.ndarray | None = None,
+    flops_convention: str = "palm",
 ) -> Kpis:
     """All of a job's summary numbers over [start, end]; see reference/formulas.md for the definitions."""
     duration = max((end - start).total_seconds(), 0.0)
@@ -205,16 +267,35 @@ def compute_kpis(
     k.reference_mfu, k.reference_source = reference_mfu, reference_source
 
     _throughput_and_mfu(
-        k, shape, peak_flops_per_gpu, gpu_count, grid_step_s, tokens_per_second, throughput_source
-    )
+        k, shape, peak_flops_per_gpu, gpu_count, grid_step_s, tokens_per_second, throughput_source,
+        flops_convention,
+    )  # fmt: skip
     _cost(k, start, end, gpu_count, prices, price_label)
-    if k.cost_per_day_usd is not None and k.mfu is not None:
-        k.waste_per_day_usd = costs.waste_per_day(k.cost_per_day_usd, k.mfu, reference_mfu)
+    if gpu_util_per_gpu is not None and np.isfinite(gpu_util_per_gpu).any():
+        k.idle_share, k.idle_share_exact = idle_share_per_gpu(gpu_util_per_gpu), True
+        k.variants["idle"] = f"share of observed GPU samples with GPU_UTIL ≤ {IDLE_UTIL_MAX:.0%}"
+    elif gpu_util is not None:
+        k.idle_share = idle_share_lower_bound(gpu_util, gpu_util_min, gpu_util_max, gpu_count)
+        if k.idle_share is not None:
+            k.variants["idle"] = (
+                f"lower bound from the cross-GPU mean/min/max of GPU_UTIL (≤ {IDLE_UTIL_MAX:.0%} = idle)"
+            )
+    reason = "; ".join(n for n in k.notes if "MFU" in n or "throughput" in n) or "MFU unknown"
+    k.waste = costs.split_waste(
+        k.cost_per_day_usd,
+        mfu=k.mfu,
+        reference_mfu=reference_mfu,
+        idle_share=k.idle_share,
+        mfu_missing_reason=f"MFU unknown ({reason})" if k.mfu is None else "",
+    )
+    if k.waste.known:
         k.variants["waste"] = (
-            f"cost/day × max(0, 1 − MFU ÷ {reference_mfu:.1%} reference MFU ({reference_source}))"
+            f"cost/day × max(idle share, 1 − MFU ÷ {reference_mfu:.1%} reference MFU ({reference_source}))"
         )
-    elif k.cost_per_day_usd is not None:
-        k.notes.append("waste/day needs MFU, which needs throughput and the model's parameter count")
+    elif k.waste.lower_bound_per_day is not None:
+        k.variants["waste"] = "at least the idle part: cost/day × idle share (MFU unknown)"
+    if k.cost_per_day_usd is not None and not k.waste.known:
+        k.notes.append(f"waste/day unknown: {k.waste.reason}")
     if k.mfu is not None and k.tensor_active_mean is not None:
         clock = time_mean(sm_clock)
         k.cross_check = cross_check_mfu(k.mfu, k.tensor_active_mean, clock, peak_clock_mhz)
@@ -230,6 +311,7 @@ def _throughput_and_mfu(
     step_s: float,
     tps: np.ndarray | None,
     source: str,
+    convention: str = "palm",
 ) -> None:
     if tps is None or tps.size == 0 or np.isnan(tps).all():
         k.notes.append(
@@ -242,7 +324,7 @@ def _throughput_and_mfu(
     covered_s = float(valid.sum() * step_s)
     k.tokens_per_second = tokens / covered_s if covered_s else None
     k.variants["throughput"] = source
-    model, hardware = shape.model_flops(), shape.hardware_flops()
+    (model, k.flops_fallback), hardware = shape.model_flops(convention), shape.hardware_flops()
     if model is None:
         k.notes.append("MFU needs the model's parameter count (model.n_params in the job registration)")
         return
@@ -254,6 +336,15 @@ def _throughput_and_mfu(
     k.mfu = model.flops_per_token * tokens / (capacity * covered_s)
     k.mfu_series = model.flops_per_token * tps / capacity
     k.variants["mfu"] = f"MFU, {model.variant}"
+    if k.flops_fallback:
+        k.variants["mfu"] += (
+            " — fallback: the organisation's convention is 6N + 12·L·H·Q·T, but the job's shape"
+            " lacks layers, heads, head dim or sequence length"
+        )
+        k.notes.append(
+            "MFU computed as 6N (no attention term): register n_layers, n_heads, head_dim (or hidden) and "
+            "seq_len for the organisation's 6N + 12·L·H·Q·T convention"
+        )
     if hardware is not None:
         k.hfu = hardware.flops_per_token * tokens / (capacity * covered_s)
         k.variants["hfu"] = hardware.variant

@@ -1,7 +1,18 @@
-"""Team leaderboard: GPU-hour-weighted MFU, GPU hours, cost and waste per team over a period, in SQL.
+"""Team leaderboard: GPU-hour-weighted MFU, GPU hours, cost and waste per team over periods, in SQL.
 
-Each job contributes only the part of its window that falls inside the period, so a job that spans two
-weeks is split between them; MFU is weighted by GPU hours (never an average of job ratios).
+The one aggregation every channel reads (leaderboard page, team page, weekly email, API). Its rules:
+
+* a job counts in a period with the part of its window inside it (a running job runs until now), so a job
+  that spans two weeks is split between them; GPU hours = hours inside × GPUs;
+* cost and waste = the job's $/day ÷ 24 × hours inside. Unknown is never 0: a job without a price adds no
+  cost and is counted in `jobs_cost_unknown`; a job whose waste is unknown (no MFU) adds its stated lower
+  bound (the idle waste) and is counted in `jobs_waste_unknown`, so the team's waste is "at least" a sum;
+* MFU is weighted by GPU hours (never an average of job ratios) over the jobs that have one, all computed
+  with the organisation's one FLOPs convention; jobs that had to fall back to 6N are counted.
+
+All periods (a week, the one before, eight weeks of trend) are done in one SQL pass: each separate
+aggregation scans the overlapping jobs again, which matters at 100k jobs. Each job is joined only with the
+periods it overlaps, so the work grows with job-periods, not jobs × periods.
 """
 
 from __future__ import annotations
@@ -9,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
-from django.db.models import Case, Count, DurationField, ExpressionWrapper, F, FloatField, Q, Sum, Value, When
+from django.db import connection
+from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q, Value
 from django.db.models.functions import Coalesce, Extract, Greatest, Least
 from django.utils import timezone
 
-from jobs.models import Job
+from jobs.costs import Amount
+from jobs.models import Job, Team
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,7 @@ def month(day: date) -> Period:
 
 @dataclass(frozen=True)
 class TeamRow:
-    """One team's numbers over a period."""
+    """One team's numbers over a period; dollar sums hold only the parts that could be computed."""
 
     team_id: int
     team_slug: str
@@ -70,16 +83,148 @@ class TeamRow:
     jobs: int
     gpu_hours: float
     cost_usd: float
-    waste_usd: float
+    waste_lower_bound_usd: float
     weighted_mfu: float | None
+    jobs_cost_unknown: int = 0
+    jobs_waste_unknown: int = 0
+    jobs_mfu_unknown: int = 0
+    jobs_mfu_fallback: int = 0
+
+    @property
+    def waste_usd(self) -> float | None:
+        """Waste in USD inside the period; None when any job's waste is unknown (see `waste`)."""
+        return None if self.jobs_waste_unknown else self.waste_lower_bound_usd
+
+    @property
+    def waste(self) -> Amount:
+        """The waste as shown everywhere: exact, or "at least" with how many jobs are unknown and why."""
+        if not self.jobs_waste_unknown:
+            return Amount(self.waste_lower_bound_usd)
+        return Amount(self.waste_lower_bound_usd, lower_bound=True, reason=self.waste_unknown_reason)
+
+    @property
+    def waste_unknown_reason(self) -> str:
+        """'waste unknown for 41 of 143 jobs: MFU unknown for 41' (empty when all are known)."""
+        if not self.jobs_waste_unknown:
+            return ""
+        parts = []
+        no_mfu = self.jobs_waste_unknown - self.jobs_cost_unknown
+        if no_mfu > 0:
+            parts.append(f"MFU unknown for {no_mfu}")
+        if self.jobs_cost_unknown:
+            parts.append(f"no price for {self.jobs_cost_unknown}")
+        return f"waste unknown for {self.jobs_waste_unknown} of {self.jobs} jobs: {', '.join(parts)}"
+
+    @property
+    def cost(self) -> Amount:
+        """The cost, "at least" when some jobs have no price."""
+        if not self.jobs_cost_unknown:
+            return Amount(self.cost_usd)
+        reason = f"no price for {self.jobs_cost_unknown} of {self.jobs} jobs"
+        return Amount(self.cost_usd, lower_bound=True, reason=reason)
 
     @property
     def waste_share(self) -> float | None:
-        """Waste as a fraction of cost."""
-        return self.waste_usd / self.cost_usd if self.cost_usd else None
+        """Waste as a fraction of cost (a lower bound when the waste is)."""
+        return self.waste_lower_bound_usd / self.cost_usd if self.cost_usd else None
 
 
-def _overlap_jobs(period: Period, now: datetime | None = None):
+_SQL = """
+WITH j AS (
+    SELECT team_id, mfu, mfu_fallback, gpu_count, cost_per_day_usd, waste_per_day_usd,
+           waste_lower_bound_per_day_usd, started_at, COALESCE(ended_at, %(now)s) AS stop
+    FROM {jobs}
+    WHERE started_at < %(last)s AND started_at < %(now)s AND (ended_at IS NULL OR ended_at > %(first)s)
+),
+p (i, ps, pe) AS (VALUES {periods}),
+o AS (
+    SELECT j.*, p.i,
+           EXTRACT(EPOCH FROM LEAST(j.stop, p.pe) - GREATEST(j.started_at, p.ps))::float8 / 3600.0 AS h
+    FROM j JOIN p ON j.started_at < p.pe AND j.stop > p.ps
+)
+SELECT o.team_id, t.slug, t.name, o.i, COUNT(*),
+       SUM(o.h * o.gpu_count),
+       SUM(o.cost_per_day_usd / 24.0 * o.h) FILTER (WHERE o.cost_per_day_usd IS NOT NULL),
+       SUM(COALESCE(o.waste_per_day_usd, o.waste_lower_bound_per_day_usd) / 24.0 * o.h)
+           FILTER (WHERE COALESCE(o.waste_per_day_usd, o.waste_lower_bound_per_day_usd) IS NOT NULL),
+       SUM(o.mfu * o.gpu_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
+       SUM(o.gpu_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
+       COUNT(*) FILTER (WHERE o.cost_per_day_usd IS NULL),
+       COUNT(*) FILTER (WHERE o.waste_per_day_usd IS NULL),
+       COUNT(*) FILTER (WHERE o.mfu IS NULL),
+       COUNT(*) FILTER (WHERE o.mfu IS NOT NULL AND o.mfu_fallback)
+FROM o JOIN {teams} t ON t.id = o.team_id
+GROUP BY o.team_id, t.slug, t.name, o.i
+"""
+# An earlier form with generate_series() per job made the planner overestimate rows a thousandfold and
+# spend most of a second JIT-compiling a 20 ms query; a join on the overlap condition estimates well.
+
+
+def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict[int, TeamRow]]:
+    """For each period (any mix of weeks and months), team id -> TeamRow; one query for all of them."""
+    if not periods:
+        return []
+    now = now or timezone.now()
+    params: dict[str, object] = {
+        "now": now,
+        "first": min(p.start for p in periods),
+        "last": max(p.end for p in periods),
+    }
+    values = []
+    for i, p in enumerate(periods):
+        params[f"s{i}"], params[f"e{i}"] = p.start, p.end
+        values.append(f"({i}, %(s{i})s::timestamptz, %(e{i})s::timestamptz)")
+    sql = _SQL.format(
+        jobs=connection.ops.quote_name(Job._meta.db_table),
+        teams=connection.ops.quote_name(Team._meta.db_table),
+        periods=", ".join(values),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    out: list[dict[int, TeamRow]] = [{} for _ in periods]
+    for (
+        team_id, slug, name, i, jobs, gpu_h, cost, waste, mfu_num, mfu_den,
+        cost_unknown, waste_unknown, mfu_unknown, fallback,
+    ) in rows:  # fmt: skip
+        out[i][team_id] = TeamRow(
+            team_id=team_id,
+            team_slug=slug,
+            team_name=name,
+            jobs=jobs,
+            gpu_hours=gpu_h or 0.0,
+            cost_usd=cost or 0.0,
+            waste_lower_bound_usd=waste or 0.0,
+            weighted_mfu=(mfu_num / mfu_den) if mfu_den else None,
+            jobs_cost_unknown=cost_unknown,
+            jobs_waste_unknown=waste_unknown,
+            jobs_mfu_unknown=mfu_unknown,
+            jobs_mfu_fallback=fallback,
+        )
+    return out
+
+
+def team_rows(period: Period, now: datetime | None = None) -> list[TeamRow]:
+    """Per team, ranked by weighted MFU (unknown last): the period's row of `period_rows`."""
+    rows = list(period_rows([period], now)[0].values())
+    return sorted(rows, key=lambda r: (-(r.weighted_mfu if r.weighted_mfu is not None else -1), r.team_name))
+
+
+def last_weeks(until: Period, weeks: int = 8) -> list[Period]:
+    """The `weeks` ISO weeks ending with the one containing the last day of `until`, oldest first."""
+    last = iso_week((until.end - timedelta(days=1)).date())
+    periods = [last]
+    for _ in range(weeks - 1):
+        periods.append(periods[-1].previous())
+    return periods[::-1]
+
+
+def mfu_trend(rows: list[dict[int, TeamRow]], team_id: int) -> list[float | None]:
+    """One team's weighted MFU across the periods of `period_rows`' result."""
+    return [(r[team_id].weighted_mfu if team_id in r else None) for r in rows]
+
+
+def _overlap_jobs(period: Period, now: datetime | None = None):  # type: ignore[no-untyped-def]
     now = now or timezone.now()
     end = Least(Coalesce(F("ended_at"), Value(now)), Value(period.end))
     start = Greatest(F("started_at"), Value(period.start))
@@ -94,63 +239,30 @@ def _overlap_jobs(period: Period, now: datetime | None = None):
     )
 
 
-def team_rows(period: Period, now: datetime | None = None) -> list[TeamRow]:
-    """Per team: jobs, GPU hours, cost and waste inside the period, and GPU-hour-weighted MFU."""
-    qs = (
-        _overlap_jobs(period, now)
-        .values("team_id", "team__slug", "team__name")
-        .annotate(
-            n=Count("id"),
-            gpu_hours=Sum("gpu_h"),
-            cost=Sum(
-                ExpressionWrapper(
-                    Coalesce(F("cost_per_day_usd"), 0.0) / 24.0 * F("overlap_h"), output_field=FloatField()
-                )
-            ),
-            waste=Sum(
-                ExpressionWrapper(
-                    Coalesce(F("waste_per_day_usd"), 0.0) / 24.0 * F("overlap_h"), output_field=FloatField()
-                )
-            ),
-            mfu_num=Sum(
-                Case(
-                    When(mfu__isnull=False, then=F("mfu") * F("gpu_h")),
-                    default=None,
-                    output_field=FloatField(),
-                )
-            ),
-            mfu_den=Sum(
-                Case(When(mfu__isnull=False, then=F("gpu_h")), default=None, output_field=FloatField())
-            ),
-        )
-        .order_by("team__name")
-    )
-    rows = [
-        TeamRow(
-            team_id=r["team_id"],
-            team_slug=r["team__slug"],
-            team_name=r["team__name"],
-            jobs=r["n"],
-            gpu_hours=r["gpu_hours"] or 0.0,
-            cost_usd=r["cost"] or 0.0,
-            waste_usd=r["waste"] or 0.0,
-            weighted_mfu=(r["mfu_num"] / r["mfu_den"]) if r["mfu_den"] else None,
-        )
-        for r in qs
-    ]
-    return sorted(rows, key=lambda r: (-(r.weighted_mfu if r.weighted_mfu is not None else -1), r.team_name))
-
-
 def worst_jobs(
     period: Period, limit: int = 10, team_id: int | None = None, now: datetime | None = None
 ) -> list[Job]:
-    """Jobs that wasted the most dollars inside the period."""
+    """Jobs that wasted the most dollars inside the period (`waste_in_period`, USD).
+
+    A job with unknown waste ranks by its lower bound (the idle waste); `waste_in_period_is_lower_bound`
+    says so, and `waste_in_period_amount` is the figure as every channel shows it.
+    """
     qs = _overlap_jobs(period, now).select_related("team", "gpu_model")
     if team_id is not None:
         qs = qs.filter(team_id=team_id)
     qs = qs.annotate(
         waste_in_period=ExpressionWrapper(
-            Coalesce(F("waste_per_day_usd"), 0.0) / 24.0 * F("overlap_h"), output_field=FloatField()
+            Coalesce(F("waste_per_day_usd"), F("waste_lower_bound_per_day_usd")) / 24.0 * F("overlap_h"),
+            output_field=FloatField(),
         )
     )
-    return list(qs.filter(waste_in_period__gt=0).order_by("-waste_in_period")[:limit])
+    jobs = list(qs.filter(waste_in_period__gt=0).order_by("-waste_in_period", "external_id")[:limit])
+    for job in jobs:
+        bound = job.waste_per_day_usd is None
+        job.waste_in_period_is_lower_bound = bound  # type: ignore[attr-defined]
+        job.waste_in_period_amount = Amount(  # type: ignore[attr-defined]
+            job.waste_in_period,  # type: ignore[attr-defined]
+            lower_bound=bound,
+            reason=job.waste_unknown_reason if bound else "",
+        )
+    return jobs

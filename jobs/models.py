@@ -13,6 +13,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.costs import Amount
+from jobs.evaluation.schema import Evaluation, decode
+
 
 class Team(models.Model):
     """A group of people who own jobs; writes through the API are scoped to the caller's teams."""
@@ -202,9 +205,53 @@ class Job(models.Model):
     gpu_hours = models.FloatField(null=True, blank=True)
     cost_usd = models.FloatField(null=True, blank=True)
     cost_per_day_usd = models.FloatField(null=True, blank=True)
-    waste_per_day_usd = models.FloatField(null=True, blank=True)
-    summary = models.JSONField(
-        default=dict, blank=True, help_text="Computed details: variants, prices, energy."
+    waste_per_day_usd = models.FloatField(
+        null=True, blank=True, help_text="Total waste $/day = max(idle, efficiency); null when MFU unknown."
+    )
+    waste_lower_bound_per_day_usd = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="What is certainly wasted, $/day: the total when known, else the idle part (see reason).",
+    )
+    idle_waste_per_day_usd = models.FloatField(
+        null=True, blank=True, help_text="cost/day × share of observed GPU-time at ~0 % GPU_UTIL."
+    )
+    efficiency_waste_per_day_usd = models.FloatField(
+        null=True, blank=True, help_text="cost/day × max(0, 1 − MFU ÷ reference MFU); null without MFU."
+    )
+    waste_unknown_reason = models.CharField(
+        max_length=300, blank=True, help_text="Why the total waste is unknown; empty when it is known."
+    )
+    flops_variant = models.CharField(
+        max_length=200, blank=True, help_text="FLOPs-per-token formula behind the MFU (e.g. 6N+12LHQT)."
+    )
+    mfu_fallback = models.BooleanField(
+        default=False,
+        help_text="MFU computed with a simpler formula than the organisation's convention (shape missing).",
+    )
+    evaluation = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Typed evaluation (jobs.evaluation.schema.Evaluation), written by evaluation.store only.",
+    )
+
+    # Facts gathered by ingestion and artifact parsing, read by the evaluation (one writer each).
+    energy_j = models.FloatField(
+        null=True, blank=True, help_text="Increase of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION over the job, J."
+    )
+    missing_reasons = models.JSONField(
+        default=dict, blank=True, help_text="{signal key: why it is missing} from the last ingestion."
+    )
+    diagnosed_at = models.DateTimeField(null=True, blank=True, help_text="When the diagnosis last ran.")
+    profiler_step_time_ms = models.FloatField(
+        null=True, blank=True, help_text="Median step time of the latest parsed profiler trace, ms."
+    )
+    profiler_comm_share_pct = models.FloatField(
+        null=True, blank=True, help_text="Share of the step in communication kernels, latest trace, %."
+    )
+    finalize_note = models.CharField(max_length=300, blank=True)
+    discovered_by = models.CharField(
+        max_length=300, blank=True, help_text="The label matcher a discovered job was registered from."
     )
 
     created_at = models.DateTimeField(auto_now_add=True)
@@ -242,6 +289,18 @@ class Job(models.Model):
     def is_running(self) -> bool:
         """True while the job has no end time."""
         return self.ended_at is None
+
+    @property
+    def evaluated(self) -> Evaluation | None:
+        """The stored evaluation, decoded (None before the first one or after a schema change)."""
+        return decode(self.evaluation)
+
+    @property
+    def waste_amount(self) -> Amount:
+        """Waste $/day as every channel shows it: exact, "at least" the idle part, or unknown (reason)."""
+        return Amount.of(
+            self.waste_per_day_usd, self.waste_lower_bound_per_day_usd, self.waste_unknown_reason
+        )
 
     def window_end(self) -> timezone.datetime:
         """End of the job's window: its end, or now while it runs."""
@@ -385,13 +444,18 @@ class Finding(models.Model):
     windows = models.JSONField(default=list, blank=True, help_text="[[start_unix, end_unix], ...]")
     evidence = models.JSONField(default=list, help_text="[{label, value, unit}] numbers behind the finding")
     recommendation = models.TextField()
-    waste_per_day_usd = models.FloatField(default=0, validators=[MinValueValidator(0)])
+    waste_per_day_usd = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="$/day this cause explains; null = impact unknown (the job's waste is unknown), never 0.",
+    )
     missing_signals = ArrayField(models.CharField(max_length=64), default=list, blank=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["-waste_per_day_usd", "code"]
+        ordering = [models.F("waste_per_day_usd").desc(nulls_last=True), "code"]
         constraints = [models.UniqueConstraint(fields=["job", "code"], name="finding_unique_per_job_code")]
 
     def __str__(self) -> str:

@@ -41,6 +41,8 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs.costs import Amount
+from jobs.kpis import CONVENTION_LABELS
 from jobs.leaderboard import Period, TeamRow, iso_week, team_rows, worst_jobs
 from jobs.models import Finding, Job, Membership, PriceEntry, ReportDelivery, Team
 from jobs.templatetags import units
@@ -79,6 +81,8 @@ class JobLine:
     mfu: float | None
     gpu_hours: float
     waste_usd: float
+    waste_is_lower_bound: bool
+    waste_unknown_reason: str
     url: str
     finding_title: str
     finding_recommendation: str
@@ -117,9 +121,19 @@ class WeeklyReport:
         return self.row.cost_usd if self.row else 0.0
 
     @property
-    def waste_usd(self) -> float:
-        """Waste in USD of the hours inside the week."""
+    def waste_usd(self) -> float | None:
+        """Waste in USD of the hours inside the week; None when some job's waste is unknown."""
         return self.row.waste_usd if self.row else 0.0
+
+    @property
+    def waste(self) -> Amount:
+        """The week's waste as the leaderboard shows it: exact or "at least" with the reason."""
+        return self.row.waste if self.row else Amount(0.0)
+
+    @property
+    def cost(self) -> Amount:
+        """The week's cost as the leaderboard shows it."""
+        return self.row.cost if self.row else Amount(0.0)
 
     @property
     def weighted_mfu(self) -> float | None:
@@ -134,8 +148,8 @@ class WeeklyReport:
     @property
     def waste_change_usd(self) -> float | None:
         """Waste this week minus last week, the leaderboard's trend column."""
-        prev = self.previous_waste_usd
-        return None if prev is None else self.waste_usd - prev
+        prev, now = self.previous_waste_usd, self.waste_usd
+        return None if prev is None or now is None else now - prev
 
     @property
     def week_start(self) -> datetime:
@@ -208,7 +222,7 @@ def _main_findings(job_ids: list[int]) -> dict[int, Finding]:
     best: dict[int, Finding] = {}
     # Same order as the job page: most $/day first, then the code as a stable tie-break.
     for finding in Finding.objects.filter(job_id__in=job_ids).order_by(
-        "job_id", "-waste_per_day_usd", "code"
+        "job_id", F("waste_per_day_usd").desc(nulls_last=True), "code"
     ):
         best.setdefault(finding.job_id, finding)
     return best
@@ -230,6 +244,8 @@ def _job_lines(jobs: list[Job]) -> tuple[JobLine, ...]:
                 mfu=job.mfu,
                 gpu_hours=job.gpu_h,
                 waste_usd=job.waste_in_period,
+                waste_is_lower_bound=job.waste_in_period_is_lower_bound,
+                waste_unknown_reason=job.waste_unknown_reason if job.waste_in_period_is_lower_bound else "",
                 url=_absolute(reverse("job-detail", args=[job.external_id])),
                 finding_title=finding.title if finding else "",
                 finding_recommendation=finding.recommendation if finding else "",
@@ -292,6 +308,12 @@ def _signed_usd(value: float | None) -> str:
     return _NA if value is None else units.signed_usd(value)
 
 
+def _short(amount: Amount) -> str:
+    """An amount without its reason, for the subject line: '$1,234' or 'at least $56'."""
+    text = Amount(amount.usd).text() if amount.usd is not None else "unknown"
+    return f"at least {text}" if amount.lower_bound else text
+
+
 def _one_line(value: str) -> str:
     # Header injection guard: team names are free text, and a newline in a subject is refused by Django.
     return " ".join(value.split())
@@ -304,39 +326,54 @@ def _bar(value: float, top: float) -> int:
 def _context(report: WeeklyReport) -> dict[str, object]:
     period, previous = report.period, report.previous
     last_day = period.end - timedelta(days=1)
-    share = report.waste_usd / report.cost_usd if report.cost_usd else None
+    share = report.row.waste_share if report.row else None
     prev = report.previous_row
     change = report.waste_change_usd
-    if change is None:
+    if change is None and report.previous_row is not None:
+        change_s = f"{_NA} (waste only bounded below in one of the weeks)"
+    elif change is None:
         change_s = f"{_NA} (no jobs in {previous.label})"
     else:
         change_s = f"{_signed_usd(change)} (from {_usd(report.previous_waste_usd)} in {previous.label})"
     rank_s = f"#{report.rank} of {report.teams_ranked} teams" if report.rank else _NA
     kpis = [
         ("GPU hours", _hours(report.gpu_hours), "GPUs × hours each job ran inside the week"),
-        ("Cost", _usd(report.cost_usd), "USD for those hours, at each job's price tier"),
+        ("Cost", report.cost.text(), "USD for those hours, at each job's price tier"),
         ("Weighted MFU", _pct(report.weighted_mfu), "model FLOPs utilisation, weighted by GPU hours"),
-        ("Waste", f"{_usd(report.waste_usd)} ({_pct(share)} of cost)", "USD lost below the reference MFU"),
+        (
+            "Waste",
+            f"{report.waste.text()} ({'at least ' if report.waste.lower_bound else ''}{_pct(share)} of cost)",
+            "USD lost: per job cost × max(idle share, 1 − MFU ÷ reference MFU); no MFU: the idle part only",
+        ),
         (f"Waste vs {previous.label}", change_s, "positive = more waste than last week"),
         ("Leaderboard", rank_s, "teams ranked by weighted MFU, as on the leaderboard page"),
     ]
     top = max(report.cost_usd, prev.cost_usd if prev else 0.0)
     chart = [
         (f"Cost {period.label}", _usd(report.cost_usd), _bar(report.cost_usd, top), "#4a6fa5"),
-        (f"Waste {period.label}", _usd(report.waste_usd), _bar(report.waste_usd, top), "#c0392b"),
+        (
+            f"Waste {period.label}",
+            report.waste.text(),
+            _bar(report.row.waste_lower_bound_usd if report.row else 0.0, top),
+            "#c0392b",
+        ),
     ]
     if prev:
         chart += [
             (f"Cost {previous.label}", _usd(prev.cost_usd), _bar(prev.cost_usd, top), "#9fb3d1"),
-            (f"Waste {previous.label}", _usd(prev.waste_usd), _bar(prev.waste_usd, top), "#e2a39c"),
+            (f"Waste {previous.label}", prev.waste.text(), _bar(prev.waste_lower_bound_usd, top), "#e2a39c"),
         ]
     jobs = [
         {
             "line": line,
             "mfu": _pct(line.mfu),
             "gpu_hours": _hours(line.gpu_hours),
-            "waste": _usd(line.waste_usd),
-            "finding_waste": _usd(line.finding_waste_per_day_usd),
+            "waste": Amount(line.waste_usd, line.waste_is_lower_bound, line.waste_unknown_reason).text(),
+            "finding_waste": (
+                "impact unknown"
+                if line.finding_title and line.finding_waste_per_day_usd is None
+                else _usd(line.finding_waste_per_day_usd) + "/day"
+            ),
         }
         for line in report.top_jobs
     ]
@@ -350,6 +387,10 @@ def _context(report: WeeklyReport) -> dict[str, object]:
         "jobs": jobs,
         "price_tiers": ", ".join(report.price_tiers) or _NA,
         "target_mfu": _pct(settings.TARGET_MFU),
+        "target_mfu_fp8": _pct(settings.TARGET_MFU_FP8),
+        "mfu_convention": CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION],
+        "waste_unknown": report.row.waste_unknown_reason if report.row else "",
+        "mfu_fallback": report.row.jobs_mfu_fallback if report.row else 0,
         "leaderboard_url": _absolute(reverse("leaderboard")) + f"?week={period.label}",
         "team_url": _absolute(reverse("team-detail", args=[report.team.slug])),
     }
@@ -362,8 +403,8 @@ def render_report(report: WeeklyReport) -> tuple[str, str, str]:
     # ASCII separators: a non-ASCII subject is RFC 2047-encoded and folded, which some clients show oddly.
     if report.has_activity:
         subject = (
-            f"{ctx['team_name']} {report.period.label}: {_usd(report.waste_usd)} wasted of "
-            f"{_usd(report.cost_usd)}, MFU {_pct(report.weighted_mfu)}"
+            f"{ctx['team_name']} {report.period.label}: {_short(report.waste)} wasted of "
+            f"{_short(report.cost)}, MFU {_pct(report.weighted_mfu)}"
         )
     else:
         subject = f"{ctx['team_name']} {report.period.label}: no GPU hours"

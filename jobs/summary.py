@@ -7,6 +7,8 @@ from typing import Any
 from django.conf import settings
 
 from jobs.baselines import compare
+from jobs.diagnosis.engine import usd_or_unknown
+from jobs.kpis import target_mfu
 from jobs.models import Job
 
 
@@ -57,9 +59,17 @@ def job_summary(job: Job) -> dict[str, Any]:
             "gpu_hours": job.gpu_hours,
             "cost_usd": job.cost_usd,
             "cost_per_day_usd": job.cost_per_day_usd,
+            # null when it cannot be computed (never 0); the lower bound and the reason say what is known.
             "waste_per_day_usd": job.waste_per_day_usd,
-            "target_mfu": settings.TARGET_MFU,
-            "details": job.summary,
+            "waste_lower_bound_per_day_usd": job.waste_lower_bound_per_day_usd,
+            "idle_waste_per_day_usd": job.idle_waste_per_day_usd,
+            "efficiency_waste_per_day_usd": job.efficiency_waste_per_day_usd,
+            "waste_unknown_reason": job.waste_unknown_reason or None,
+            "flops_variant": job.flops_variant or None,
+            "mfu_fallback": job.mfu_fallback,
+            "mfu_convention": settings.MFU_FLOPS_CONVENTION,
+            "target_mfu": target_mfu(job.dtype, settings.TARGET_MFU, settings.TARGET_MFU_FP8)[0],
+            "details": job.evaluation or None,
         },
         "baseline": baseline_comparison(job),
         "findings": [
@@ -76,7 +86,7 @@ def job_summary(job: Job) -> dict[str, Any]:
                 "waste_per_day_usd": f.waste_per_day_usd,
                 "missing_signals": f.missing_signals,
             }
-            for f in sorted(findings, key=lambda f: (-f.waste_per_day_usd, f.code))
+            for f in sorted(findings, key=lambda f: (-usd_or_unknown(f.waste_per_day_usd), f.code))
         ],
         "artifacts": [
             {

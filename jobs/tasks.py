@@ -81,6 +81,14 @@ def send_weekly_reports(self: Task, week: str | None = None) -> int:
 
 
 # A pathological trace must not hold a worker forever: the soft limit lets the parse record why it stopped.
+@shared_task(acks_late=True, ignore_result=True)
+def reevaluate_jobs(job_ids: list[int]) -> int:
+    """Re-evaluate stored jobs after a baseline or price change (idempotent: recomputes from the archive)."""
+    from jobs.evaluation.refresh import reevaluate_many
+
+    return reevaluate_many(job_ids)
+
+
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=900, time_limit=960)
 def parse_artifact(artifact_id: int) -> None:
     """Parse one uploaded artifact (re-running replaces the previous analysis)."""

@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs.evaluation.schema import Evaluation, encode
 from jobs.models import Baseline
 from jobs.registry import register_job
 from tests.conftest import job_body
@@ -90,11 +91,13 @@ def test_slower_steps_and_more_memory_count_as_regressions(setup):
     client, _, job = setup
     for i, (step_ms, mib) in enumerate(((400.0, 60000.0), (410.0, 61000.0), (405.0, 60500.0))):
         run = job(f"b{i}", 0.45)
-        run.summary = {**run.summary, "profiler_step_time_ms": step_ms, "peak_memory_mib": mib}
+        run.profiler_step_time_ms = step_ms
+        run.evaluation = encode(Evaluation(duration_s=3600.0, gpu_hours=8.0, peak_memory_mib=mib))
         run.save()
         client.post("/api/v1/baselines/", {"job": f"b{i}"}, format="json")
     slow = job("slow", 0.45)
-    slow.summary = {**slow.summary, "profiler_step_time_ms": 600.0, "peak_memory_mib": 60200.0}
+    slow.profiler_step_time_ms = 600.0
+    slow.evaluation = encode(Evaluation(duration_s=3600.0, gpu_hours=8.0, peak_memory_mib=60200.0))
     slow.save()
     rows = {m["metric"]: m for m in client.get("/api/v1/jobs/slow/").json()["baseline"]["metrics"]}
     assert rows["step_time_ms"]["verdict"] == "regression"

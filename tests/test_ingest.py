@@ -97,7 +97,7 @@ def test_poll_archives_signals_and_computes_mfu_close_to_the_simulated_truth(pro
     assert job.gpu_util_mean > 0.9
     assert job.cost_per_day_usd == pytest.approx(8 * 6.88 * 24)
     assert job.waste_per_day_usd >= 0
-    assert "6N" in job.summary["flops_variant"]
+    assert "6N" in job.flops_variant
 
 
 @pytest.mark.django_db
@@ -125,7 +125,7 @@ def test_a_missing_field_is_reported_missing_not_zero(prom, sims, make_team):
     assert "sm_active" in job.missing_signals
     assert job.sm_active_mean is None
     assert not JobSeries.objects.filter(job=job, signal="sm_active").exists()
-    assert "default counters" in job.summary["missing_reasons"]["sm_active"]
+    assert "default counters" in job.missing_reasons["sm_active"]
     assert job.gpu_util_mean > 0.9
 
 
@@ -162,7 +162,7 @@ def test_finalize_replaces_the_archive_and_is_idempotent(prom, sims, make_team):
     assert job.mfu == pytest.approx(mfu)
     assert job.gpu_hours == pytest.approx(16.0)
     assert job.cost_usd == pytest.approx(16.0 * 6.88, rel=1e-6)
-    assert job.summary.get("energy_j", 0) > 0 and job.summary["energy_kwh"] > 0
+    assert (job.energy_j or 0) > 0 and (job.evaluated.energy_kwh or 0) > 0
 
 
 @pytest.mark.django_db
@@ -182,12 +182,12 @@ def test_running_jobs_are_rediagnosed_every_ten_minutes_not_every_poll(prom, sim
     client = _client(prom)
     first = START + timedelta(minutes=30)
     job = ingest.poll_job(job, client, now=first)
-    assert job.summary["diagnosed_at"] == first.timestamp()
+    assert job.diagnosed_at == first
     job = ingest.poll_job(job, client, now=first + timedelta(minutes=1))
-    assert job.summary["diagnosed_at"] == first.timestamp()
+    assert job.diagnosed_at == first
     later = first + timedelta(minutes=11)
     job = ingest.poll_job(job, client, now=later)
-    assert job.summary["diagnosed_at"] == later.timestamp()
+    assert job.diagnosed_at == later
 
 
 @pytest.mark.django_db

@@ -87,8 +87,8 @@ def test_job_page_shows_kpis_with_units_findings_and_real_series(client, member,
     html = response.content.decode()
     # KPI cards say their unit and definition.
     assert "MFU" in html and "tokens/s" in html and "/day" in html and "GPU-h" in html
-    assert finished.summary["variants"]["mfu"] in unescape(html)
-    assert unescape(finished.summary["price_note"]) in unescape(html)
+    assert finished.evaluated.variants["mfu"] in unescape(html)
+    assert unescape(finished.evaluated.price_note) in unescape(html)
     # The utilisation contrast comes before the findings and the charts.
     assert html.index("nvidia-smi util") < html.index('id="findings"') < html.index('id="charts"')
     # Findings ranked by $/day (the diagnosis found the planted straggler); those with windows have a
@@ -449,8 +449,7 @@ def test_team_catalog_and_readiness_pages(client, member, team, running_no_sm, f
 def test_one_pass_period_numbers_equal_the_leaderboard_module(many_jobs, running_no_sm):
     from datetime import date
 
-    from jobs.leaderboard import iso_week, month, team_rows
-    from jobs.views.trend import last_weeks, period_rows
+    from jobs.leaderboard import iso_week, last_weeks, month, period_rows, team_rows
 
     now = data.START + timedelta(hours=2)
     periods = [*last_weeks(iso_week(now.date())), month(date(2025, 12, 1)), month(now.date())]

@@ -108,6 +108,8 @@ def make_job(team: Team, external_id: str, start: datetime, hours: float | None,
         "name": f"job-{external_id}",
         **fields,
     }
+    # A known total is its own lower bound (what ingestion stores); tests of unknown waste pass their own.
+    values.setdefault("waste_lower_bound_per_day_usd", values["waste_per_day_usd"])
     end = start + timedelta(hours=hours) if hours is not None else None
     return Job.objects.create(team=team, external_id=external_id, started_at=start, ended_at=end, **values)
 
@@ -135,7 +137,11 @@ def scenario(week: Period) -> dict[str, object]:
     spanning = make_job(llm, "101", start - timedelta(hours=12), 48, mfu=0.25, waste_per_day_usd=288.0)
     make_job(llm, "102", start + timedelta(days=2), 24, gpu_count=16, mfu=0.41, cost_per_day_usd=960.0)
     # Runs into the next week: 6 h count here; no MFU yet, so it is left out of the weighted MFU.
-    make_job(llm, "103", end - timedelta(hours=6), 30, gpu_count=4, mfu=None, waste_per_day_usd=None)
+    # Its waste is unknown; only its idle part ($24/day) is known, so the team's week is "at least".
+    make_job(
+        llm, "103", end - timedelta(hours=6), 30, gpu_count=4, mfu=None, waste_per_day_usd=None,
+        waste_lower_bound_per_day_usd=24.0, waste_unknown_reason="MFU unknown (no throughput)",
+    )  # fmt: skip
     make_job(llm, "104", start - timedelta(days=3), 10, waste_per_day_usd=50.0)  # previous week only
     make_job(vision, "201", start + timedelta(days=1), 20, mfu=0.55, waste_per_day_usd=10.0)
     Finding.objects.create(
@@ -183,9 +189,17 @@ def test_report_numbers_equal_the_leaderboard_across_week_boundaries(week):
 
     assert report.gpu_hours == row.gpu_hours == pytest.approx(36 * 8 + 24 * 16 + 6 * 4)
     assert report.cost_usd == row.cost_usd
-    assert report.waste_usd == row.waste_usd
+    # Waste inside the week: 101 $288/day × 36 h + 102 $100/day × 24 h, known; 103 has only its idle part,
+    # $24/day × 6 h. So the week's waste is unknown and at least 432 + 100 + 6 = $538.
+    assert report.waste_usd is None and row.waste_usd is None
+    assert report.waste == row.waste
+    assert row.waste_lower_bound_usd == pytest.approx(288 / 24 * 36 + 100 + 24 / 24 * 6)
+    assert row.waste_unknown_reason == "waste unknown for 1 of 3 jobs: MFU unknown for 1"
     assert report.weighted_mfu == row.weighted_mfu == pytest.approx((0.25 * 288 + 0.41 * 384) / (288 + 384))
-    assert report.waste_change_usd == pytest.approx(row.waste_usd - prev.waste_usd)
+    # Last week is known (101's 12 h and 104's 10 h): 288/24 × 12 + 50/24 × 10.
+    assert prev.waste_usd == pytest.approx(144 + 50 / 24 * 10)
+    # A change against a lower bound is not a change: unknown, not a number.
+    assert report.waste_change_usd is None
     assert prev.gpu_hours == pytest.approx(12 * 8 + 10 * 8)
     # Vision's MFU is higher: llm is second of two, as the leaderboard ranks them.
     assert [r.team_slug for r in team_rows(week)] == ["vision", "llm"]
@@ -194,15 +208,15 @@ def test_report_numbers_equal_the_leaderboard_across_week_boundaries(week):
     subject, text, html = render_report(report)
     for shown in (
         units.usd(row.cost_usd),
-        units.usd(row.waste_usd),
+        f"at least {units.usd(row.waste_lower_bound_usd)}",
+        "waste unknown for 1 of 3 jobs: MFU unknown for 1",
         units.pct(row.weighted_mfu),
         f"{units.num(row.gpu_hours, 1)} GPU-h",
-        units.signed_usd(row.waste_usd - prev.waste_usd),
         "#2 of 2 teams",
     ):
         assert shown in text, shown
         assert shown in html, shown
-    assert units.usd(row.waste_usd) in subject and week.label in subject
+    assert f"at least {units.usd(row.waste_lower_bound_usd)} wasted" in subject and week.label in subject
     assert "On-demand" in text  # the price tier behind the cost is named
 
 
@@ -275,7 +289,7 @@ def test_sends_once_over_real_smtp_with_text_and_html_parts(week, smtp):
     assert msg["Subject"] == outcome.subject
     assert week.label in msg["Subject"]
     assert "bob@example.com" not in msg["To"]
-    for shown in (units.usd(row.cost_usd), units.usd(row.waste_usd), units.pct(row.weighted_mfu)):
+    for shown in (units.usd(row.cost_usd), units.usd(row.waste_lower_bound_usd), units.pct(row.weighted_mfu)):
         assert shown in text and shown in html
     assert f"{SITE}/jobs/101/" in text
 
@@ -401,7 +415,7 @@ def test_dry_run_sends_nothing_and_records_nothing(week, locmem):
     outcome = send_team_report(llm, week, dry_run=True)
     assert outcome.status == Outcome.DRY_RUN
     assert outcome.recipients == ("alice@example.com", "lead@partner.example")
-    assert units.usd(_row(week, llm).waste_usd) in outcome.text
+    assert units.usd(_row(week, llm).waste_lower_bound_usd) in outcome.text
     assert locmem == []
     assert not ReportDelivery.objects.exists()
 

@@ -1,4 +1,5 @@
-"""Token authentication for machines and the team-scoped write permission."""
+"""Token authentication for machines and the team-scoped write permission of the REST API (the rule
+itself lives in jobs.permissions, shared with the pages)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
-from jobs.models import ApiToken, Team
+from jobs.models import ApiToken
+from jobs.permissions import can_write_team, owning_team
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -42,29 +44,6 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
-
-
-def writable_team_ids(user: Any) -> set[int] | None:
-    """Teams the user may write to; None means all (staff)."""
-    if user.is_staff or user.is_superuser:
-        return None
-    return set(Team.objects.filter(memberships__user=user).values_list("id", flat=True))
-
-
-def can_write_team(user: Any, team: Team | int) -> bool:
-    """True when `user` may create or change objects owned by `team`."""
-    team_id = team if isinstance(team, int) else team.pk
-    allowed = writable_team_ids(user)
-    return allowed is None or team_id in allowed
-
-
-def owning_team(obj: Any) -> Team:
-    """The team that owns a team, job, or something hanging off a job (artifact, finding)."""
-    if isinstance(obj, Team):
-        return obj
-    if hasattr(obj, "team"):
-        return obj.team
-    return obj.job.team
 
 
 class TeamScopedWrite(permissions.BasePermission):

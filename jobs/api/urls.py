@@ -1,7 +1,9 @@
 """Routes of /api/v1/."""
 
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from jobs.api.leaderboard import LeaderboardView
 from jobs.api.views import ArtifactViewSet, BaselineViewSet, JobViewSet
 
 router = DefaultRouter(trailing_slash=True)
@@ -9,4 +11,4 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("baselines", BaselineViewSet, basename="baseline")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 
-urlpatterns = router.urls
+urlpatterns = [path("leaderboard/", LeaderboardView.as_view(), name="api-leaderboard"), *router.urls]

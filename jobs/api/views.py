@@ -14,7 +14,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs.api.auth import TeamScopedWrite, can_write_team
+from jobs.api.auth import TeamScopedWrite
 from jobs.api.serializers import (
     BaselineSerializer,
     JobEndSerializer,
@@ -24,6 +24,7 @@ from jobs.api.serializers import (
 from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.baselines import BaselineError, promote, retire
 from jobs.models import Artifact, Baseline, Job
+from jobs.permissions import can_write_team
 from jobs.registry import RegistryError, record_progress, register_job, update_job
 from jobs.summary import job_summary, summary_queryset
 
@@ -119,7 +120,10 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
                         "started_at": j.started_at,
                         "ended_at": j.ended_at,
                         "mfu": j.mfu,
+                        "mfu_fallback": j.mfu_fallback,
                         "waste_per_day_usd": j.waste_per_day_usd,
+                        "waste_lower_bound_per_day_usd": j.waste_lower_bound_per_day_usd,
+                        "waste_unknown_reason": j.waste_unknown_reason or None,
                     }
                     for j in rows
                 ],

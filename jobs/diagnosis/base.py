@@ -84,7 +84,7 @@ class Finding:
     impact: float = 0.0
     missing_signals: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)  # "metrics", "kineto trace", "py-spy", ...
-    waste_per_day_usd: float = 0.0
+    waste_per_day_usd: float | None = None  # None = impact unknown (the job's waste is unknown)
     waste_share: float | None = None
 
     @property
@@ -109,7 +109,7 @@ class Finding:
             "windows": [[float(a), float(b)] for a, b in self.windows],
             "evidence": [e.as_dict() for e in self.evidence],
             "recommendation": self.recommendation,
-            "waste_per_day_usd": round(self.waste_per_day_usd, 2),
+            "waste_per_day_usd": None if self.waste_per_day_usd is None else round(self.waste_per_day_usd, 2),
             "waste_share": None if self.waste_share is None else round(self.waste_share, 4),
             "impact": round(self.impact, 4),
             "missing_signals": list(self.missing_signals),
@@ -142,6 +142,7 @@ class DiagnosisInput:
     tokens_per_second: float | None = None
     cost_per_day_usd: float | None = None
     waste_per_day_usd: float | None = None
+    idle_waste_per_day_usd: float | None = None
     gpu_memory_mib: float | None = None
     max_clock_mhz: float | None = None  # max boost clock (catalog), what throttling is judged against
     tdp_w: float | None = None

@@ -11,7 +11,9 @@ job's waste/day):
   or overshoot, they are scaled down in proportion, so their sum is at most waste/day.
 * Symptoms (false_saturation, baseline_regression) describe the same loss from another angle: they share
   only what the causes leave unexplained, in proportion to their impacts, each capped at its own estimate.
-* Without a waste figure (no MFU or no price) every finding gets $0 and `waste_share` None.
+* Without a waste figure the dollars are unknown, not $0: every finding gets None ("impact unknown"),
+  except `idle_gpus`, whose dollars need no MFU (idle GPU-hours × price: the job's idle waste, passed in).
+  A job that meets its reference (waste 0) gives every finding a known $0.
 
 `waste_share` is the finding's dollars / the job's waste/day.
 """
@@ -51,8 +53,10 @@ def diagnose(inp: DiagnosisInput, *, codes: tuple[str, ...] | None = None) -> li
         if finding is not None:
             findings.append(finding)
     relate_symptoms(findings)
-    apportion(findings, inp.cost_per_day_usd, inp.waste_per_day_usd)
-    findings.sort(key=lambda f: (-f.waste_per_day_usd, -f.severity.rank, -f.confidence, f.code))
+    apportion(findings, inp.cost_per_day_usd, inp.waste_per_day_usd, inp.idle_waste_per_day_usd)
+    findings.sort(
+        key=lambda f: (-usd_or_unknown(f.waste_per_day_usd), -f.severity.rank, -f.confidence, f.code)
+    )
     return findings
 
 
@@ -70,14 +74,29 @@ def relate_symptoms(findings: list[Finding]) -> None:
         f.evidence.append(Evidence("explained by", ", ".join(explained)))
 
 
-def apportion(findings: list[Finding], cost_per_day: float | None, waste_per_day: float | None) -> None:
+def usd_or_unknown(value: float | None) -> float:
+    """Sort key: unknown dollars rank below every known amount, including $0."""
+    return -1.0 if value is None else value
+
+
+def apportion(
+    findings: list[Finding],
+    cost_per_day: float | None,
+    waste_per_day: float | None,
+    idle_waste_per_day: float | None = None,
+) -> None:
     """Set `waste_per_day_usd` and `waste_share` on each finding (see the module docstring)."""
     if not findings:
         return
-    if not cost_per_day or waste_per_day is None or cost_per_day <= 0 or waste_per_day <= 0:
+    if not cost_per_day or cost_per_day <= 0 or waste_per_day is None:
         for f in findings:
-            f.waste_per_day_usd = 0.0
-            f.waste_share = 0.0 if waste_per_day == 0 else None
+            known_idle = f.code == "idle_gpus" and idle_waste_per_day is not None and cost_per_day
+            f.waste_per_day_usd = idle_waste_per_day if known_idle else None
+            f.waste_share = None
+        return
+    if waste_per_day <= 0:
+        for f in findings:
+            f.waste_per_day_usd, f.waste_share = 0.0, 0.0
         return
     loss = min(waste_per_day / cost_per_day, 1.0)
     causes = [f for f in findings if f.code not in SYMPTOM_CODES]
@@ -86,15 +105,14 @@ def apportion(findings: list[Finding], cost_per_day: float | None, waste_per_day
     scale = min(1.0, loss / total) if total > 0 else 0.0
     for f in causes:
         f.waste_per_day_usd = cost_per_day * max(f.impact, 0.0) * scale
-    left = max(waste_per_day - sum(f.waste_per_day_usd for f in causes), 0.0)
+    left = max(waste_per_day - sum(f.waste_per_day_usd or 0.0 for f in causes), 0.0)
     wanted = sum(cost_per_day * max(f.impact, 0.0) for f in symptoms)
     share = min(1.0, left / wanted) if wanted > 0 else 0.0
     for f in symptoms:
         f.waste_per_day_usd = cost_per_day * max(f.impact, 0.0) * share
     # Float rounding must not break the invariant.
-    spent = sum(f.waste_per_day_usd for f in findings)
-    if spent > waste_per_day:
-        for f in findings:
-            f.waste_per_day_usd *= waste_per_day / spent
+    spent = sum(f.waste_per_day_usd or 0.0 for f in findings)
     for f in findings:
+        usd = f.waste_per_day_usd or 0.0
+        f.waste_per_day_usd = usd * waste_per_day / spent if spent > waste_per_day else usd
         f.waste_share = f.waste_per_day_usd / waste_per_day

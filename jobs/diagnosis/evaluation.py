@@ -188,7 +188,12 @@ def score(outcomes: Sequence[Outcome]) -> Report:
         row.update(o.predicted or {"(none)"})
     healthy = [o for o in outcomes if not o.job.truth]
     rate = sum(1 for o in healthy if o.predicted) / len(healthy) if healthy else None
-    dollars_ok = all(o.findings_usd <= (o.waste_per_day_usd or 0.0) * (1 + 1e-9) + 1e-6 for o in outcomes)
+    # A job with unknown waste has only idle_gpus dollars (its idle waste, the stated lower bound).
+    dollars_ok = all(
+        o.findings_usd <= o.waste_per_day_usd * (1 + 1e-9) + 1e-6
+        for o in outcomes
+        if o.waste_per_day_usd is not None
+    )
     return Report(
         per_code, confusion, Counter(o.job.scenario for o in outcomes), rate, dollars_ok, list(outcomes)
     )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from django import template
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
+
+from jobs.costs import Amount
 
 register = template.Library()
 
@@ -41,3 +44,37 @@ def signed_usd(value: float | None) -> str:
         return _MISSING
     sign = "+" if value >= 0 else "\u2212"
     return f"{sign}${abs(value):,.0f}"
+
+
+@register.filter
+def amount(value: Amount | None, unit: str = "") -> str:
+    """A jobs.costs.Amount: '$1,234', 'at least $12.50' (reason on hover and for screen readers), or
+    'unknown' with its reason; `unit` is appended to the number ('/day')."""
+    if value is None:
+        return _MISSING
+    if value.usd is None:
+        return format_html(
+            '<span class="na unknown" title="{}">unknown</span>', value.reason or "not computable"
+        )
+    number = f"${value.usd:,.0f}" if abs(value.usd) >= 100 else f"${value.usd:,.2f}"
+    if value.lower_bound:
+        return format_html(
+            '<span class="lower-bound" title="{}">at least {}{}'
+            '<span class="visually-hidden"> ({})</span></span>',
+            value.reason,
+            number,
+            unit,
+            value.reason,
+        )
+    return f"{number}{unit}"
+
+
+@register.filter
+def finding_usd(value: float | None) -> str:
+    """A finding's $/day, or 'impact unknown' when the job's waste could not be computed (never $0.00)."""
+    if value is None:
+        return mark_safe(
+            '<span class="na unknown" title="the job\'s waste is unknown (no MFU), so this cause\'s dollars '
+            'are too">impact unknown</span>'
+        )
+    return f"{usd(value)}/day"

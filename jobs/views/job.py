@@ -20,9 +20,11 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
 from jobs import baselines, charts
-from jobs.api.auth import can_write_team
 from jobs.artifacts import UploadError, requeue, store_upload
+from jobs.evaluation.load import reference_mfu
+from jobs.evaluation.schema import encode
 from jobs.models import Artifact, Finding, Job
+from jobs.permissions import can_write_team
 from jobs.signals import SIGNALS, readiness
 from jobs.templatetags.units import num, pct, usd
 from jobs.views import artifacts as artifact_views
@@ -163,7 +165,7 @@ def build_figures(
 ) -> dict[str, Any]:
     """The time-series figure, the per-GPU heatmap and what is missing from them (2-3 queries)."""
     sigs = load_means(job, charts.CHART_SIGNALS, window)
-    reasons = dict((job.summary or {}).get("missing_reasons") or {})
+    reasons = dict(job.missing_reasons or {})
     heat_key = heatmap_signal(job)
     per_gpu = load_per_gpu(job, heat_key, window)
     if per_gpu is None and heat_key != "gpu_util":
@@ -180,7 +182,7 @@ def build_figures(
         peak_clock_mhz=gpu.peak_clock_mhz if gpu else None,
         max_clock_mhz=gpu.max_clock_mhz if gpu else None,
         memory_gib=memory_gib,
-        target_mfu=settings.TARGET_MFU,
+        target_mfu=reference_mfu(job),
         window=window,
     )
     return {
@@ -197,7 +199,7 @@ def build_figures(
 def kpis(job: Job) -> dict[str, str]:
     """The headline numbers as display strings; the page prints each unit next to its number, the refresh
     endpoint sends the same strings so the script can update them in place."""
-    details = job.summary or {}
+    details = evaluation_details(job)
 
     def plain(text: str) -> str:
         return strip_tags(text).strip()
@@ -210,16 +212,31 @@ def kpis(job: Job) -> dict[str, str]:
         "sm_active": plain(pct(job.sm_active_mean, 0)),
         "tensor_active": plain(pct(job.tensor_active_mean, 0)),
         "cost_per_day": plain(usd(job.cost_per_day_usd)),
-        "waste_per_day": plain(usd(job.waste_per_day_usd)),
+        "waste_per_day": _waste_headline(job),
         "gpu_hours": plain(num(job.gpu_hours, 0)),
         "energy": plain(num(details.get("energy_kwh"), 0)),
     }
 
 
+def evaluation_details(job: Job) -> dict[str, Any]:
+    """The stored evaluation decoded through its schema, as a dict for the template ({} before the first)."""
+    evaluated = job.evaluated
+    return encode(evaluated) if evaluated is not None else {}
+
+
+def _waste_headline(job: Job) -> str:
+    """'$1,234', 'at least $56' or 'unknown' (the definition line under it gives the reason)."""
+    waste = job.waste_amount
+    if waste.usd is None:
+        return "unknown"
+    value = strip_tags(usd(waste.usd)).strip()
+    return f"at least {value}" if waste.lower_bound else value
+
+
 def definitions(job: Job) -> dict[str, str]:
     """What each KPI means for this job: the MFU/HFU variant, throughput source, price and tier, waste
-    reference (from Job.summary, written by ingestion), with a generic fallback before the first poll."""
-    details = job.summary or {}
+    reference (from the stored evaluation), with a generic fallback before the first evaluation."""
+    details = evaluation_details(job)
     variants = details.get("variants") or {}
     return {
         "mfu": variants.get("mfu") or "model FLOPs per token × tokens/s ÷ (GPUs × dense peak FLOP/s)",
@@ -229,7 +246,8 @@ def definitions(job: Job) -> dict[str, str]:
         "cost": details.get("price_note")
         or variants.get("cost")
         or "no price for this GPU model and tier in the price book",
-        "waste": variants.get("waste") or "cost/day × max(0, 1 − MFU ÷ reference MFU)",
+        "waste": (variants.get("waste") or "cost/day × max(idle share, 1 − MFU ÷ reference MFU)")
+        + (f"; total unknown: {job.waste_unknown_reason}" if job.waste_per_day_usd is None else ""),
         "energy": variants.get("energy") or "from DCGM energy counters or board power",
     }
 
@@ -259,7 +277,7 @@ def _readiness(job: Job) -> dict[str, Any]:
     if job.last_polled_at is None:
         return {"polled": False, "missing": [], "present": []}
     missing_keys = set(job.missing_signals or [])
-    reasons = (job.summary or {}).get("missing_reasons") or {}
+    reasons = job.missing_reasons or {}
     lines = readiness(k for k in SIGNALS if k not in missing_keys)
     return {
         "polled": True,
@@ -294,7 +312,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     mfu_row = next((r for r in comparison.rows if r.metric.key == "mfu"), None) if comparison else None
     context = {
         "job": job,
-        "details": job.summary or {},
+        "details": evaluation_details(job),
         "defs": definitions(job),
         "kpis": kpis(job),
         "verdict": utilisation_verdict(job),
@@ -308,7 +326,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
                 "share of cycles the tensor cores were busy (DCGM PIPE_TENSOR_ACTIVE)",
             ),
         ],
-        "target_mfu": settings.TARGET_MFU,
+        "target_mfu": reference_mfu(job),
         "findings": finding_views(findings, _job_span_s(job)),
         "artifacts": artifacts,
         "kinds": Artifact.Kind.choices,

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied
@@ -23,18 +24,28 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from jobs import baselines as baseline_ops
-from jobs.api.auth import can_write_team, writable_team_ids
 from jobs.charts import sparkline_points
 from jobs.health import run_checks
-from jobs.leaderboard import Period, iso_week, month, parse_iso_week, worst_jobs
+from jobs.kpis import CONVENTION_LABELS
+from jobs.leaderboard import (
+    Period,
+    iso_week,
+    last_weeks,
+    mfu_trend,
+    month,
+    parse_iso_week,
+    period_rows,
+    worst_jobs,
+)
 from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, Team
+from jobs.permissions import can_write_team, writable_team_ids
 from jobs.signals import SIGNALS, readiness
-from jobs.views.trend import last_weeks, mfu_trend, period_rows
 
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
 _LIST_FIELDS = (
     "external_id", "name", "owner", "model_name", "gpu_count", "gpu_model_name", "status", "started_at",
-    "mfu", "sm_active_mean", "waste_per_day_usd", "team__name", "team__slug", "gpu_model__name",
+    "mfu", "sm_active_mean", "waste_per_day_usd", "waste_lower_bound_per_day_usd", "waste_unknown_reason",
+    "team__name", "team__slug", "gpu_model__name",
 )  # fmt: skip
 _SORTS = {
     "mfu": "mfu",
@@ -162,8 +173,10 @@ class LeaderRow:
 
     @property
     def waste_delta(self) -> float | None:
-        """Change of waste in USD."""
-        return None if self.before is None else self.row.waste_usd - self.before.waste_usd
+        """Change of waste in USD; None when either period's waste is only a lower bound."""
+        if self.before is None or self.row.waste_usd is None or self.before.waste_usd is None:
+            return None
+        return self.row.waste_usd - self.before.waste_usd
 
     @property
     def cost_delta(self) -> float | None:
@@ -195,7 +208,7 @@ class LeaderRow:
 
 _LEADER_SORTS: dict[str, Any] = {
     "mfu": lambda r: -(r.row.weighted_mfu if r.row.weighted_mfu is not None else -1),
-    "waste": lambda r: -r.row.waste_usd,
+    "waste": lambda r: -r.row.waste_lower_bound_usd,
     "cost": lambda r: -r.row.cost_usd,
     "gpu_hours": lambda r: -r.row.gpu_hours,
     "team": lambda r: r.row.team_name.lower(),
@@ -234,6 +247,8 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "weeks": weeks,
         "worst": worst,
         "errors": errors,
+        "mfu_convention": CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION],
+        "fallbacks": sum(r.jobs_mfu_fallback for r in current.values()),
     }
     return render(request, "jobs/leaderboard.html", context)
 
@@ -242,7 +257,7 @@ def _attach_main_finding(jobs: list[Job]) -> None:
     """Set `main_finding` (most $/day) on each job, in one query."""
     by_job: dict[int, Finding] = {}
     for f in Finding.objects.filter(job__in=[j.pk for j in jobs]).order_by(
-        "job_id", "-waste_per_day_usd", "code"
+        "job_id", F("waste_per_day_usd").desc(nulls_last=True), "code"
     ):
         by_job.setdefault(f.job_id, f)
     for job in jobs:

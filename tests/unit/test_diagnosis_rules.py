@@ -497,12 +497,27 @@ def test_apportion_scales_overlapping_causes_and_gives_symptoms_the_rest():
     assert [f.waste_per_day_usd for f in over] == pytest.approx([150.0, 150.0])
 
 
-def test_no_waste_figure_means_no_dollars():
+def test_no_waste_figure_means_impact_unknown_not_zero_dollars():
     fs = [_finding("throttling", 0.3)]
     E.apportion(fs, 1000.0, None)
-    assert fs[0].waste_per_day_usd == 0.0 and fs[0].waste_share is None
+    assert fs[0].waste_per_day_usd is None and fs[0].waste_share is None
     E.apportion(fs, None, 100.0)
-    assert fs[0].waste_per_day_usd == 0.0
+    assert fs[0].waste_per_day_usd is None
+
+
+def test_idle_gpus_keeps_its_dollars_when_mfu_is_unknown():
+    # Idle GPU-hours × price need no MFU: with the job's waste unknown, idle_gpus carries the job's idle
+    # waste ($72/day here) and every other cause is "impact unknown".
+    fs = [_finding("idle_gpus", 0.3), _finding("throttling", 0.2)]
+    E.apportion(fs, 240.0, None, 72.0)
+    assert fs[0].waste_per_day_usd == 72.0
+    assert fs[1].waste_per_day_usd is None
+
+
+def test_a_job_at_its_reference_gives_known_zero_dollars():
+    fs = [_finding("throttling", 0.3)]
+    E.apportion(fs, 1000.0, 0.0)
+    assert fs[0].waste_per_day_usd == 0.0 and fs[0].waste_share == 0.0
 
 
 def test_a_symptom_explained_by_a_cause_becomes_context():

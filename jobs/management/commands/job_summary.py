@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs.costs import Amount
 from jobs.summary import job_summary, summary_queryset
 
 
@@ -39,8 +40,12 @@ class Command(BaseCommand):
             f"  {data['gpu_count']} x {data['gpu_model'] or 'unknown GPU model'}  {data['dtype']}"
         )
         self.stdout.write(f"  MFU {pct(m['mfu'])}  HFU {pct(m['hfu'])}  SM active {pct(m['sm_active_mean'])}")
-        self.stdout.write(f"  cost/day {usd(m['cost_per_day_usd'])}  waste/day {usd(m['waste_per_day_usd'])}")
+        waste = Amount.of(
+            m["waste_per_day_usd"], m["waste_lower_bound_per_day_usd"], m["waste_unknown_reason"] or ""
+        )
+        self.stdout.write(f"  cost/day {usd(m['cost_per_day_usd'])}  waste/day {waste.text()}")
         for f in data["findings"]:
-            self.stdout.write(
-                f"  [{f['severity']}] {f['code']}: {f['title']} ({usd(f['waste_per_day_usd'])}/day)"
+            impact = (
+                "impact unknown" if f["waste_per_day_usd"] is None else f"{usd(f['waste_per_day_usd'])}/day"
             )
+            self.stdout.write(f"  [{f['severity']}] {f['code']}: {f['title']} ({impact})")

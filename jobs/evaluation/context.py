@@ -1,0 +1,38 @@
+"""What `evaluate` reads about one job, as plain values (pure: no Django, no Prometheus client)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+
+from jobs.kpis import ModelShape
+from jobs.signals import JobSignals
+
+
+@dataclass(frozen=True)
+class EvaluationContext:
+    """Everything one evaluation needs; built by jobs.evaluation.load.load_context from the database."""
+
+    start: datetime
+    end: datetime
+    gpu_count: int
+    shape: ModelShape
+    dtype: str
+    gpu_known: bool
+    gpu_name: str
+    peak_flops_per_gpu: float | None
+    peak_clock_mhz: float | None
+    signals: JobSignals | None
+    timestamps: np.ndarray
+    step_s: float
+    tokens_per_second: np.ndarray | None
+    throughput_source: str
+    prices: tuple[tuple[datetime, float], ...]
+    price_label: str
+    reference_mfu: float
+    reference_source: str
+    flops_convention: str
+    energy_j: float | None
+    usd_per_kwh: float

@@ -1,0 +1,79 @@
+"""Re-evaluate stored jobs when an input other than their signals changes: a parsed profiler trace (step
+time gives throughput), a baseline promoted or retired (the reference MFU), a price book entry (cost and
+waste). Same three steps as ingestion (load_context -> evaluate -> store) on the archived signals, without
+Prometheus: a throughput PromQL expression is read from the series the last poll archived."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.db import transaction
+
+from jobs import archive
+from jobs.evaluation.evaluate import evaluate
+from jobs.evaluation.load import load_context
+from jobs.evaluation.store import COLUMNS, store
+from jobs.models import Baseline, GpuModel, Job, PriceEntry
+from jobs.signals import JobSignals
+
+log = logging.getLogger(__name__)
+
+
+def reevaluate(job_id: int) -> Job:
+    """Recompute and store one job's evaluation from its archive (idempotent); returns the saved job."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job_id)
+        sigs = archive.load_job_signals(job, per_gpu=("gpu_util",))
+        evaluated = evaluate(load_context(job, sigs, client=None))
+        store(job, evaluated.evaluation)
+        job.save(update_fields=[*COLUMNS, "updated_at"])
+        if sigs is not None and evaluated.derived:
+            empty = JobSignals(sigs.start, sigs.end, sigs.step, sigs.timestamps)
+            archive.upsert(archive.rows_for(job, empty, evaluated.derived))
+    return job
+
+
+def reevaluate_many(job_ids: Iterable[int]) -> int:
+    """Re-evaluate each job; one failing job is logged and does not stop the others."""
+    done = 0
+    for job_id in job_ids:
+        try:
+            reevaluate(job_id)
+            done += 1
+        except Job.DoesNotExist:
+            continue
+        except Exception:
+            log.exception("re-evaluation of job %s failed", job_id)
+    return done
+
+
+def jobs_of_baseline(baseline: Baseline) -> list[int]:
+    """Jobs whose reference MFU is this baseline's (same config fingerprint)."""
+    return list(Job.objects.filter(config_fingerprint=baseline.fingerprint).values_list("pk", flat=True))
+
+
+def jobs_of_gpu_model(gpu_model: GpuModel) -> list[int]:
+    """Jobs priced with this GPU model's price book."""
+    return list(Job.objects.filter(gpu_model=gpu_model).values_list("pk", flat=True))
+
+
+def _enqueue(job_ids: list[int]) -> None:
+    from jobs.tasks import reevaluate_jobs  # tasks import the ingestion, which imports this package
+
+    if job_ids:
+        reevaluate_jobs.delay(job_ids)
+
+
+def after_baseline_change(baseline: Baseline) -> None:
+    """Queue the re-evaluation of the baseline's jobs once the change is committed (reference MFU moved)."""
+    ids = jobs_of_baseline(baseline)
+    transaction.on_commit(lambda: _enqueue(ids))
+
+
+def after_price_change(sender: type, instance: PriceEntry, **_: object) -> None:
+    """post_save / post_delete receiver of PriceEntry: queue the re-evaluation of that GPU model's jobs."""
+    gpu_model_id = instance.gpu_model_id
+    transaction.on_commit(
+        lambda: _enqueue(list(Job.objects.filter(gpu_model_id=gpu_model_id).values_list("pk", flat=True)))
+    )

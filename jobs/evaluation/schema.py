@@ -1,0 +1,94 @@
+"""The stored evaluation of a job: a typed, versioned structure (msgspec), encoded into Job.evaluation.
+
+Pure: no Django. `decode` refuses another schema version or a malformed payload by returning None (the
+job then reads as "not evaluated yet" until the next evaluation rewrites it), never by guessing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+SCHEMA_VERSION = 1
+#: Names under which the evaluation's derived series are archived next to the DCGM signals.
+DERIVED_THROUGHPUT = "tokens_per_second"
+DERIVED_MFU = "mfu"
+
+
+class CrossCheckResult(msgspec.Struct, frozen=True, kw_only=True):
+    """MFU against the tensor-pipe upper estimate (fractions of the same dense peak)."""
+
+    tensor_upper_mfu: float
+    disagrees: bool
+    direction: str
+    explanation: str
+
+
+class WasteSplit(msgspec.Struct, frozen=True, kw_only=True):
+    """Waste per day by what each part needs (jobs.costs.split_waste); None = not computable."""
+
+    total_per_day_usd: float | None = None
+    lower_bound_per_day_usd: float | None = None
+    idle_per_day_usd: float | None = None
+    efficiency_per_day_usd: float | None = None
+    unknown_reason: str = ""
+
+
+class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
+    """Every number of one job and the definition behind it. None = cannot be computed (see `notes`)."""
+
+    schema_version: int = SCHEMA_VERSION
+    duration_s: float
+    gpu_hours: float
+    mfu: float | None = None
+    hfu: float | None = None
+    tokens_per_second: float | None = None
+    gpu_util_mean: float | None = None
+    sm_active_mean: float | None = None
+    tensor_active_mean: float | None = None
+    cost_usd: float | None = None
+    cost_per_day_usd: float | None = None
+    waste: WasteSplit = WasteSplit()
+    idle_share: float | None = None
+    idle_share_exact: bool = False
+    reference_mfu: float | None = None
+    reference_source: str = ""
+    flops_variant: str = ""
+    mfu_fallback: bool = False
+    energy_kwh: float | None = None
+    energy_cost_usd: float | None = None
+    peak_memory_mib: float | None = None
+    cross_check: CrossCheckResult | None = None
+    price_note: str = ""
+    variants: dict[str, str] = {}
+    notes: list[str] = []
+
+
+def encode(evaluation: Evaluation) -> dict[str, Any]:
+    """JSON-safe dict for the database (non-finite floats are refused by Postgres: they become None)."""
+    out = msgspec.to_builtins(evaluation)
+    return _finite(out)
+
+
+def decode(payload: Any) -> Evaluation | None:
+    """The stored evaluation, or None when there is none, it is of another schema version, or malformed."""
+    if not isinstance(payload, dict) or payload.get("schema_version") != SCHEMA_VERSION:
+        return None
+    try:
+        return msgspec.convert(payload, Evaluation)
+    except msgspec.ValidationError:
+        return None
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, str):
+        # Postgres refuses NUL in text, and a lone surrogate cannot be encoded: both come from user input.
+        return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    return value

@@ -1,0 +1,99 @@
+"""Re-evaluation when an input other than the signals changes: a baseline promoted (the reference MFU),
+a price book entry (cost and waste), with the stored evaluation and the columns written together."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs.baselines import promote
+from jobs.evaluation.refresh import reevaluate
+from jobs.models import PriceEntry, ProgressSample
+from jobs.registry import register_job
+from tests.conftest import job_body
+
+H100_BF16_PEAK = 989.5e12
+# job_body's model: N = 6.7e9, L = 32, H = 32, Q = 128, T = 4096 (PaLM convention, no fallback):
+# FLOPs/token = 6 × 6.7e9 + 12 × 32 × 32 × 128 × 4096 = 4.02e10 + 6,442,450,944 = 46,642,450,944.
+FLOPS_PER_TOKEN = 6 * 6.7e9 + 12 * 32 * 32 * 128 * 4096
+
+
+@pytest.fixture
+def job(db, make_team, catalog, settings):
+    from jobs.api.serializers import JobRegisterSerializer
+
+    settings.DEFAULT_PRICE_TIER = "spot"
+    make_team("llm")
+    start = timezone.now() - timedelta(hours=3)
+    end = start + timedelta(hours=2)
+
+    def make(external_id: str, mfu: float):
+        body = JobRegisterSerializer(
+            data=job_body(external_id, started_at=start.isoformat(), ended_at=end.isoformat(), price_tier="")
+        )
+        body.is_valid(raise_exception=True)
+        created = register_job(body.validated_data).job
+        # Tokens for the given MFU over the 2 h: tps = MFU × 8 × peak / FLOPs per token.
+        tps = mfu * 8 * H100_BF16_PEAK / FLOPS_PER_TOKEN
+        ProgressSample.objects.create(job=created, timestamp=start, tokens=0)
+        ProgressSample.objects.create(job=created, timestamp=end, tokens=round(tps * 7200))
+        created.status = created.Status.FINALIZED
+        created.save()
+        return reevaluate(created.pk)
+
+    PriceEntry.objects.filter(tier="spot").delete()
+    return make
+
+
+def _gpu(job):  # type: ignore[no-untyped-def]
+    return job.gpu_model
+
+
+@pytest.mark.django_db
+def test_reevaluate_stores_columns_and_the_typed_evaluation_together(job):
+    j = job("a", 0.30)
+    # No spot price in the book: cost and waste are unknown, with the reason; MFU is known.
+    assert j.mfu == pytest.approx(0.30, rel=1e-4)
+    assert not j.mfu_fallback
+    assert j.cost_per_day_usd is None and j.waste_per_day_usd is None
+    assert "price" in j.waste_unknown_reason
+    assert j.evaluated is not None and j.evaluated.mfu == j.mfu
+
+
+@pytest.mark.django_db
+def test_a_price_book_entry_reevaluates_that_gpu_models_jobs(
+    job, celery_eager, django_capture_on_commit_callbacks
+):
+    j = job("a", 0.30)
+    with django_capture_on_commit_callbacks(execute=True):
+        PriceEntry.objects.create(
+            gpu_model=_gpu(j),
+            tier="spot",
+            usd_per_gpu_hour=2,
+            effective_from=j.started_at - timedelta(days=1),
+        )
+    j.refresh_from_db()
+    # cost/day = 8 × $2 × 24 = $384; waste = 384 × (1 − 0.30 / 0.45) = $128 (BF16 organisation target).
+    assert j.cost_per_day_usd == pytest.approx(384.0)
+    assert j.waste_per_day_usd == pytest.approx(128.0, rel=1e-3)
+
+
+@pytest.mark.django_db
+def test_promoting_a_baseline_moves_the_reference_of_its_jobs(
+    job, celery_eager, django_capture_on_commit_callbacks
+):
+    PriceEntry.objects.create(
+        gpu_model=job("seed", 0.1).gpu_model, tier="spot", usd_per_gpu_hour=2,
+        effective_from=timezone.now() - timedelta(days=30),
+    )  # fmt: skip
+    slow = reevaluate(job("slow", 0.30).pk)
+    assert slow.waste_per_day_usd == pytest.approx(128.0, rel=1e-3)
+    fast = job("fast", 0.60)
+    with django_capture_on_commit_callbacks(execute=True):
+        promote(fast)
+    slow.refresh_from_db()
+    # Reference = the baseline's MFU median 0.60: waste = 384 × (1 − 0.30 / 0.60) = $192.
+    assert slow.evaluated is not None and slow.evaluated.reference_mfu == pytest.approx(0.60, rel=1e-4)
+    assert slow.waste_per_day_usd == pytest.approx(192.0, rel=1e-3)

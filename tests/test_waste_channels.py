@@ -1,0 +1,129 @@
+"""Unknown is never zero, in every channel: a team with one job whose waste is known and one whose MFU is
+unknown (only its idle waste is known) shows the same "at least" figure on the leaderboard page, the team
+page, the job list, the weekly email, the leaderboard API and /metrics. Expected values are derived by
+hand below from the definitions (job $/day ÷ 24 × hours inside the period)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from jobs import exporter
+from jobs.leaderboard import iso_week, team_rows
+from jobs.models import Finding, Job
+from jobs.reports import build_report, render_report
+
+# Job A: 8 GPUs, 24 h inside the week, MFU known, waste $160/day  -> $160 × 24/24 = $160 in the week.
+# Job B: 4 GPUs, 10 h inside the week, MFU unknown, idle waste (the lower bound) $48/day -> $48 × 10/24 = $20.
+# Team: waste unknown (one job lacks MFU), at least $160 + $20 = $180.
+# Cost: A $480/day × 24/24 = $480; B $240/day × 10/24 = $100; total $580 (both have prices).
+EXPECTED_LOWER_BOUND = 180.0
+EXPECTED_COST = 580.0
+REASON = "MFU unknown (no throughput: push progress)"
+
+
+@pytest.fixture
+def week():
+    return iso_week(timezone.now().date() - timedelta(days=14))
+
+
+@pytest.fixture
+def jobs(db, make_team, week):
+    team = make_team("llm", "LLM")
+    start = week.start + timedelta(days=1)
+    a = Job.objects.create(
+        team=team, external_id="A-1", name="known", started_at=start, ended_at=start + timedelta(hours=24),
+        gpu_count=8, mfu=0.3, cost_per_day_usd=480.0, waste_per_day_usd=160.0,
+        waste_lower_bound_per_day_usd=160.0, efficiency_waste_per_day_usd=160.0, idle_waste_per_day_usd=0.0,
+        status=Job.Status.FINALIZED,
+    )  # fmt: skip
+    b = Job.objects.create(
+        team=team, external_id="B-2", name="no-mfu", started_at=start, ended_at=start + timedelta(hours=10),
+        gpu_count=4, mfu=None, cost_per_day_usd=240.0, waste_per_day_usd=None,
+        waste_lower_bound_per_day_usd=48.0, idle_waste_per_day_usd=48.0, waste_unknown_reason=REASON,
+        status=Job.Status.FINALIZED,
+    )  # fmt: skip
+    Finding.objects.create(
+        job=b, code="launch_overhead", severity="warning", confidence=0.7, title="Tiny kernels",
+        recommendation="CUDA graphs", waste_per_day_usd=None,
+    )  # fmt: skip
+    Finding.objects.create(
+        job=b, code="idle_gpus", severity="warning", confidence=0.9, title="1 of 4 GPUs idle",
+        recommendation="Release it", waste_per_day_usd=48.0,
+    )  # fmt: skip
+    return team, a, b
+
+
+def test_team_row_is_a_stated_lower_bound_when_a_job_lacks_mfu(jobs, week):
+    team, _, _ = jobs
+    row = next(r for r in team_rows(week) if r.team_id == team.pk)
+    assert row.waste_usd is None
+    assert row.waste_lower_bound_usd == pytest.approx(EXPECTED_LOWER_BOUND)
+    assert row.cost_usd == pytest.approx(EXPECTED_COST)
+    assert row.jobs_waste_unknown == 1 and row.jobs_mfu_unknown == 1 and row.jobs_cost_unknown == 0
+    assert row.waste_unknown_reason == "waste unknown for 1 of 2 jobs: MFU unknown for 1"
+    assert row.waste.text() == "at least $180 (waste unknown for 1 of 2 jobs: MFU unknown for 1)"
+    # MFU weighted over the jobs that have one only: A alone.
+    assert row.weighted_mfu == pytest.approx(0.3)
+
+
+def test_leaderboard_and_team_pages_say_at_least_not_zero(jobs, week, client, make_user):
+    team, _, _ = jobs
+    client.force_login(make_user("lead", teams=[team]))
+    page = client.get(f"/leaderboard/?week={week.label}").content.decode()
+    assert "at least $180" in page
+    assert "$0.00" not in page
+    # The job list shows B's waste as a lower bound and its causes without a computed impact as unknown.
+    listing = client.get("/").content.decode()
+    assert "at least $48.00/day" in listing
+    detail = client.get("/jobs/B-2/").content.decode()
+    assert "impact unknown" in detail
+    assert "$48.00/day" in detail  # idle_gpus' dollars need no MFU
+
+
+def test_weekly_email_equals_the_leaderboard_and_never_says_zero(jobs, week):
+    team, _, _ = jobs
+    subject, text, html = render_report(build_report(team, week))
+    assert "at least $180 wasted of $580" in subject
+    for body in (text, html):
+        assert "at least $180" in body
+        assert "waste unknown for 1 of 2 jobs" in body
+        assert "No job wasted money" not in body
+
+
+def test_leaderboard_api_gives_null_with_lower_bound_and_reason(jobs, week, make_user, api_client_for):
+    team, _, _ = jobs
+    client = api_client_for(make_user("bot", teams=[team]))
+    body = client.get(f"/api/v1/leaderboard/?period=week&week={week.label}").json()
+    assert body["period"] == week.label
+    (row,) = body["teams"]
+    assert row["waste_usd"] is None
+    assert row["waste_lower_bound_usd"] == pytest.approx(EXPECTED_LOWER_BOUND)
+    assert row["jobs_waste_unknown"] == 1
+    assert row["waste_unknown_reason"].startswith("waste unknown for 1 of 2 jobs")
+    assert client.get("/api/v1/leaderboard/?period=week&week=2026-49").status_code == 400
+    assert client.get("/api/v1/leaderboard/?period=year").status_code == 400
+
+
+def test_job_summary_api_has_null_waste_and_its_lower_bound(jobs, make_user, api_client_for):
+    team, _, _ = jobs
+    client = api_client_for(make_user("bot", teams=[team]))
+    metrics = client.get("/api/v1/jobs/B-2/").json()["metrics"]
+    assert metrics["waste_per_day_usd"] is None
+    assert metrics["waste_lower_bound_per_day_usd"] == 48.0
+    assert metrics["waste_unknown_reason"] == REASON
+
+
+def test_metrics_export_omits_unknown_waste_and_exports_its_lower_bound(jobs, settings):
+    settings.METRICS_TOKEN = ""
+    Job.objects.update(ended_at=timezone.now())  # recent enough to be exported
+    text = exporter.render()
+    lines = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if not line.startswith("#")}
+    b = [k for k in lines if 'job="B-2"' in k]
+    assert not any(k.startswith("efficiency_job_waste_usd_per_day{") for k in b)
+    assert any(k.startswith("efficiency_job_waste_lower_bound_usd_per_day{") and lines[k] == "48" for k in b)
+    assert any(k.startswith("efficiency_job_waste_known{") and lines[k] == "0" for k in b)
+    a = [k for k in lines if 'job="A-1"' in k]
+    assert any(k.startswith("efficiency_job_waste_usd_per_day{") and lines[k] == "160" for k in a)
