@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -9,6 +10,9 @@ import numpy as np
 from jobs.evaluation.context import EvaluationContext
 from jobs.evaluation.schema import DERIVED_MFU, DERIVED_THROUGHPUT, CrossCheckResult, Evaluation, WasteSplit
 from jobs.kpis import compute_kpis
+
+#: Signals whose means the pages show, and so whose coverage the evaluation keeps.
+COVERAGE_SIGNALS = ("gpu_util", "sm_active", "tensor_active", "power_usage")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
     peak_mib = float(np.nanmax(fb)) if fb is not None and np.isfinite(fb).any() else None
     cc = k.cross_check
     waste = k.waste
+    coverage: dict[str, float] = {}
+    for key in COVERAGE_SIGNALS:
+        value = sigs.coverage(key) if sigs is not None else None
+        if value is not None and math.isfinite(value):
+            coverage[key] = value
     evaluation = Evaluation(
         duration_s=k.duration_s,
         gpu_hours=k.gpu_hours,
@@ -106,6 +115,7 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         )
         if cc is not None
         else None,
+        coverage=coverage,
         price_note=k.variants.get("cost", ""),
         variants=dict(k.variants),
         notes=notes,

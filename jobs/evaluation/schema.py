@@ -60,6 +60,8 @@ class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
     energy_cost_usd: float | None = None
     peak_memory_mib: float | None = None
     cross_check: CrossCheckResult | None = None
+    #: Share of the job's GPU-time with samples behind each mean (jobs.sampling), per signal key.
+    coverage: dict[str, float] = {}
     price_note: str = ""
     variants: dict[str, str] = {}
     notes: list[str] = []

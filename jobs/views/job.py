@@ -25,6 +25,7 @@ from jobs.evaluation.load import reference_mfu
 from jobs.evaluation.schema import encode
 from jobs.models import Artifact, Finding, Job
 from jobs.permissions import can_write_team
+from jobs.sampling import coverage_note
 from jobs.signals import SIGNALS, readiness
 from jobs.templatetags.units import num, pct, usd
 from jobs.views import artifacts as artifact_views
@@ -218,6 +219,13 @@ def kpis(job: Job) -> dict[str, str]:
     }
 
 
+def _with_coverage(job: Job, key: str, definition: str) -> str:
+    """The definition, plus "coverage 55 %" when the mean rests on less than 90 % of the job's GPU-time."""
+    evaluated = job.evaluated
+    note = coverage_note(evaluated.coverage.get(key)) if evaluated and key in evaluated.coverage else None
+    return f"{definition}; {note} of the job's GPU-time has samples" if note else definition
+
+
 def evaluation_details(job: Job) -> dict[str, Any]:
     """The stored evaluation decoded through its schema, as a dict for the template ({} before the first)."""
     evaluated = job.evaluated
@@ -317,14 +325,22 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "kpis": kpis(job),
         "verdict": utilisation_verdict(job),
         "trio": [
-            ("gpu_util", "nvidia-smi util", job.gpu_util_mean, "share of time any kernel was running"),
-            ("sm_active", "SM active", job.sm_active_mean, "share of cycles an SM had work (DCGM SM_ACTIVE)"),
-            (
-                "tensor_active",
-                "Tensor active",
-                job.tensor_active_mean,
-                "share of cycles the tensor cores were busy (DCGM PIPE_TENSOR_ACTIVE)",
-            ),
+            (key, label, value, _with_coverage(job, key, definition))
+            for key, label, value, definition in (
+                ("gpu_util", "nvidia-smi util", job.gpu_util_mean, "share of time any kernel was running"),
+                (
+                    "sm_active",
+                    "SM active",
+                    job.sm_active_mean,
+                    "share of cycles an SM had work (DCGM SM_ACTIVE)",
+                ),
+                (
+                    "tensor_active",
+                    "Tensor active",
+                    job.tensor_active_mean,
+                    "share of cycles the tensor cores were busy (DCGM PIPE_TENSOR_ACTIVE)",
+                ),
+            )
         ],
         "target_mfu": reference_mfu(job),
         "findings": finding_views(findings, _job_span_s(job)),

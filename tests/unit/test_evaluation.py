@@ -111,3 +111,23 @@ def test_encode_makes_what_postgres_refuses_storable() -> None:
     payload = encode(ev)
     assert payload["duration_s"] is None and payload["gpu_hours"] is None
     assert payload["notes"] == ["ab"]
+
+
+def test_coverage_of_each_mean_is_kept_and_noted_below_90_percent() -> None:
+    # 4 GPUs over 10 windows; in each window the samples cover 2.2 GPUs' worth (a pod missing 45 % of its
+    # scrapes): coverage = (10 × 2.2) / (4 GPUs × 10 windows) = 0.55, which the page notes as "coverage 55 %".
+    from jobs.sampling import coverage_note
+
+    ts = T0.timestamp() + np.arange(1, 11) * 60.0
+    util = SignalSeries(
+        "gpu_util",
+        "ratio",
+        ts,
+        {"mean": np.full(10, 0.27), "count": np.full(10, 4.0), "sampled": np.full(10, 2.2)},
+    )
+    sigs = JobSignals(ts[0], ts[-1], 60, ts)
+    sigs.signals = {"gpu_util": util}
+    ev = evaluate(_context(signals=sigs, timestamps=ts)).evaluation
+    assert ev.coverage["gpu_util"] == pytest.approx(0.55)
+    assert "sm_active" not in ev.coverage  # a missing signal has no coverage, not 0
+    assert coverage_note(ev.coverage["gpu_util"]) == "coverage 55 %"
