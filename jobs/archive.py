@@ -110,7 +110,7 @@ def load_job_signals(job: Job, *, per_gpu: bool | Iterable[str] = True) -> JobSi
     ts = grid(start, end, step)
     result = JobSignals(start, end, step, ts)
     agg: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
-    per_gpu: dict[str, dict[str, list[tuple[list[float], list[float | None]]]]] = defaultdict(
+    gpu_rows: dict[str, dict[str, list[tuple[list[float], list[float | None]]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     gpu_step_counts: dict[str, Counter[int]] = defaultdict(Counter)
@@ -130,14 +130,14 @@ def load_job_signals(job: Job, *, per_gpu: bool | Iterable[str] = True) -> JobSi
     gpu_last = end
     for signal, stat, gpu_key, row_step, times, values in rows:
         if stat == "gpu" and row_step == gpu_steps[signal]:
-            per_gpu[signal][gpu_key].append((times, values))
+            gpu_rows[signal][gpu_key].append((times, values))
             gpu_last = max(gpu_last, max(times))
     for signal, stats in agg.items():
         unit = (
             SIGNALS[signal].unit if signal in SIGNALS else ("tokens/s" if signal == THROUGHPUT else "ratio")
         )
         series = SignalSeries(signal, unit, ts, stats)
-        if signal in per_gpu:
+        if signal in gpu_rows:
             gstep = gpu_steps[signal]
             # The per-GPU grid lies on multiples of its step (as fetch_job_signals reads it) from the one
             # closing the window that holds the job's first aggregate point, through the point closing
@@ -145,10 +145,10 @@ def load_job_signals(job: Job, *, per_gpu: bool | Iterable[str] = True) -> JobSi
             # (older archives used start + k*step), maps one sample to one column (`grid_columns`).
             g0 = lattice_point(start, gstep)
             gts = grid(g0, lattice_point(gpu_last, gstep), gstep)
-            keys = sorted(per_gpu[signal], key=_gpu_sort_key)
+            keys = sorted(gpu_rows[signal], key=_gpu_sort_key)
             matrix = np.full((len(keys), len(gts)), np.nan)
             for i, key in enumerate(keys):
-                for times, values in per_gpu[signal][key]:
+                for times, values in gpu_rows[signal][key]:
                     placed = place_on_grid(times, _floats(values), g0, gstep, len(gts))
                     matrix[i] = np.where(np.isnan(placed), matrix[i], placed)
             series.gpus = tuple(GpuKey(*k.rsplit("/", 1)) for k in keys)

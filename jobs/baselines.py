@@ -68,7 +68,7 @@ METRIC_BY_KEY = {m.key: m for m in METRICS}
 def config_of(job: Job) -> dict[str, object]:
     """The canonical config the job's fingerprint hashes, kept on the baseline so its page can say what a
     match means."""
-    return canonical_config(job.model_name or "unnamed", **config_fields(job))
+    return canonical_config(job.model_name or "unnamed", config_fields(job))
 
 
 def stats_for(runs: list[Job]) -> dict[str, dict[str, Any]]:
@@ -173,7 +173,8 @@ class Comparison:
 def _summary(stats: dict[str, Any] | None) -> Summary | None:
     if not stats or stats.get("median") is None or not stats.get("n"):
         return None
-    return Summary(**{k: stats.get(k) for k in ("median", "mad", "iqr", "n", "min", "max")})
+    fields: dict[str, Any] = {k: stats.get(k) for k in ("median", "mad", "iqr", "n", "min", "max")}
+    return Summary(**fields)
 
 
 def compare_with(job: Job, baseline: Baseline) -> Comparison:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs import archive
@@ -231,12 +231,12 @@ def _finish(job: Job, now: datetime, note: str = "") -> Job:
     return job
 
 
-def running_jobs() -> Iterable[Job]:
+def running_jobs() -> QuerySet[Job]:
     """Jobs to poll: running, or ended but not yet finalized."""
     return Job.objects.filter(status=Job.Status.RUNNING).select_related("gpu_model")
 
 
-def ended_jobs(grace: timedelta = timedelta(minutes=2)) -> Iterable[Job]:
+def ended_jobs(grace: timedelta = timedelta(minutes=2)) -> QuerySet[Job]:
     """Ended jobs to finalize, once the last scrapes after their end have landed."""
     cutoff = timezone.now() - grace
     return (

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.db import connection
-from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q, Value
+from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, Extract, Greatest, Least
 from django.utils import timezone
 
@@ -165,7 +165,7 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
     if not periods:
         return []
     now = now or timezone.now()
-    params: dict[str, object] = {
+    params: dict[str, datetime] = {
         "now": now,
         "first": min(p.start for p in periods),
         "last": max(p.end for p in periods),
@@ -224,7 +224,7 @@ def mfu_trend(rows: list[dict[int, TeamRow]], team_id: int) -> list[float | None
     return [(r[team_id].weighted_mfu if team_id in r else None) for r in rows]
 
 
-def _overlap_jobs(period: Period, now: datetime | None = None):  # type: ignore[no-untyped-def]
+def _overlap_jobs(period: Period, now: datetime | None = None) -> QuerySet[Job]:
     now = now or timezone.now()
     end = Least(Coalesce(F("ended_at"), Value(now)), Value(period.end))
     start = Greatest(F("started_at"), Value(period.start))
@@ -256,7 +256,9 @@ def worst_jobs(
             output_field=FloatField(),
         )
     )
-    jobs = list(qs.filter(waste_in_period__gt=0).order_by("-waste_in_period", "external_id")[:limit])
+    jobs: list[Job] = list(
+        qs.filter(waste_in_period__gt=0).order_by("-waste_in_period", "external_id")[:limit]
+    )
     for job in jobs:
         bound = job.waste_per_day_usd is None
         job.waste_in_period_is_lower_bound = bound  # type: ignore[attr-defined]

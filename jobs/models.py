@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import datetime
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -302,7 +303,7 @@ class Job(models.Model):
             self.waste_per_day_usd, self.waste_lower_bound_per_day_usd, self.waste_unknown_reason
         )
 
-    def window_end(self) -> timezone.datetime:
+    def window_end(self) -> datetime:
         """End of the job's window: its end, or now while it runs."""
         return self.ended_at or timezone.now()
 

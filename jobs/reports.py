@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from email.utils import make_msgid
 from enum import StrEnum
+from typing import Any
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
@@ -229,8 +230,10 @@ def _main_findings(job_ids: list[int]) -> dict[int, Finding]:
 
 
 def _job_lines(jobs: list[Job]) -> tuple[JobLine, ...]:
+    # The jobs come from leaderboard.worst_jobs(), which sets gpu_h and waste_in_period (queryset
+    # annotations) and waste_in_period_is_lower_bound on each instance: attributes the model does not declare.
     findings = _main_findings([j.pk for j in jobs])
-    top = max((j.waste_in_period for j in jobs), default=0.0)
+    top = max((j.waste_in_period for j in jobs), default=0.0)  # type: ignore[attr-defined]
     lines = []
     for job in jobs:
         finding = findings.get(job.pk)
@@ -242,15 +245,15 @@ def _job_lines(jobs: list[Job]) -> tuple[JobLine, ...]:
                 model_name=job.model_name,
                 gpus=f"{job.gpu_count} × {gpu}",
                 mfu=job.mfu,
-                gpu_hours=job.gpu_h,
-                waste_usd=job.waste_in_period,
-                waste_is_lower_bound=job.waste_in_period_is_lower_bound,
-                waste_unknown_reason=job.waste_unknown_reason if job.waste_in_period_is_lower_bound else "",
+                gpu_hours=job.gpu_h,  # type: ignore[attr-defined]
+                waste_usd=job.waste_in_period,  # type: ignore[attr-defined]
+                waste_is_lower_bound=job.waste_in_period_is_lower_bound,  # type: ignore[attr-defined]
+                waste_unknown_reason=job.waste_unknown_reason if job.waste_in_period_is_lower_bound else "",  # type: ignore[attr-defined]
                 url=_absolute(reverse("job-detail", args=[job.external_id])),
                 finding_title=finding.title if finding else "",
                 finding_recommendation=finding.recommendation if finding else "",
                 finding_waste_per_day_usd=finding.waste_per_day_usd if finding else None,
-                bar_pct=round(100 * job.waste_in_period / top) if top > 0 else 0,
+                bar_pct=round(100 * job.waste_in_period / top) if top > 0 else 0,  # type: ignore[attr-defined]
             )
         )
     return tuple(lines)
@@ -479,7 +482,7 @@ def send_team_report(team: Team, period: Period, *, dry_run: bool = False) -> De
     """
     report = build_report(team, period)
     recipients = list(report.recipients)
-    base = {"team_slug": team.slug, "week": period.label, "recipients": report.recipients}
+    base: dict[str, Any] = {"team_slug": team.slug, "week": period.label, "recipients": report.recipients}
     if not report.has_activity:
         return DeliveryOutcome(status=Outcome.NO_ACTIVITY, **base)
     if not recipients:

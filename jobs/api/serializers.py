@@ -177,8 +177,10 @@ class ProgressSampleSerializer(serializers.ModelSerializer):
 class BaselineSerializer(serializers.ModelSerializer):
     """A baseline with its robust statistics."""
 
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    runs = serializers.SlugRelatedField(slug_field="external_id", many=True, read_only=True)
+    team: serializers.SlugRelatedField[Team] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    runs: serializers.SlugRelatedField[Job] = serializers.SlugRelatedField(
+        slug_field="external_id", many=True, read_only=True
+    )
     active = serializers.SerializerMethodField()
 
     class Meta:

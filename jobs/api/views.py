@@ -44,7 +44,9 @@ class ArtifactUploadSerializer(serializers.Serializer):
 class ArtifactSerializer(serializers.ModelSerializer):
     """An artifact with its parse status and, once done, its analysis."""
 
-    job = serializers.SlugRelatedField(slug_field="external_id", read_only=True)
+    job: serializers.SlugRelatedField[Job] = serializers.SlugRelatedField(
+        slug_field="external_id", read_only=True
+    )
 
     class Meta:
         model = Artifact

@@ -395,7 +395,7 @@ def cluster_readiness(request: HttpRequest) -> HttpResponse:
         for key in job.missing_signals or []:
             missing_by[key].append(job)
     lines = readiness(k for k in SIGNALS if k not in missing_by)
-    fields = [
+    fields: list[dict[str, Any]] = [
         {
             "line": line,
             "jobs": missing_by[line.key],
