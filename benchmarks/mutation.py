@@ -1,7 +1,8 @@
 """Mutation score of the pure math/evaluation modules (a benchmark, not a test: prints numbers, exits 0).
 
 mutmut (the ``mutation`` extra: ``pip install -e ".[mutation]"``) is configured in pyproject's
-``[tool.mutmut]``: it mutates jobs/costs.py, jobs/kpis.py, jobs/evaluation/evaluate.py and
+``[tool.mutmut]``: it mutates jobs/evaluation/costs.py, jobs/evaluation/kpis.py,
+jobs/evaluation/evaluate.py and
 jobs/evaluation/schema.py, and runs only the pure unit tests (no database) against each mutant.
 
     .venv/bin/python benchmarks/mutation.py           # fresh run: removes mutants/ first

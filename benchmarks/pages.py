@@ -6,7 +6,8 @@ Usage (from the repository root, services started with `.ci/services start`):
 
 Creates a private database (TEST_DATABASE_NAME, default `bench_pages`), fills it, measures, and drops it:
 
-* a finalized 256-GPU, 7-day job archived as `jobs.ingest.finalize_job` writes it (aggregate series at a
+* a finalized 256-GPU, 7-day job archived as `jobs.metrics.ingest.finalize_job` writes it (aggregate series
+at a
   300 s step, per-GPU rows at 1800 s, for every signal), with five findings;
 * the same job still running, archived as polling writes it (30 s aggregates, per-GPU rows at 300 s;
   only the charted signals, and per GPU only SM_ACTIVE and GPU_UTIL, to keep the fill time reasonable:
@@ -52,7 +53,7 @@ START = datetime(2026, 11, 2, tzinfo=UTC)  # a Monday, so the job fills one ISO 
 
 def _synthetic_signals(step: int, gpu_step: int, keys: list[str], gpu_keys: list[str]):
     """A 7-day JobSignals with realistic shapes: utilisation with a straggler and periodic stalls, spikes."""
-    from jobs.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
+    from jobs.metrics.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 
     start = START.timestamp()
     end = start + 7 * DAY
@@ -113,8 +114,8 @@ def _make_job(team, gpu, external_id: str, running: bool):
 
 
 def _fill_series(job, step: int, gpu_step: int, keys: list[str], gpu_keys: list[str]) -> int:
-    # jobs.archive.s own row builder, so the archive has exactly the production layout.
-    from jobs.archive import rows_for, upsert
+    # jobs.metrics.archive.s own row builder, so the archive has exactly the production layout.
+    from jobs.metrics.archive import rows_for, upsert
 
     sigs, derived = _synthetic_signals(step, gpu_step, keys, gpu_keys)
     rows = rows_for(job, sigs, derived)
@@ -195,8 +196,8 @@ def main() -> None:
         from django.contrib.auth import get_user_model
 
         from jobs.charts import CHART_SIGNALS
+        from jobs.metrics.signals import SIGNALS
         from jobs.models import GpuModel, Membership, Team
-        from jobs.signals import SIGNALS
 
         team = Team.objects.create(slug="llm", name="LLM")
         user = get_user_model().objects.create_user("bench", password="x")

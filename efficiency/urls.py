@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 
 from jobs.demo import live_exporter_view
-from jobs.exporter import metrics_view
+from jobs.outputs.exporter import metrics_view
 from jobs.views import healthz
 
 admin.site.site_header = "efficiency administration"

@@ -25,9 +25,9 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 
 from jobs.artifacts import parse_artifact, store_upload
-from jobs.baselines import promote
+from jobs.evaluation.baselines import promote
 from jobs.findings import run_diagnosis
-from jobs.ingest import ingest_once
+from jobs.metrics.ingest import ingest_once
 from jobs.models import Finding, Job, Membership, Team
 from jobs.registry import register_job
 from jobs.simulate import (

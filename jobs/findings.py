@@ -14,11 +14,11 @@ from typing import Any
 
 from django.db import transaction
 
-from jobs.archive import load_job_signals
-from jobs.baselines import active_baseline
 from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
 from jobs.diagnosis import Finding as Diagnosis
+from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.load import reference_mfu
+from jobs.metrics.archive import load_job_signals
 from jobs.models import Artifact, Finding, Job
 
 log = logging.getLogger(__name__)

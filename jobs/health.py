@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from jobs.prometheus import PrometheusClient
+from jobs.metrics.prometheus import PrometheusClient
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.costs import Amount
+from jobs.evaluation.costs import Amount
 from jobs.evaluation.schema import Evaluation, decode
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from django.db import transaction
 
-from jobs.catalog import match_gpu_name
+from jobs.evaluation.catalog import match_gpu_name
+from jobs.evaluation.robust import config_fingerprint
 from jobs.models import GpuModel, Job, ProgressSample
-from jobs.robust import config_fingerprint
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Seed the GPU catalog and the price book from jobs.catalog (reference/gpus.md).
+"""Seed the GPU catalog and the price book from jobs.evaluation.catalog (reference/gpus.md).
 
 Only adds what is missing, so running it again (a new release with more GPUs) never overwrites an
 admin's edits. Used by the data migration, the `sync_catalog` command and test fixtures.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.catalog import GPU_SPECS, PRICE_SEEDS
+from jobs.evaluation.catalog import GPU_SPECS, PRICE_SEEDS
 
 
 def seed_catalog(gpu_model_cls: Any, price_entry_cls: Any) -> tuple[int, int]:

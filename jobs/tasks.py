@@ -10,7 +10,7 @@ import logging
 
 from celery import Task, shared_task
 
-from jobs import ingest
+from jobs.metrics import ingest
 from jobs.models import Job
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def finalize_job(self: Task, job_id: int) -> None:
 @shared_task(acks_late=True, ignore_result=True)
 def discover_jobs() -> int:
     """Register jobs seen on exporter series under DISCOVERY_LABEL (no-op when it is unset)."""
-    from jobs.discovery import discover
+    from jobs.metrics.discovery import discover
 
     report = discover(ingest.prometheus_client())
     return len(report["created"])
@@ -69,9 +69,9 @@ def send_weekly_reports(self: Task, week: str | None = None) -> int:
     When a send fails (SMTP down), the task retries the same week every 10 minutes; teams already sent
     are skipped by their delivery rows, so only the failed ones go out.
     """
-    from jobs.leaderboard import parse_iso_week
-    from jobs.reports import Outcome, default_period
-    from jobs.reports import send_weekly_reports as send
+    from jobs.outputs.leaderboard import parse_iso_week
+    from jobs.outputs.reports import Outcome, default_period
+    from jobs.outputs.reports import send_weekly_reports as send
 
     period = parse_iso_week(week) if week else default_period()
     outcomes = send(period)

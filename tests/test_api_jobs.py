@@ -42,7 +42,7 @@ def test_register_with_a_label_selector_and_an_unknown_gpu_model(llm_client):
     assert data["gpu_model"] is None and data["gpu_model_known"] is False
     assert data["gpu_model_reported"] == "NVIDIA Quantum 9000"
     assert data["selector"] == selector
-    from jobs.ingest import job_selector
+    from jobs.metrics.ingest import job_selector
 
     query = job_selector(Job.objects.get(external_id="pod-7b")).select("DCGM_FI_DEV_GPU_UTIL")
     assert 'pod=~"pretrain-7b-.*"' in query and 'namespace="llm"' in query

@@ -10,7 +10,7 @@ import pytest
 
 from jobs import charts
 from jobs.downsample import bucket_mean, downsample_line, envelope, lttb, minmax_preselect
-from jobs.signals import GpuKey, JobSignals, SignalSeries, grid
+from jobs.metrics.signals import GpuKey, JobSignals, SignalSeries, grid
 
 DAY = 86400.0
 

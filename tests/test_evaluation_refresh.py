@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.baselines import promote
+from jobs.evaluation.baselines import promote
 from jobs.evaluation.refresh import reevaluate
 from jobs.models import PriceEntry, ProgressSample
 from jobs.registry import register_job
@@ -97,3 +97,24 @@ def test_promoting_a_baseline_moves_the_reference_of_its_jobs(
     # Reference = the baseline's MFU median 0.60: waste = 384 × (1 − 0.30 / 0.60) = $192.
     assert slow.evaluated is not None and slow.evaluated.reference_mfu == pytest.approx(0.60, rel=1e-4)
     assert slow.waste_per_day_usd == pytest.approx(192.0, rel=1e-3)
+
+
+@pytest.mark.django_db
+def test_reevaluate_command_brings_stored_jobs_to_the_current_definitions(job):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    from jobs.models import Job
+
+    j = job("a", 0.30)
+    Job.objects.filter(pk=j.pk).update(evaluation={}, mfu=None)  # as after an upgrade
+    out = StringIO()
+    call_command("reevaluate", "a", stdout=out)
+    assert "re-evaluated 1 of 1 jobs" in out.getvalue()
+    j.refresh_from_db()
+    assert j.mfu == pytest.approx(0.30, rel=1e-4) and j.evaluated is not None
+    with pytest.raises(CommandError, match="no such job: nope"):
+        call_command("reevaluate", "nope")
+    with pytest.raises(CommandError, match="--all"):
+        call_command("reevaluate")

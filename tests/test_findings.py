@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.management import call_command
 
-from jobs import ingest
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.testing import input_from_sim
 from jobs.findings import build_input, run_diagnosis
+from jobs.metrics import ingest
+from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Artifact, Baseline, Finding, Job
-from jobs.prometheus import PrometheusClient
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary

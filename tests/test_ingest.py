@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from jobs import ingest
-from jobs.archive import load_job_signals
+from jobs.metrics import ingest
+from jobs.metrics.archive import load_job_signals
+from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job, JobSeries
-from jobs.prometheus import PrometheusClient
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -200,11 +200,11 @@ def test_per_gpu_rows_archived_half_a_step_off_reload_one_sample_per_column(sims
     columns, the odd ones empty). Idle share: 120 idle samples of 240 observed = 50.0 %, not the 99.2 %
     (121 bridged columns / 122 observed) the collided grid gave.
     """
-    from jobs import archive
     from jobs.diagnosis import DiagnosisInput
     from jobs.diagnosis.features import Features
     from jobs.diagnosis.rules import idle_gpus
-    from jobs.signals import COUNT, MEAN, GpuKey, JobSignals, SignalSeries, grid
+    from jobs.metrics import archive
+    from jobs.metrics.signals import COUNT, MEAN, GpuKey, JobSignals, SignalSeries, grid
 
     job = _register(sims["1001"], make_team("llm"), ended=True)
     t0 = DEFAULT_START

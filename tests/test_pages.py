@@ -12,7 +12,7 @@ from html import unescape
 import pytest
 from django.urls import reverse
 
-from jobs import baselines
+from jobs.evaluation import baselines
 from jobs.models import Baseline, Finding, Job
 from tests.browser import data
 
@@ -449,7 +449,7 @@ def test_team_catalog_and_readiness_pages(client, member, team, running_no_sm, f
 def test_one_pass_period_numbers_equal_the_leaderboard_module(many_jobs, running_no_sm):
     from datetime import date
 
-    from jobs.leaderboard import iso_week, last_weeks, month, period_rows, team_rows
+    from jobs.outputs.leaderboard import iso_week, last_weeks, month, period_rows, team_rows
 
     now = data.START + timedelta(hours=2)
     periods = [*last_weeks(iso_week(now.date())), month(date(2025, 12, 1)), month(now.date())]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import requests
 
-from jobs.prometheus import (
+from jobs.metrics.prometheus import (
     MAX_POINTS_PER_SERIES,
     PrometheusClient,
     PrometheusQueryError,
@@ -29,7 +29,13 @@ from jobs.prometheus import (
     plan_chunks,
     to_unix,
 )
-from jobs.signals import DEFAULT_DISABLED, SIGNALS, aggregate_query, fetch_job_signals, window_total_query
+from jobs.metrics.signals import (
+    DEFAULT_DISABLED,
+    SIGNALS,
+    aggregate_query,
+    fetch_job_signals,
+    window_total_query,
+)
 from jobs.simulate import SimResult, SimSpec, backfill, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, free_port, prometheus_binary
 

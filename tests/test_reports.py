@@ -19,10 +19,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from jobs import reports
-from jobs.leaderboard import Period, iso_week, team_rows
 from jobs.models import Finding, Job, Membership, ReportDelivery, Team
-from jobs.reports import Outcome, build_report, render_report, send_team_report, send_weekly_reports
+from jobs.outputs import reports
+from jobs.outputs.leaderboard import Period, iso_week, team_rows
+from jobs.outputs.reports import Outcome, build_report, render_report, send_team_report, send_weekly_reports
 from jobs.templatetags import units
 
 LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
@@ -524,7 +524,8 @@ def test_preview_hides_addresses_from_outsiders_and_404s_a_bad_week(client, week
 def test_the_weekly_task_retries_the_same_week_after_an_smtp_failure(settings, monkeypatch):
     from celery.exceptions import Retry
 
-    from jobs import reports, tasks
+    from jobs import tasks
+    from jobs.outputs import reports
 
     failed = reports.DeliveryOutcome(team_slug="llm", week="2026-W47", status=reports.Outcome.FAILED)
     seen = []

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.prometheus import PrometheusClient, Selector
-from jobs.sampling import GAP_FACTOR, coverage_note, time_weighted_mean
-from jobs.signals import COUNT, MAX, MEAN, SAMPLED, SIGNALS, fetch_job_signals, grid
+from jobs.metrics.prometheus import PrometheusClient, Selector
+from jobs.metrics.sampling import GAP_FACTOR, coverage_note, time_weighted_mean
+from jobs.metrics.signals import COUNT, MAX, MEAN, SAMPLED, SIGNALS, fetch_job_signals, grid
 from jobs.simulate import DEFAULT_START, backfill
 from tests.prom_server import PrometheusProcess, prometheus_binary
 

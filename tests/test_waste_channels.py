@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs import exporter
-from jobs.leaderboard import iso_week, team_rows
 from jobs.models import Finding, Job
-from jobs.reports import build_report, render_report
+from jobs.outputs import exporter
+from jobs.outputs.leaderboard import iso_week, team_rows
+from jobs.outputs.reports import build_report, render_report
 
 # Job A: 8 GPUs, 24 h inside the week, MFU known, waste $160/day  -> $160 × 24/24 = $160 in the week.
 # Job B: 4 GPUs, 10 h inside the week, MFU unknown, idle waste (the lower bound) $48/day -> $48 × 10/24 = $20.

@@ -1,4 +1,5 @@
-"""GET /api/v1/leaderboard/: the leaderboard page's numbers as JSON (same aggregation, jobs.leaderboard)."""
+"""GET /api/v1/leaderboard/: the leaderboard page's numbers as JSON (same aggregation,
+jobs.outputs.leaderboard)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.kpis import CONVENTION_LABELS
-from jobs.leaderboard import Period, TeamRow, iso_week, month, parse_iso_week, team_rows
+from jobs.evaluation.kpis import CONVENTION_LABELS
+from jobs.outputs.leaderboard import Period, TeamRow, iso_week, month, parse_iso_week, team_rows
 
 _ROW_FIELDS: dict[str, serializers.Field] = {
     "team": serializers.CharField(),

@@ -22,11 +22,11 @@ from jobs.api.serializers import (
     ProgressSerializer,
 )
 from jobs.artifacts import UploadError, requeue, store_upload
-from jobs.baselines import BaselineError, promote, retire
+from jobs.evaluation.baselines import BaselineError, promote, retire
 from jobs.models import Artifact, Baseline, Job
+from jobs.outputs.summary import job_summary, summary_queryset
 from jobs.permissions import can_write_team
 from jobs.registry import RegistryError, record_progress, register_job, update_job
-from jobs.summary import job_summary, summary_queryset
 
 _SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from jobs.charts.common import BLACK, BLUE, FONT, GREEN, GREY, PURPLE, VERMILLION, escape
 from jobs.downsample import bucket_mean, downsample_line
-from jobs.signals import JobSignals, SignalSeries
+from jobs.metrics.signals import JobSignals, SignalSeries
 
 DEFAULT_POINTS = 1000  # per trace: about one point per horizontal pixel of a laptop-wide chart
 MAX_POINTS = 2400

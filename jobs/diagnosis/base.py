@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from jobs.diagnosis import thresholds as T
-from jobs.signals import JobSignals
+from jobs.metrics.signals import JobSignals
 
 CODES: tuple[str, ...] = (
     "false_saturation",

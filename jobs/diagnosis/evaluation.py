@@ -22,7 +22,7 @@ import numpy as np
 
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import Finding
-from jobs.signals import DEFAULT_DISABLED
+from jobs.metrics.signals import DEFAULT_DISABLED
 from jobs.simulate import SCENARIOS, SimResult, SimSpec, simulate
 
 BASELINE_SCENARIO = "baseline_regression"

@@ -15,7 +15,7 @@ import numpy as np
 from jobs.diagnosis import detectors as D
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput
-from jobs.signals import SIGNALS, JobSignals
+from jobs.metrics.signals import SIGNALS, JobSignals
 
 PROFILING_KEYS: tuple[str, ...] = tuple(k for k, s in SIGNALS.items() if s.field.startswith("DCGM_FI_PROF_"))
 

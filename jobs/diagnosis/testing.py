@@ -1,6 +1,6 @@
 """Turn simulator output into what ingestion would give the diagnosis, without Prometheus (pure numpy).
 
-`signals_from_sim` reproduces what `jobs.signals.fetch_job_signals` returns when the simulated job was
+`signals_from_sim` reproduces what `jobs.metrics.signals.fetch_job_signals` returns when the simulated job was
 backfilled into Prometheus and read back: raw exporter values scaled to the registry's units, counters
 turned into rate(x[5m]), Prometheus's 5-minute lookback (a lost scrape reads as the previous value, longer
 holes as no data), cross-GPU mean/min/max/count, throttle-reason shares, XID max/non-zero count and the
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
-from jobs.signals import (
+from jobs.metrics.signals import (
     COUNT,
     MAX,
     MEAN,
@@ -35,7 +35,8 @@ from jobs.simulate import SimResult
 LOOKBACK_S = 300.0  # Prometheus's default lookback delta
 RATE_WINDOW_S = 300.0
 DEFAULT_PRICE_USD_PER_GPU_HOUR = 6.88
-# Max boost clocks and memory (MiB) as the product's GPU catalog has them (jobs/catalog.py), keyed by
+# Max boost clocks and memory (MiB) as the product's GPU catalog has them (jobs/evaluation/catalog.py),
+# keyed by
 # exporter name.
 CATALOG = {
     "NVIDIA H100 80GB HBM3": {"max_clock_mhz": 1980.0, "memory_mib": 81559.0, "tdp_w": 700.0},

@@ -7,8 +7,8 @@ from datetime import datetime
 
 import numpy as np
 
-from jobs.kpis import ModelShape
-from jobs.signals import JobSignals
+from jobs.evaluation.kpis import ModelShape
+from jobs.metrics.signals import JobSignals
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jobs.evaluation.context import EvaluationContext
+from jobs.evaluation.kpis import compute_kpis
 from jobs.evaluation.schema import DERIVED_MFU, DERIVED_THROUGHPUT, CrossCheckResult, Evaluation, WasteSplit
-from jobs.kpis import compute_kpis
 
 #: Signals whose means the pages show, and so whose coverage the evaluation keeps.
 COVERAGE_SIGNALS = ("gpu_util", "sm_active", "tensor_active", "power_usage")

@@ -9,13 +9,13 @@ import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.baselines import active_baseline
+from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.context import EvaluationContext
+from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
 from jobs.evaluation.schema import DERIVED_THROUGHPUT
-from jobs.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError
+from jobs.metrics.signals import JobSignals, grid
 from jobs.models import Job, PriceEntry
-from jobs.prometheus import PrometheusClient, PrometheusError
-from jobs.signals import JobSignals, grid
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from collections.abc import Iterable
 
 from django.db import transaction
 
-from jobs import archive
 from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
 from jobs.evaluation.store import COLUMNS, store
+from jobs.metrics import archive
+from jobs.metrics.signals import JobSignals
 from jobs.models import Baseline, GpuModel, Job, PriceEntry
-from jobs.signals import JobSignals
 
 log = logging.getLogger(__name__)
 

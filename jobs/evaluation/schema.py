@@ -26,7 +26,7 @@ class CrossCheckResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WasteSplit(msgspec.Struct, frozen=True, kw_only=True):
-    """Waste per day by what each part needs (jobs.costs.split_waste); None = not computable."""
+    """Waste per day by what each part needs (jobs.evaluation.costs.split_waste); None = not computable."""
 
     total_per_day_usd: float | None = None
     lower_bound_per_day_usd: float | None = None
@@ -60,7 +60,7 @@ class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
     energy_cost_usd: float | None = None
     peak_memory_mib: float | None = None
     cross_check: CrossCheckResult | None = None
-    #: Share of the job's GPU-time with samples behind each mean (jobs.sampling), per signal key.
+    #: Share of the job's GPU-time with samples behind each mean (jobs.metrics.sampling), per signal key.
     coverage: dict[str, float] = {}
     price_note: str = ""
     variants: dict[str, str] = {}

@@ -20,7 +20,7 @@ from django.db import migrations, models
 
 MIB = 2**20
 
-# name -> (peak clock MHz, max boost MHz, memory MiB) from jobs/catalog.py of this release (sources there).
+# name -> (peak clock MHz, max boost MHz, memory MiB) from jobs/evaluation/catalog.py of this release (sources there).
 CORRECTED: dict[str, tuple[int | None, int | None, int | None]] = {
     "H100 SXM": (1830, 1980, 81559),
     "A100 SXM 40GB": (1410, 1410, 40960),

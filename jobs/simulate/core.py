@@ -18,12 +18,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from jobs.signals import SIGNALS, signal_for_metric
+from jobs.metrics.signals import SIGNALS, signal_for_metric
 from jobs.simulate.gpus import GpuModel, gpu_model, gpu_uuid, pci_bus_id
 from jobs.simulate.scenarios import SCENARIOS, Ctx, Profile
 
 # Field 449's unit: dcgm.md measures it as MB/s, decimal (KempnerInstitute/kempnerpulse #10, #11). Written
-# out here rather than taken from jobs.signals so that the registry's read-back is checked, not mirrored.
+# out here rather than taken from jobs.metrics.signals so that the registry's read-back is checked, not
+# mirrored.
 NVLINK_TOTAL_BYTES_PER_UNIT = 1e6
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so simulated data is reproducible
 EXTRA_KEYS = ("fb_reserved", "enc_util", "dec_util", "pcie_replay_counter")
@@ -69,7 +70,7 @@ class SimGpu:
 
     @property
     def key(self) -> str:
-        """`host/index`, as jobs.signals.GpuKey prints it."""
+        """`host/index`, as jobs.metrics.signals.GpuKey prints it."""
         return f"{self.hostname}/{self.index}"
 
 
@@ -105,7 +106,7 @@ class SimResult:
         return _EXTRA_METRICS[key]
 
     def gpu_refs(self) -> list[dict[str, Any]]:
-        """[{hostname, gpu}] for jobs.promql.Selector.from_gpus."""
+        """[{hostname, gpu}] for jobs.metrics.promql.Selector.from_gpus."""
         return [{"hostname": g.hostname, "gpu": g.index} for g in self.gpus]
 
 

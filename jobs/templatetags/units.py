@@ -6,7 +6,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from jobs.costs import Amount
+from jobs.evaluation.costs import Amount
 
 register = template.Library()
 
@@ -48,7 +48,8 @@ def signed_usd(value: float | None) -> str:
 
 @register.filter
 def amount(value: Amount | None, unit: str = "") -> str:
-    """A jobs.costs.Amount: '$1,234', 'at least $12.50' (reason on hover and for screen readers), or
+    """A jobs.evaluation.costs.Amount: '$1,234', 'at least $12.50' (reason on hover and for screen
+    readers), or
     'unknown' with its reason; `unit` is appended to the number ('/day')."""
     if value is None:
         return _MISSING

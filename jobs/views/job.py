@@ -19,14 +19,15 @@ from django.utils.html import format_html, strip_tags
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
-from jobs import baselines, charts
+from jobs import charts
 from jobs.artifacts import UploadError, requeue, store_upload
+from jobs.evaluation import baselines
 from jobs.evaluation.load import reference_mfu
 from jobs.evaluation.schema import encode
+from jobs.metrics.sampling import coverage_note
+from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job
 from jobs.permissions import can_write_team
-from jobs.sampling import coverage_note
-from jobs.signals import SIGNALS, readiness
 from jobs.templatetags.units import num, pct, usd
 from jobs.views import artifacts as artifact_views
 from jobs.views.series import heatmap_signal, load_means, load_per_gpu

@@ -23,11 +23,13 @@ from django.utils.dateparse import parse_date
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from jobs import baselines as baseline_ops
 from jobs.charts import sparkline_points
+from jobs.evaluation import baselines as baseline_ops
+from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.health import run_checks
-from jobs.kpis import CONVENTION_LABELS
-from jobs.leaderboard import (
+from jobs.metrics.signals import SIGNALS, readiness
+from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, Team
+from jobs.outputs.leaderboard import (
     Period,
     iso_week,
     last_weeks,
@@ -37,9 +39,7 @@ from jobs.leaderboard import (
     period_rows,
     worst_jobs,
 )
-from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, Team
 from jobs.permissions import can_write_team, writable_team_ids
-from jobs.signals import SIGNALS, readiness
 
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
 _LIST_FIELDS = (

@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
-from jobs.leaderboard import iso_week, parse_iso_week
 from jobs.models import ReportDelivery, Team
-from jobs.reports import build_report, render_report
+from jobs.outputs.leaderboard import iso_week, parse_iso_week
+from jobs.outputs.reports import build_report, render_report
 
 _HISTORY = 26  # half a year of weeks
 

@@ -1,9 +1,10 @@
 """Read just what a page draws from a job's archived series, fast.
 
-jobs.ingest.load_job_signals reads every archived row of a job (all signals, all stats, every GPU); for a
+jobs.metrics.ingest.load_job_signals reads every archived row of a job (all signals, all stats, every GPU);
+for a
 256-GPU week that is millions of numbers. Pages need the cross-GPU mean of the charted signals and the
 per-GPU rows of one signal, optionally only inside a zoom window; this module reads exactly that, in one
-query per kind, and returns the same jobs.signals types (NaN = missing sample).
+query per kind, and returns the same jobs.metrics.signals types (NaN = missing sample).
 
 Speed: Postgres turning float8[] into text and psycopg parsing it back costs more than everything else on
 the page (a running 7-day, 256-GPU job has ~0.5 M per-GPU samples). So the values travel in Postgres'
@@ -25,9 +26,9 @@ from typing import Any
 import numpy as np
 from django.db import connection
 
+from jobs.metrics.sampling import grid_columns, lattice_point
+from jobs.metrics.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 from jobs.models import Job, JobSeries
-from jobs.sampling import grid_columns, lattice_point
-from jobs.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 
 _UNITS = {"tokens_per_second": "tokens/s", "mfu": "ratio"}
 _FLOAT8_OID = 701
@@ -130,7 +131,8 @@ def _place_all(
     times = np.repeat(firsts, counts) + np.repeat(steps, counts) * position
     for i, times_of_chunk in _odd_positions(chunks, _odd_times(chunks)):
         times[begins[i] : begins[i] + counts[i]] = times_of_chunk[: counts[i]]
-    # The point closing each sample's window, as everywhere (`jobs.sampling.grid_columns`): rounding put
+    # The point closing each sample's window, as everywhere (`jobs.metrics.sampling.grid_columns`):
+    # rounding put
     # two samples of a half-step-offset row into one column and left the next one empty.
     col = grid_columns(times, start, step)
     line = np.repeat(np.asarray(line_of, dtype=np.int64), counts)
@@ -174,7 +176,7 @@ def load_per_gpu(job: Job, signal: str, window: tuple[float, float] | None = Non
     step = Counter(c.step for c in chunks).most_common(1)[0][0]
     chunks = [c for c in chunks if c.step == step]
     # Multiples of the step on the Unix clock, through the point closing the last sample's window: the
-    # grid jobs.signals.fetch_job_signals reads per-GPU rows on, so every sample keeps its own column.
+    # grid jobs.metrics.signals.fetch_job_signals reads per-GPU rows on, so every sample keeps its own column.
     start = lattice_point(min(c.first for c in chunks), step)
     end = lattice_point(max(c.first + (c.count - 1) * step for c in chunks), step)
     gts = grid(start, end, step)

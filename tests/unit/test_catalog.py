@@ -1,4 +1,4 @@
-"""GPU catalog, device-name matching, dtypes and seed prices (jobs/catalog.py)."""
+"""GPU catalog, device-name matching, dtypes and seed prices (jobs/evaluation/catalog.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import date
 
 import pytest
 
-from jobs import catalog
+from jobs.evaluation import catalog
 
 # Every device row of reference/gpus.md, with the names it is reported under.
 DEVICE_NAMES = [

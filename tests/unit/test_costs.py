@@ -1,4 +1,4 @@
-"""Cost, waste and energy (jobs/costs.py)."""
+"""Cost, waste and energy (jobs/evaluation/costs.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from jobs import costs
+from jobs.evaluation import costs
 
 T0 = datetime(2026, 3, 1, 0, 0, tzinfo=UTC)
 

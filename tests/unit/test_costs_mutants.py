@@ -1,4 +1,4 @@
-"""jobs.costs behaviours that the mutation benchmark (benchmarks/mutation.py) found untested.
+"""jobs.evaluation.costs behaviours that the mutation benchmark (benchmarks/mutation.py) found untested.
 
 Expected values are derived in the comments from the module's definitions: cost/day = GPUs × $/GPU-h × 24,
 waste = cost/day × max(idle share, 1 − MFU ÷ reference), energy by the trapezoid rule without bridging
@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobs.costs import (
+from jobs.evaluation.costs import (
     Amount,
     cost_per_day,
     energy_counter_increase_mj,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from jobs.diagnosis.testing import signals_from_sim
-from jobs.promql import Selector
-from jobs.signals import (
+from jobs.metrics.promql import Selector
+from jobs.metrics.signals import (
     MAX,
     MEAN,
     MIN,
@@ -206,7 +206,7 @@ def test_simulated_fields_carry_the_units_of_dcgm_md() -> None:
 
 @pytest.mark.prometheus
 def test_prometheus_returns_80_gb_per_s_per_gpu_for_a_simulated_8_gpu_job(tmp_path: Path) -> None:
-    from jobs.prometheus import PrometheusClient
+    from jobs.metrics.prometheus import PrometheusClient
     from jobs.simulate import backfill, write_openmetrics
     from tests.prom_server import PrometheusProcess, prometheus_binary
 

@@ -18,7 +18,7 @@ from jobs.diagnosis import engine as E
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import RULES
 from jobs.diagnosis.testing import blank_profiling, input_from_sim, signals_from_sim
-from jobs.signals import DEFAULT_DISABLED, SignalSeries
+from jobs.metrics.signals import DEFAULT_DISABLED, SignalSeries
 from jobs.simulate import SCENARIOS, SimSpec, simulate
 
 METRIC_CODES = [s.code for s in SCENARIOS.values() if s.code]

@@ -10,9 +10,9 @@ import pytest
 
 from jobs.evaluation.context import EvaluationContext
 from jobs.evaluation.evaluate import evaluate
+from jobs.evaluation.kpis import ModelShape
 from jobs.evaluation.schema import DERIVED_MFU, SCHEMA_VERSION, Evaluation, decode, encode
-from jobs.kpis import ModelShape
-from jobs.signals import JobSignals, SignalSeries
+from jobs.metrics.signals import JobSignals, SignalSeries
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -116,7 +116,7 @@ def test_encode_makes_what_postgres_refuses_storable() -> None:
 def test_coverage_of_each_mean_is_kept_and_noted_below_90_percent() -> None:
     # 4 GPUs over 10 windows; in each window the samples cover 2.2 GPUs' worth (a pod missing 45 % of its
     # scrapes): coverage = (10 × 2.2) / (4 GPUs × 10 windows) = 0.55, which the page notes as "coverage 55 %".
-    from jobs.sampling import coverage_note
+    from jobs.metrics.sampling import coverage_note
 
     ts = T0.timestamp() + np.arange(1, 11) * 60.0
     util = SignalSeries(

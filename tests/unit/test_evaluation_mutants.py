@@ -1,6 +1,6 @@
 """`evaluate(context)` and the stored schema: behaviours the mutation benchmark (benchmarks/mutation.py) found
 untested. Every field of the evaluation is checked on one full context; expected values are derived in the
-comments (definitions: reference/formulas.md, jobs.costs and jobs.kpis docstrings)."""
+comments (definitions: reference/formulas.md, jobs.evaluation.costs and jobs.evaluation.kpis docstrings)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from jobs.evaluation.context import EvaluationContext
 from jobs.evaluation.evaluate import evaluate
+from jobs.evaluation.kpis import ModelShape
 from jobs.evaluation.schema import DERIVED_THROUGHPUT, Evaluation, encode
-from jobs.kpis import ModelShape
-from jobs.signals import JobSignals, SignalSeries
+from jobs.metrics.signals import JobSignals, SignalSeries
 
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 TS = T0.timestamp() + np.arange(1, 61) * 60.0  # one hour on a 60 s grid

@@ -1,4 +1,4 @@
-"""FLOPs per token, MFU/HFU and the tensor-pipe cross-check (jobs/flops.py)."""
+"""FLOPs per token, MFU/HFU and the tensor-pipe cross-check (jobs/evaluation/flops.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from jobs import flops
+from jobs.evaluation import flops
 
 # PaLM 540B, Table 3 inputs (reference/formulas.md).
 PALM_N = 540.35e9

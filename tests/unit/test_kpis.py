@@ -1,4 +1,5 @@
-"""The production KPI path (jobs.kpis.compute_kpis) and the waste split (jobs.costs.split_waste), on
+"""The production KPI path (jobs.evaluation.kpis.compute_kpis) and the waste split
+(jobs.evaluation.costs.split_waste), on
 hand-worked cases: every expected value is derived in the comments from the definitions in
 shared/reference/formulas.md, not copied from the program's output."""
 
@@ -9,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from jobs import costs
-from jobs.kpis import (
+from jobs.evaluation import costs
+from jobs.evaluation.kpis import (
     IDLE_UTIL_MAX,
     ModelShape,
     compute_kpis,

@@ -1,4 +1,4 @@
-"""jobs.kpis behaviours that the mutation benchmark (benchmarks/mutation.py) found untested.
+"""jobs.evaluation.kpis behaviours that the mutation benchmark (benchmarks/mutation.py) found untested.
 
 Definitions (module docstrings, reference/formulas.md): MFU = FLOPs/token × tokens ÷ (GPUs × peak × covered
 seconds) with 6N FLOPs/token when the shape lacks layers/heads/head dim/sequence length; cost/day = GPUs ×
@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from jobs.kpis import (
+from jobs.evaluation.kpis import (
     ModelShape,
     compute_kpis,
     idle_share_lower_bound,

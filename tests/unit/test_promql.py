@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.promql import (
+from jobs.metrics.promql import (
     GpuRef,
     Matcher,
     Regex,

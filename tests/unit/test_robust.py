@@ -1,4 +1,4 @@
-"""Robust baseline statistics, the regression band and the config fingerprint (jobs/robust.py)."""
+"""Robust baseline statistics, the regression band and the config fingerprint (jobs/evaluation/robust.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from jobs import robust
+from jobs.evaluation import robust
 
 
 def test_median_odd_and_even() -> None:

@@ -16,9 +16,9 @@ import pytest
 from jobs.diagnosis import DiagnosisInput
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import idle_gpus
-from jobs.prometheus import Series
-from jobs.promql import Selector
-from jobs.sampling import (
+from jobs.metrics.prometheus import Series
+from jobs.metrics.promql import Selector
+from jobs.metrics.sampling import (
     COVERAGE_SHOW_BELOW,
     GAP_FACTOR,
     SampledMean,
@@ -31,7 +31,7 @@ from jobs.sampling import (
     step_window_s,
     time_weighted_mean,
 )
-from jobs.signals import (
+from jobs.metrics.signals import (
     COUNT,
     MAX,
     MEAN,

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jobs.prometheus import Series
-from jobs.promql import Selector
-from jobs.signals import (
+from jobs.metrics.prometheus import Series
+from jobs.metrics.promql import Selector
+from jobs.metrics.signals import (
     COUNT,
     DEFAULT_DISABLED,
     MAX,

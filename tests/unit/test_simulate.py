@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.signals import SIGNALS
+from jobs.metrics.signals import SIGNALS
 from jobs.simulate import (
     DEFAULT_START,
     SCENARIOS,

@@ -1,6 +1,7 @@
 """baseline_regression: MFU or tokens/s per GPU below the band of this model + config's healthy baseline.
 
-The band is jobs.robust's (median +- BAND_Z robust sigmas and at least BAND_MIN_PCT). A symptom: the
+The band is jobs.evaluation.robust's (median +- BAND_Z robust sigmas and at least BAND_MIN_PCT). A symptom:
+the
 engine keeps it as context when cause findings explain the drop. The window is where the job's MFU series
 sits below the band; a change point in that series says when it started.
 """
@@ -16,7 +17,7 @@ from jobs.diagnosis import detectors as D
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
-from jobs.robust import RegressionCheck, Summary, check_regression
+from jobs.evaluation.robust import RegressionCheck, Summary, check_regression
 
 CODE = "baseline_regression"
 RECOMMENDATION = (

@@ -6,12 +6,12 @@ leaves the tensor pipes idle; that has its own rule, so high DRAM activity keeps
 
 from __future__ import annotations
 
-from jobs.catalog import normalise_dtype
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import busy_share, pct, ratio_ev, saturated
+from jobs.evaluation.catalog import normalise_dtype
 
 CODE = "tensor_cores_idle"
 RECOMMENDATION = (

@@ -17,7 +17,7 @@ from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import busy_share, mean_over, pct
-from jobs.signals import THROTTLE_BITS
+from jobs.metrics.signals import THROTTLE_BITS
 
 CODE = "throttling"
 RECOMMENDATION = (

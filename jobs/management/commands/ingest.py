@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import ingest
+from jobs.metrics import ingest
 
 
 class Command(BaseCommand):

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.costs import Amount
-from jobs.summary import job_summary, summary_queryset
+from jobs.evaluation.costs import Amount
+from jobs.outputs.summary import job_summary, summary_queryset
 
 
 class Command(BaseCommand):

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.catalog import normalise_dtype
-from jobs.flops import hardware_flops_per_token, hfu, mfu, model_flops_per_token
+from jobs.evaluation.catalog import normalise_dtype
+from jobs.evaluation.flops import hardware_flops_per_token, hfu, mfu, model_flops_per_token
 from jobs.registry import resolve_gpu_model
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs.leaderboard import parse_iso_week
-from jobs.reports import DeliveryOutcome, Outcome, default_period, send_weekly_reports
+from jobs.outputs.leaderboard import parse_iso_week
+from jobs.outputs.reports import DeliveryOutcome, Outcome, default_period, send_weekly_reports
 
 
 class Command(BaseCommand):

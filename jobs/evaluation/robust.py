@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from jobs.catalog import match_gpu_name, normalise_dtype
+from jobs.evaluation.catalog import match_gpu_name, normalise_dtype
 
 # MAD x 1.4826 estimates the standard deviation of normally distributed data.
 MAD_SCALE = 1.4826

@@ -17,9 +17,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError
+from jobs.metrics.promql import label_matcher, validate_label_name
 from jobs.models import Job, Team
-from jobs.prometheus import PrometheusClient, PrometheusError
-from jobs.promql import label_matcher, validate_label_name
 from jobs.registry import fingerprint_for, resolve_gpu_model
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from jobs import costs
 from jobs.diagnosis.thresholds import IDLE_UTIL_MAX as IDLE_THRESHOLD
-from jobs.flops import (
+from jobs.evaluation import costs
+from jobs.evaluation.flops import (
     CrossCheck,
     FlopsEstimate,
     cross_check_mfu,

@@ -25,7 +25,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q,
 from django.db.models.functions import Coalesce, Extract, Greatest, Least
 from django.utils import timezone
 
-from jobs.costs import Amount
+from jobs.evaluation.costs import Amount
 from jobs.models import Job, Team
 
 

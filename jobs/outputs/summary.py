@@ -6,9 +6,9 @@ from typing import Any
 
 from django.conf import settings
 
-from jobs.baselines import compare
 from jobs.diagnosis.engine import usd_or_unknown
-from jobs.kpis import target_mfu
+from jobs.evaluation.baselines import compare
+from jobs.evaluation.kpis import target_mfu
 from jobs.models import Job
 
 

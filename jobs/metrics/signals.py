@@ -1,7 +1,7 @@
 """Registry of the DCGM fields the product reads, the PromQL that reads them, and the per-job result.
 
 Pure: no Django and no HTTP. `fetch_job_signals` takes any client with `range()` and `label_values()`
-(`jobs.prometheus.PrometheusClient`).
+(`jobs.metrics.prometheus.PrometheusClient`).
 
 Every signal is aggregated across the job's GPUs on the server (one query per signal returns mean, min,
 max and count series, told apart by a `stat` label), so the number of queries grows with the number of
@@ -24,14 +24,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jobs.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key
-from jobs.sampling import (
+from jobs.metrics.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key
+from jobs.metrics.sampling import (
     DEFAULT_SCRAPE_INTERVAL_S,
     coverage_from_stats,
     lattice_point,
     step_window_s,
 )
-from jobs.sampling import rate_window_s as _rate_window  # the parameter of fetch_job_signals has its name
+from jobs.metrics.sampling import (
+    rate_window_s as _rate_window,  # the parameter of fetch_job_signals has its name
+)
 
 MEAN, MIN, MAX, COUNT = "mean", "min", "max", "count"
 NONZERO = "nonzero"  # XID: number of GPUs with a non-zero code
@@ -280,10 +282,10 @@ def base_vector(
     """Per-GPU instant vector of `signal` in its normalised unit, one value per step of `step_s`.
 
     Evaluated at grid time t, a gauge reads `avg_over_time(x[step - 1ms])`: the mean of the samples in
-    (t - step, t] (see `jobs.sampling.step_window_s` for the millisecond), so a step coarser than the
+    (t - step, t] (see `jobs.metrics.sampling.step_window_s` for the millisecond), so a step coarser than the
     scrape interval averages every sample instead of keeping the last, and a step without any sample
     returns nothing (NaN on the grid) instead of the 5-minute lookback's stale value. Counters are turned
-    into rates over `rate_window_s` (callers pass `jobs.sampling.rate_window_s`).
+    into rates over `rate_window_s` (callers pass `jobs.metrics.sampling.rate_window_s`).
     """
     if signal.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER):
         expr = selector.select_range(signal.metrics, "rate", rate_window_s)
@@ -466,7 +468,8 @@ class SignalSeries:
     @property
     def coverage(self) -> float:
         """Share of the job's GPU-time (its GPUs x the grid's windows) with samples, 0-1; NaN when the
-        series has no cross-GPU stats (a per-GPU-only read). See `jobs.sampling.coverage_from_stats`."""
+        series has no cross-GPU stats (a per-GPU-only read). See
+        `jobs.metrics.sampling.coverage_from_stats`."""
         return coverage_from_stats(self.stats.get(SAMPLED), self.stats.get(COUNT))
 
 
@@ -568,9 +571,11 @@ def fetch_job_signals(
     Every grid point t stands for the window (t - step, t] of its grid (`base_vector`): the aggregate
     grid is start, start + step, ... as requested (ingestion passes a start aligned to the step); the
     per-GPU grid always lies on multiples of `per_gpu_step` on the Unix clock, from the first one at or
-    after `start`, which is where `jobs.archive` puts it back, so per-GPU rows never shift or collide on
+    after `start`, which is where `jobs.metrics.archive` puts it back, so per-GPU rows never shift or
+    collide on
     reload. `per_gpu_step` None skips the per-GPU matrices; `aggregates=False` reads only those (signals
-    then carry empty stats). Counters use `rate_window_s`, by default `jobs.sampling.rate_window_s`, and
+    then carry empty stats). Counters use `rate_window_s`, by default
+    `jobs.metrics.sampling.rate_window_s`, and
     never a window shorter than the grid's step. `scrape_interval_s` scales the SAMPLED coverage stat.
     """
     if not scrape_interval_s > 0:

@@ -1,5 +1,5 @@
 """The one outbound HTTP client for Prometheus (and anything serving its HTTP API: Thanos, Mimir,
-VictoriaMetrics), plus re-exports of the PromQL builder in `jobs.promql`.
+VictoriaMetrics), plus re-exports of the PromQL builder in `jobs.metrics.promql`.
 
 Pure Python + requests: no Django imports; configuration (URL, timeout, retries) is passed in by the
 caller, never read at import time. Results are typed: `Series` holds a label dict and float64 numpy
@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 import requests
 
-from jobs.promql import (
+from jobs.metrics.promql import (
     HOST_LABEL_SPELLINGS,
     HOST_LABELS,
     UUID_LABELS,
@@ -40,7 +40,7 @@ from jobs.promql import (
     validate_label_name,
     validate_metric_name,
 )
-from jobs.sampling import PROMETHEUS_RESOLUTION_S, place_on_grid
+from jobs.metrics.sampling import PROMETHEUS_RESOLUTION_S, place_on_grid
 
 __all__ = [
     "HOST_LABELS",
@@ -123,7 +123,8 @@ class Series:
     def on_grid(self, grid: np.ndarray) -> np.ndarray:
         """Values placed on a regular grid (as returned for start/step), NaN where no point exists.
 
-        A point at grid time g stands for (g - step, g] (`jobs.sampling`): a value on a grid point keeps
+        A point at grid time g stands for (g - step, g] (`jobs.metrics.sampling`): a value on a grid point
+        keeps
         it, an off-grid value goes to the point closing its window, and two values in one window are
         averaged, so no two samples one step apart ever collide. Values before the grid's first window
         or after its last point are dropped. A one-point grid keeps only values within its millisecond.

@@ -42,10 +42,10 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.costs import Amount
-from jobs.kpis import CONVENTION_LABELS
-from jobs.leaderboard import Period, TeamRow, iso_week, team_rows, worst_jobs
+from jobs.evaluation.costs import Amount
+from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.models import Finding, Job, Membership, PriceEntry, ReportDelivery, Team
+from jobs.outputs.leaderboard import Period, TeamRow, iso_week, team_rows, worst_jobs
 from jobs.templatetags import units
 
 logger = logging.getLogger(__name__)
@@ -267,7 +267,7 @@ def _price_tiers(team: Team, period: Period) -> tuple[str, ...]:
         .distinct()
     )
     labels = dict(PriceEntry.Tier.choices)
-    # A job without a tier is priced at the organisation default (see jobs.costs / settings).
+    # A job without a tier is priced at the organisation default (see jobs.evaluation.costs / settings).
     names = {labels.get(t or settings.DEFAULT_PRICE_TIER, t) for t in tiers}
     return tuple(sorted(names))
 

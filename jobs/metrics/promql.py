@@ -13,7 +13,7 @@ alternatives is counted once, and `old_name or new_name` keeps one metric name p
 over `label_replace` into a common label because that cannot filter afterwards without a join and would
 first select every series of the metric in the cluster.
 
-Pure Python, no Django, no I/O; `jobs.prometheus` re-exports these names.
+Pure Python, no Django, no I/O; `jobs.metrics.prometheus` re-exports these names.
 """
 
 from __future__ import annotations

@@ -22,16 +22,16 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from jobs import archive
-from jobs.discovery import discover
 from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
 from jobs.evaluation.store import store
 from jobs.findings import run_diagnosis
+from jobs.metrics import archive
+from jobs.metrics.discovery import discover
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError
+from jobs.metrics.promql import Selector
+from jobs.metrics.signals import SIGNALS, JobSignals, fetch_job_signals, window_total_query
 from jobs.models import Job, JobSeries
-from jobs.prometheus import PrometheusClient, PrometheusError
-from jobs.promql import Selector
-from jobs.signals import SIGNALS, JobSignals, fetch_job_signals, window_total_query
 
 log = logging.getLogger(__name__)
 

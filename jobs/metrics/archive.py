@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 import numpy as np
 from django.db.models import Q
 
+from jobs.metrics.sampling import lattice_point, place_on_grid
+from jobs.metrics.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 from jobs.models import Job, JobSeries
-from jobs.sampling import lattice_point, place_on_grid
-from jobs.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 
 CHUNK_POINTS = 240  # points per archived row: 2 h at the 30 s poll step
 THROUGHPUT = "tokens_per_second"

@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from jobs.kpis import CONVENTION_LABELS
+from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.models import Finding, Job
 
 RECENT = timedelta(days=7)

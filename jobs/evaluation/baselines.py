@@ -1,6 +1,7 @@
 """Baselines: promote healthy finished runs to a model + config baseline, retire it, compare a job with it.
 
-A baseline holds robust statistics (jobs.robust.summarize: median, scaled MAD, IQR, n, min, max) of a few
+A baseline holds robust statistics (jobs.evaluation.robust.summarize: median, scaled MAD, IQR, n, min, max)
+of a few
 per-run numbers over every run promoted to it. One active baseline per config fingerprint (a database
 constraint); promoting another run of the same fingerprint extends it. Retired baselines stay for history.
 """
@@ -14,9 +15,9 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from jobs.evaluation.robust import RegressionCheck, Summary, canonical_config, check_regression, summarize
 from jobs.models import Baseline, Job
 from jobs.registry import config_fields
-from jobs.robust import RegressionCheck, Summary, canonical_config, check_regression, summarize
 
 
 class BaselineError(ValueError):
@@ -179,7 +180,8 @@ def _summary(stats: dict[str, Any] | None) -> Summary | None:
 
 def compare_with(job: Job, baseline: Baseline) -> Comparison:
     """Per metric: the job's value, the baseline's robust summary, deviation in % and robust z
-    (jobs.robust.check_regression: outside the band when > 3 robust sd and > 5 % from the median)."""
+    (jobs.evaluation.robust.check_regression: outside the band when > 3 robust sd and > 5 % from the
+    median)."""
     rows = []
     for metric in METRICS:
         value = metric.read(job)
