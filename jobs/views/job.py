@@ -24,13 +24,13 @@ from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.evaluation import baselines
 from jobs.evaluation.load import reference_mfu
 from jobs.evaluation.schema import encode
+from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job
 from jobs.permissions import can_write_team
 from jobs.templatetags.units import num, pct, usd
 from jobs.views import artifacts as artifact_views
-from jobs.views.series import heatmap_signal, load_means, load_per_gpu
 
 REFRESH_S = 60
 # Django's json_script escaping: the JSON cannot close the <script> element or start a comment.
@@ -160,6 +160,11 @@ def _window(request: HttpRequest) -> tuple[float, float] | None:
 def _points(request: HttpRequest) -> int:
     value = _finite(request.GET.get("points"))
     return charts.clamp_points(int(value) if value else None)
+
+
+def heatmap_signal(job: Job) -> str:
+    """The signal the per-GPU heatmap shows: SM active, or nvidia-smi util when SM active is not collected."""
+    return "gpu_util" if "sm_active" in (job.missing_signals or []) else "sm_active"
 
 
 def build_figures(
