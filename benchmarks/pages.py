@@ -7,8 +7,7 @@ Usage (from the repository root, services started with `.ci/services start`):
 Creates a private database (TEST_DATABASE_NAME, default `bench_pages`), fills it, measures, and drops it:
 
 * a finalized 256-GPU, 7-day job archived as `jobs.metrics.ingest.finalize_job` writes it (aggregate series
-at a
-  300 s step, per-GPU rows at 1800 s, for every signal), with five findings;
+  at a 300 s step, per-GPU rows at 1800 s, for every signal), with five findings;
 * the same job still running, archived as polling writes it (30 s aggregates, per-GPU rows at 300 s;
   only the charted signals, and per GPU only SM_ACTIVE and GPU_UTIL, to keep the fill time reasonable:
   other rows sit behind the (job, signal, stat, start) index and are not read);
@@ -84,6 +83,7 @@ def _synthetic_signals(step: int, gpu_step: int, keys: list[str], gpu_keys: list
 
 
 def _make_job(team, gpu, external_id: str, running: bool):
+    from jobs.evaluation.schema import Evaluation, encode
     from jobs.models import Finding, Job
 
     job = Job.objects.create(
@@ -96,7 +96,10 @@ def _make_job(team, gpu, external_id: str, running: bool):
         tensor_active_mean=0.3, gpu_hours=GPUS * 168, cost_usd=GPUS * 168 * 6.88,
         cost_per_day_usd=GPUS * 24 * 6.88, waste_per_day_usd=GPUS * 24 * 6.88 * 0.15,
         last_polled_at=START + timedelta(days=7), data_until=START + timedelta(days=7),
-        summary={"variants": {"mfu": "MFU, 6N + attention (PaLM)"}, "price_note": "256 GPUs × $6.88/GPU-h"},
+        evaluation=encode(Evaluation(
+            duration_s=7 * DAY, gpu_hours=GPUS * 168.0, mfu=0.38,
+            variants={"mfu": "MFU, 6N + 12LHQT (PaLM)"}, price_note="256 GPUs × $6.88/GPU-h",
+        )),
     )  # fmt: skip
     t0 = START.timestamp()
     for i, code in enumerate(

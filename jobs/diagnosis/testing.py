@@ -36,8 +36,7 @@ LOOKBACK_S = 300.0  # Prometheus's default lookback delta
 RATE_WINDOW_S = 300.0
 DEFAULT_PRICE_USD_PER_GPU_HOUR = 6.88
 # Max boost clocks and memory (MiB) as the product's GPU catalog has them (jobs/evaluation/catalog.py),
-# keyed by
-# exporter name.
+# keyed by exporter name.
 CATALOG = {
     "NVIDIA H100 80GB HBM3": {"max_clock_mhz": 1980.0, "memory_mib": 81559.0, "tdp_w": 700.0},
     "NVIDIA A100-SXM4-80GB": {"max_clock_mhz": 1410.0, "memory_mib": 81920.0, "tdp_w": 400.0},

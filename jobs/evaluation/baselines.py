@@ -1,8 +1,7 @@
 """Baselines: promote healthy finished runs to a model + config baseline, retire it, compare a job with it.
 
 A baseline holds robust statistics (jobs.evaluation.robust.summarize: median, scaled MAD, IQR, n, min, max)
-of a few
-per-run numbers over every run promoted to it. One active baseline per config fingerprint (a database
+of a few per-run numbers over every run promoted to it. One active baseline per config fingerprint (a database
 constraint); promoting another run of the same fingerprint extends it. Retired baselines stay for history.
 """
 

@@ -124,8 +124,7 @@ class Series:
         """Values placed on a regular grid (as returned for start/step), NaN where no point exists.
 
         A point at grid time g stands for (g - step, g] (`jobs.metrics.sampling`): a value on a grid point
-        keeps
-        it, an off-grid value goes to the point closing its window, and two values in one window are
+        keeps it, an off-grid value goes to the point closing its window, and two values in one window are
         averaged, so no two samples one step apart ever collide. Values before the grid's first window
         or after its last point are dropped. A one-point grid keeps only values within its millisecond.
         """

@@ -572,11 +572,10 @@ def fetch_job_signals(
     grid is start, start + step, ... as requested (ingestion passes a start aligned to the step); the
     per-GPU grid always lies on multiples of `per_gpu_step` on the Unix clock, from the first one at or
     after `start`, which is where `jobs.metrics.archive` puts it back, so per-GPU rows never shift or
-    collide on
-    reload. `per_gpu_step` None skips the per-GPU matrices; `aggregates=False` reads only those (signals
-    then carry empty stats). Counters use `rate_window_s`, by default
-    `jobs.metrics.sampling.rate_window_s`, and
-    never a window shorter than the grid's step. `scrape_interval_s` scales the SAMPLED coverage stat.
+    collide on reload. `per_gpu_step` None skips the per-GPU matrices; `aggregates=False` reads only those
+    (signals then carry empty stats). Counters use `rate_window_s`, by default
+    `jobs.metrics.sampling.rate_window_s`, and never a window shorter than the grid's step.
+    `scrape_interval_s` scales the SAMPLED coverage stat.
     """
     if not scrape_interval_s > 0:
         raise ValueError(f"scrape interval must be positive, got {scrape_interval_s}")

@@ -4,9 +4,8 @@
 (a) is what Prometheus would have stored after scraping: exporter labels plus the target labels
 `instance` and `job`, timestamps in seconds, one `# TYPE` per family with the type the exporter's counters
 CSV declares (`jobs.metrics.signals.Signal.prom_type`: NVLINK_BANDWIDTH_TOTAL says `counter` although its
-values are
-an MB/s rate, as real dcgm-exporter output does), counters named without `_total` as dcgm-exporter does
-(promtool accepts that), `# EOF` at the end. Missing samples are left out.
+values are an MB/s rate, as real dcgm-exporter output does), counters named without `_total` as
+dcgm-exporter does (promtool accepts that), `# EOF` at the end. Missing samples are left out.
 (b) follows dcgm-exporter's template (`# HELP`, `# TYPE`, labels gpu, UUID, pci_bus_id, device,
 modelName, Hostname, then the rest sorted), doubles printed with %f as Go's exporter does.
 """

@@ -1,8 +1,7 @@
 """baseline_regression: MFU or tokens/s per GPU below the band of this model + config's healthy baseline.
 
 The band is jobs.evaluation.robust's (median +- BAND_Z robust sigmas and at least BAND_MIN_PCT). A symptom:
-the
-engine keeps it as context when cause findings explain the drop. The window is where the job's MFU series
+the engine keeps it as context when cause findings explain the drop. The window is where the job's MFU series
 sits below the band; a change point in that series says when it started.
 """
 
