@@ -118,3 +118,21 @@ def test_reevaluate_command_brings_stored_jobs_to_the_current_definitions(job):
         call_command("reevaluate", "nope")
     with pytest.raises(CommandError, match="--all"):
         call_command("reevaluate")
+
+
+@pytest.mark.django_db
+def test_a_batch_of_price_entries_queues_one_reevaluation_per_gpu_model(
+    job, django_capture_on_commit_callbacks, monkeypatch
+):
+    from jobs.evaluation import refresh
+
+    j = job("a", 0.30)
+    queued: list[list[int]] = []
+    monkeypatch.setattr(refresh, "_enqueue", queued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        for usd in (1, 2, 3):
+            PriceEntry.objects.create(
+                gpu_model=j.gpu_model, tier="spot", usd_per_gpu_hour=usd,
+                effective_from=j.started_at - timedelta(days=usd),
+            )  # fmt: skip
+    assert queued == [[j.pk]]

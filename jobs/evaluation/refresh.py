@@ -6,6 +6,7 @@ Prometheus: a throughput PromQL expression is read from the series the last poll
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 
 from django.db import transaction
@@ -18,6 +19,9 @@ from jobs.metrics.signals import JobSignals
 from jobs.models import Baseline, GpuModel, Job, PriceEntry
 
 log = logging.getLogger(__name__)
+# Price-book changes of the current transaction, per thread (web and worker processes are single-threaded
+# per request/task, but a threaded server must not mix two requests' sets).
+_LOCAL = threading.local()
 
 
 def reevaluate(job_id: int) -> Job:
@@ -72,8 +76,24 @@ def after_baseline_change(baseline: Baseline) -> None:
 
 
 def after_price_change(sender: type, instance: PriceEntry, **_: object) -> None:
-    """post_save / post_delete receiver of PriceEntry: queue the re-evaluation of that GPU model's jobs."""
-    gpu_model_id = instance.gpu_model_id
-    transaction.on_commit(
-        lambda: _enqueue(list(Job.objects.filter(gpu_model_id=gpu_model_id).values_list("pk", flat=True)))
-    )
+    """post_save / post_delete receiver of PriceEntry: once the transaction commits, queue one
+    re-evaluation of the jobs of every GPU model whose book changed in it (seeding a whole catalog in one
+    transaction queues one task per GPU model, not one per entry)."""
+    pending = _pending_price_models()
+    pending.add(instance.gpu_model_id)
+    transaction.on_commit(_flush_price_changes)
+
+
+def _pending_price_models() -> set[int]:
+    if not hasattr(_LOCAL, "gpu_models"):
+        _LOCAL.gpu_models = set()
+    models: set[int] = _LOCAL.gpu_models
+    return models
+
+
+def _flush_price_changes() -> None:
+    # Every save registers this callback; the first one to run takes the whole set, the rest find it empty.
+    pending = _pending_price_models()
+    ids, _LOCAL.gpu_models = sorted(pending), set()
+    for gpu_model_id in ids:
+        _enqueue(list(Job.objects.filter(gpu_model_id=gpu_model_id).values_list("pk", flat=True)))
