@@ -1,9 +1,8 @@
 """Mutation score of the pure math/evaluation modules (a benchmark, not a test: prints numbers, exits 0).
 
 mutmut (the ``mutation`` extra: ``pip install -e ".[mutation]"``) is configured in pyproject's
-``[tool.mutmut]``: it mutates jobs/evaluation/costs.py, jobs/evaluation/kpis.py,
-jobs/evaluation/evaluate.py and
-jobs/evaluation/schema.py, and runs only the pure unit tests (no database) against each mutant.
+``[tool.mutmut]``: it mutates jobs/evaluation/costs.py, kpis.py, evaluate.py, schema.py and checks.py (the
+input checks costs and flops share), and runs only the pure unit tests (no database) against each mutant.
 
     .venv/bin/python benchmarks/mutation.py           # fresh run: removes mutants/ first
     .venv/bin/python benchmarks/mutation.py --reuse   # keep mutants/ and mutmut's cached verdicts

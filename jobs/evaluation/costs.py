@@ -20,6 +20,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time
 
+from jobs.evaluation.checks import non_negative as _non_negative
+from jobs.evaluation.checks import number as _number
+from jobs.evaluation.checks import positive as _positive
+
 HOURS_PER_DAY = 24.0
 SECONDS_PER_HOUR = 3600.0
 # The organisation's target MFU when a model/config has no healthy baseline (formulas.md: default 45 %).
@@ -63,30 +67,6 @@ class EnergyEstimate:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-def _number(name: str, value: object) -> float:
-    # bool is an int subclass; a True GPU count is always a bug upstream.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return number
-
-
-def _non_negative(name: str, value: object) -> float:
-    number = _number(name, value)
-    if number < 0:
-        raise ValueError(f"{name} must not be negative, got {value!r}")
-    return number
-
-
-def _positive(name: str, value: object) -> float:
-    number = _number(name, value)
-    if number <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return number
 
 
 def _window(start: datetime, end: datetime) -> float:

@@ -20,6 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from jobs.evaluation.checks import non_negative as _non_negative
+from jobs.evaluation.checks import positive as _positive
+
 RecomputeMode = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -116,30 +119,6 @@ class CrossCheck:
 
 
 # --------------------------------------------------------------------------------------------- validation
-
-
-def _number(name: str, value: object) -> float:
-    # bool is an int subclass; True as a parameter count is always a bug upstream.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return number
-
-
-def _positive(name: str, value: object) -> float:
-    number = _number(name, value)
-    if number <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    return number
-
-
-def _non_negative(name: str, value: object) -> float:
-    number = _number(name, value)
-    if number < 0:
-        raise ValueError(f"{name} must not be negative, got {value!r}")
-    return number
 
 
 def _count(name: str, value: object) -> int:
