@@ -111,6 +111,11 @@ def waste_per_day(daily_cost: float, mfu: float, reference_mfu: float = DEFAULT_
     return cost * max(0.0, 1.0 - value / reference)
 
 
+def format_usd(value: float) -> str:
+    """Dollars as every channel prints them: whole dollars from $100 up, cents below ($12,346; $48.00)."""
+    return f"${value:,.0f}" if abs(value) >= 100 else f"${value:,.2f}"
+
+
 @dataclass(frozen=True)
 class Amount:
     """A dollar figure as every channel shows it: exact, a stated lower bound, or unknown with a reason.
@@ -133,7 +138,7 @@ class Amount:
         """Plain text: "$1,234", "at least $12.50 (reason)", "unknown (reason)"."""
         if self.usd is None:
             return f"unknown ({self.reason})" if self.reason else "unknown"
-        value = f"${self.usd:,.0f}" if abs(self.usd) >= 100 else f"${self.usd:,.2f}"
+        value = format_usd(self.usd)
         if self.lower_bound:
             return f"at least {value}{unit} ({self.reason})"
         return value + unit

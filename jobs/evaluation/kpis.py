@@ -136,6 +136,7 @@ class Kpis:
     idle_share: float | None = None
     idle_share_exact: bool = False
     flops_fallback: bool = False
+    mfu_unknown_reason: str = ""
     reference_mfu: float | None = None
     reference_source: str = ""
     energy_kwh: float | None = None
@@ -280,7 +281,7 @@ def compute_kpis(
             k.variants["idle"] = (
                 f"lower bound from the cross-GPU mean/min/max of GPU_UTIL (≤ {IDLE_UTIL_MAX:.0%} = idle)"
             )
-    reason = "; ".join(n for n in k.notes if "MFU" in n or "throughput" in n) or "MFU unknown"
+    reason = k.mfu_unknown_reason or "MFU unknown"
     k.waste = costs.split_waste(
         k.cost_per_day_usd,
         mfu=k.mfu,
@@ -303,6 +304,11 @@ def compute_kpis(
     return k
 
 
+def _mfu_unknown(k: Kpis, reason: str) -> None:
+    k.mfu_unknown_reason = reason
+    k.notes.append(reason)
+
+
 def _throughput_and_mfu(
     k: Kpis,
     shape: ModelShape,
@@ -314,9 +320,10 @@ def _throughput_and_mfu(
     convention: str = "palm",
 ) -> None:
     if tps is None or tps.size == 0 or np.isnan(tps).all():
-        k.notes.append(
+        _mfu_unknown(
+            k,
             "no throughput: push progress (POST /api/v1/jobs/{id}/progress/), set a throughput PromQL "
-            "expression, or upload a profiler trace with tokens per step"
+            "expression, or upload a profiler trace with tokens per step",
         )
         return
     valid = ~np.isnan(tps)
@@ -326,10 +333,10 @@ def _throughput_and_mfu(
     k.variants["throughput"] = source
     (model, k.flops_fallback), hardware = shape.model_flops(convention), shape.hardware_flops()
     if model is None:
-        k.notes.append("MFU needs the model's parameter count (model.n_params in the job registration)")
+        _mfu_unknown(k, "MFU needs the model's parameter count (model.n_params in the job registration)")
         return
     if peak is None:
-        k.notes.append("MFU needs the GPU's dense peak for the job's dtype: unknown GPU model or dtype")
+        _mfu_unknown(k, "MFU needs the GPU's dense peak for the job's dtype: unknown GPU model or dtype")
         return
     capacity = gpu_count * peak
     # Token-weighted: total model FLOPs over total peak FLOPs in the covered time, not a mean of ratios.

@@ -15,8 +15,7 @@ from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
 from jobs.evaluation.store import COLUMNS, store
 from jobs.metrics import archive
-from jobs.metrics.signals import JobSignals
-from jobs.models import Baseline, GpuModel, Job, PriceEntry
+from jobs.models import Baseline, Job, PriceEntry
 
 log = logging.getLogger(__name__)
 # Price-book changes of the current transaction, per thread (web and worker processes are single-threaded
@@ -33,8 +32,7 @@ def reevaluate(job_id: int) -> Job:
         store(job, evaluated.evaluation)
         job.save(update_fields=[*COLUMNS, "updated_at"])
         if sigs is not None and evaluated.derived:
-            empty = JobSignals(sigs.start, sigs.end, sigs.step, sigs.timestamps)
-            archive.upsert(archive.rows_for(job, empty, evaluated.derived))
+            archive.upsert(archive.derived_rows(job, sigs, evaluated.derived))
     return job
 
 
@@ -57,9 +55,9 @@ def jobs_of_baseline(baseline: Baseline) -> list[int]:
     return list(Job.objects.filter(config_fingerprint=baseline.fingerprint).values_list("pk", flat=True))
 
 
-def jobs_of_gpu_model(gpu_model: GpuModel) -> list[int]:
+def jobs_of_gpu_model(gpu_model_id: int) -> list[int]:
     """Jobs priced with this GPU model's price book."""
-    return list(Job.objects.filter(gpu_model=gpu_model).values_list("pk", flat=True))
+    return list(Job.objects.filter(gpu_model_id=gpu_model_id).values_list("pk", flat=True))
 
 
 def _enqueue(job_ids: list[int]) -> None:
@@ -96,4 +94,4 @@ def _flush_price_changes() -> None:
     pending = _pending_price_models()
     ids, _LOCAL.gpu_models = sorted(pending), set()
     for gpu_model_id in ids:
-        _enqueue(list(Job.objects.filter(gpu_model_id=gpu_model_id).values_list("pk", flat=True)))
+        _enqueue(jobs_of_gpu_model(gpu_model_id))

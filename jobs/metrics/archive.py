@@ -96,6 +96,11 @@ def rows_for(job: Job, sigs: JobSignals, extra: dict[str, np.ndarray]) -> list[J
     return rows
 
 
+def derived_rows(job: Job, sigs: JobSignals, derived: dict[str, np.ndarray]) -> list[JobSeries]:
+    """Rows of the evaluation's derived series (throughput, MFU) on the grid of `sigs`, not its signals."""
+    return rows_for(job, JobSignals(sigs.start, sigs.end, sigs.step, sigs.timestamps), derived)
+
+
 def upsert(rows: list[JobSeries]) -> None:
     JobSeries.objects.bulk_create(
         rows,

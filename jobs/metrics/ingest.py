@@ -148,7 +148,7 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         archived = archive.load_job_signals(job, per_gpu=("gpu_util",))
         derived = update_summary(job, archived, client)
         if archived is not None:
-            archive.upsert(archive.rows_for(job, _derived_only(archived), derived))
+            archive.upsert(archive.derived_rows(job, archived, derived))
         job.data_until = archive.utc(end)
         job.last_polled_at = now
         job.ingest_error = ""
@@ -167,10 +167,6 @@ def _diagnosis_due(job: Job, now: datetime) -> bool:
     Job.objects.filter(pk=job.pk).update(diagnosed_at=now)
     job.diagnosed_at = now
     return True
-
-
-def _derived_only(sigs: JobSignals) -> JobSignals:
-    return JobSignals(sigs.start, sigs.end, sigs.step, sigs.timestamps)
 
 
 def _mark_stale(job: Job, exc: Exception, now: datetime) -> Job:

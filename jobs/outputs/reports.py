@@ -42,7 +42,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.evaluation.costs import Amount
+from jobs.evaluation.costs import Amount, format_usd
 from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.models import Finding, Job, Membership, PriceEntry, ReportDelivery, Team
 from jobs.outputs.leaderboard import Period, TeamRow, iso_week, team_rows, worst_jobs
@@ -313,7 +313,7 @@ def _signed_usd(value: float | None) -> str:
 
 def _short(amount: Amount) -> str:
     """An amount without its reason, for the subject line: '$1,234' or 'at least $56'."""
-    text = Amount(amount.usd).text() if amount.usd is not None else "unknown"
+    text = format_usd(amount.usd) if amount.usd is not None else "unknown"
     return f"at least {text}" if amount.lower_bound else text
 
 

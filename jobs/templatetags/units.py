@@ -6,7 +6,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from jobs.evaluation.costs import Amount
+from jobs.evaluation.costs import Amount, format_usd
 
 register = template.Library()
 
@@ -26,7 +26,7 @@ def usd(value: float | None) -> str:
     """Dollars with thousands separators: 12345.6 -> '$12,346'."""
     if value is None:
         return _MISSING
-    return f"${value:,.0f}" if abs(value) >= 100 else f"${value:,.2f}"
+    return format_usd(value)
 
 
 @register.filter
@@ -57,7 +57,7 @@ def amount(value: Amount | None, unit: str = "") -> str:
         return format_html(
             '<span class="na unknown" title="{}">unknown</span>', value.reason or "not computable"
         )
-    number = f"${value.usd:,.0f}" if abs(value.usd) >= 100 else f"${value.usd:,.2f}"
+    number = format_usd(value.usd)
     if value.lower_bound:
         return format_html(
             '<span class="lower-bound" title="{}">at least {}{}'

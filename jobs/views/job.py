@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs import charts
 from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.evaluation import baselines
+from jobs.evaluation.costs import format_usd
 from jobs.evaluation.load import reference_mfu
 from jobs.evaluation.schema import encode
 from jobs.metrics.archive import load_means, load_per_gpu
@@ -243,7 +244,7 @@ def _waste_headline(job: Job) -> str:
     waste = job.waste_amount
     if waste.usd is None:
         return "unknown"
-    value = strip_tags(usd(waste.usd)).strip()
+    value = format_usd(waste.usd)
     return f"at least {value}" if waste.lower_bound else value
 
 
