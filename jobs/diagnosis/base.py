@@ -149,6 +149,15 @@ class DiagnosisInput:
     baseline: Mapping[str, Mapping[str, Any]] | None = None
     artifacts: Sequence[ArtifactAnalysis] = ()
     step_time_ms: float | None = None
+    #: What the job does: "training", "fine_tuning" or "inference" (jobs.models.Job.Kind values); the
+    #: rules' advice and minimum evidence depend on it.
+    kind: str = "training"
+    #: Share of the job's GPU time idle (~0 % util), as the evaluation defines it (None = unknown); the
+    #: idle_gpus rule reports this number rather than computing its own.
+    idle_share: float | None = None
+    #: Seconds between samples of each signal as stored (scrape interval or query step, whichever is
+    #: coarser); patterns shorter than ~4 of these are unresolved (see jobs.diagnosis.regimes).
+    sample_interval_s: float | None = None
 
 
 def severity_at_least(findings: Iterable[Finding], level: Severity) -> list[Finding]:
