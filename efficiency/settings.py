@@ -146,6 +146,8 @@ DEFAULT_PRICE_TIER = env_choice("DEFAULT_PRICE_TIER", "on_demand", PRICE_TIERS)
 # Job discovery from exporter labels (e.g. hpc_job, pod); empty turns it off. New jobs go to this team.
 DISCOVERY_LABEL = env_str("DISCOVERY_LABEL", "")
 DISCOVERY_TEAM = env_str("DISCOVERY_TEAM", "unassigned")
+# What discovered jobs are taken to be (training, fine_tuning, inference): serving clusters set inference.
+DISCOVERY_JOB_KIND = env_choice("DISCOVERY_JOB_KIND", "training", ("training", "fine_tuning", "inference"))
 # Bearer token Prometheus must send to scrape /metrics; empty leaves /metrics open (set it in production).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Demo only: where `load_demo` keeps the running demo jobs; enables the simulated dcgm-exporter endpoint.

@@ -146,6 +146,13 @@ class Job(models.Model):
         ENDED = "ended", "Ended (finalizing)"
         FINALIZED = "finalized", "Finalized"
 
+    class Kind(models.TextChoices):
+        """What the job does; the diagnosis' advice and minimum evidence depend on it."""
+
+        TRAINING = "training", "Training"
+        FINE_TUNING = "fine_tuning", "Fine-tuning"
+        INFERENCE = "inference", "Inference / serving"
+
     class Recompute(models.TextChoices):
         NONE = "none", "None"
         SELECTIVE = "selective", "Selective"
@@ -158,6 +165,12 @@ class Job(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
     owner = models.CharField(max_length=150, blank=True, help_text="User name of the person who launched it.")
     model_name = models.CharField(max_length=200, blank=True)
+    kind = models.CharField(
+        max_length=16,
+        choices=Kind.choices,
+        default=Kind.TRAINING,
+        help_text="training, fine_tuning or inference (serving): changes the diagnosis' advice.",
+    )
     model_config = models.JSONField(
         default=dict,
         blank=True,
@@ -404,6 +417,14 @@ class Artifact(models.Model):
         DONE = "done", "Done"
         FAILED = "failed", "Failed"
 
+    class RunCheck(models.TextChoices):
+        """Whether the artifact's own metadata (GPU model, capture time, rank) fits its job."""
+
+        PENDING = "pending", "Not checked yet"
+        MATCHES = "matches", "Matches the job"
+        UNVERIFIABLE = "unverifiable", "Cannot be checked (the file carries no GPU, time or rank)"
+        MISMATCH = "mismatch", "Does not match the job"
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
     kind = models.CharField(max_length=32, choices=Kind.choices)
     rank = models.PositiveIntegerField(null=True, blank=True)
@@ -418,6 +439,31 @@ class Artifact(models.Model):
     )
     uploaded_at = models.DateTimeField(auto_now_add=True)
     parsed_at = models.DateTimeField(null=True, blank=True)
+    parse_started_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the current parse attempt began (stuck-parse sweep)."
+    )
+    parse_attempts = models.PositiveIntegerField(
+        default=0, help_text="Parse attempts started, redeliveries after lost workers included."
+    )
+    run_check = models.CharField(max_length=16, choices=RunCheck.choices, default=RunCheck.PENDING)
+    run_mismatches = ArrayField(
+        models.CharField(max_length=300),
+        default=list,
+        blank=True,
+        help_text="Why the artifact does not fit its job (GPU model, capture time, rank).",
+    )
+    confirmed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    confirmed_at = models.DateTimeField(
+        null=True, blank=True, help_text="A user confirmed a mismatched artifact belongs to this job."
+    )
+    excluded_at = models.DateTimeField(
+        null=True, blank=True, help_text="Excluded from the diagnosis by a user (kept, shown, not used)."
+    )
+    excluded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["-uploaded_at"]
@@ -425,6 +471,13 @@ class Artifact(models.Model):
 
     def __str__(self) -> str:
         return f"{self.original_name} ({self.get_kind_display()})"
+
+    @property
+    def used_in_diagnosis(self) -> bool:
+        """Parsed, not excluded, and either fitting its job or confirmed by a user despite a mismatch."""
+        if self.status != self.Status.DONE or self.excluded_at is not None:
+            return False
+        return self.run_check != self.RunCheck.MISMATCH or self.confirmed_at is not None
 
 
 class Finding(models.Model):

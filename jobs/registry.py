@@ -72,6 +72,7 @@ class Registration:
 _REGISTERED_FIELDS = (
     "name",
     "owner",
+    "kind",
     "dtype",
     "micro_batch",
     "global_batch",
@@ -128,7 +129,7 @@ def register_job(data: dict[str, Any]) -> Registration:
 def update_job(job: Job, data: dict[str, Any]) -> Job:
     """Apply a PATCH: end the job (or re-open it with ended_at null) and correct simple fields."""
     job = Job.objects.select_for_update().get(pk=job.pk)
-    for field in ("name", "tokens_per_step", "throughput_query", "price_tier"):
+    for field in ("name", "kind", "tokens_per_step", "throughput_query", "price_tier"):
         if field in data:
             setattr(job, field, data[field] if data[field] is not None else None)
     if "ended_at" in data:

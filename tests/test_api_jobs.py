@@ -61,12 +61,25 @@ def test_register_with_a_label_selector_and_an_unknown_gpu_model(llm_client):
         ({"external_id": "a/b"}, "external_id"),
         ({"team": "nope"}, "team"),
         ({"model": {"n_params": 7e9}}, "model"),
+        ({"kind": "pretraining"}, "kind"),
     ],
 )
 def test_invalid_registrations_are_rejected_with_the_field_named(llm_client, override, field):
     response = llm_client.post("/api/v1/jobs/", job_body(**override), format="json")
     assert response.status_code == 400
     assert field in json.dumps(response.json())
+
+
+@pytest.mark.django_db
+def test_job_kind_is_registered_defaults_to_training_and_can_be_corrected(llm_client):
+    default = llm_client.post("/api/v1/jobs/", job_body(), format="json").json()
+    assert default["kind"] == "training"
+    serving = llm_client.post("/api/v1/jobs/", job_body("serve-1", kind="inference"), format="json")
+    assert serving.status_code == 201 and serving.json()["kind"] == "inference"
+    assert Job.objects.get(external_id="serve-1").kind == Job.Kind.INFERENCE
+    fixed = llm_client.patch("/api/v1/jobs/48213/", {"kind": "fine_tuning"}, format="json")
+    assert fixed.status_code == 200 and fixed.json()["kind"] == "fine_tuning"
+    assert llm_client.patch("/api/v1/jobs/48213/", {"kind": "x"}, format="json").status_code == 400
 
 
 @pytest.mark.django_db

@@ -47,6 +47,7 @@ def test_unknown_label_values_become_jobs_and_end_when_they_disappear(prom, disc
     job = Job.objects.get(external_id="hpc_job:777")
     assert job.gpu_count == 4 and job.gpu_model.name == "H100 SXM"
     assert job.selector == {"hpc_job": "777"}
+    assert job.kind == Job.Kind.TRAINING  # DISCOVERY_JOB_KIND's default
     assert abs((job.started_at - START).total_seconds()) <= 120
     assert discover(prom, now=START + timedelta(hours=1, minutes=5))["created"] == []
     ended = discover(prom, now=START + timedelta(hours=2, minutes=30))
@@ -54,6 +55,13 @@ def test_unknown_label_values_become_jobs_and_end_when_they_disappear(prom, disc
     job.refresh_from_db()
     assert job.status == Job.Status.ENDED
     assert abs((job.ended_at - (START + timedelta(hours=2))).total_seconds()) <= 120
+
+
+@pytest.mark.django_db
+def test_discovered_jobs_take_the_configured_kind(prom, discovery, catalog, settings):
+    settings.DISCOVERY_JOB_KIND = "inference"
+    discover(prom, now=START + timedelta(hours=1))
+    assert set(Job.objects.values_list("kind", flat=True)) == {Job.Kind.INFERENCE}
 
 
 @pytest.mark.django_db

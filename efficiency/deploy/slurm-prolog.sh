@@ -3,7 +3,7 @@
 #   slurm.conf:  PrologSlurmctld=/etc/slurm/efficiency-prolog.sh
 # Needs curl and jq; EFFICIENCY_URL and EFFICIENCY_TOKEN in /etc/default/efficiency.
 # Users describe the model in the job comment, e.g.
-#   #SBATCH --comment='{"team":"llm","model":{"name":"llama-7b","n_params":6.7e9,"n_layers":32,"n_heads":32,"head_dim":128,"seq_len":4096},"dtype":"bf16","gpu_model":"NVIDIA H100 80GB HBM3","global_batch":256,"parallelism":{"tp":1,"pp":1,"dp":8}}'
+#   #SBATCH --comment='{"team":"llm","kind":"training","model":{"name":"llama-7b","n_params":6.7e9,"n_layers":32,"n_heads":32,"head_dim":128,"seq_len":4096},"dtype":"bf16","gpu_model":"NVIDIA H100 80GB HBM3","global_batch":256,"parallelism":{"tp":1,"pp":1,"dp":8}}'
 # GPUs are matched by the hpc_job label that dcgm-exporter adds with --hpc-job-mapping-dir.
 # A failure here must never block the job: errors are logged and the script exits 0.
 set -u

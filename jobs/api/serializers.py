@@ -54,6 +54,11 @@ class JobRegisterSerializer(serializers.Serializer):
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
     owner = serializers.CharField(max_length=150, required=False, allow_blank=True, default="")
     model = ModelConfigSerializer()
+    kind = serializers.ChoiceField(
+        choices=Job.Kind.choices,
+        default=Job.Kind.TRAINING,
+        help_text="training, fine_tuning or inference (serving); the diagnosis' advice depends on it",
+    )
     dtype = serializers.CharField(max_length=16, default="bf16")
     parallelism = ParallelismSerializer(required=False)
     micro_batch = serializers.IntegerField(min_value=1, required=False, allow_null=True)
@@ -132,6 +137,7 @@ class JobEndSerializer(serializers.Serializer):
 
     ended_at = serializers.DateTimeField(required=False, allow_null=True)
     name = serializers.CharField(max_length=200, required=False)
+    kind = serializers.ChoiceField(choices=Job.Kind.choices, required=False)
     tokens_per_step = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     throughput_query = serializers.CharField(required=False, allow_blank=True, max_length=4000)
     price_tier = serializers.ChoiceField(choices=PriceEntry.Tier.choices, required=False, allow_blank=True)

@@ -51,7 +51,8 @@ class ArtifactSerializer(serializers.ModelSerializer):
     class Meta:
         model = Artifact
         fields = ["id", "job", "kind", "rank", "original_name", "sha256", "size_bytes", "status", "error",
-                  "uploaded_at", "parsed_at", "analysis"]  # fmt: skip
+                  "uploaded_at", "parsed_at", "run_check", "run_mismatches", "confirmed_at", "excluded_at",
+                  "analysis"]  # fmt: skip
 
 
 class JobArtifactsMixin:
@@ -156,7 +157,7 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
 
     @extend_schema(request=JobEndSerializer, responses={200: _SUMMARY})
     def partial_update(self, request: Request, external_id: str) -> Response:
-        """End a job (`ended_at`) or correct its name, tokens per step, throughput query or price tier."""
+        """End a job (`ended_at`) or correct its name, kind, tokens per step, throughput query, price tier."""
         job = self._get(request, external_id)
         body = JobEndSerializer(data=request.data, partial=True)
         body.is_valid(raise_exception=True)

@@ -26,6 +26,7 @@ def job_summary(job: Job) -> dict[str, Any]:
         "team": job.team.slug,
         "owner": job.owner,
         "status": job.status,
+        "kind": job.kind,
         "model": {"name": job.model_name, **(job.model_config or {})},
         "dtype": job.dtype,
         "parallelism": job.parallelism,
