@@ -25,6 +25,8 @@ from jobs.findings import run_diagnosis
 from jobs.models import Artifact, Job
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError
+from jobs.profiling.run_check import JobFacts, RunCheckResult, check_run
+from jobs.registry import resolve_gpu_model
 
 log = logging.getLogger(__name__)
 
@@ -229,21 +231,63 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
     except Exception as exc:  # a parser bug must not lose the upload or kill the worker
         log.exception("artifact %s: unexpected error while parsing", artifact.pk)
         return _failed(artifact, f"internal error while parsing ({type(exc).__name__}); the file is kept")
+    checked = run_check(artifact, analysis)
     with transaction.atomic():
         artifact.analysis = analysis
         artifact.status = Artifact.Status.DONE
         artifact.error = ""
         artifact.parsed_at = timezone.now()
-        artifact.save(update_fields=["analysis", "status", "error", "parsed_at"])
-        found = {
-            "profiler_step_time_ms": profiler_step_time_ms(analysis),
-            "profiler_comm_share_pct": profiler_comm_share_pct(analysis),
-        }
-        found = {k: v for k, v in found.items() if v is not None}
-        if found:
-            Job.objects.filter(pk=artifact.job_id).update(**found)
+        artifact.run_check, artifact.run_mismatches = checked.status, checked.mismatches
+        artifact.save(
+            update_fields=["analysis", "status", "error", "parsed_at", "run_check", "run_mismatches"]
+        )
+        refresh_profiler_facts(artifact.job_id)
+    if checked.mismatches:
+        log.warning(
+            "artifact %s (%s) does not match job %s: %s; not used until a user confirms it",
+            artifact.pk,
+            artifact.original_name,
+            artifact.job.external_id,
+            "; ".join(checked.mismatches),
+        )
     after_parse(artifact)
     return artifact
+
+
+def run_check(artifact: Artifact, analysis: dict[str, Any]) -> RunCheckResult:
+    """Compare the analysis' capture metadata (GPU, time, rank) with the artifact's job."""
+    job = artifact.job
+    facts = JobFacts(
+        gpu_model=job.gpu_model.name if job.gpu_model else None,
+        gpu_count=job.gpu_count,
+        start_unix=job.started_at.timestamp(),
+        end_unix=job.ended_at.timestamp() if job.ended_at else None,
+    )
+
+    def canonical(name: str) -> str | None:
+        gpu = resolve_gpu_model(name)
+        return gpu.name if gpu is not None else None
+
+    capture = analysis.get("capture") if isinstance(analysis, dict) else None
+    return check_run(
+        capture, facts, rank=artifact.rank, now_unix=timezone.now().timestamp(), canonical_gpu=canonical
+    )
+
+
+def refresh_profiler_facts(job_id: int) -> None:
+    """Set the job's profiler step time and communication share from the artifacts the diagnosis uses
+    (the most recently uploaded one that has each), or clear them when none has: the only writer of these
+    two columns, called after a parse and after a user confirms or excludes an artifact."""
+    found: dict[str, float | None] = {"profiler_step_time_ms": None, "profiler_comm_share_pct": None}
+    for art in Artifact.objects.used_in_diagnosis().filter(job_id=job_id).order_by("uploaded_at", "pk"):
+        analysis = art.analysis if isinstance(art.analysis, dict) else {}
+        for key, value in (
+            ("profiler_step_time_ms", profiler_step_time_ms(analysis)),
+            ("profiler_comm_share_pct", profiler_comm_share_pct(analysis)),
+        ):
+            if value is not None:
+                found[key] = value
+    Job.objects.filter(pk=job_id).update(**found)
 
 
 def _failed(artifact: Artifact, reason: str) -> Artifact:

@@ -19,7 +19,7 @@ from jobs.diagnosis import Finding as Diagnosis
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.load import reference_mfu
 from jobs.metrics.archive import load_job_signals
-from jobs.models import Artifact, Finding, Job
+from jobs.models import Finding, Job
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def build_input(job: Job) -> DiagnosisInput:
     """Everything the rules read about `job`: archived signals, KPIs, active baseline, parsed artifacts."""
     artifacts = [
         ArtifactAnalysis(kind=a.kind, analysis=a.analysis, name=a.original_name, rank=a.rank)
-        for a in job.artifacts.filter(status=Artifact.Status.DONE).order_by("uploaded_at", "pk")
+        for a in job.artifacts.used_in_diagnosis().order_by("uploaded_at", "pk")
         if isinstance(a.analysis, dict) and a.analysis
     ]
     gpu = job.gpu_model

@@ -398,8 +398,22 @@ class Baseline(models.Model):
         return f"{self.model_name} [{self.fingerprint[:8]}]"
 
 
+class ArtifactQuerySet(models.QuerySet["Artifact"]):
+    """Artifact queries the diagnosis and pages share."""
+
+    def used_in_diagnosis(self) -> ArtifactQuerySet:
+        """Parsed, not excluded, and fitting the job or confirmed by a user (`Artifact.used_in_diagnosis`)."""
+        return self.filter(status=Artifact.Status.DONE, excluded_at__isnull=True).filter(
+            ~models.Q(run_check=Artifact.RunCheck.MISMATCH) | models.Q(confirmed_at__isnull=False)
+        )
+
+
 class Artifact(models.Model):
-    """An uploaded profiling file, stored content-addressed, parsed by a worker into `analysis`."""
+    """An uploaded profiling file, stored content-addressed, parsed by a worker into `analysis`.
+
+    An artifact whose own metadata does not fit its job (`run_check` mismatch) changes nothing until a user
+    confirms it; any artifact can be excluded from the diagnosis and stays listed.
+    """
 
     class Kind(models.TextChoices):
         KINETO = "kineto", "PyTorch profiler / Kineto trace"
@@ -464,6 +478,8 @@ class Artifact(models.Model):
     excluded_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+
+    objects = ArtifactQuerySet.as_manager()
 
     class Meta:
         ordering = ["-uploaded_at"]
