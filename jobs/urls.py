@@ -4,6 +4,7 @@ from django.urls import path
 
 from jobs import views
 from jobs.views import reports as report_views
+from jobs.views.artifact_review import job_artifact_review
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
@@ -14,6 +15,11 @@ urlpatterns = [
         "jobs/<str:external_id>/artifacts/<int:artifact_id>/reparse/",
         views.job_artifact_reparse,
         name="job-artifact-reparse",
+    ),
+    path(
+        "jobs/<str:external_id>/artifacts/<int:artifact_id>/review/",
+        job_artifact_review,
+        name="job-artifact-review",
     ),
     path("jobs/<str:external_id>/promote/", views.job_promote_baseline, name="job-promote-baseline"),
     path("leaderboard/", views.leaderboard, name="leaderboard"),

@@ -21,6 +21,7 @@ from jobs.api.serializers import (
     JobRegisterSerializer,
     ProgressSerializer,
 )
+from jobs.artifact_review import Review, ReviewError, review_artifact
 from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.evaluation.baselines import BaselineError, promote, retire
 from jobs.models import Artifact, Baseline, Job
@@ -53,6 +54,12 @@ class ArtifactSerializer(serializers.ModelSerializer):
         fields = ["id", "job", "kind", "rank", "original_name", "sha256", "size_bytes", "status", "error",
                   "uploaded_at", "parsed_at", "run_check", "run_mismatches", "confirmed_at", "excluded_at",
                   "analysis"]  # fmt: skip
+
+
+class ArtifactReviewSerializer(serializers.Serializer):
+    """Body of POST /api/v1/artifacts/{id}/review/."""
+
+    action = serializers.ChoiceField(choices=[r.value for r in Review])
 
 
 class JobArtifactsMixin:
@@ -197,6 +204,19 @@ class ArtifactViewSet(viewsets.ReadOnlyModelViewSet):
         """Parse the stored file again (after a parser fix, or to retry)."""
         artifact = requeue(self.get_object())  # TeamScopedWrite refuses other teams on POST
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=ArtifactReviewSerializer, responses={200: ArtifactSerializer})
+    @action(detail=True, methods=["post"])
+    def review(self, request: Request, pk: str) -> Response:
+        """`confirm` that a mismatched artifact belongs to its job, `exclude` it from the diagnosis, or
+        `include` it again; the job is re-evaluated."""
+        body = ArtifactReviewSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            artifact = review_artifact(self.get_object(), body.validated_data["action"], request.user)
+        except ReviewError as exc:
+            raise ValidationError({"action": str(exc)}) from None
+        return Response(ArtifactSerializer(artifact).data)
 
 
 class PromoteSerializer(serializers.Serializer):

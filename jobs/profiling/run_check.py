@@ -87,7 +87,9 @@ def check_run(
     mismatches: list[str] = []
     checked: list[str] = []
 
-    names = [n.strip()[:200] for n in cap.get("gpu_names") or [] if isinstance(n, str) and n.strip()]
+    listed = cap.get("gpu_names")
+    listed = listed if isinstance(listed, list | tuple) else []
+    names = [n.strip()[:200] for n in listed if isinstance(n, str) and n.strip()]
     if names:
         other: list[str] = []
         for name in dict.fromkeys(names):
