@@ -10,9 +10,11 @@ class JobsConfig(AppConfig):
     verbose_name = "GPU jobs"
 
     def ready(self) -> None:
-        """A price book change re-evaluates the jobs of that GPU model (cost and waste follow the book)."""
+        """A price book change re-evaluates the jobs of that GPU model (cost and waste follow the book).
+        The tasks are registered in every process (web too), so `jobs.enqueue` can queue them by name."""
         from django.db.models.signals import post_delete, post_save
 
+        import jobs.tasks  # noqa: F401  (registers the Celery tasks)
         from jobs.evaluation.refresh import after_price_change
         from jobs.models import PriceEntry
 

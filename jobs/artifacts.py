@@ -20,8 +20,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.enqueue import enqueue
 from jobs.evaluation.refresh import reevaluate
-from jobs.findings import run_diagnosis
 from jobs.models import Artifact, Job
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError
@@ -152,9 +152,7 @@ def _detect(name: str, path: Path, given: str | None = None) -> str:
 
 
 def _enqueue(artifact_id: int) -> None:
-    from jobs.tasks import parse_artifact  # tasks import this module
-
-    parse_artifact.delay(artifact_id)
+    enqueue("parse_artifact", artifact_id)
 
 
 def requeue(artifact: Artifact) -> Artifact:
@@ -303,4 +301,4 @@ def _failed(artifact: Artifact, reason: str) -> Artifact:
 
 def after_parse(artifact: Artifact) -> None:
     """Re-evaluate the job (a trace's step time can give its throughput) and re-run its diagnosis."""
-    run_diagnosis(reevaluate(artifact.job_id))
+    reevaluate(artifact.job_id)

@@ -12,6 +12,7 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
@@ -46,8 +47,13 @@ def build_input(job: Job) -> DiagnosisInput:
     ]
     gpu = job.gpu_model
     baseline = active_baseline(job)
+    signals = load_job_signals(job)
+    evaluated = job.evaluated
+    # The coarser of the scrape interval and the archive's step is what a pattern must outlast to be seen.
+    scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)
+    interval = max(scrape, float(signals.step)) if signals is not None else scrape
     return DiagnosisInput(
-        signals=load_job_signals(job),
+        signals=signals,
         gpu_count=job.gpu_count,
         dtype=job.dtype,
         mfu=job.mfu,
@@ -62,6 +68,9 @@ def build_input(job: Job) -> DiagnosisInput:
         baseline=baseline.stats if baseline is not None and isinstance(baseline.stats, dict) else None,
         artifacts=artifacts,
         step_time_ms=_step_time_ms(job, artifacts),
+        kind=job.kind,
+        idle_share=evaluated.idle_share if evaluated is not None else None,
+        sample_interval_s=interval,
     )
 
 

@@ -10,8 +10,14 @@ import logging
 
 from celery import Task, shared_task
 
+from jobs import artifacts
+from jobs.evaluation.refresh import reevaluate_many
 from jobs.metrics import ingest
+from jobs.metrics.discovery import discover
 from jobs.models import Job
+from jobs.outputs.leaderboard import parse_iso_week
+from jobs.outputs.reports import Outcome, default_period
+from jobs.outputs.reports import send_weekly_reports as send
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,6 @@ def finalize_job(self: Task, job_id: int) -> None:
 @shared_task(acks_late=True, ignore_result=True)
 def discover_jobs() -> int:
     """Register jobs seen on exporter series under DISCOVERY_LABEL (no-op when it is unset)."""
-    from jobs.metrics.discovery import discover
 
     report = discover(ingest.prometheus_client())
     return len(report["created"])
@@ -69,9 +74,6 @@ def send_weekly_reports(self: Task, week: str | None = None) -> int:
     When a send fails (SMTP down), the task retries the same week every 10 minutes; teams already sent
     are skipped by their delivery rows, so only the failed ones go out.
     """
-    from jobs.outputs.leaderboard import parse_iso_week
-    from jobs.outputs.reports import Outcome, default_period
-    from jobs.outputs.reports import send_weekly_reports as send
 
     period = parse_iso_week(week) if week else default_period()
     outcomes = send(period)
@@ -80,18 +82,14 @@ def send_weekly_reports(self: Task, week: str | None = None) -> int:
     return len(outcomes)
 
 
-# A pathological trace must not hold a worker forever: the soft limit lets the parse record why it stopped.
 @shared_task(acks_late=True, ignore_result=True)
 def reevaluate_jobs(job_ids: list[int]) -> int:
     """Re-evaluate stored jobs after a baseline or price change (idempotent: recomputes from the archive)."""
-    from jobs.evaluation.refresh import reevaluate_many
-
     return reevaluate_many(job_ids)
 
 
+# A pathological trace must not hold a worker forever: the soft limit lets the parse record why it stopped.
 @shared_task(acks_late=True, ignore_result=True, soft_time_limit=900, time_limit=960)
 def parse_artifact(artifact_id: int) -> None:
     """Parse one uploaded artifact (re-running replaces the previous analysis)."""
-    from jobs.artifacts import parse_artifact as parse
-
-    parse(artifact_id)
+    artifacts.parse_artifact(artifact_id)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs.evaluation.baselines import promote
 from jobs.evaluation.refresh import reevaluate
-from jobs.models import PriceEntry, ProgressSample
+from jobs.models import Artifact, Finding, PriceEntry, ProgressSample
 from jobs.registry import register_job
 from tests.conftest import job_body
 
@@ -78,6 +78,30 @@ def test_a_price_book_entry_reevaluates_that_gpu_models_jobs(
     # cost/day = 8 × $2 × 24 = $384; waste = 384 × (1 − 0.30 / 0.45) = $128 (BF16 organisation target).
     assert j.cost_per_day_usd == pytest.approx(384.0)
     assert j.waste_per_day_usd == pytest.approx(128.0, rel=1e-3)
+
+
+@pytest.mark.django_db
+def test_a_price_change_moves_the_findings_dollars_with_the_jobs_waste(
+    job, celery_eager, django_capture_on_commit_callbacks
+):
+    j = job("a", 0.30)
+    # A parsed trace whose host blocks 400 of 1,000 ms: host_sync fires from the trace alone.
+    Artifact.objects.create(
+        job=j, kind="kineto", original_name="t.json", sha256="b" * 64, size_bytes=1,
+        status=Artifact.Status.DONE,
+        analysis={"ranks": [{"rank": 0, "temporal_breakdown": {"idle_pct": 30.0, "span_ms": 1000.0},
+                             "sync": {"cpu_sync_calls": 60, "cpu_sync_ms": 400.0},
+                             "step_times": {"count": 5}}]},
+    )  # fmt: skip
+    reevaluate(j.pk)
+    # No spot price yet: the job's waste is unknown, so the finding's impact is unknown (None), not $0.
+    assert Finding.objects.get(job=j, code="host_sync").waste_per_day_usd is None
+    with django_capture_on_commit_callbacks(execute=True):
+        since = j.started_at - timedelta(days=3)
+        PriceEntry.objects.create(gpu_model=_gpu(j), tier="spot", usd_per_gpu_hour=2, effective_from=since)
+    # The re-evaluation re-ran the diagnosis: the finding now has dollars, within the job's $128/day.
+    usd = Finding.objects.get(job=j, code="host_sync").waste_per_day_usd
+    assert usd is not None and 0 < usd <= 128.0
 
 
 @pytest.mark.django_db

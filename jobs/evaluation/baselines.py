@@ -14,6 +14,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from jobs.enqueue import enqueue
 from jobs.evaluation.robust import RegressionCheck, Summary, canonical_config, check_regression, summarize
 from jobs.models import Baseline, Job
 from jobs.registry import config_fields
@@ -120,12 +121,17 @@ def _promote_locked(job: Job, user: Any) -> Baseline:
     return baseline
 
 
-def _reference_changed(baseline: Baseline) -> None:
-    # The baseline's MFU median is the reference of every job of its fingerprint: their waste moves.
-    # Imported here because the evaluation reads baselines (active_baseline) at module level.
-    from jobs.evaluation.refresh import after_baseline_change
+def jobs_of_baseline(baseline: Baseline) -> list[int]:
+    """Jobs whose reference MFU is this baseline's (same config fingerprint)."""
+    return list(Job.objects.filter(config_fingerprint=baseline.fingerprint).values_list("pk", flat=True))
 
-    after_baseline_change(baseline)
+
+def _reference_changed(baseline: Baseline) -> None:
+    """Queue the re-evaluation of the baseline's jobs once the change commits: the baseline's MFU median
+    is the reference of every job of its fingerprint, so their waste (and their findings' dollars) move."""
+    ids = jobs_of_baseline(baseline)
+    if ids:
+        transaction.on_commit(lambda: enqueue("reevaluate_jobs", ids))
 
 
 def retire(baseline: Baseline) -> Baseline:

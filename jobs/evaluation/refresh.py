@@ -1,7 +1,8 @@
 """Re-evaluate stored jobs when an input other than their signals changes: a parsed profiler trace (step
-time gives throughput), a baseline promoted or retired (the reference MFU), a price book entry (cost and
-waste). Same three steps as ingestion (load_context -> evaluate -> store) on the archived signals, without
-Prometheus: a throughput PromQL expression is read from the series the last poll archived."""
+time gives throughput), a baseline promoted or retired (the reference MFU; queued by
+jobs.evaluation.baselines), a price book entry (cost and waste). Same three steps as ingestion
+(load_context -> evaluate -> store) on the archived signals, then the diagnosis, without Prometheus: a
+throughput PromQL expression is read from the series the last poll archived."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from collections.abc import Iterable
 
 from django.db import transaction
 
+from jobs.enqueue import enqueue
 from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
 from jobs.evaluation.store import COLUMNS, store
+from jobs.findings import run_diagnosis
 from jobs.metrics import archive
-from jobs.models import Baseline, Job, PriceEntry
+from jobs.models import Job, PriceEntry
 
 log = logging.getLogger(__name__)
 # Price-book changes of the current transaction, per thread (web and worker processes are single-threaded
@@ -23,8 +26,10 @@ log = logging.getLogger(__name__)
 _LOCAL = threading.local()
 
 
-def reevaluate(job_id: int) -> Job:
-    """Recompute and store one job's evaluation from its archive (idempotent); returns the saved job."""
+def reevaluate(job_id: int, *, diagnose: bool = True) -> Job:
+    """Recompute and store one job's evaluation from its archive (idempotent) and, unless `diagnose` is
+    False, re-run its diagnosis: the findings' dollars are shares of the job's waste, so a new price or
+    reference must move them too. Returns the saved job."""
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job_id)
         sigs = archive.load_job_signals(job, per_gpu=("gpu_util",))
@@ -33,6 +38,8 @@ def reevaluate(job_id: int) -> Job:
         job.save(update_fields=[*COLUMNS, "updated_at"])
         if sigs is not None and evaluated.derived:
             archive.upsert(archive.derived_rows(job, sigs, evaluated.derived))
+    if diagnose:
+        run_diagnosis(job)
     return job
 
 
@@ -50,27 +57,14 @@ def reevaluate_many(job_ids: Iterable[int]) -> int:
     return done
 
 
-def jobs_of_baseline(baseline: Baseline) -> list[int]:
-    """Jobs whose reference MFU is this baseline's (same config fingerprint)."""
-    return list(Job.objects.filter(config_fingerprint=baseline.fingerprint).values_list("pk", flat=True))
-
-
 def jobs_of_gpu_model(gpu_model_id: int) -> list[int]:
     """Jobs priced with this GPU model's price book."""
     return list(Job.objects.filter(gpu_model_id=gpu_model_id).values_list("pk", flat=True))
 
 
 def _enqueue(job_ids: list[int]) -> None:
-    from jobs.tasks import reevaluate_jobs  # tasks import the ingestion, which imports this package
-
     if job_ids:
-        reevaluate_jobs.delay(job_ids)
-
-
-def after_baseline_change(baseline: Baseline) -> None:
-    """Queue the re-evaluation of the baseline's jobs once the change is committed (reference MFU moved)."""
-    ids = jobs_of_baseline(baseline)
-    transaction.on_commit(lambda: _enqueue(ids))
+        enqueue("reevaluate_jobs", job_ids)
 
 
 def after_price_change(sender: type, instance: PriceEntry, **_: object) -> None:
