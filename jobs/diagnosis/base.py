@@ -30,10 +30,11 @@ CODES: tuple[str, ...] = (
     "memory_headroom",
     "baseline_regression",
     "gpu_errors",
+    "unexplained_waste",
 )
 #: Codes that describe a symptom rather than a cause: when a cause is found they are kept as context
 #: (info severity) and get only the waste the causes leave unexplained.
-SYMPTOM_CODES: frozenset[str] = frozenset({"false_saturation", "baseline_regression"})
+SYMPTOM_CODES: frozenset[str] = frozenset({"false_saturation", "baseline_regression", "unexplained_waste"})
 
 
 class Severity(StrEnum):
@@ -158,6 +159,9 @@ class DiagnosisInput:
     #: Seconds between samples of each signal as stored (scrape interval or query step, whichever is
     #: coarser); patterns shorter than ~4 of these are unresolved (see jobs.diagnosis.regimes).
     sample_interval_s: float | None = None
+    #: Waste/day (USD) at or above which a job whose waste no cause explains gets `unexplained_waste`
+    #: (setting; the Django side fills it).
+    material_waste_usd_per_day: float = 50.0
 
 
 def severity_at_least(findings: Iterable[Finding], level: Severity) -> list[Finding]:

@@ -11,6 +11,9 @@ job's waste/day):
   or overshoot, they are scaled down in proportion, so their sum is at most waste/day.
 * Symptoms (false_saturation, baseline_regression) describe the same loss from another angle: they share
   only what the causes leave unexplained, in proportion to their impacts, each capped at its own estimate.
+* `unexplained_waste` gets exactly what is left after every other finding got its dollars, and is kept
+  only when that is at least the material threshold (`account_unexplained`); with MFU unknown, what is left
+  of the idle-waste lower bound.
 * Without a waste figure the dollars are unknown, not $0: every finding gets None ("impact unknown"),
   except `idle_gpus`, whose dollars need no MFU (idle GPU-hours × price: the job's idle waste, passed in).
   A job that meets its reference (waste 0) gives every finding a known $0.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import logging
 
+from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import SYMPTOM_CODES, DiagnosisInput, Evidence, Finding, Severity
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import RULES
@@ -33,6 +37,7 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "false_saturation": frozenset(RULES) - SYMPTOM_CODES - {"gpu_errors", "idle_gpus"},
     "baseline_regression": frozenset(RULES) - SYMPTOM_CODES,
 }
+UNEXPLAINED = "unexplained_waste"
 
 
 def diagnose(inp: DiagnosisInput, *, codes: tuple[str, ...] | None = None) -> list[Finding]:
@@ -52,12 +57,64 @@ def diagnose(inp: DiagnosisInput, *, codes: tuple[str, ...] | None = None) -> li
             continue
         if finding is not None:
             findings.append(finding)
+    gate_short_jobs(findings, features)
     relate_symptoms(findings)
+    catch_all = [f for f in findings if f.code == UNEXPLAINED]
+    findings = [f for f in findings if f.code != UNEXPLAINED]
     apportion(findings, inp.cost_per_day_usd, inp.waste_per_day_usd, inp.idle_waste_per_day_usd)
+    if catch_all:
+        kept = account_unexplained(catch_all[0], findings, inp)
+        if kept is not None:
+            findings.append(kept)
     findings.sort(
         key=lambda f: (-usd_or_unknown(f.waste_per_day_usd), -f.severity.rank, -f.confidence, f.code)
     )
     return findings
+
+
+#: Codes that may warn on few samples: an XID is a fact in one sample; unexplained money is money.
+NO_SAMPLE_MINIMUM = frozenset({"gpu_errors", UNEXPLAINED})
+
+
+def gate_short_jobs(findings: list[Finding], features: Features) -> None:
+    """Metrics-only findings on fewer than MIN_SAMPLES_TO_WARN samples per GPU are context (info): a
+    14-minute pod at 60 s has 15 samples, too few to tell a cause from chance. Artifact evidence is
+    exempt (a trace measures the cause directly)."""
+    if features.sigs is None or features.samples_per_gpu >= T.MIN_SAMPLES_TO_WARN:
+        return
+    for f in findings:
+        if f.code in NO_SAMPLE_MINIMUM or any(s != "metrics" for s in f.sources):
+            continue
+        if f.severity.rank > Severity.INFO.rank:
+            f.severity = Severity.INFO
+            f.evidence.append(
+                Evidence("samples per GPU (too few to warn)", features.samples_per_gpu, "count")
+            )
+
+
+def account_unexplained(candidate: Finding, others: list[Finding], inp: DiagnosisInput) -> Finding | None:
+    """Give `unexplained_waste` the waste the other findings leave, or drop it when that is not material."""
+    known = inp.waste_per_day_usd is not None
+    waste = inp.waste_per_day_usd if known else inp.idle_waste_per_day_usd
+    cost = inp.cost_per_day_usd
+    if waste is None or not cost or cost <= 0:
+        return None
+    spent = sum(f.waste_per_day_usd or 0.0 for f in others)
+    left = max(waste - spent, 0.0)
+    if left < inp.material_waste_usd_per_day:
+        return None
+    candidate.waste_per_day_usd = left
+    candidate.waste_share = left / waste if waste > 0 else None
+    candidate.impact = min(left / cost, 1.0)
+    if candidate.impact >= T.UNEXPLAINED_WARN_SHARE:
+        candidate.severity = Severity.WARNING
+    found = sorted(f.code for f in others if f.severity.rank >= Severity.WARNING.rank)
+    candidate.title = (
+        f"${left:,.0f}/day of {'waste' if known else 'idle waste (lower bound)'} that no finding explains"
+        + (f" (beyond {', '.join(found)})" if found else "")
+    )
+    candidate.evidence.insert(0, Evidence("unexplained waste/day", round(left, 2), "USD/day"))
+    return candidate
 
 
 def relate_symptoms(findings: list[Finding]) -> None:

@@ -13,6 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from jobs.diagnosis import detectors as D
+from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput
 from jobs.metrics.signals import SIGNALS, JobSignals
@@ -207,6 +208,55 @@ class Features:
             warnings.simplefilter("ignore", RuntimeWarning)
             levels = np.nanquantile(masked, q, axis=1)
         return data, levels
+
+    # --------------------------------------------------------------------------------- resolution
+
+    @cached_property
+    def resolution(self) -> R.Resolution:
+        """The signals' effective resolution (sample interval, step time when known)."""
+        return R.resolution(self.inp, self.step)
+
+    @cached_property
+    def looks(self) -> R.Looks | None:
+        """The four looks as job-level levels and ratios (the unresolved regime's evidence)."""
+        if self.util_key is None:
+            return None
+        data = self.gpu_data((self.util_key,))
+        util = data.values[self.util_key] if data is not None else self.util
+        nvl = self.mean("nvlink_tx_bytes")
+        if nvl is None and (total := self.mean("nvlink_bandwidth_total")) is not None:
+            nvl = total / 2.0  # TX + RX over all links
+        rx, tx = self.mean("pcie_rx_bytes"), self.mean("pcie_tx_bytes")
+        pcie = None
+        if rx is not None or tx is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                pcie = np.nanmax(np.vstack([s for s in (rx, tx) if s is not None]), axis=0)
+        lk = R.looks(
+            util,
+            {
+                "sm_active": self.mean("sm_active"),
+                "tensor_active": self.mean("tensor_active"),
+                "dram_active": self.mean("dram_active"),
+                "nvlink": nvl,
+                "pcie": pcie,
+            },
+        )
+        if lk is not None and self.util_key != "gpu_util":
+            # GR_ENGINE_ACTIVE is a collect-interval average, not a point sample: its spread says nothing.
+            lk = R.Looks(lk.util_mean, None, None, None, lk.samples, lk.sm, lk.tensor, lk.dram,
+                         lk.nvlink_bps, lk.pcie_bps)  # fmt: skip
+        return lk
+
+    @cached_property
+    def samples_per_gpu(self) -> int:
+        """Utilisation samples per GPU (median over GPUs; the aggregate's count without per-GPU data)."""
+        if self.util_key is None:
+            return 0
+        data = self.gpu_data((self.util_key,))
+        if data is not None:
+            return int(np.median(np.isfinite(data.values[self.util_key]).sum(axis=1)))
+        return int(np.isfinite(self.util).sum()) if self.util is not None else 0
 
     # ----------------------------------------------------------------------------------- job facts
 

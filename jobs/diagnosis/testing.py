@@ -114,6 +114,10 @@ def signals_from_sim(
         if raw is None or not np.isfinite(raw).any():
             out.missing[key] = missing_reason(sig, False)
             continue
+        if res.sample_offsets is not None:
+            # Scraped at an offset after each grid time: an instant query at the grid time sees the
+            # previous scrape (query_range picks the latest sample at or before each step).
+            raw = np.concatenate([np.full((raw.shape[0], 1), np.nan), raw[:, :-1]], axis=1)
         if sig.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER):
             values = _rate(raw, ts) * sig.scale
         elif sig.reading in (Reading.CODE, Reading.BITMASK):

@@ -121,6 +121,44 @@ EXPOSED_COMM_HIGH_PCT = 15.0
 #: Trace: comm/compute overlap below this is poor.
 OVERLAP_LOW_PCT = 50.0
 
+# ------------------------------------------------------------------------ unresolved regime (regimes.py)
+
+#: NVLink traffic per GPU and direction at or above this is collective-sized. Data-parallel gradients of a
+#: 7B bf16 model (14 GB, ring all-reduce ~2x per GPU) over a 10 s step average ~3 GB/s; a sustained
+#: 50 GB/s (~11 % of an H100's ~450 GB/s per direction, ~17 % of an A100's 300 GB/s) means collectives
+#: move data a large share of the time (tensor/sequence parallelism or exposed all-reduces).
+NVLINK_BUSY_BPS = 50e9
+#: A GPU_UTIL point sample at or below this saw (almost) no kernel in its NVML window.
+UNRESOLVED_TROUGH_UTIL = 0.10
+#: Mean utilisation at or below this is "well below 100 %" (a busy GPU's samples read 85-100 %).
+UNRESOLVED_UTIL_PARTIAL_MAX = 0.80
+#: p90 - p10 of the GPU_UTIL point samples at or above this: the GPU alternates between idle stretches at
+#: least an NVML window (1/6-1 s) long and busy ones. At or below the narrow value every window reads the
+#: same: the idle time comes in gaps much shorter than a window (between kernels). NVML's integer percent
+#: and step-to-step jitter spread a uniform duty by a few percent only.
+UNRESOLVED_SPREAD_WIDE = 0.30
+UNRESOLVED_SPREAD_NARROW = 0.20
+#: SM active (or tensor active) per unit of busy time below these: the resident kernels leave most SMs
+#: empty (tiny kernels); a healthy GEMM-dominated step keeps ~0.9 SM and ~0.5 tensor while resident.
+UNRESOLVED_SMALL_KERNEL_SM = 0.65
+UNRESOLVED_SMALL_KERNEL_TENSOR = 0.35
+#: Collective wait at unresolved resolution: SM active (or tensor active) well below the healthy 0.85 (0.5)
+#: while the links are busy. NCCL runs one CTA per channel on a few dozen SMs, so a rank waiting in a
+#: collective reads ~0.1-0.2 SM active; a third of the step in the wait brings the mean below 0.75.
+COMM_SM_MAX = 0.75
+COMM_TENSOR_MAX = 0.40
+#: Base confidence of a finding read from levels (no shape, no phase): honest, lower than a pattern's.
+UNRESOLVED_CONFIDENCE = 0.5
+#: Below this many utilisation samples per GPU (or, for a periodic pattern, this many cycles) a finding is
+#: context (info), never a warning: a 14-minute pod with 15 samples shows 4 cycles of anything.
+MIN_SAMPLES_TO_WARN = 30
+MIN_CYCLES_TO_WARN = 6
+
+# ------------------------------------------------------------------------------------ unexplained waste
+
+#: Unexplained waste at or above this share of the job's cost/day is a warning (below: info context).
+UNEXPLAINED_WARN_SHARE = 0.25
+
 # ---------------------------------------------------------------------------------- data pipeline stall
 
 #: A sample is an idle gap when the job's mean GPU_UTIL is at or below this (all ranks waiting).
@@ -131,9 +169,9 @@ STALL_MIN_IDLE_SHARE = 0.05
 STALL_MAX_INTERVAL_CV = 0.5
 #: At least this many gaps.
 STALL_MIN_GAPS = 4
-#: Flat partial utilisation (stalls shorter than a sample average out): job level in this band.
-PARTIAL_UTIL_LOW = 0.3
-PARTIAL_UTIL_HIGH = 0.8
+#: Traffic per GPU in idle-gap samples at or above this (and at least twice the busy samples'): the links
+#: move data while the GPUs read idle, a collective behind a host-side barrier rather than an input stall.
+NVLINK_TROUGH_MIN_BPS = 10e9
 #: Trace: idle share of the span and host-wait share of idle time at or above these.
 TRACE_IDLE_PCT = 20.0
 HOST_WAIT_PCT = 50.0

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from jobs.metrics.signals import SIGNALS, signal_for_metric
+from jobs.simulate.exporter import Exporter, Workload, record
 from jobs.simulate.gpus import GpuModel, gpu_model, gpu_uuid, pci_bus_id
 from jobs.simulate.scenarios import SCENARIOS, Ctx, Profile
 
@@ -57,6 +58,45 @@ class SimSpec:
     driver_version: str = "550.90.07"
     model_params: float = 7e9
     params: dict[str, Any] = field(default_factory=dict)  # scenario knobs (stall_every, xid, ...)
+    #: Model shape for PaLM FLOPs (6N + 12·L·H·Q·T); None = derived from model_params (`model_shape`).
+    n_layers: int | None = None
+    hidden: int | None = None
+    n_heads: int | None = None
+    seq_len: int | None = None
+    #: A step-level workload recorded through the exporter's windows (jobs.simulate.exporter) instead of
+    #: the scenario's sample-grid profile; the grid step becomes the exporter's scrape interval.
+    workload: Workload | None = None
+    exporter: Exporter | None = None
+
+    def shape(self) -> dict[str, int]:
+        """n_layers, hidden, n_heads, head_dim, seq_len of the simulated model (given or derived)."""
+        derived = model_shape(self.model_params)
+        out = {
+            "n_layers": self.n_layers or derived["n_layers"],
+            "hidden": self.hidden or derived["hidden"],
+            "n_heads": self.n_heads or derived["n_heads"],
+            "seq_len": self.seq_len or derived["seq_len"],
+        }
+        out["head_dim"] = out["hidden"] // out["n_heads"]
+        return out
+
+
+def model_shape(n_params: float) -> dict[str, int]:
+    """A plausible dense-transformer shape for `n_params` non-embedding parameters (N ~ 12·L·h²).
+
+    Layers 24 below 3e9 parameters, 32 below 2e10, 80 above (GPT-2/LLaMA-like); the hidden size solves
+    12·L·h² = N rounded to a multiple of 128, heads of 128 dims, sequences of 4096 tokens (2048 below 3e9).
+    """
+    layers = 24 if n_params < 3e9 else 32 if n_params < 2e10 else 80
+    hidden = max(128, round(math.sqrt(n_params / (12.0 * layers)) / 128.0) * 128)
+    return {"n_layers": layers, "hidden": hidden, "n_heads": hidden // 128,
+            "seq_len": 2048 if n_params < 3e9 else 4096}  # fmt: skip
+
+
+def palm_flops_per_token(spec: SimSpec) -> float:
+    """6N + 12·L·H·Q·T (PaLM appendix B; H·Q = hidden), as jobs.evaluation.flops computes it for MFU."""
+    s = spec.shape()
+    return 6.0 * spec.model_params + 12.0 * s["n_layers"] * s["n_heads"] * s["head_dim"] * s["seq_len"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +137,8 @@ class SimResult:
     fields: dict[str, np.ndarray]
     throughput: Throughput
     truth: dict[str, Any]
+    #: Seconds after each grid time at which each GPU's samples were scraped (G,); None = on the grid.
+    sample_offsets: np.ndarray | None = None
 
     def metric_name(self, key: str) -> str:
         """The Prometheus metric name this job's exporter uses for a signal key (or extra key)."""
@@ -171,6 +213,8 @@ def simulate(spec: SimSpec) -> SimResult:
         raise ValueError("need gpus >= 1, step_s > 0 and duration_s >= step_s")
     if not 0.0 <= spec.missing_fraction < 1.0 or spec.noise < 0:
         raise ValueError("missing_fraction must be in [0, 1) and noise >= 0")
+    if spec.workload is not None:
+        spec = replace(spec, step_s=(spec.exporter or Exporter()).scrape_s)
     model = gpu_model(spec.gpu_model)
     gpus = _gpus(spec)
     n_t = int(spec.duration_s // spec.step_s) + 1
@@ -179,8 +223,13 @@ def simulate(spec: SimSpec) -> SimResult:
     host_index = np.array([host_names.index(g.hostname) for g in gpus])
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, _stable_hash(spec.scenario)]))
     ctx = Ctx(rng, spec.gpus, n_t, spec.step_s, host_index, model, dict(spec.params))
-    profile = SCENARIOS[spec.scenario].build(ctx)
-    fields, tensor_eff = _fields(profile, model, ctx, spec.noise)
+    offsets = None
+    extra_truth: dict[str, Any] = {}
+    if spec.workload is not None:
+        profile, fields, tensor_eff, offsets, extra_truth = _recorded(spec, spec.workload, ctx, model)
+    else:
+        profile = SCENARIOS[spec.scenario].build(ctx)
+        fields, tensor_eff = _fields(profile, model, ctx, spec.noise)
     throughput = _throughput(profile, tensor_eff, model, spec)
     if spec.missing_fraction > 0:
         lost = rng.random((len(host_names), n_t)) < spec.missing_fraction
@@ -191,16 +240,42 @@ def simulate(spec: SimSpec) -> SimResult:
         fields.pop(key, None)
     truth: dict[str, Any] = {
         "scenario": spec.scenario,
-        "code": SCENARIOS[spec.scenario].code,
+        "code": SCENARIOS[spec.scenario].code if spec.workload is None else spec.workload.code,
         "mfu": throughput.mfu,
     }
-    truth |= profile.truth
+    truth |= profile.truth | extra_truth
     for k in ("straggler_gpus", "idle_gpus"):
         if k in truth:
             truth[k.replace("_gpus", "_keys")] = [gpus[i].key for i in truth[k]]
     if "xid_gpu" in truth:
         truth["xid_key"] = gpus[truth["xid_gpu"]].key
-    return SimResult(spec, model, ts, gpus, fields, throughput, truth)
+    return SimResult(spec, model, ts, gpus, fields, throughput, truth, offsets)
+
+
+def _recorded(
+    spec: SimSpec, workload: Workload, ctx: Ctx, model: GpuModel
+) -> tuple[Profile, dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, Any]]:
+    """Fields of a step-level workload: activity fields as recorded (jobs.simulate.exporter), power,
+    temperature, clocks and memory from the collect-interval activity through the scenario model."""
+    exporter = spec.exporter or Exporter()
+    rec = record(
+        workload, exporter, n_gpus=ctx.n_gpus, host_index=ctx.host_index, n_samples=ctx.n_samples, rng=ctx.rng
+    )
+    clock = 0.98
+    # MFU follows from the tensor work: tensor active x clock ratio is ~12 % above MFU, as in _fields.
+    mfu = workload.mean("tensor") * clock / 1.12
+    act = np.nan_to_num(rec.activity, nan=0.0)
+    profile = Profile(
+        activity=act, mfu=mfu, clock=clock, sm=workload.mean("sm") / max(workload.mean("duty"), 1e-6)
+    )
+    fields, _ = _fields(profile, model, ctx, spec.noise)
+    lost = ~np.isfinite(rec.fields["gpu_util"])
+    for arr in fields.values():
+        if arr.shape == lost.shape:
+            arr[lost] = np.nan  # a failed scrape loses every field of its target
+    fields.update(rec.fields)
+    tensor = np.nan_to_num(rec.fields["tensor_active"], nan=float(np.nanmean(rec.fields["tensor_active"])))
+    return profile, fields, tensor * clock, rec.offsets, rec.truth
 
 
 def simulate_cluster(specs: Sequence[SimSpec]) -> list[SimResult]:
@@ -366,7 +441,9 @@ def _lagged(target: np.ndarray, step_s: float, tau_s: float) -> np.ndarray:
 
 
 def _throughput(p: Profile, tensor_eff: np.ndarray, m: GpuModel, spec: SimSpec) -> Throughput:
-    flops_per_token = 6.0 * spec.model_params  # 6N, attention term left out (say so where shown)
+    # PaLM's 6N + 12·L·H·Q·T, the organisation's default convention: a job registered with this shape is
+    # evaluated with the same FLOPs per token, so a simulated MFU of x is evaluated as x.
+    flops_per_token = palm_flops_per_token(spec)
     peak = m.peak_bf16_tflops * 1e12
     mean_tps = p.mfu * spec.gpus * peak / flops_per_token
     w = tensor_eff.mean(axis=0)  # useful tensor work per sample drives tokens

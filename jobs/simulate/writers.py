@@ -103,6 +103,8 @@ def openmetrics_lines(
             values = res.fields[key]
             ts_text = [_fmt_ts(t) for t in res.timestamps]
             for g, gpu in enumerate(res.gpus):
+                if res.sample_offsets is not None:  # scraped at the target's offset after the grid time
+                    ts_text = [_fmt_ts(t + float(res.sample_offsets[g])) for t in res.timestamps]
                 labels = _exporter_labels(gpu.labels)
                 labels = {(f"exported_{k}" if k in renames else k): v for k, v in labels.items()}
                 if target_labels:

@@ -551,7 +551,14 @@ def test_degenerate_data_never_breaks_a_rule(scenario):
     for inp in (one_gpu_two_samples, blank, mostly_lost):
         for code in CODES:
             run(code, inp)  # rules are called directly: the engine would hide an exception
-    assert diagnose(blank) == []
+    # No sample at all, yet the job wastes money (its MFU is known): never silent about it.
+    found = diagnose(blank)
+    if blank.waste_per_day_usd < blank.material_waste_usd_per_day:  # healthy scenarios meet their reference
+        assert found == []
+        return
+    assert [f.code for f in found] == ["unexplained_waste"]
+    assert found[0].waste_per_day_usd == pytest.approx(blank.waste_per_day_usd)
+    assert {"gpu_util", "sm_active", "tensor_active"} <= set(found[0].missing_signals)
 
 
 def test_no_signals_and_no_artifacts_means_no_findings():

@@ -21,6 +21,7 @@ from jobs.diagnosis.rules import (
     straggler,
     tensor_cores_idle,
     throttling,
+    unexplained_waste,
 )
 
 Rule = Callable[[DiagnosisInput, Features], Finding | None]
@@ -42,6 +43,7 @@ RULES: dict[str, Rule] = {
         memory_headroom,
         baseline_regression,
         gpu_errors,
+        unexplained_waste,
     )
 }
 assert tuple(RULES) == CODES, "every code in base.CODES needs exactly one rule module"

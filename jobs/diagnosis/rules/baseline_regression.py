@@ -3,6 +3,9 @@
 The band is jobs.evaluation.robust's (median +- BAND_Z robust sigmas and at least BAND_MIN_PCT). A symptom:
 the engine keeps it as context when cause findings explain the drop. The window is where the job's MFU series
 sits below the band; a change point in that series says when it started.
+
+Resolution: MFU comes from throughput over windows of minutes, valid in both regimes; it says how much
+is lost, never why (the cause rules do).
 """
 
 from __future__ import annotations

@@ -1,9 +1,18 @@
-"""communication_wait: ranks block together in collectives: a sawtooth synchronised across GPUs.
+"""communication_wait: ranks block together in collectives.
 
-Metrics (the seed's "four looks"): SM/tensor activity rises and falls periodically, in lock-step on every
-GPU, while GPU_UTIL stays high (NCCL kernels spin while they wait), often with NVLink bursts in the
-troughs. An input stall instead drops GPU_UTIL itself (data_pipeline_stall). A trace measures it directly:
-communication kernel time not overlapped with compute.
+Metrics, resolved regime (a period of at least ~4 samples): SM/tensor activity rises and falls periodically,
+in lock-step on every GPU, while GPU_UTIL stays high (NCCL kernels spin while they wait), often with NVLink
+bursts in the troughs; or GPU_UTIL itself drops on every GPU together while the links carry more than
+when the GPUs compute (a collective behind a host-side barrier: the GPUs empty, the data still moves).
+Synchronised drops with quiet links are read as input stalls (data_pipeline_stall); a spin with quiet
+links still shows as the SM sawtooth. Cannot see: collectives shorter than a sample.
+
+Metrics, unresolved regime (steps of 0.1-5 s): the four looks as levels. Heavy NVLink traffic (or NIC
+traffic over PCIe while GPU_UTIL reads ~100 %) with SM active (or, without it, tensor active) well below
+its healthy level points at exposed collectives, at a lower confidence, naming the resolution and the
+nsys capture (`-t nccl`) that confirms it. Cannot see: which collective, the overlap, a single slow rank.
+
+A trace measures it directly: communication kernel time not overlapped with compute.
 """
 
 from __future__ import annotations
@@ -12,10 +21,12 @@ import numpy as np
 
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import detectors as D
+from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
-from jobs.diagnosis.rules.common import util_level
+from jobs.diagnosis.rules.common import pct, util_level
+from jobs.diagnosis.rules.data_pipeline_stall import links_busy_in
 
 CODE = "communication_wait"
 RECOMMENDATION = (
@@ -34,10 +45,15 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     base, impact, windows = 0.0, 0.0, []
     severity = Severity.INFO
     metric = _metric_pattern(f)
+    drop = _drop_pattern(f) if metric is None else None
+    lk = f.looks
+    unresolved = (
+        metric is None and drop is None and lk is not None and lk.util_mean is not None and R.collective(lk)
+    )
     if metric is not None:
         key, series, period, sync, nvlink_phase = metric
         base = 0.75
-        severity = Severity.WARNING
+        severity = _warn_if_enough(f, period.cycles)
         evidence += [
             Evidence(f"{key} sawtooth period", round(period.period_s), "s"),
             Evidence(f"{key} autocorrelation at the period", round(period.acf, 3), "r"),
@@ -60,6 +76,31 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         cycle = D.folded_cycle(series, period.period_samples)
         peak = float(np.nanmax(cycle))
         impact = clamp01(1.0 - float(np.nanmean(cycle)) / peak) if peak > 0 else 0.0
+        evidence += f.resolution.evidence("resolved")
+        sources.append("metrics")
+        windows = f.whole_window
+    elif drop is not None:
+        rs, share, cycles = drop
+        base, impact = 0.65, share
+        severity = _warn_if_enough(f, cycles)
+        evidence += [
+            Evidence("drops of GPU_UTIL on all GPUs together", len(rs), "count"),
+            Evidence("time in the drops", round(100 * share, 1), "%"),
+            Evidence("links in the drops", "carry more than while the GPUs compute (data still moves)"),
+            *f.resolution.evidence("resolved"),
+        ]
+        windows = D.merge_windows(D.run_windows(rs, f.timestamps, f.step), gap_s=0.0)
+        sources.append("metrics")
+    elif unresolved and lk is not None:
+        base = T.UNRESOLVED_CONFIDENCE
+        severity = Severity.WARNING if f.samples_per_gpu >= T.MIN_SAMPLES_TO_WARN else Severity.INFO
+        # The share of the step the SMs are not doing healthy work, scaled: the collective's share.
+        level = (
+            lk.sm / T.SM_ACTIVE_HEALTHY if lk.sm is not None else (lk.tensor or 0.0) / T.TENSOR_ACTIVE_HEALTHY
+        )
+        impact = clamp01(1.0 - level)
+        evidence += lk.evidence() + f.resolution.evidence("unresolved")
+        missing += f.missing(["sm_active", "nvlink_tx_bytes"])
         sources.append("metrics")
         windows = f.whole_window
     trace_share = _trace(inp, evidence, sources)
@@ -75,16 +116,29 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     title = (
         f"Ranks wait in collectives together: a sawtooth every {round(metric[2].period_s)} s on all GPUs"
         if metric is not None
+        else f"All GPUs drop out together while the links move data ({pct(drop[1])} of the time): "
+        "collectives behind a host-side barrier"
+        if drop is not None
+        else f"Heavy link traffic while SM activity stays at {pct(lk.sm if lk.sm is not None else lk.tensor)}"
+        f" {'(SM active)' if lk.sm is not None else '(tensor active)'}: exposed collectives (steps are "
+        f"shorter than the {f.resolution.sample_interval_s:g} s sampling)"
+        if unresolved and lk is not None
         else f"Communication not overlapped with compute takes {100 * exposed:.1f} % of the traced time"
     )
     return Finding(
         code=CODE,
         severity=severity,
         confidence=confidence(
-            min(base, 0.95), missing=missing, coverage=f.coverage(metric[0]) if metric is not None else 1.0
+            min(base, 0.95),
+            missing=missing,
+            coverage=f.coverage(metric[0])
+            if metric is not None
+            else f.coverage(f.util_key)
+            if f.util_key
+            else 1.0,
         ),
         title=title,
-        recommendation=RECOMMENDATION,
+        recommendation=RECOMMENDATION + (R.capture("collective") if unresolved and len(sources) == 1 else ""),
         evidence=evidence,
         windows=windows,
         impact=impact,
@@ -129,6 +183,36 @@ def _metric_pattern(
         )
         return key, series, period, sync, phase
     return None
+
+
+def _warn_if_enough(f: Features, cycles: float) -> Severity:
+    if f.samples_per_gpu >= T.MIN_SAMPLES_TO_WARN and cycles >= T.MIN_CYCLES_TO_WARN:
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def _drop_pattern(f: Features) -> tuple[list[D.Run], float, int] | None:
+    """Synchronised, regular drops of the job's mean utilisation while the links stay busy."""
+    if f.util is None:
+        return None
+    long_run = max(int(T.IDLE_MIN_STRETCH_S // f.step), 2)
+    rs = [r for r in D.idle_gaps(f.util, threshold=T.STALL_UTIL_MAX) if r[1] - r[0] < long_run]
+    known = np.isfinite(f.util)
+    if len(rs) < T.STALL_MIN_GAPS or not known.any():
+        return None
+    mask = np.zeros(f.util.size, dtype=bool)
+    for a, b in rs:
+        mask[a:b] = True
+    share = float(mask[known].mean())
+    cv = D.interval_cv([a for a, _ in rs])
+    period = D.find_periodicity(f.util, f.step)
+    regular = (period is not None and period.swing >= T.SAWTOOTH_MIN_SWING) or (
+        cv is not None and cv <= T.STALL_MAX_INTERVAL_CV
+    )
+    if share < T.STALL_MIN_IDLE_SHARE or not regular or not links_busy_in(f, mask):
+        return None
+    lost = float(np.nansum(np.clip(1.0 - f.util[mask], 0.0, 1.0))) / max(int(known.sum()), 1)
+    return rs, clamp01(lost), len(rs)
 
 
 def _trace(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> float:

@@ -1,22 +1,36 @@
 """data_pipeline_stall: the GPUs wait for input: regular idle gaps, host-side waits, a hot DataLoader.
 
-Metrics (the seed's "four looks": long GPU idle -> data or CPU side): the job's utilisation drops to ~0 at
-regular intervals, short each time (long idle stretches are idle_gpus). Stalls shorter than a scrape
-interval average out into a flat partial utilisation: that alone is only a hint (info). A trace shows GPU
-idle time whose gaps start when the host launches late (HTA's host wait) and a DataLoader share of the
-step; py-spy shows the input pipeline hot in the training process.
+Metrics, resolved regime (a stall period of at least ~4 samples, a minute or more at 15 s; the seed's "four
+looks": long GPU idle -> data or CPU side): the job's utilisation drops to ~0 at regular intervals, short
+each time (long idle stretches are idle_gpus), with the links quiet in the troughs (a collective moving
+data in the troughs is communication_wait). Drops out of phase across nodes are input stalls too (seed:
+staggered drops across machines mean the input side; synchronised drops are only called input when the
+links stay quiet). Cannot see: stalls shorter than a sample.
+
+Metrics, unresolved regime (steps of 0.1-5 s, far below 15-60 s samples): the profiling averages are flat
+and GPU_UTIL's point samples (NVML's 1/6-1 s window) land at random phases of the step. Utilisation well
+below 100 % with idle links and no heavy copies, and either point samples that spread down to ~0 (idle
+stretches at least an NVML window long) or healthy kernels when resident, points at the host/input side
+at a lower confidence; the finding names the resolution and the capture (py-spy, nsys) that confirms it.
+Cannot see: whether the host waits on the DataLoader, a tokenizer, host syncs or the file system.
+
+A trace shows GPU idle time whose gaps start when the host launches late (HTA's host wait) and a
+DataLoader share of the step; py-spy shows the input pipeline hot in the training process.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import detectors as D
+from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
-from jobs.diagnosis.rules.common import pct, ratio_ev, util_level
+from jobs.diagnosis.rules.common import pct
 
 CODE = "data_pipeline_stall"
 RECOMMENDATION = (
@@ -35,9 +49,11 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     severity = Severity.INFO
     windows: list[tuple[float, float]] = []
     gaps = _gaps(f)
+    stagger = _staggered(f) if gaps is None else None
+    unresolved = False
     if gaps is not None:
         rs, share, period, cv = gaps
-        base, severity = 0.8, Severity.WARNING
+        base, severity = 0.8, _warn_if_enough(f, len(rs))
         evidence += [
             Evidence("idle gaps (all GPUs at ~0 %)", len(rs), "count"),
             Evidence("time in idle gaps", round(100 * share, 1), "%"),
@@ -47,15 +63,30 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             evidence.append(Evidence("gap period", round(period.period_s), "s"))
         if cv is not None:
             evidence.append(Evidence("variation of the interval between gaps", round(cv, 2), "CV"))
+        evidence += f.resolution.evidence("resolved")
         windows = D.merge_windows(D.run_windows(rs, f.timestamps, f.step), gap_s=0.0)
         impact = share
         sources.append("metrics")
+    elif stagger is not None:
+        hosts, share, gap_count, overlap = stagger
+        base, severity = 0.7, _warn_if_enough(f, gap_count)
+        evidence += [
+            Evidence("nodes whose GPUs drop to ~0 % at regular intervals", len(hosts), "count"),
+            Evidence("nodes", ", ".join(hosts[:8])),
+            Evidence("overlap of the nodes' idle samples (1 = synchronised)", round(overlap, 2), "ratio"),
+            Evidence("GPU time in idle gaps", round(100 * share, 1), "%"),
+            *f.resolution.evidence("resolved"),
+        ]
+        impact = share
+        sources.append("metrics")
+        windows = f.whole_window
     else:
-        partial = _partial(f)
-        if partial is not None:
-            base, impact = 0.35, partial
-            util = _working_util(f)
-            evidence.append(ratio_ev("GPU utilisation, median (flat, no idle gaps at this resolution)", util))
+        lk = f.looks
+        if lk is not None and lk.util_mean is not None and R.host_side_stall(lk):
+            unresolved = True
+            base, impact = T.UNRESOLVED_CONFIDENCE, clamp01(1.0 - lk.util_mean)
+            severity = Severity.WARNING if f.samples_per_gpu >= T.MIN_SAMPLES_TO_WARN else Severity.INFO
+            evidence += lk.evidence() + f.resolution.evidence("unresolved")
             sources.append("metrics")
             windows = f.whole_window
     trace_idle = _trace(inp, evidence, sources)
@@ -71,11 +102,17 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             severity = Severity.WARNING
     if trace_idle is not None and any(e.label.endswith("DataLoader share of step") for e in evidence):
         severity = Severity.WARNING
+    lk = f.looks
     title = (
         f"The GPUs idle together every {round(gaps[2].period_s)} s waiting for input"
         if gaps is not None and gaps[2] is not None
         else f"The GPUs idle together {pct(gaps[1])} of the time waiting for input"
         if gaps is not None
+        else f"GPUs on {len(stagger[0])} nodes idle out of phase ({pct(stagger[1])} of GPU time): input"
+        if stagger is not None
+        else f"GPU_UTIL averages {pct(lk.util_mean)} with idle time inside the steps: the GPUs wait on the "
+        f"host / input pipeline (steps are shorter than the {f.resolution.sample_interval_s:g} s sampling)"
+        if unresolved and lk is not None
         else "GPU time is lost waiting on the host / input pipeline"
     )
     # GR_ENGINE_ACTIVE stands in for a missing GPU_UTIL; say so and trust it a little less.
@@ -89,7 +126,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             coverage=f.coverage(f.util_key) if f.util_key and "metrics" in sources else 1.0,
         ),
         title=title,
-        recommendation=RECOMMENDATION,
+        recommendation=RECOMMENDATION + (R.capture("input") if unresolved and len(sources) == 1 else ""),
         evidence=evidence,
         windows=windows,
         impact=impact,
@@ -119,28 +156,92 @@ def _gaps(f: Features) -> tuple[list[D.Run], float, D.Periodicity | None, float 
     )
     if not regular:
         return None
+    if links_busy_in(f, in_gaps):
+        return None  # the collective moves data in the troughs: communication_wait
     lost = float(np.nansum(np.clip(1.0 - f.util[in_gaps], 0.0, 1.0))) / max(int(known.sum()), 1)
     return rs, clamp01(lost), period, cv
 
 
-def _partial(f: Features) -> float | None:
-    util = _working_util(f)
-    if util is None or not T.PARTIAL_UTIL_LOW <= util <= T.PARTIAL_UTIL_HIGH:
+def links_busy_in(f: Features, mask: np.ndarray) -> bool:
+    """NVLink (or PCIe) carries at least twice its busy-sample traffic in the masked samples (and at least
+    NVLINK_TROUGH_MIN_BPS): data moves while the GPUs read idle, as in a collective behind a host barrier.
+    An input stall leaves the links quieter in the troughs than when the GPUs compute."""
+    for key in ("nvlink_tx_bytes", "nvlink_bandwidth_total", "pcie_tx_bytes"):
+        series = f.mean(key)
+        if series is None or f.util is None:
+            continue
+        inside = series[mask & np.isfinite(series)]
+        # Against samples where every GPU computes (a half-busy sample may hold part of a trough).
+        outside = series[~mask & np.isfinite(series) & (np.nan_to_num(f.util) >= T.UTIL_SATURATED_MIN)]
+        if not inside.size or not outside.size:
+            continue
+        scale = 0.5 if key == "nvlink_bandwidth_total" else 1.0  # TX + RX
+        trough, busy = float(np.mean(inside)) * scale, float(np.mean(outside)) * scale
+        if trough >= T.NVLINK_TROUGH_MIN_BPS and trough >= 2.0 * busy:
+            return True
+    return False
+
+
+def _warn_if_enough(f: Features, cycles: int) -> Severity:
+    """Warning only with enough samples and cycles (a short pod shows a few cycles of anything)."""
+    if f.samples_per_gpu >= T.MIN_SAMPLES_TO_WARN and cycles >= T.MIN_CYCLES_TO_WARN:
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def _staggered(f: Features) -> tuple[list[str], float, int, float] | None:
+    """Regular idle gaps on each of several nodes, out of phase (the job mean never drops together)."""
+    if f.util_key is None:
         return None
-    pcie = max(f.level("pcie_rx_bytes") or 0.0, f.level("pcie_tx_bytes") or 0.0)
-    if pcie >= T.PCIE_HEAVY_BPS:
-        return None  # host-device copies explain the partial utilisation
-    return clamp01(1.0 - util)
-
-
-def _working_util(f: Features) -> float | None:
-    """Median utilisation of the GPUs that work at all (GPUs idle most of the job are idle_gpus)."""
-    data = f.gpu_data((f.util_key,)) if f.util_key else None
-    if data is None or f.util_key is None:
-        return util_level(f)
-    per_gpu = [D.nanmedian(row) for row in data.values[f.util_key]]
-    working = [u for u in per_gpu if u is not None and u > T.IDLE_UTIL_MAX]
-    return float(np.median(working)) if working else None
+    data = f.gpu_data((f.util_key,))
+    if data is None:
+        return None
+    hosts = sorted(set(data.hosts))
+    if len(hosts) < 2:
+        return None
+    u = data.values[f.util_key]
+    long_run = max(int(T.IDLE_MIN_STRETCH_S // data.step), 2)
+    masks, shares, counts, names = [], [], [], []
+    for host in hosts:
+        rows = [i for i, h in enumerate(data.hosts) if h == host]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            series = np.nanmean(u[rows], axis=0)
+        rs = [r for r in D.idle_gaps(series, threshold=T.STALL_UTIL_MAX) if r[1] - r[0] < long_run]
+        known = np.isfinite(series)
+        if len(rs) < T.STALL_MIN_GAPS or not known.any():
+            continue
+        mask = np.zeros(series.size, dtype=bool)
+        for a, b in rs:
+            mask[a:b] = True
+        share = float(mask[known].mean())
+        cv = D.interval_cv([a for a, _ in rs])
+        period = D.find_periodicity(series, data.step)
+        regular = (period is not None and period.swing >= T.SAWTOOTH_MIN_SWING) or (
+            cv is not None and cv <= T.STALL_MAX_INTERVAL_CV
+        )
+        if share < T.STALL_MIN_IDLE_SHARE or not regular:
+            continue
+        lost = float(np.nansum(np.clip(1.0 - series[mask], 0.0, 1.0))) / max(int(known.sum()), 1)
+        masks.append(mask)
+        shares.append(lost * len(rows))
+        counts.append(len(rs))
+        names.append(host)
+    if len(names) < 2:
+        return None
+    # Each exporter collects at its own phase: the same instant reaches the samples of two nodes up to one
+    # collect interval apart, so each node's idle samples are widened by that much before comparing.
+    widen = int(np.ceil(R.DEFAULT_COLLECT_S / data.step))
+    wide = [np.convolve(m.astype(float), np.ones(2 * widen + 1), mode="same") > 0 for m in masks]
+    union = np.logical_or.reduce(masks)
+    inter = np.logical_and.reduce(wide) & union
+    overlap = float(inter.sum() / union.sum()) if union.any() else 1.0
+    if overlap >= T.SYNC_MIN_CORR:
+        return None  # synchronised: the job-wide check decides
+    if links_busy_in(f, np.logical_or.reduce(masks)):
+        return None  # data moves in the troughs: a collective, not input
+    share = clamp01(sum(shares) / len(data.gpus))
+    return names, share, int(np.median(counts)), overlap
 
 
 def _trace(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> float | None:

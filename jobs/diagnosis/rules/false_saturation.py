@@ -3,6 +3,10 @@
 A symptom, not a cause: the engine keeps it as context when a cause finding explains the low SM active.
 Without SM_ACTIVE (off in dcgm-exporter's default counters) the rule falls back to "busy, yet tensor and
 DRAM both quiet", at a much lower confidence.
+
+Resolution: a level check (medians over the job), valid in both regimes: GPU_UTIL's point samples and
+the profiling averages agree on levels even when steps are far shorter than a sample. It cannot see *why*
+the SMs are empty (tiny kernels, waits, memory): the cause rules say that.
 """
 
 from __future__ import annotations

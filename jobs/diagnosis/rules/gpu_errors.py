@@ -2,6 +2,9 @@
 
 Any non-zero code in the window matters; codes that point at hardware (ECC, fallen off the bus, NVLink,
 GSP, row remapping) are critical.
+
+Resolution: XID is the last code seen; one sample is enough (no minimum of samples), but an error that
+clears between two samples is missed.
 """
 
 from __future__ import annotations

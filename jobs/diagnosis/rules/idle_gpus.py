@@ -5,6 +5,15 @@ samples are not idle (a short hole inside an idle stretch is bridged for the str
 neither as idle GPU-time nor in the share, which is idle over *observed* GPU-time), and a blank stretch of
 profiling fields while GPU_UTIL stays up (an Nsight capture) is never read as idle because only
 utilisation counts.
+
+The share printed is the evaluation's idle share (`DiagnosisInput.idle_share`, the number the job page,
+leaderboard and waste use) whenever the Django side passes it; the rule still finds the idle GPUs, their
+stretches and windows itself, and falls back to its own observed share only when that number is unknown.
+Serving jobs (`kind == "inference"`) get serving advice (right-size, autoscale, batch requests); with fewer
+than MIN_SAMPLES_TO_WARN samples per GPU the finding is context (info), never a warning.
+
+Resolution: stretches of at least IDLE_MIN_STRETCH_S (10 min) are many samples long at 15-60 s, so this is
+a resolved-regime rule at any usual scrape interval; idle time shorter than a sample is invisible here.
 """
 
 from __future__ import annotations
@@ -17,6 +26,11 @@ from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, cla
 from jobs.diagnosis.features import Features, GpuData
 
 CODE = "idle_gpus"
+SERVING_RECOMMENDATION = (
+    "These serving GPUs are allocated but receive no work. Right-size the deployment (fewer replicas or "
+    "smaller GPUs), autoscale replicas on request load (queue depth, requests in flight) with scale-to-zero "
+    "where latency allows, and batch requests (continuous batching) so the replicas that stay get the work."
+)
 RECOMMENDATION = (
     "These GPUs are allocated but do nothing. Release them (request fewer GPUs, end the job when training "
     "finishes), or fix the placement: check the launcher's world size, CUDA_VISIBLE_DEVICES / device ids "
@@ -31,7 +45,19 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     data = f.gpu_data((f.util_key,))
     if data is not None:
         return _per_gpu(inp, f, data)
-    return _aggregate(f)
+    return _aggregate(inp, f)
+
+
+def _reported_share(inp: DiagnosisInput, own: float, *, estimate: bool = False) -> tuple[float, str]:
+    """The evaluation's idle share when known (one number on every channel), else the rule's own."""
+    if inp.idle_share is not None and np.isfinite(inp.idle_share):
+        return clamp01(float(inp.idle_share)), "share of the job's GPU time idle (the job's evaluation)"
+    suffix = " (estimate)" if estimate else ""
+    return own, f"share of the job's GPU time idle{suffix}"
+
+
+def _recommendation(inp: DiagnosisInput) -> str:
+    return SERVING_RECOMMENDATION if inp.kind == "inference" else RECOMMENDATION
 
 
 def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
@@ -62,6 +88,7 @@ def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
     # Idle observed GPU-time over observed GPU-time: a subset over its set, so never above 1.
     share = idle_cells / known
     assert 0.0 <= share <= 1.0, f"idle share {share} outside [0, 1]"
+    share, share_label = _reported_share(inp, share)
     fb = f.gpu_data(("fb_used",))
     fb_note: list[Evidence] = []
     if fb is not None:
@@ -79,14 +106,14 @@ def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
     who = "All GPUs" if all_idle else f"{len(idle_gpus)} of {len(data.gpus)} GPUs"
     return Finding(
         code=CODE,
-        severity=_severity(share),
+        severity=_severity(share, f),
         confidence=confidence(0.9, coverage=f.coverage(f.util_key)),
         title=f"{who} idle (~0 % utilisation) for {_dur(max(b - a for a, b in windows))} or more",
-        recommendation=RECOMMENDATION,
+        recommendation=_recommendation(inp),
         evidence=[
             Evidence("idle GPUs", ", ".join(idle_gpus[:8]) + (" ..." if len(idle_gpus) > 8 else "")),
             Evidence("idle GPU-hours", round(gpu_hours, 2), "GPU-h"),
-            Evidence("share of the job's GPU time idle", round(100 * share, 1), "%"),
+            Evidence(share_label, round(100 * share, 1), "%"),
             *fb_note,
         ],
         windows=D.merge_windows(windows, gap_s=step),
@@ -96,7 +123,7 @@ def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
     )
 
 
-def _aggregate(f: Features) -> Finding | None:
+def _aggregate(inp: DiagnosisInput, f: Features) -> Finding | None:
     """Without per-GPU data: stretches where the least busy GPU reads idle; the count is estimated."""
     assert f.util_key is not None
     low, mean = f.stat(f.util_key, "min"), f.util
@@ -117,16 +144,16 @@ def _aggregate(f: Features) -> Finding | None:
             else 0.5
         )
     frac = float(frac) if np.isfinite(frac) else 0.5
-    share = frac * float(mask.mean())
+    share, share_label = _reported_share(inp, frac * float(mask.mean()), estimate=True)
     return Finding(
         code=CODE,
-        severity=_severity(share),
+        severity=_severity(share, f),
         confidence=confidence(0.6, missing=["per-GPU series"], coverage=f.coverage(f.util_key)),
         title=f"About {frac:.0%} of the GPUs idle for {_dur(max(b - a for a, b in rs) * f.step)} or more",
-        recommendation=RECOMMENDATION,
+        recommendation=_recommendation(inp),
         evidence=[
             Evidence("estimated share of GPUs idle in those stretches", round(100 * frac, 1), "%"),
-            Evidence("share of the job's GPU time idle (estimate)", round(100 * share, 1), "%"),
+            Evidence(share_label, round(100 * share, 1), "%"),
         ],
         windows=D.merge_windows(D.run_windows(rs, f.timestamps, f.step)),
         impact=clamp01(share),
@@ -135,7 +162,9 @@ def _aggregate(f: Features) -> Finding | None:
     )
 
 
-def _severity(share: float) -> Severity:
+def _severity(share: float, f: Features) -> Severity:
+    if f.samples_per_gpu < T.MIN_SAMPLES_TO_WARN:
+        return Severity.INFO  # too few samples to warn (a short pod)
     if share >= T.IDLE_MIN_SHARE:
         return Severity.CRITICAL
     return Severity.WARNING if share >= T.IDLE_WARN_SHARE else Severity.INFO

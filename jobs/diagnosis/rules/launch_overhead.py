@@ -1,13 +1,21 @@
 """launch_overhead: the GPU always has a kernel running, but the kernels are tiny and the SMs mostly empty.
 
-Metrics: busy GPU_UTIL with very low SM active and every pipe quiet (tensor and DRAM). A trace confirms it:
-most kernels shorter than 10 us, the GPU waiting between kernels for the next launch, kernels shorter than
-their own CPU launch call (HTA's launch statistics).
+Metrics: busy GPU_UTIL with very low SM active and every pipe quiet (tensor and DRAM) — a level check that
+holds at any resolution. Unresolved regime (steps far shorter than the 15-60 s samples): utilisation below
+100 % whose GPU_UTIL point samples (NVML's 1/6-1 s window) all read about the same — the idle time comes in
+gaps far shorter than a window, between kernels — with SM active (or tensor active) per unit of busy time
+well below a GEMM-dominated step's and idle links: the host cannot launch kernels fast enough (seed:
+"dense, very short kernels"), at a lower confidence, naming the nsys capture that confirms it. Cannot
+see: kernel durations, launch gaps or host syncs (which look the same at this resolution).
+
+A trace confirms it: most kernels shorter than 10 us, the GPU waiting between kernels for the next launch,
+kernels shorter than their own CPU launch call (HTA's launch statistics).
 """
 
 from __future__ import annotations
 
 from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
@@ -52,6 +60,18 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         impacts.append(busy_share(f) * clamp01(1.0 - level / T.SM_ACTIVE_HEALTHY))
         sources.append("metrics")
         windows = f.whole_window
+    unresolved = False
+    lk = f.looks
+    if not sources and lk is not None and lk.util_mean is not None and R.launch_bound(lk):
+        unresolved = True
+        base = T.UNRESOLVED_CONFIDENCE
+        evidence += lk.evidence() + f.resolution.evidence("unresolved")
+        missing += f.missing(["sm_active"])
+        per_busy = lk.per_busy(lk.sm) if lk.sm is not None else 2.0 * (lk.per_busy(lk.tensor) or 0.0)
+        # Idle between kernels plus the emptiness of the kernels themselves.
+        impacts.append(clamp01(1.0 - lk.util_mean * min((per_busy or 0.0) / T.SM_ACTIVE_HEALTHY, 1.0)))
+        sources.append("metrics")
+        windows = f.whole_window
     trace_hits = _trace(inp, evidence, impacts, sources)
     stats_hits = _nsys_stats(inp, evidence, sources)
     if not sources:
@@ -60,10 +80,15 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         base = max(base, 0.75) + (0.1 if base else 0.0)
     # Tiny kernels alone (nsys stats without a timeline) do not show that the GPU waited: info only.
     severity = Severity.WARNING if ("metrics" in sources or trace_hits) else Severity.INFO
-    if sm is not None and sm < T.SM_ACTIVE_VERY_LOW and "metrics" in sources:
+    if sm is not None and sm < T.SM_ACTIVE_VERY_LOW and "metrics" in sources and not unresolved:
         severity = Severity.CRITICAL
+    if unresolved and not trace_hits and f.samples_per_gpu < T.MIN_SAMPLES_TO_WARN:
+        severity = Severity.INFO
     title = (
-        f"Launch-bound: the GPU reads {pct(util)} busy but its SMs are active {pct(sm)} of the time"
+        f"Launch-bound: GPU_UTIL {pct(lk.util_mean)} with the idle time spread between small kernels "
+        f"(steps are shorter than the {f.resolution.sample_interval_s:g} s sampling)"
+        if unresolved and lk is not None and not trace_hits and not stats_hits
+        else f"Launch-bound: the GPU reads {pct(util)} busy but its SMs are active {pct(sm)} of the time"
         if "metrics" in sources and sm is not None
         else "Launch-bound: tiny kernels and launch gaps dominate the GPU timeline"
         if trace_hits or stats_hits
@@ -78,7 +103,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             coverage=f.coverage("tensor_active") if "metrics" in sources else 1.0,
         ),
         title=title,
-        recommendation=RECOMMENDATION,
+        recommendation=RECOMMENDATION + (R.capture("launch") if unresolved and len(sources) == 1 else ""),
         evidence=evidence,
         windows=windows,
         impact=max(impacts, default=0.0),

@@ -3,6 +3,12 @@
 Per busy GPU, the 95th percentile of FB_USED over its samples; the job's use is the highest of those (the
 fullest GPU limits the micro-batch). Capacity is FB_USED + FB_FREE as the exporter reports them, else the
 GPU catalog's memory size.
+
+Serving jobs (`kind == "inference"`) get serving advice: memory headroom there means room for a larger
+request batch / KV cache or a smaller (cheaper) GPU, not a larger micro-batch. Fewer than
+MIN_SAMPLES_TO_WARN samples per GPU give context (info), never a warning. Resolution: frame-buffer use
+changes slowly, so the 95th percentile is resolved at any usual scrape interval; a short allocation peak
+between two samples is not seen (the headroom may be smaller than it reads).
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import pct
 
 CODE = "memory_headroom"
+SERVING_RECOMMENDATION = (
+    "The serving GPUs use little of their memory. Batch more requests per forward pass (raise the server's "
+    "max batch size / max_num_seqs and the KV-cache share, continuous batching), or right-size: serve "
+    "this model on a smaller GPU, or pack several replicas per GPU (MIG or multiple models) and autoscale "
+    "the replica count on load."
+)
 RECOMMENDATION = (
     "The GPUs use little of their memory. Raise the micro-batch (or sequence packing) until memory use "
     "reaches ~80-90 %, which makes kernels larger and MFU higher; if activation checkpointing is on, turn "
@@ -31,6 +43,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     if share >= T.HEADROOM_USED_MAX:
         return None
     severity = Severity.WARNING if share < T.HEADROOM_USED_LOW else Severity.INFO
+    if f.samples_per_gpu < T.MIN_SAMPLES_TO_WARN:
+        severity = Severity.INFO
     return Finding(
         code=CODE,
         severity=severity,
@@ -38,7 +52,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             0.85 if source == "exporter" else 0.7, missing=missing, coverage=f.coverage("fb_used")
         ),
         title=f"GPU memory mostly unused: at most {pct(share)} of the frame buffer in use",
-        recommendation=RECOMMENDATION,
+        recommendation=SERVING_RECOMMENDATION if inp.kind == "inference" else RECOMMENDATION,
         evidence=[
             Evidence("frame buffer used, busiest GPU, 95th percentile", round(used), "MiB"),
             Evidence(

@@ -3,6 +3,10 @@
 Per GPU, the median over its busy samples of SM clock, SM active and tensor active is compared with its
 peers by a robust z-score (median/MAD with a spread floor). Clocks barely differ between healthy GPUs, so a
 small clock deficit counts; activity must be well below. Idle GPUs are left to idle_gpus.
+
+Resolution: per-GPU levels over the whole job, valid in both regimes; a rank that is slow only for a
+few steps, or slow by less than the peers' spread, is not seen; a straggler inside each step (every rank
+waits for a different one) looks like communication_wait.
 """
 
 from __future__ import annotations

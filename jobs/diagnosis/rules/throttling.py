@@ -7,6 +7,9 @@ Not the clock behind the quoted peak (H100 SXM: 1830 of 1980 MHz), which only th
 Clock below max boost while busy is the effect; throttle reason bits, the violation counters, temperature near
 the slowdown point and power at the cap are the causes that corroborate it. A minority of slow GPUs is a
 straggler (its own rule), not a job-wide throttle.
+
+Resolution: clocks, reasons and violation counters are levels and rates over the job, valid in both
+regimes; throttling bursts shorter than a sample are averaged (violation counters still count them).
 """
 
 from __future__ import annotations
