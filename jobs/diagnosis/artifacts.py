@@ -12,7 +12,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
+from jobs.profiling.capture import capture_from_nvidia_smi
 
 KEYS_USED: dict[str, tuple[str, ...]] = {
     "trace (kineto / nsys_sqlite: trace_analysis.analyze_trace)": (
@@ -28,6 +30,14 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "ranks[].tensor_cores.tensor_core_compute_time_pct",
         "ranks[].step_times.{count,median_ms}",
         "ranks[].step_breakdown.{steps,dataloader_pct,communication_pct}",
+        "ranks[].tensor_cores.{simt_compute_time_pct,top_simt_kernels[].{name,time_ms}}",
+        "ranks[].gpu_idle_attribution.{has_gpu_ops,idle_pct,input_pct,host_sync_pct,launch_gaps_pct,"
+        "other_pct,launch_gaps_host_busy_pct,idle_gaps[].{lower_us,upper_us,count}}",
+        "ranks[].input_pipeline.{dataloader_step_pct,iterator}",
+        "ranks[].host_blocking.{step_pct,cpu_time_pct,calls,by_kind[].{kind,count,time_ms},"
+        "sites[].{site,kind,count,time_ms,step_pct},pageable_async_copies,pinned_async_copies}",
+        "ranks[].memcpy.host_memory[].{memory,bytes}",
+        "capture.{start_unix,end_unix}",
     ),
     "py-spy (pyspy.analyze_pyspy)": (
         "classes_pct",
@@ -105,14 +115,72 @@ class RankView:
         """True when the rank has GPU ops (CPU-only traces carry no GPU evidence)."""
         return self.n("temporal_breakdown", "span_ms") not in (None, 0.0)
 
+    def too_small(self) -> bool:
+        """Fewer kernels than `TT.MIN_TRACE_KERNELS` (when the analysis counts them): no evidence."""
+        kernels = self.n("kernel_breakdown", "kernel_count")
+        return kernels is not None and kernels < TT.MIN_TRACE_KERNELS
+
+    def attributed(self) -> bool:
+        """True when the analysis splits GPU idle time by host activity (`gpu_idle_attribution`).
+
+        Analyses stored by parsers older than that section lack it; rules then use their older criteria.
+        """
+        section = get(self.data, "gpu_idle_attribution")
+        return isinstance(section, Mapping) and section.get("has_gpu_ops") is True
+
+    def attribution(self, key: str) -> float | None:
+        """A number of the `gpu_idle_attribution` section (shares are % of the profiled steps)."""
+        return self.n("gpu_idle_attribution", key)
+
+    @property
+    def windows(self) -> list[tuple[float, float]]:
+        """The capture window of the artifact this rank came from (see `capture_window`)."""
+        return capture_window(self.artifact)
+
 
 def trace_ranks(inp: DiagnosisInput) -> Iterator[RankView]:
-    """Every rank with GPU work of every trace analysis (Kineto or Nsight Systems export)."""
+    """Every rank with GPU work of every trace analysis (Kineto or Nsight Systems export).
+
+    Ranks with fewer than `TT.MIN_TRACE_KERNELS` kernels are left out: a 1-kernel smoke test's "99 %
+    idle" says nothing about training.
+    """
     for art in inp.artifacts:
         for rank in items(art.analysis, "ranks"):
             view = RankView(art, rank)
-            if isinstance(rank.get("temporal_breakdown"), Mapping) and view.has_gpu_work():
+            has_work = isinstance(rank.get("temporal_breakdown"), Mapping) and view.has_gpu_work()
+            if has_work and not view.too_small():
                 yield view
+
+
+def capture_of(analysis: Any) -> Mapping[str, Any] | None:
+    """The analysis' `capture` block (jobs.profiling.capture contract), or None when it has none.
+
+    nvidia-smi analyses made before their parser wrote the block get one derived from their own
+    start/end and GPU names.
+    """
+    block = get(analysis, "capture")
+    if isinstance(block, Mapping):
+        return block
+    if get(analysis, "format") == "nvidia_smi_csv":
+        return capture_from_nvidia_smi(analysis)
+    return None
+
+
+def capture_window(art: ArtifactAnalysis) -> list[tuple[float, float]]:
+    """[(start_unix, end_unix)] of what the artifact captured, or [] when its clock is unknown.
+
+    Findings from a trace cover only this window, not the whole job.
+    """
+    block = capture_of(art.analysis)
+    start, end = num(get(block, "start_unix")), num(get(block, "end_unix"))
+    if start is None or end is None or end < start:
+        return []
+    return [(start, end)]
+
+
+def merge_windows(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Distinct windows in time order (the same trace seen by several ranks gives one window)."""
+    return sorted(set(windows))
 
 
 def by_shape(

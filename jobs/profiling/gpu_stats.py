@@ -2,7 +2,8 @@
 
 Each function takes the rank's windowed `GpuOps` (see `trace_analysis.analysis_window`) and returns a
 JSON-serialisable dict with units in the key names. HTA equivalents: `get_gpu_kernel_breakdown`,
-`get_cuda_kernel_launch_stats`, `get_comm_comp_overlap`; the tensor-core rule is the TensorBoard plugin's.
+`get_cuda_kernel_launch_stats`, `get_comm_comp_overlap`; the tensor-core share is the TensorBoard
+plugin's, classified by `kernel_classes.math_class`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from jobs.profiling.events import (
     RuntimeCalls,
     Trace,
 )
+from jobs.profiling.kernel_classes import MathClass, math_class
 from jobs.profiling.units import NS_PER_US, ms, pct
 
 #: Kernel duration histogram edges, in microseconds (the last bin is open-ended).
@@ -32,37 +34,6 @@ HISTOGRAM_EDGES_US: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 
 #: Longest kernel name we put in a result; C++ template names run to many kilobytes.
 MAX_NAME_CHARS = 1000
 
-# The TensorBoard plugin's allowlist (torch_tb_profiler/profiler/tensor_core.py, from NVIDIA PyProf)
-# plus the names of tensor-core kernels on Ampere/Hopper that postdate it: CUTLASS "tensorop", Hopper
-# wgmma/gmma and cuBLASLt nvjet kernels, FlashAttention and fused MHA kernels.
-TENSOR_CORE_PATTERNS: tuple[str, ...] = (
-    "h884",
-    "s884",
-    "h1688",
-    "s1688",
-    "hmma",
-    "i8816",
-    "16816",
-    "dgrad_1x1_stride_2x2",
-    "first_layer_wgrad_kernel",
-    "conv1x1",
-    "conv2d_c1_k1",
-    "direct_group",
-    "xmma_implicit_gemm",
-    "xmma_sparse_conv",
-    "xmma_warp_specialized_implicit_gemm",
-    "xmma_gemm",
-    "xmma_sparse_gemm",
-    "c1688",
-    "tensorop",
-    "wgmma",
-    "gmma",
-    "imma",
-    "nvjet",
-    "flash_fwd",
-    "flash_bwd",
-    "fmha",
-)
 _CPU_SYNC_RE = re.compile(r"synchronize", re.IGNORECASE)
 _CLASS_NAMES = {c.value: c.name for c in KernelClass}
 
@@ -395,24 +366,45 @@ def comm_compute_overlap(gpu: GpuOps) -> dict[str, Any]:
     }
 
 
-def is_tensor_core_kernel(name: str) -> bool:
-    """Kernel-name heuristic: does this kernel use tensor cores?"""
-    return any(p in name for p in TENSOR_CORE_PATTERNS)
-
-
 def tensor_core_share(trace: Trace, gpu: GpuOps) -> dict[str, Any]:
-    """Share of kernel time in tensor-core kernels (the TensorBoard plugin's "Tensor Cores Used")."""
+    """Share of kernel time in tensor-core kernels and in SIMT (CUDA-core) GEMM/convolution kernels.
+
+    The TensorBoard plugin's "Tensor Cores Used", with the classifier of `kernel_classes.math_class`
+    (what each kernel name encodes) instead of its substring allowlist, which counted FP32 FFMA xmma
+    GEMMs as tensor-core time. `simt_compute_time_pct` is the share of compute-kernel time in matmuls that
+    ran on CUDA cores: the work tensor cores could have done. The top SIMT kernels are listed by time.
+    """
     k = gpu.take(gpu.kind == OpKind.KERNEL)
     total = int(k.dur_ns.sum())
-    ids = np.unique(k.name)
-    tc_ids = np.array([i for i in ids.tolist() if is_tensor_core_kernel(trace.strings[i])], dtype=np.int32)
+    ids = np.unique(k.name).tolist()
+    classes = {i: math_class(trace.strings[i]) for i in ids}
+    tc_ids = np.array([i for i in ids if classes[i] is MathClass.TENSOR], dtype=np.int32)
+    simt_ids = np.array([i for i in ids if classes[i] is MathClass.SIMT], dtype=np.int32)
     sel = np.isin(k.name, tc_ids) if tc_ids.size else np.zeros(len(k), dtype=bool)
+    simt = np.isin(k.name, simt_ids) if simt_ids.size else np.zeros(len(k), dtype=bool)
     comp = k.kclass == KernelClass.COMPUTATION
+    comp_ns = int(k.dur_ns[comp].sum())
     tc_time = int(k.dur_ns[sel].sum())
+    simt_time = int(k.dur_ns[simt].sum())
+    top_simt: list[dict[str, Any]] = []
+    if simt.any():
+        stats = _group_stats(k.name[simt], k.dur_ns[simt])
+        for i in np.argsort(-stats["total"], kind="stable")[:5]:
+            top_simt.append(
+                {
+                    "name": shorten_kernel_name(trace.strings[int(stats["name"][i])])[:200],
+                    "count": int(stats["count"][i]),
+                    "time_ms": ms(stats["total"][i]),
+                }
+            )
     return {
         "tensor_core_kernel_count": int(sel.sum()),
         "tensor_core_time_ms": ms(tc_time),
         "tensor_core_time_pct": pct(tc_time, total),
-        "tensor_core_compute_time_pct": pct(int(k.dur_ns[sel & comp].sum()), int(k.dur_ns[comp].sum())),
-        "method": "kernel-name heuristic (TensorBoard plugin allowlist + tensorop/wgmma/nvjet/flash kernels)",
+        "tensor_core_compute_time_pct": pct(int(k.dur_ns[sel & comp].sum()), comp_ns),
+        "simt_kernel_count": int(simt.sum()),
+        "simt_time_ms": ms(simt_time),
+        "simt_compute_time_pct": pct(int(k.dur_ns[simt & comp].sum()), comp_ns),
+        "top_simt_kernels": top_simt,
+        "method": "kernel names (kernel_classes.math_class: tensor-op vs SIMT name parts)",
     }

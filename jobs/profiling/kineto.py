@@ -495,6 +495,13 @@ def _build_trace(events: list[_Event], meta: _Document, rank_override: int | Non
         warnings.append("The trace has no distributedInfo rank; it is treated as rank 0.")
     rank_trace.devices = _device_info(meta.deviceProperties) or _device_info(meta.computeProperties)
     rank_trace.unix_offset_ns = _unix_offset(meta.baseTimeNanoseconds, rank_trace)
+    clock = (
+        "unknown: no baseTimeNanoseconds and the timestamps are relative"
+        if rank_trace.unix_offset_ns is None
+        else "traceEvents ts are unix-epoch microseconds"
+        if rank_trace.unix_offset_ns == 0
+        else "baseTimeNanoseconds"
+    )
     if window is not None:
         w = _to_ns(np.array(window, dtype=np.float64))
         rank_trace.window_ns = (int(w[0]), int(w[1]))
@@ -509,6 +516,8 @@ def _build_trace(events: list[_Event], meta: _Document, rank_override: int | Non
         # Categories come from the upload: keep the 50 most frequent so a hostile file cannot bloat results.
         "event_counts_by_category": dict(sorted(cat_counts.items(), key=lambda kv: -kv[1])[:50]),
         "format": "kineto-2021" if "Kernel" in cat_counts or "Operator" in cat_counts else "kineto",
+        "clock": clock,
+        "capture_window": "profiler span (cat Trace)" if window is not None else "event extent",
     }
     return Trace(source="kineto", strings=strings, ranks=[rank_trace], metadata=metadata, warnings=warnings)
 

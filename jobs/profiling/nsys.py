@@ -322,6 +322,12 @@ def _parse(reader: GuardedSQLite) -> Trace:
         "gpu_ops": len(all_ops),
         "runtime_calls": len(runtime),
         "nvtx_ranges": len(nvtx),
+        "clock": (
+            "TARGET_INFO_SESSION_START_TIME.utcEpochNs"
+            if unix_offset is not None
+            else "unknown: the export has no TARGET_INFO_SESSION_START_TIME"
+        ),
+        "capture_window": "ANALYSIS_DETAILS.duration" if window is not None else "event extent",
     }
     return Trace(source="nsys", strings=strings, ranks=ranks, metadata=metadata, warnings=warnings)
 

@@ -46,8 +46,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from jobs.profiling import gpu_stats, tb_metrics
+from jobs.profiling import gpu_stats, host_analysis, tb_metrics
 from jobs.profiling import intervals as iv
+from jobs.profiling.capture import make_capture
 from jobs.profiling.events import (
     AnnotationSource,
     GpuOps,
@@ -383,27 +384,88 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
         "step_times": step_times(trace, rank),
     }
     out.update(tb_metrics.tb_metrics(trace, rank))
+    out.update(host_analysis.host_analysis(trace, rank, tb_metrics.tb_steps(trace, rank)))
     return out
 
 
 def analyze_trace(trace: Trace, options: AnalysisOptions | None = None) -> dict[str, Any]:
     """All analyses for every rank of a parsed trace, as one JSON-serialisable dict.
 
-    Keys: `source`, `options`, `warnings`, `metadata`, `ranks` (one dict per rank with `rank`,
+    Keys: `source`, `options`, `warnings`, `metadata`, `capture`, `ranks` (one dict per rank with `rank`,
     `temporal_breakdown`, `idle_breakdown`, `kernel_breakdown`, `launch_stats`, `memcpy`, `memset`,
-    `sync`, `comm_compute_overlap`, `tensor_cores`, `step_times`, `tb_gpu_metrics`, `step_breakdown`)
-    and `summary` (means over ranks with GPU work). Units are in the key names.
+    `sync`, `comm_compute_overlap`, `tensor_cores`, `step_times`, `tb_gpu_metrics`, `step_breakdown`,
+    `host_blocking`, `input_pipeline`, `gpu_idle_attribution` -- see `host_analysis`) and `summary`
+    (means over ranks with GPU work). Units are in the key names.
+
+    `capture` says what the capture covers, for checking the artifact against its job
+    (`jobs.profiling.capture` has the contract): ``{"gpu_names": [...], "start_unix": float | None,
+    "end_unix": float | None, "ranks": [...], "world_size": int | None, "source": str}``. GPU names are
+    Kineto's deviceProperties[].name or nsys' TARGET_INFO_GPU.name; the window is the profiler's span
+    (Kineto's "PyTorch Profiler" Trace event, nsys ANALYSIS_DETAILS) or else the events' extent, placed
+    on the wall clock by baseTimeNanoseconds, by epoch-microsecond ts, or by nsys
+    TARGET_INFO_SESSION_START_TIME; unknown (None) when the trace's clock is relative. Ranks come from
+    Kineto's distributedInfo; nsys exports have none (their per-GPU "ranks" are device indexes).
     """
     opts = options or AnalysisOptions()
     ranks = [analyze_rank(trace, r, opts) for r in trace.ranks]
     return {
         "source": trace.source,
+        "capture": capture_of(trace),
         "options": asdict(opts),
         "warnings": list(trace.warnings),
         "metadata": _jsonable(trace.metadata),
         "ranks": ranks,
         "summary": _summary(ranks),
     }
+
+
+def capture_of(trace: Trace) -> dict[str, Any]:
+    """The trace's `capture` block (see `analyze_trace` and `jobs.profiling.capture`)."""
+    names: dict[tuple[int, str], None] = {}
+    starts: list[float] = []
+    ends: list[float] = []
+    for rank in trace.ranks:
+        for dev in rank.devices:
+            if dev.name:
+                names[(dev.id, dev.name)] = None
+        if rank.unix_offset_ns is None:
+            continue
+        extent = rank.window_ns or _event_extent(rank)
+        if extent is not None:
+            starts.append((extent[0] + rank.unix_offset_ns) / 1e9)
+            ends.append((extent[1] + rank.unix_offset_ns) / 1e9)
+    clock = trace.metadata.get("clock")
+    how = trace.metadata.get("capture_window", "event extent")
+    if trace.source == "nsys":
+        ranks: list[int] = []
+        world: int | None = None
+    else:
+        ranks = [r.distributed.rank for r in trace.ranks if r.distributed and r.distributed.rank is not None]
+        worlds = [r.distributed.world_size for r in trace.ranks if r.distributed and r.distributed.world_size]
+        world = worlds[0] if worlds else None
+    if starts:
+        source = f"{trace.source}: {clock or 'absolute timestamps'}, {how}"
+    elif not any(r.unix_offset_ns is not None for r in trace.ranks):
+        source = f"{trace.source}: {clock or 'unknown: the timestamps are relative'}"
+    else:
+        source = f"{trace.source}: unknown: no events to place on the clock"
+    return make_capture(
+        gpu_names=[name for _, name in sorted(names)],
+        start_unix=min(starts) if starts else None,
+        end_unix=max(ends) if ends else None,
+        ranks=ranks,
+        world_size=world,
+        source=source,
+    )
+
+
+def _event_extent(rank: RankTrace) -> tuple[int, int] | None:
+    lows, highs = [], []
+    for table in (rank.gpu, rank.runtime, rank.cpu_ops, rank.annotations):
+        if len(table):
+            lows.append(int(table.start_ns.min()))
+            highs.append(int((table.start_ns + table.dur_ns).max()))
+    return (min(lows), max(highs)) if lows else None
 
 
 def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,8 @@ import pytest
 from jobs.profiling import intervals as iv
 from jobs.profiling import tb_metrics
 from jobs.profiling.events import OpKind, Trace, combine_traces
-from jobs.profiling.gpu_stats import is_tensor_core_kernel, shorten_kernel_name
+from jobs.profiling.gpu_stats import shorten_kernel_name
+from jobs.profiling.kernel_classes import is_tensor_core_kernel
 from jobs.profiling.kineto import parse_kineto
 from jobs.profiling.trace_analysis import AnalysisOptions, analyze_trace
 from tests.conftest import sample_path

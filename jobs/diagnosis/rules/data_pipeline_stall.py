@@ -28,6 +28,7 @@ from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import detectors as D
 from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
+from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import pct
@@ -89,7 +90,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             evidence += lk.evidence() + f.resolution.evidence("unresolved")
             sources.append("metrics")
             windows = f.whole_window
-    trace_idle = _trace(inp, evidence, sources)
+    trace_windows: list[tuple[float, float]] = []
+    trace_idle = _trace(inp, evidence, sources, trace_windows)
+    if trace_idle is not None and "metrics" not in sources:
+        windows = A.merge_windows(trace_windows)  # trace findings cover the captured window
     py = _pyspy(inp, evidence, sources)
     if not sources:
         return None
@@ -100,7 +104,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         base = min(base + 0.15, 0.95) if base else 0.5
         if gaps is not None or (trace_idle or 0.0) >= T.TRACE_IDLE_PCT / 100:
             severity = Severity.WARNING
-    if trace_idle is not None and any(e.label.endswith("DataLoader share of step") for e in evidence):
+    if trace_idle is not None and trace_idle >= TT.INPUT_IDLE_WARN_PCT / 100:
         severity = Severity.WARNING
     lk = f.looks
     title = (
@@ -113,6 +117,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         else f"GPU_UTIL averages {pct(lk.util_mean)} with idle time inside the steps: the GPUs wait on the "
         f"host / input pipeline (steps are shorter than the {f.resolution.sample_interval_s:g} s sampling)"
         if unresolved and lk is not None
+        else f"In the captured trace window the GPU idles {pct(trace_idle)} of the step waiting for the "
+        "DataLoader"
+        if trace_idle is not None and "metrics" not in sources
         else "GPU time is lost waiting on the host / input pipeline"
     )
     # GR_ENGINE_ACTIVE stands in for a missing GPU_UTIL; say so and trust it a little less.
@@ -126,7 +133,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             coverage=f.coverage(f.util_key) if f.util_key and "metrics" in sources else 1.0,
         ),
         title=title,
-        recommendation=RECOMMENDATION + (R.capture("input") if unresolved and len(sources) == 1 else ""),
+        recommendation=_trace_advice(inp) + RECOMMENDATION + (R.capture("input") if unresolved and len(sources) == 1 else ""),
         evidence=evidence,
         windows=windows,
         impact=impact,
@@ -244,28 +251,75 @@ def _staggered(f: Features) -> tuple[list[str], float, int, float] | None:
     return names, share, int(np.median(counts)), overlap
 
 
-def _trace(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> float | None:
+def _trace(
+    inp: DiagnosisInput,
+    evidence: list[Evidence],
+    sources: list[str],
+    windows: list[tuple[float, float]] | None = None,
+) -> float | None:
+    """Share of the step the GPU waits for the DataLoader in a trace, or None; appends capture windows.
+
+    Decided by the input share of the step, not by GPU idle alone: with the analysis' GPU idle
+    attribution (`jobs.profiling.host_analysis`), the GPU idle time while the host is inside the
+    DataLoader iterator (``enumerate(DataLoader)#...__next__``) over the profiled steps. Idle time in
+    short launch gaps or behind blocking calls belongs to launch_overhead / host_sync. Older analyses:
+    the TensorBoard-style DataLoader share of the step. Cannot see: DataLoader worker processes (they are
+    not in the training process's trace) -- the iterator class only says whether there are any.
+    """
     worst: float | None = None
     for r in A.trace_ranks(inp):
-        idle = r.n("temporal_breakdown", "idle_pct")
-        host = r.n("idle_breakdown", "host_wait_pct")
-        loader = r.n("step_breakdown", "dataloader_pct")
-        waits = idle is not None and idle >= T.TRACE_IDLE_PCT and host is not None and host >= T.HOST_WAIT_PCT
-        hot_loader = loader is not None and loader >= T.DATALOADER_PCT
-        if not waits and not hot_loader:
-            continue
-        if waits:
+        if r.attributed():
+            exposed = r.attribution("input_pct")
+            if exposed is None or exposed < TT.INPUT_IDLE_PCT:
+                continue
+            loader = r.n("input_pipeline", "dataloader_step_pct")
+            iterator = A.get(r.data, "input_pipeline", "iterator")
             evidence += [
-                Evidence(f"{r.label}: GPU idle", round(idle or 0.0, 2), "% of span"),
-                Evidence(f"{r.label}: idle time waiting on the host", round(host or 0.0, 2), "%"),
+                Evidence(f"{r.label}: GPU idle while the host waits in the DataLoader", exposed, "% of step"),
+                Evidence(f"{r.label}: DataLoader time on the host (captured window)", loader, "% of step"),
+                Evidence(f"{r.label}: GPU idle", r.attribution("idle_pct"), "% of step"),
             ]
-        if hot_loader:
-            evidence.append(Evidence(f"{r.label}: DataLoader share of step", round(loader or 0.0, 2), "%"))
-        share = max((idle or 0.0) * (host or 0.0) / 1e4 if waits else 0.0, (loader or 0.0) / 100.0)
+            if isinstance(iterator, str):
+                evidence.append(Evidence(f"{r.label}: DataLoader iterator", iterator))
+            share = exposed / 100.0
+        else:
+            loader = r.n("step_breakdown", "dataloader_pct")
+            if loader is None or loader < T.DATALOADER_PCT:
+                continue  # GPU idle without a hot DataLoader is not evidence of an input stall
+            idle = r.n("temporal_breakdown", "idle_pct")
+            evidence += [
+                Evidence(f"{r.label}: DataLoader share of step", round(loader, 2), "%"),
+                Evidence(f"{r.label}: GPU idle", None if idle is None else round(idle, 2), "% of span"),
+            ]
+            share = loader / 100.0
         worst = max(worst or 0.0, share)
+        if windows is not None:
+            windows += r.windows
         if r.source not in sources:
             sources.append(r.source)
     return worst
+
+
+def _trace_advice(inp: DiagnosisInput) -> str:
+    """What the traces' DataLoader iterator class says about the workers, as advice ('' when unknown)."""
+    iterators = {
+        A.get(r.data, "input_pipeline", "iterator")
+        for r in A.trace_ranks(inp)
+        if (r.attribution("input_pct") or 0.0) >= TT.INPUT_IDLE_PCT
+    }
+    if "single_process" in iterators:
+        return (
+            "The DataLoader runs inside the training process (num_workers=0: _SingleProcessDataLoaderIter): "
+            "give it worker processes (num_workers=4-8 per GPU, persistent_workers=True) so batches are "
+            "prepared while the GPU computes. "
+        )
+    if "multi_process" in iterators:
+        return (
+            "The DataLoader already has worker processes (_MultiProcessingDataLoaderIter) that cannot keep "
+            "up: make each sample cheaper first (decode/tokenise offline, cache on local NVMe), then add "
+            "workers or raise prefetch_factor. "
+        )
+    return ""
 
 
 def _pyspy(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> bool:

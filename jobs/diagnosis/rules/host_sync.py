@@ -1,13 +1,26 @@
-"""host_sync: the training step blocks the CPU on the GPU (.item(), cudaStreamSynchronize, ...).
+"""host_sync: the training step blocks the CPU on the GPU (.item(), synchronize, pageable or blocking copies).
 
-Only a trace shows it (DCGM cannot): CPU-side synchronisation calls per step and the time the CPU spent
-blocked in them. Each sync drains the GPU queue, so the next kernels launch late and the GPU idles.
+Only a trace shows it (DCGM cannot). The trace analysis (`jobs.profiling.host_analysis`) counts every
+blocking call -- cuda/hip{Stream,Device,Event}Synchronize, synchronous cudaMemcpy*, cudaMemcpyAsync to or
+from pageable memory, cudaFree, aten::item/_local_scalar_dense on GPU tensors -- as a share of the step and
+of the host's traced time, names the operator stacks that block, and measures the GPU idle the blocking
+causes: idle while the host is blocked, plus the relaunch after a call drained the GPU's queue. The rule
+fires on that GPU idle: a host that blocks while the GPU keeps working (the CPU waiting ahead of a
+GPU-bound step) costs nothing. What it cannot see: Python frames (the site is the operator stack), and
+other processes (a DataLoader worker's syncs are not in the training process's trace).
+
+Analyses stored before those sections existed are read with the old criteria (synchronize calls per step,
+CPU time in them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import thresholds as T
+from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 
@@ -18,43 +31,61 @@ RECOMMENDATION = (
     "data-dependent shapes (nonzero, boolean masks) on the hot path, and use non_blocking copies; "
     "torch.cuda.set_sync_debug_mode('warn') finds the calls."
 )
+#: Advice per kind of blocking call (host_analysis kinds), in the order they are given.
+ADVICE: dict[str, str] = {
+    "pageable_async_copy": (
+        "Copies to or from pageable host memory block the CPU until they finish: copy into pinned "
+        "buffers (tensor.pin_memory(), DataLoader pin_memory=True, or a preallocated pinned tensor with "
+        ".copy_(..., non_blocking=True)) and read the result a step later."
+    ),
+    "item": (
+        "aten::item (.item(), float(tensor), if tensor: ...) waits for the GPU each call: keep the values "
+        "on the GPU and read them every N steps."
+    ),
+    "synchronous_copy": (
+        "Synchronous copies (cudaMemcpy, .to(device) without non_blocking) wait for the GPU: use "
+        "non_blocking=True with pinned host memory."
+    ),
+    "synchronize": (
+        "Explicit synchronisations (torch.cuda.synchronize(), stream/event synchronize) drain the GPU "
+        "queue: remove them from the step or move them to logging steps."
+    ),
+    "implicit_sync": (
+        "cudaFree synchronises the device: keep PyTorch's caching allocator warm (no "
+        "torch.cuda.empty_cache() in the loop, stable shapes, a fixed cudnn workspace)."
+    ),
+}
 
 
 def check(inp: DiagnosisInput, f: Features) -> Finding | None:
-    """Fire when a trace shows frequent blocking synchronisations or much CPU time blocked in them."""
+    """Fire when a trace shows the GPU idling because the host blocks on it (or, for older analyses,
+    frequent synchronisations / much CPU time in them)."""
     evidence: list[Evidence] = []
     sources: list[str] = []
+    windows: list[tuple[float, float]] = []
+    kinds: dict[str, float] = {}
     severity = Severity.INFO
     impact = 0.0
+    measured = False
     for r in A.trace_ranks(inp):
-        calls = r.n("sync", "cpu_sync_calls") or 0.0
-        sync_ms = r.n("sync", "cpu_sync_ms") or 0.0
-        span = r.n("temporal_breakdown", "span_ms")
-        steps = r.n("step_times", "count") or 0.0
-        if not steps and (r.n("step_breakdown", "steps") or 0.0) > 1:
-            steps = r.n("step_breakdown", "steps") or 0.0
-        per_step = calls / steps if steps else None
-        frequent = per_step >= T.SYNC_CALLS_PER_STEP if per_step is not None else calls >= T.SYNC_CALLS_MIN
-        time_pct = 100.0 * sync_ms / span if span else 0.0
-        if not frequent and time_pct < T.SYNC_TIME_PCT:
-            continue
-        names = ", ".join(str(c.get("name")) for c in A.items(r.data, "sync", "cpu_sync_by_call")[:3])
-        evidence += [
-            Evidence(f"{r.label}: blocking sync calls{f' ({names})' if names else ''}", int(calls), "count"),
-            Evidence(f"{r.label}: CPU time blocked in syncs", round(sync_ms, 3), "ms"),
-            Evidence(f"{r.label}: blocked time", round(time_pct, 2), "% of traced span"),
-        ]
-        if per_step is not None:
-            evidence.append(Evidence(f"{r.label}: sync calls per step", round(per_step, 1), "count"))
-        gpu_syncs = r.n("sync", "gpu_sync_count")
-        if gpu_syncs:
-            evidence.append(Evidence(f"{r.label}: GPU-side sync records", int(gpu_syncs), "count"))
-        # The GPU idles at most while the CPU is blocked and the queue is drained.
-        idle = (r.n("temporal_breakdown", "idle_pct") or 0.0) / 100.0
-        many = per_step is not None and per_step >= 2 * T.SYNC_CALLS_PER_STEP
-        if time_pct >= T.SYNC_TIME_PCT or (many and idle * 100 >= T.TRACE_IDLE_MIN_PCT):
-            severity = Severity.WARNING
-        impact = max(impact, clamp01(min(time_pct / 100.0, idle)))
+        if r.attributed() and isinstance(A.get(r.data, "host_blocking"), Mapping):
+            hit = _attributed(r, evidence, kinds)
+            if hit is None:
+                continue
+            measured = True
+            idle_sync, warn = hit
+            if warn:
+                severity = Severity.WARNING
+            impact = max(impact, clamp01(idle_sync / 100.0))
+        else:
+            legacy = _legacy(r, evidence)
+            if legacy is None:
+                continue
+            share, warn = legacy
+            if warn:
+                severity = Severity.WARNING
+            impact = max(impact, share)
+        windows += r.windows
         if r.source not in sources:
             sources.append(r.source)
     for art in A.nsys_stats(inp):
@@ -68,19 +99,96 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             sources.append("nsys stats")
     if not sources:
         return None
+    advice = [ADVICE[k] for k in sorted(kinds, key=lambda k: -kinds[k]) if k in ADVICE]
+    recommendation = " ".join([*advice, "torch.cuda.set_sync_debug_mode('warn') finds the calls."])
+    title = (
+        "In the captured trace window the GPU idles because the CPU blocks on it (host synchronisations)"
+        if measured
+        else "The CPU blocks on the GPU inside the step (host synchronisations)"
+        if severity is Severity.WARNING
+        else "The trace has frequent host synchronisations"
+    )
     return Finding(
         code=CODE,
         severity=severity,
-        confidence=confidence(0.8 if severity is Severity.WARNING else 0.6),
-        title=(
-            "The CPU blocks on the GPU inside the step (host synchronisations)"
-            if severity is Severity.WARNING
-            else "The trace has frequent host synchronisations"
-        ),
-        recommendation=RECOMMENDATION,
+        confidence=confidence(0.85 if measured else 0.8 if severity is Severity.WARNING else 0.6),
+        title=title,
+        recommendation=recommendation if advice else RECOMMENDATION,
         evidence=evidence,
-        windows=[],
+        windows=A.merge_windows(windows),
         impact=impact,
         missing_signals=[],
         sources=sources,
     )
+
+
+def _attributed(
+    r: A.RankView, evidence: list[Evidence], kinds: dict[str, float]
+) -> tuple[float, bool] | None:
+    """Evidence from the host_blocking and gpu_idle_attribution sections: (GPU idle %, warning?)."""
+    idle_sync = r.attribution("host_sync_pct")
+    if idle_sync is None or idle_sync < TT.HOST_SYNC_IDLE_PCT:
+        return None
+    blocked = r.n("host_blocking", "step_pct")
+    evidence += [
+        Evidence(
+            f"{r.label}: GPU idle caused by host blocking (captured window)", round(idle_sync, 2), "% of step"
+        ),
+        Evidence(
+            f"{r.label}: CPU blocked on the GPU", None if blocked is None else round(blocked, 2), "% of step"
+        ),
+        Evidence(
+            f"{r.label}: CPU blocked on the GPU",
+            _round(r.n("host_blocking", "cpu_time_pct")),
+            "% of CPU time",
+        ),
+        Evidence(f"{r.label}: GPU idle", _round(r.attribution("idle_pct")), "% of step"),
+    ]
+    for row in A.items(r.data, "host_blocking", "by_kind"):
+        kind = str(row.get("kind"))
+        kinds[kind] = kinds.get(kind, 0.0) + (A.num(row.get("time_ms")) or 0.0)
+        evidence.append(Evidence(f"{r.label}: blocking calls: {kind}", A.num(row.get("count")), "count"))
+    for site in A.items(r.data, "host_blocking", "sites")[:3]:
+        evidence.append(
+            Evidence(
+                f"{r.label}: blocks at {str(site.get('site', '?'))[:200]}",
+                A.num(site.get("step_pct")),
+                "% of step",
+            )
+        )
+    return idle_sync, idle_sync >= TT.HOST_SYNC_IDLE_WARN_PCT
+
+
+def _legacy(r: A.RankView, evidence: list[Evidence]) -> tuple[float, bool] | None:
+    """Older analyses: synchronize calls per step and CPU time in them: (impact, warning?)."""
+    calls = r.n("sync", "cpu_sync_calls") or 0.0
+    sync_ms = r.n("sync", "cpu_sync_ms") or 0.0
+    span = r.n("temporal_breakdown", "span_ms")
+    steps = r.n("step_times", "count") or 0.0
+    if not steps and (r.n("step_breakdown", "steps") or 0.0) > 1:
+        steps = r.n("step_breakdown", "steps") or 0.0
+    per_step = calls / steps if steps else None
+    frequent = per_step >= T.SYNC_CALLS_PER_STEP if per_step is not None else calls >= T.SYNC_CALLS_MIN
+    time_pct = 100.0 * sync_ms / span if span else 0.0
+    if not frequent and time_pct < T.SYNC_TIME_PCT:
+        return None
+    names = ", ".join(str(c.get("name")) for c in A.items(r.data, "sync", "cpu_sync_by_call")[:3])
+    evidence += [
+        Evidence(f"{r.label}: blocking sync calls{f' ({names})' if names else ''}", int(calls), "count"),
+        Evidence(f"{r.label}: CPU time blocked in syncs", round(sync_ms, 3), "ms"),
+        Evidence(f"{r.label}: blocked time", round(time_pct, 2), "% of traced span"),
+    ]
+    if per_step is not None:
+        evidence.append(Evidence(f"{r.label}: sync calls per step", round(per_step, 1), "count"))
+    gpu_syncs = r.n("sync", "gpu_sync_count")
+    if gpu_syncs:
+        evidence.append(Evidence(f"{r.label}: GPU-side sync records", int(gpu_syncs), "count"))
+    # The GPU idles at most while the CPU is blocked and the queue is drained.
+    idle = (r.n("temporal_breakdown", "idle_pct") or 0.0) / 100.0
+    many = per_step is not None and per_step >= 2 * T.SYNC_CALLS_PER_STEP
+    warn = time_pct >= T.SYNC_TIME_PCT or (many and idle * 100 >= T.TRACE_IDLE_MIN_PCT)
+    return clamp01(min(time_pct / 100.0, idle)), warn
+
+
+def _round(value: Any) -> float | None:
+    return None if value is None else round(float(value), 2)

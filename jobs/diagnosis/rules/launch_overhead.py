@@ -17,6 +17,7 @@ from __future__ import annotations
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
+from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import busy_share, pct, ratio_ev, saturated, util_ev, util_level
@@ -72,7 +73,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         impacts.append(clamp01(1.0 - lk.util_mean * min((per_busy or 0.0) / T.SM_ACTIVE_HEALTHY, 1.0)))
         sources.append("metrics")
         windows = f.whole_window
-    trace_hits = _trace(inp, evidence, impacts, sources)
+    trace_windows: list[tuple[float, float]] = []
+    trace_hits = _trace(inp, evidence, impacts, sources, trace_windows)
+    if trace_hits and "metrics" not in sources:
+        windows = A.merge_windows(trace_windows)  # trace findings cover the captured window
     stats_hits = _nsys_stats(inp, evidence, sources)
     if not sources:
         return None
@@ -90,7 +94,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         if unresolved and lk is not None and not trace_hits and not stats_hits
         else f"Launch-bound: the GPU reads {pct(util)} busy but its SMs are active {pct(sm)} of the time"
         if "metrics" in sources and sm is not None
-        else "Launch-bound: tiny kernels and launch gaps dominate the GPU timeline"
+        else "Launch-bound: in the captured trace window, short launch gaps and tiny kernels idle the GPU"
         if trace_hits or stats_hits
         else f"Launch-bound: the GPU reads {pct(util)} busy while tensor and DRAM pipes are nearly idle"
     )
@@ -112,30 +116,71 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     )
 
 
-def _trace(inp: DiagnosisInput, evidence: list[Evidence], impacts: list[float], sources: list[str]) -> bool:
+def _trace(
+    inp: DiagnosisInput,
+    evidence: list[Evidence],
+    impacts: list[float],
+    sources: list[str],
+    windows: list[tuple[float, float]] | None = None,
+) -> bool:
+    """Trace evidence of launch overhead; appends the capture windows of the ranks that show it.
+
+    With the analysis' GPU idle attribution (`jobs.profiling.host_analysis`): idle time in gaps shorter
+    than ~1 ms that neither the DataLoader nor a blocking call explains, while the host is busy launching
+    (traced ops cover the gaps) or the kernels are tiny / shorter than their launch calls. Its share of
+    the step is the impact. Older analyses: most kernels tiny with kernel-to-kernel waits (HTA).
+    """
     hit = False
     for r in A.trace_ranks(inp):
         tiny = r.n("kernel_breakdown", "tiny_kernels", "count_pct")
-        kernel_wait = r.n("idle_breakdown", "kernel_wait_pct")
         shorter = r.n("launch_stats", "gpu_shorter_than_launch_pct")
-        idle = r.n("temporal_breakdown", "idle_pct")
-        if tiny is None or tiny < T.TINY_KERNEL_COUNT_PCT or idle is None or idle < T.TRACE_IDLE_MIN_PCT:
-            continue
-        waiting = (kernel_wait or 0.0) >= T.KERNEL_WAIT_SHARE_PCT or (shorter or 0.0) >= (
-            T.GPU_SHORTER_THAN_LAUNCH_PCT
-        )
-        if not waiting:
-            continue
-        hit = True
         kernels, steps = r.n("kernel_breakdown", "kernel_count"), r.n("step_times", "count")
-        evidence += [
-            Evidence(f"{r.label}: kernels shorter than 10 us", tiny, "% of kernels"),
-            Evidence(f"{r.label}: GPU idle", idle, "% of span"),
-            Evidence(f"{r.label}: kernels shorter than their launch call", shorter, "%"),
-        ]
+        if r.attributed():
+            launch = r.attribution("launch_gaps_pct")
+            busy = r.attribution("launch_gaps_host_busy_pct")
+            if launch is None or launch < TT.LAUNCH_GAPS_PCT:
+                continue
+            launching = (
+                (busy or 0.0) >= TT.LAUNCH_HOST_BUSY_PCT
+                or (tiny or 0.0) >= TT.TINY_KERNEL_PCT
+                or (shorter or 0.0) >= TT.SHORTER_THAN_LAUNCH_PCT
+            )
+            if not launching:
+                continue
+            gaps = {
+                (A.num(g.get("lower_us")), A.num(g.get("upper_us"))): A.num(g.get("count"))
+                for g in A.items(r.data, "gpu_idle_attribution", "idle_gaps")
+            }
+            evidence += [
+                Evidence(f"{r.label}: GPU idle in launch gaps < 1 ms (captured window)", launch, "% of step"),
+                Evidence(f"{r.label}: idle gaps of 30 us - 1 ms", gaps.get((30.0, 1000.0)), "count"),
+                Evidence(f"{r.label}: host busy during those gaps", busy, "%"),
+                Evidence(f"{r.label}: GPU idle", r.attribution("idle_pct"), "% of step"),
+                Evidence(f"{r.label}: kernels shorter than 10 us", tiny, "% of kernels"),
+                Evidence(f"{r.label}: kernels shorter than their launch call", shorter, "%"),
+            ]
+            impacts.append(clamp01(launch / 100.0))
+        else:
+            kernel_wait = r.n("idle_breakdown", "kernel_wait_pct")
+            idle = r.n("temporal_breakdown", "idle_pct")
+            if tiny is None or tiny < T.TINY_KERNEL_COUNT_PCT or idle is None or idle < T.TRACE_IDLE_MIN_PCT:
+                continue
+            waiting = (kernel_wait or 0.0) >= T.KERNEL_WAIT_SHARE_PCT or (shorter or 0.0) >= (
+                T.GPU_SHORTER_THAN_LAUNCH_PCT
+            )
+            if not waiting:
+                continue
+            evidence += [
+                Evidence(f"{r.label}: kernels shorter than 10 us", tiny, "% of kernels"),
+                Evidence(f"{r.label}: GPU idle", idle, "% of span"),
+                Evidence(f"{r.label}: kernels shorter than their launch call", shorter, "%"),
+            ]
+            impacts.append(clamp01(idle / 100.0 * max(kernel_wait or 0.0, shorter or 0.0) / 100.0))
+        hit = True
         if kernels and steps:
             evidence.append(Evidence(f"{r.label}: kernels per step", round(kernels / steps), "count"))
-        impacts.append(clamp01(idle / 100.0 * max(kernel_wait or 0.0, shorter or 0.0) / 100.0))
+        if windows is not None:
+            windows += r.windows
         if r.source not in sources:
             sources.append(r.source)
     return hit

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import thresholds as T
+from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import busy_share, pct, ratio_ev, saturated
@@ -59,16 +60,16 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             else:
                 missing += f.missing(["fp32_active"])
             impact = busy_share(f) * clamp01(1.0 - tensor / T.TENSOR_ACTIVE_HEALTHY)
+    windows: list[tuple[float, float]] = []
     for r in A.trace_ranks(inp):
-        share = r.n("tensor_cores", "tensor_core_compute_time_pct")
-        compute = r.n("temporal_breakdown", "compute_pct")
-        if share is None or compute is None or share >= T.TRACE_TENSOR_CORE_PCT_LOW or compute < 20.0:
+        hit = _trace(r, evidence)
+        if hit is None:
             continue
-        evidence.append(Evidence(f"{r.label}: compute time in tensor-core kernels", share, "%"))
         if r.source not in sources:
             sources.append(r.source)
-        base = max(base, 0.5)
-        impact = max(impact, clamp01(compute / 100.0 * (1.0 - share / 100.0) * 0.5))
+        windows += r.windows
+        base = max(base, 0.5 if hit < 0.05 else 0.65)
+        impact = max(impact, hit)
     if not sources:
         return None
     if "metrics" in sources and len(sources) > 1:
@@ -77,7 +78,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         f"A {dtype} job with tensor cores active only {pct(tensor)} of the time"
         f"{f' while SMs are {pct(sm)} active' if sm is not None else ''}"
         if "metrics" in sources
-        else f"A {dtype} job whose compute kernels rarely use tensor cores"
+        else f"A {dtype} job whose compute kernels in the captured trace window rarely use tensor cores"
     )
     return Finding(
         code=CODE,
@@ -90,8 +91,41 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         title=title,
         recommendation=RECOMMENDATION,
         evidence=[Evidence("job dtype", dtype), *evidence],
-        windows=f.whole_window if "metrics" in sources else [],
+        windows=f.whole_window if "metrics" in sources else A.merge_windows(windows),
         impact=impact,
         missing_signals=missing,
         sources=sources,
     )
+
+
+def _trace(r: A.RankView, evidence: list[Evidence]) -> float | None:
+    """The impact a trace rank shows, or None: compute kernels off the tensor cores.
+
+    Kernel names say which math units a kernel uses (`jobs.profiling.kernel_classes`): SIMT GEMMs and
+    convolutions (sgemm, FFMA xmma, scudnn) are matmuls that ran on CUDA cores. A trace cannot see
+    whether the model's matmuls *could* be tensor-core shaped; the dtype the job declares says they should.
+    """
+    share = r.n("tensor_cores", "tensor_core_compute_time_pct")
+    simt = r.n("tensor_cores", "simt_compute_time_pct")
+    compute = r.n("temporal_breakdown", "compute_pct")
+    if share is None or compute is None or compute < TT.COMPUTE_MIN_PCT:
+        return None
+    # With the SIMT share known, the matmuls on CUDA cores are the evidence (a step without matmuls
+    # has no tensor-core work to miss); older analyses only have the tensor-core share.
+    if (simt is not None and simt < TT.SIMT_COMPUTE_PCT) or (
+        simt is None and share >= T.TRACE_TENSOR_CORE_PCT_LOW
+    ):
+        return None
+    evidence.append(Evidence(f"{r.label}: compute time in tensor-core kernels", share, "%"))
+    if simt is not None:
+        evidence.append(Evidence(f"{r.label}: compute time in SIMT (FP32/FP64 CUDA-core) matmuls", simt, "%"))
+        for k in A.items(r.data, "tensor_cores", "top_simt_kernels")[:3]:
+            evidence.append(
+                Evidence(
+                    f"{r.label}: SIMT kernel {str(k.get('name', '?'))[:120]}", A.num(k.get("time_ms")), "ms"
+                )
+            )
+    if simt is not None:
+        return clamp01(compute / 100.0 * simt / 100.0 * TT.SIMT_TIME_SAVED)
+    # Older analyses without the SIMT share: half of the non-tensor compute time, as before.
+    return clamp01(compute / 100.0 * (1.0 - share / 100.0) * 0.5)

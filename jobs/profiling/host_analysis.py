@@ -1,0 +1,470 @@
+"""What the host did while the GPU waited: blocking calls, the input pipeline, launch gaps.
+
+Three sections of a rank's trace analysis, all measured over the same steps (`tb_metrics.tb_steps`: the
+``ProfilerStep#N`` ranges stretched to their GPU work, else the traced extent), so their shares add up:
+
+* ``host_blocking``: every CPU call that blocks the host on the GPU, as time and as a share of the step
+  and of the host's busy (traced) time, with the call sites that block. Blocking calls are
+  - ``cuda/hip{Stream,Device,Event,Ctx}Synchronize`` (and the driver's ``cu*Synchronize``);
+  - synchronous copies: ``cudaMemcpy``/``cudaMemcpy2D``/``3D``/``Peer``/``ToSymbol``/... without
+    ``Async``, the driver's ``cuMemcpyHtoD``/``DtoH``/..., ``hipMemcpy``/``hipMemcpyWithStream`` (what
+    PyTorch's ROCm build uses for blocking copies);
+  - ``*MemcpyAsync`` whose copy (joined on the correlation id) has *pageable* host memory: CUDA
+    stages those through a pinned buffer, and a device-to-pageable copy returns only when it is done
+    (CUDA runtime API, "API synchronization behavior");
+  - ``cudaFree``/``cudaFreeHost``/``hipFree``, which synchronise the device implicitly;
+  - the op-level ``aten::item`` / ``aten::_local_scalar_dense`` when they enclose a runtime call on the
+    same thread (on a CPU tensor they are plain reads and do not block).
+  A call site is the enclosing ``cpu_op`` stack on the same thread (outermost first). Python frames
+  (``python_function`` events) are not read, so the site is the operator stack, not the source line.
+* ``input_pipeline``: host time inside the DataLoader iterator (``enumerate(DataLoader)#...__next__``,
+  ``enumerate(DataPipe)#...``, as cpu_op, user annotation or NVTX range) as a share of the step, and the
+  iterator class, which tells whether the loader has worker processes (``_SingleProcessDataLoaderIter``:
+  num_workers=0; ``_MultiProcessingDataLoaderIter``: workers). Worker processes themselves are other
+  processes and are not in the training process's trace.
+* ``gpu_idle_attribution``: the GPU's idle time inside the steps (no kernel, copy or memset running on
+  any stream of the rank), each instant given to the first of: *input* (the host is in the DataLoader),
+  *host_sync* (the host is in a blocking call, or up to `LAUNCH_GAP_MAX_NS` after such a call returned
+  into the idle gap: the call drained the GPU's queue and the GPU waits for the host to launch again),
+  *launch_gaps* (the instant belongs to an idle gap shorter than `LAUNCH_GAP_MAX_NS`: the host was
+  launching the next kernel), *other* (longer gaps the trace does not explain: CPU work outside the
+  loader, the optimizer on the host, untraced time). Also the idle gaps by length and how much of the
+  launch gaps the host was busy (in a traced op or runtime call).
+
+Pure numpy over the columnar event model; no Django.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from jobs.profiling import intervals as iv
+from jobs.profiling.events import (
+    COPY_KIND_LABELS,
+    MEM_KIND_LABELS,
+    AnnotationSource,
+    CopyKind,
+    MemKind,
+    OpKind,
+    RankTrace,
+    Trace,
+)
+from jobs.profiling.tb_metrics import TbSteps
+from jobs.profiling.units import NS_PER_US, ms, pct
+
+#: An idle gap shorter than this between GPU ops is a launch gap: the host was issuing the next launch.
+#: The launch path (Python op dispatch + cudaLaunchKernel) costs ~5-50 us per kernel; a few of them in a
+#: row, or a short stretch of Python between ops, makes gaps of 30 us to ~1 ms. Longer gaps mean the host
+#: was doing something else (loading data, the optimizer on the CPU, logging).
+LAUNCH_GAP_MAX_NS = 1_000 * NS_PER_US
+#: Idle gap length buckets (microseconds; the last is open-ended). 30 us is HTA's consecutive-kernel delay.
+GAP_EDGES_US: tuple[int, ...] = (0, 30, 1_000, 10_000)
+#: Longest call-site label kept (operator stacks of templated C++ names grow long).
+MAX_SITE_CHARS = 200
+MAX_SITES = 10
+
+_SUFFIX_RE = re.compile(r"(?:_v\d+)?(?:_ptds|_ptsz)?$")
+_SYNC_RE = re.compile(
+    r"^(?:cuda|hip)(?:Stream|Device|Event|Thread|Ctx)Synchronize$|^cu(?:Stream|Ctx|Event)Synchronize$"
+)
+_SYNC_COPY_RE = re.compile(
+    r"^(?:cuda|hip)Memcpy(?:2D|3D|Peer|ToSymbol|FromSymbol|ToArray|FromArray|2DToArray|2DFromArray|"
+    r"ArrayToArray|HtoD|DtoH|DtoD|WithStream)?$|"
+    r"^cuMemcpy(?:HtoD|DtoH|DtoD|HtoA|AtoH|AtoD|DtoA|AtoA|2D|2DUnaligned|3D|Peer)?$"
+)
+_ASYNC_COPY_RE = re.compile(r"^(?:cuda|hip|cu)Memcpy\w*Async$")
+_IMPLICIT_SYNC_RE = re.compile(r"^(?:cuda|hip)Free(?:Host)?$|^cuMemFree(?:Host)?$")
+_ITEM_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
+_HOST_SRC = (CopyKind.HTOD, CopyKind.HTOA, CopyKind.UVM_HTOD, CopyKind.HTOH)
+_HOST_DST = (CopyKind.DTOH, CopyKind.ATOH, CopyKind.UVM_DTOH)
+
+#: Kinds of blocking calls, as reported.
+SYNC, SYNC_COPY, PAGEABLE_ASYNC_COPY, IMPLICIT_SYNC, ITEM = (
+    "synchronize",
+    "synchronous_copy",
+    "pageable_async_copy",
+    "implicit_sync",
+    "item",
+)
+
+
+def api_name(name: str) -> str:
+    """A runtime/driver API name without nsys' version suffix and the per-thread-stream suffixes."""
+    return _SUFFIX_RE.sub("", name)
+
+
+def is_dataloader(name: str) -> bool:
+    """The DataLoader / DataPipe iterator's ``__next__`` as the PyTorch profiler names it."""
+    return (name.startswith("enumerate(DataLoader)#") and name.endswith(".__next__")) or name.startswith(
+        "enumerate(DataPipe)#"
+    )
+
+
+@dataclass
+class _Blocking:
+    """Blocking events of one rank: runtime calls (index into rank.runtime) and item ops (into cpu_ops)."""
+
+    rt_index: npt.NDArray[np.int64]
+    rt_kind: list[str]
+    item_index: npt.NDArray[np.int64]
+
+
+def _host_mem_by_correlation(rank: RankTrace) -> dict[int, int]:
+    """Host memory kind (MemKind) of each memcpy's host side, by correlation id."""
+    gpu = rank.gpu
+    sel = (gpu.kind == OpKind.MEMCPY) & (gpu.correlation >= 0)
+    out: dict[int, int] = {}
+    for corr, ck, src, dst in zip(
+        gpu.correlation[sel].tolist(),
+        gpu.copy_kind[sel].tolist(),
+        gpu.src_kind[sel].tolist(),
+        gpu.dst_kind[sel].tolist(),
+        strict=True,
+    ):
+        if ck in _HOST_SRC:
+            out[corr] = src
+        elif ck in _HOST_DST:
+            out[corr] = dst
+    return out
+
+
+def _blocking(trace: Trace, rank: RankTrace) -> tuple[_Blocking, dict[str, int]]:
+    rt = rank.runtime
+    kinds_by_name: dict[int, str | None] = {}
+    async_copy_names: set[int] = set()
+    for idx in np.unique(rt.name).tolist():
+        name = api_name(trace.strings[idx])
+        if _SYNC_RE.match(name):
+            kinds_by_name[idx] = SYNC
+        elif _SYNC_COPY_RE.match(name):
+            kinds_by_name[idx] = SYNC_COPY
+        elif _IMPLICIT_SYNC_RE.match(name):
+            kinds_by_name[idx] = IMPLICIT_SYNC
+        elif _ASYNC_COPY_RE.match(name):
+            async_copy_names.add(idx)
+    host_mem = _host_mem_by_correlation(rank) if async_copy_names else {}
+    rt_index: list[int] = []
+    rt_kind: list[str] = []
+    copy_memory = {"pageable_async_copies": 0, "pinned_async_copies": 0, "unknown_async_copies": 0}
+    for i, (n, corr) in enumerate(zip(rt.name.tolist(), rt.correlation.tolist(), strict=True)):
+        kind = kinds_by_name.get(n)
+        if kind is None and n in async_copy_names:
+            mem = host_mem.get(corr)
+            if mem == MemKind.PAGEABLE:
+                kind = PAGEABLE_ASYNC_COPY
+                copy_memory["pageable_async_copies"] += 1
+            elif mem == MemKind.PINNED:
+                copy_memory["pinned_async_copies"] += 1
+            elif mem is not None:
+                copy_memory["unknown_async_copies"] += 1
+        if kind is not None:
+            rt_index.append(i)
+            rt_kind.append(kind)
+    # aten::item / _local_scalar_dense block only on a GPU tensor: there they enclose a runtime call.
+    cpu = rank.cpu_ops
+    item_ids = [i for i in np.unique(cpu.name).tolist() if trace.strings[i] in _ITEM_OPS]
+    items: list[int] = []
+    if item_ids and len(rt):
+        cand = np.flatnonzero(np.isin(cpu.name, np.array(item_ids, dtype=np.int32)))
+        for tid in np.unique(cpu.tid[cand]).tolist():
+            on_tid = rt.tid == tid
+            starts = np.sort(rt.start_ns[on_tid])
+            for i in cand[cpu.tid[cand] == tid].tolist():
+                lo = np.searchsorted(starts, cpu.start_ns[i], side="left")
+                if lo < starts.size and starts[lo] <= cpu.start_ns[i] + cpu.dur_ns[i]:
+                    items.append(i)
+    return (
+        _Blocking(np.array(rt_index, dtype=np.int64), rt_kind, np.array(sorted(items), dtype=np.int64)),
+        copy_memory,
+    )
+
+
+def _enclosing(
+    op_start: npt.NDArray[np.int64],
+    op_end: npt.NDArray[np.int64],
+    q_start: list[int],
+    q_end: list[int],
+    q_self: list[int],
+) -> list[list[int]]:
+    """For each query interval, the ops (indexes) that enclose it, outermost first (one thread's ops).
+
+    A sweep over the ops in start order keeps the stack of open ops; `q_self` is an op index to leave out
+    (the query's own op), or -1.
+    """
+    order = np.lexsort((-(op_end - op_start), op_start)).tolist()
+    qorder = sorted(range(len(q_start)), key=lambda k: q_start[k])
+    starts = op_start.tolist()
+    ends = op_end.tolist()
+    out: list[list[int]] = [[] for _ in q_start]
+    stack: list[int] = []
+    j = 0
+    for qi in qorder:
+        qs, qe = q_start[qi], q_end[qi]
+        while j < len(order) and starts[order[j]] <= qs:
+            o = order[j]
+            while stack and ends[stack[-1]] <= starts[o]:
+                stack.pop()
+            stack.append(o)
+            j += 1
+        while stack and ends[stack[-1]] <= qs:
+            stack.pop()
+        out[qi] = [o for o in stack if ends[o] >= qe and o != q_self[qi]]
+    return out
+
+
+def _site_label(frames: list[str], leaf: str) -> str:
+    if len(frames) > 4:
+        frames = [*frames[:2], "…", *frames[-2:]]
+    label = " > ".join([*frames, leaf]) if frames else leaf
+    return label if len(label) <= MAX_SITE_CHARS else label[: MAX_SITE_CHARS - 1] + "…"
+
+
+def _steps_union(steps: TbSteps) -> iv.Intervals:
+    return iv.union(steps.starts, steps.ends)
+
+
+def host_analysis(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, Any]:
+    """The ``host_blocking``, ``input_pipeline`` and ``gpu_idle_attribution`` sections of one rank."""
+    window = _steps_union(steps)
+    window_ns = iv.total(window)
+    blocking, copy_memory = _blocking(trace, rank)
+    rt, cpu = rank.runtime, rank.cpu_ops
+
+    # --- blocked host time, per thread, inside the steps
+    b_start = np.concatenate([rt.start_ns[blocking.rt_index], cpu.start_ns[blocking.item_index]])
+    b_end = np.concatenate(
+        [
+            (rt.start_ns + rt.dur_ns)[blocking.rt_index],
+            (cpu.start_ns + cpu.dur_ns)[blocking.item_index],
+        ]
+    )
+    b_tid = np.concatenate([rt.tid[blocking.rt_index], cpu.tid[blocking.item_index]])
+    blocked_ns = 0
+    busy_ns = 0
+    blocked_sets: list[iv.Intervals] = []
+    host_busy_sets: list[iv.Intervals] = []
+    for tid in np.unique(np.concatenate([rt.tid, cpu.tid])).tolist():
+        on = b_tid == tid
+        rt_on, cpu_on = rt.tid == tid, cpu.tid == tid
+        busy = iv.intersect(
+            window,
+            iv.union(
+                np.concatenate([rt.start_ns[rt_on], cpu.start_ns[cpu_on]]),
+                np.concatenate([(rt.start_ns + rt.dur_ns)[rt_on], (cpu.start_ns + cpu.dur_ns)[cpu_on]]),
+            ),
+        )
+        host_busy_sets.append(busy)
+        if not on.any():
+            continue
+        blocked = iv.intersect(window, iv.union(b_start[on], b_end[on]))
+        blocked_sets.append(blocked)
+        blocked_ns += iv.total(blocked)
+        busy_ns += iv.total(busy)
+    blocked_any = _union_of(blocked_sets)
+    host_busy_any = _union_of(host_busy_sets)
+
+    by_kind: dict[str, list[float]] = {}
+    for k, i in zip(blocking.rt_kind, blocking.rt_index.tolist(), strict=True):
+        row = by_kind.setdefault(k, [0, 0])
+        row[0] += 1
+        row[1] += int(rt.dur_ns[i])
+    if blocking.item_index.size:
+        by_kind[ITEM] = [int(blocking.item_index.size), int(cpu.dur_ns[blocking.item_index].sum())]
+    host_blocking: dict[str, Any] = {
+        "basis": steps.source,
+        "steps": int(steps.starts.size),
+        "window_ms": ms(window_ns),
+        "calls": int(blocking.rt_index.size + blocking.item_index.size),
+        "blocked_ms": ms(blocked_ns),
+        "step_pct": pct(blocked_ns, window_ns),
+        "cpu_busy_ms": ms(busy_ns),
+        "cpu_time_pct": pct(blocked_ns, busy_ns),
+        "by_kind": [
+            {"kind": k, "count": int(v[0]), "time_ms": ms(v[1])}
+            for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1][1])
+        ],
+        **copy_memory,
+        "sites": _sites(trace, rank, blocking, window_ns),
+    }
+
+    # --- input pipeline
+    names = trace.strings
+    dl_cpu = np.array([i for i in np.unique(cpu.name).tolist() if is_dataloader(names[i])], dtype=np.int32)
+    ann = rank.annotations
+    host_ann = ann.source != AnnotationSource.GPU
+    dl_ann = np.array(
+        [i for i in np.unique(ann.name[host_ann]).tolist() if is_dataloader(names[i])], dtype=np.int32
+    )
+    cpu_sel = np.isin(cpu.name, dl_cpu) if dl_cpu.size else np.zeros(len(cpu), dtype=bool)
+    ann_sel = host_ann & np.isin(ann.name, dl_ann) if dl_ann.size else np.zeros(len(ann), dtype=bool)
+    loader = iv.intersect(
+        window,
+        iv.union(
+            np.concatenate([cpu.start_ns[cpu_sel], ann.start_ns[ann_sel]]),
+            np.concatenate([(cpu.start_ns + cpu.dur_ns)[cpu_sel], (ann.start_ns + ann.dur_ns)[ann_sel]]),
+        ),
+    )
+    loader_names = {names[i] for i in [*dl_cpu.tolist(), *dl_ann.tolist()]}
+    iterator = (
+        "single_process"
+        if any("_SingleProcessDataLoaderIter" in n for n in loader_names)
+        else "multi_process"
+        if any("_MultiProcessingDataLoaderIter" in n for n in loader_names)
+        else "datapipe"
+        if any(n.startswith("enumerate(DataPipe)#") for n in loader_names)
+        else None
+    )
+
+    # --- GPU idle attribution
+    gpu = rank.gpu
+    work = gpu.kind != OpKind.SYNC
+    gpu_busy = iv.union(gpu.start_ns[work], gpu.end_ns[work])
+    has_gpu = bool(work.any())
+    idle = iv.subtract(window, gpu_busy) if has_gpu else iv.EMPTY
+    idle_ns = iv.total(idle)
+    idle_input = iv.intersect(idle, loader)
+    rest = iv.subtract(idle, loader)
+    # A blocking call that returns while the GPU is idle has drained the queue: the GPU then waits until
+    # the host launches again, time it would have spent working had the host stayed ahead.
+    sync_cover = _union_of([blocked_any, _drained(idle, blocked_any)])
+    idle_sync = iv.intersect(rest, sync_cover)
+    rest = iv.subtract(rest, sync_cover)
+    gap_len = idle[1] - idle[0]
+    short = gap_len < LAUNCH_GAP_MAX_NS
+    launch = iv.intersect(rest, (idle[0][short], idle[1][short]))
+    other = iv.subtract(rest, launch)
+    launch_ns = iv.total(launch)
+    gaps = []
+    for i, lo in enumerate(GAP_EDGES_US):
+        hi = GAP_EDGES_US[i + 1] if i + 1 < len(GAP_EDGES_US) else None
+        sel = (gap_len >= lo * NS_PER_US) & ((gap_len < hi * NS_PER_US) if hi is not None else True)
+        gaps.append(
+            {"lower_us": lo, "upper_us": hi, "count": int(sel.sum()), "time_ms": ms(int(gap_len[sel].sum()))}
+        )
+    input_ns, sync_ns, other_ns = iv.total(idle_input), iv.total(idle_sync), iv.total(other)
+    attribution: dict[str, Any] = {
+        "basis": steps.source,
+        "steps": int(steps.starts.size),
+        "window_ms": ms(window_ns),
+        "has_gpu_ops": has_gpu,
+        "idle_ms": ms(idle_ns),
+        "idle_pct": pct(idle_ns, window_ns) if has_gpu else None,
+        "input_ms": ms(input_ns),
+        "input_pct": pct(input_ns, window_ns) if has_gpu else None,
+        "host_sync_ms": ms(sync_ns),
+        "host_sync_pct": pct(sync_ns, window_ns) if has_gpu else None,
+        "launch_gaps_ms": ms(launch_ns),
+        "launch_gaps_pct": pct(launch_ns, window_ns) if has_gpu else None,
+        "other_ms": ms(other_ns),
+        "other_pct": pct(other_ns, window_ns) if has_gpu else None,
+        "launch_gap_max_us": LAUNCH_GAP_MAX_NS / NS_PER_US,
+        "launch_gaps_host_busy_pct": pct(iv.total(iv.intersect(launch, host_busy_any)), launch_ns),
+        "idle_gaps": gaps,
+    }
+    loader_ns = iv.total(loader)
+    input_pipeline = {
+        "basis": steps.source,
+        "dataloader_calls": int(cpu_sel.sum() + ann_sel.sum()),
+        "dataloader_ms": ms(loader_ns),
+        "dataloader_step_pct": pct(loader_ns, window_ns),
+        "gpu_idle_in_dataloader_pct": attribution["input_pct"],
+        "iterator": iterator,
+    }
+    return {
+        "host_blocking": host_blocking,
+        "input_pipeline": input_pipeline,
+        "gpu_idle_attribution": attribution,
+    }
+
+
+def _drained(idle: iv.Intervals, blocked: iv.Intervals) -> iv.Intervals:
+    """The part of each idle gap after a blocking call ended inside it: from the first such end, for at
+    most `LAUNCH_GAP_MAX_NS` (the time to relaunch; beyond it the host was busy with something else)."""
+    g0, g1 = idle
+    ends = blocked[1]
+    if g0.size == 0 or ends.size == 0:
+        return iv.EMPTY
+    first = np.searchsorted(ends, g0, side="left")  # first blocked end at or after the gap start
+    ok = first < ends.size
+    starts = np.where(ok, ends[np.minimum(first, ends.size - 1)], g1)
+    keep = ok & (starts < g1)
+    # Relaunching after a drain takes launch-gap time; a longer gap means the host went on to other work.
+    return starts[keep], np.minimum(g1[keep], starts[keep] + LAUNCH_GAP_MAX_NS)
+
+
+def _union_of(sets: list[iv.Intervals]) -> iv.Intervals:
+    if not sets:
+        return iv.EMPTY
+    return iv.union(np.concatenate([s for s, _ in sets]), np.concatenate([e for _, e in sets]))
+
+
+def _sites(trace: Trace, rank: RankTrace, blocking: _Blocking, window_ns: int) -> list[dict[str, Any]]:
+    """Blocking time by call site (enclosing cpu_op stack + the blocking call), largest first."""
+    rt, cpu, names = rank.runtime, rank.cpu_ops, trace.strings
+    copy_label = _copy_labels(rank)
+    cpu_end = cpu.start_ns + cpu.dur_ns
+    totals: dict[tuple[str, str], list[int]] = {}
+    item_set = set(blocking.item_index.tolist())
+    tids = set(rt.tid[blocking.rt_index].tolist()) | set(cpu.tid[blocking.item_index].tolist())
+    for tid in sorted(tids):
+        ops = np.flatnonzero(cpu.tid == tid)
+        q_start: list[int] = []
+        q_end: list[int] = []
+        q_self: list[int] = []
+        q_leaf: list[tuple[str, str, int]] = []
+        for k, i in zip(blocking.rt_kind, blocking.rt_index.tolist(), strict=True):
+            if int(rt.tid[i]) != tid:
+                continue
+            leaf = api_name(names[int(rt.name[i])]) + copy_label.get(int(rt.correlation[i]), "")
+            q_start.append(int(rt.start_ns[i]))
+            q_end.append(int(rt.start_ns[i] + rt.dur_ns[i]))
+            q_self.append(-1)
+            q_leaf.append((leaf, k, int(rt.dur_ns[i])))
+        for i in blocking.item_index.tolist():
+            if int(cpu.tid[i]) != tid:
+                continue
+            q_start.append(int(cpu.start_ns[i]))
+            q_end.append(int(cpu_end[i]))
+            q_self.append(int(np.searchsorted(ops, i)))
+            q_leaf.append((names[int(cpu.name[i])], ITEM, int(cpu.dur_ns[i])))
+        stacks = _enclosing(cpu.start_ns[ops], cpu_end[ops], q_start, q_end, q_self)
+        for stack, (leaf, kind, dur) in zip(stacks, q_leaf, strict=True):
+            global_stack = [int(ops[o]) for o in stack]
+            if kind != ITEM and any(o in item_set for o in global_stack):
+                continue  # counted once, as the enclosing aten::item
+            label = _site_label([names[int(cpu.name[o])] for o in global_stack], leaf)
+            row = totals.setdefault((label, kind), [0, 0])
+            row[0] += 1
+            row[1] += dur
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][1])[:MAX_SITES]
+    return [
+        {"site": label, "kind": kind, "count": c, "time_ms": ms(t), "step_pct": pct(t, window_ns)}
+        for (label, kind), (c, t) in rows
+    ]
+
+
+def _copy_labels(rank: RankTrace) -> dict[int, str]:
+    """Suffixes such as " (DtoH, pageable)" for copy calls, by correlation id."""
+    gpu = rank.gpu
+    sel = (gpu.kind == OpKind.MEMCPY) & (gpu.correlation >= 0)
+    out: dict[int, str] = {}
+    for corr, ck, src, dst in zip(
+        gpu.correlation[sel].tolist(),
+        gpu.copy_kind[sel].tolist(),
+        gpu.src_kind[sel].tolist(),
+        gpu.dst_kind[sel].tolist(),
+        strict=True,
+    ):
+        host = src if ck in _HOST_SRC else dst if ck in _HOST_DST else None
+        mem = (
+            f", {MEM_KIND_LABELS.get(host, '?').lower()}"
+            if host is not None and host != MemKind.UNKNOWN
+            else ""
+        )
+        out[corr] = f" ({COPY_KIND_LABELS.get(ck, '?')}{mem})"
+    return out
