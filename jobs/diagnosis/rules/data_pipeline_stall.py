@@ -133,7 +133,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             coverage=f.coverage(f.util_key) if f.util_key and "metrics" in sources else 1.0,
         ),
         title=title,
-        recommendation=_trace_advice(inp) + RECOMMENDATION + (R.capture("input") if unresolved and len(sources) == 1 else ""),
+        recommendation=_trace_advice(inp)
+        + RECOMMENDATION
+        + (R.capture("input") if unresolved and len(sources) == 1 else ""),
         evidence=evidence,
         windows=windows,
         impact=impact,
