@@ -243,6 +243,11 @@ class Job(models.Model):
         default=False,
         help_text="MFU computed with a simpler formula than the organisation's convention (shape missing).",
     )
+    util_coverage = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Share of the GPU-time with GPU_UTIL samples (0-1); null = unknown. Shown when < 0.9.",
+    )
     evaluation = models.JSONField(
         default=dict,
         blank=True,

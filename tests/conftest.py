@@ -118,6 +118,19 @@ def prometheus_server(tmp_path_factory):
         yield prom
 
 
+@pytest.fixture(autouse=True, scope="session")
+def celery_in_memory():
+    """Tasks queued by a test (a price entry's re-evaluation, an upload's parse) go to an in-memory broker,
+    never to the Redis a developer's demo worker reads: tests that need them run use `celery_eager`."""
+    from efficiency.celery import app
+
+    old = app.conf.broker_url
+    app.conf.broker_url = "memory://"
+    app.pool.force_close_all()
+    yield app
+    app.conf.broker_url = old
+
+
 @pytest.fixture
 def celery_eager():
     """Run Celery tasks inline, propagating their exceptions."""

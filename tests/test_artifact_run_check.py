@@ -127,6 +127,8 @@ def test_a_mismatched_trace_changes_nothing_until_confirmed_and_can_be_excluded(
     assert "host_sync" not in _codes() and job.profiler_step_time_ms is None
     listed = llm.get("/api/v1/jobs/48213/artifacts/").json()[0]
     assert listed["run_check"] == "mismatch" and listed["confirmed_at"] is None
+    summary = llm.get("/api/v1/jobs/48213/").json()["artifacts"][0]
+    assert summary["used_in_diagnosis"] is False and summary["run_mismatches"] == art.run_mismatches
 
     client.force_login(get_user_model().objects.get(username="alice"))
     page = client.get("/jobs/48213/").content.decode()

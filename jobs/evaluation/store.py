@@ -10,7 +10,7 @@ COLUMNS = (
     "mfu", "hfu", "tokens_per_second", "gpu_util_mean", "sm_active_mean", "tensor_active_mean", "gpu_hours",
     "cost_usd", "cost_per_day_usd", "waste_per_day_usd", "waste_lower_bound_per_day_usd",
     "idle_waste_per_day_usd", "efficiency_waste_per_day_usd", "waste_unknown_reason", "flops_variant",
-    "mfu_fallback", "evaluation",
+    "mfu_fallback", "util_coverage", "evaluation",
 )  # fmt: skip
 
 
@@ -27,4 +27,5 @@ def store(job: Job, ev: Evaluation) -> None:
     job.waste_unknown_reason = ev.waste.unknown_reason[:300]
     job.flops_variant = ev.flops_variant[:200]
     job.mfu_fallback = ev.mfu_fallback
+    job.util_coverage = ev.coverage.get("gpu_util")
     job.evaluation = encode(ev)

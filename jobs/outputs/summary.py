@@ -19,6 +19,7 @@ def _iso(value: Any) -> str | None:
 def job_summary(job: Job) -> dict[str, Any]:
     """Everything known about a job, with units in key names and the definition behind each number."""
     findings = list(job.findings.all())
+    evaluated = job.evaluated
     artifacts = list(job.artifacts.all())
     return {
         "external_id": job.external_id,
@@ -70,6 +71,8 @@ def job_summary(job: Job) -> dict[str, Any]:
             "mfu_fallback": job.mfu_fallback,
             "mfu_convention": settings.MFU_FLOPS_CONVENTION,
             "target_mfu": target_mfu(job.dtype, settings.TARGET_MFU, settings.TARGET_MFU_FP8)[0],
+            # Share of the job's window with samples, per signal (0-1); a mean below 0.9 rests on part of it.
+            "coverage": dict(evaluated.coverage) if evaluated is not None else {},
             "details": job.evaluation or None,
         },
         "baseline": baseline_comparison(job),
@@ -100,6 +103,11 @@ def job_summary(job: Job) -> dict[str, Any]:
                 "status": a.status,
                 "error": a.error or None,
                 "uploaded_at": _iso(a.uploaded_at),
+                "run_check": a.run_check,
+                "run_mismatches": list(a.run_mismatches),
+                "confirmed_at": _iso(a.confirmed_at),
+                "excluded_at": _iso(a.excluded_at),
+                "used_in_diagnosis": a.used_in_diagnosis,
             }
             for a in artifacts
         ],
