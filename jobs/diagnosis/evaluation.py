@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import Finding
 from jobs.metrics.signals import DEFAULT_DISABLED
 from jobs.simulate import SCENARIOS, SimResult, SimSpec, simulate
+from jobs.simulate.exporter import Exporter, Workload, collective_wait, healthy, input_stall, tiny_kernels
 
 BASELINE_SCENARIO = "baseline_regression"
 VARIANTS: dict[str, frozenset[str]] = {
@@ -46,6 +48,7 @@ class EvalJob:
     spec: SimSpec
     variant: str
     baseline: dict[str, dict[str, float]] | None = None
+    regime: str = ""  # "resolved" / "unresolved" for the matrix's step-level jobs
 
 
 @dataclass(slots=True)
@@ -265,3 +268,111 @@ def run_direct(
         findings, waste = diagnose_job(job, res)
         outcomes.append(outcome(job, findings, waste))
     return outcomes
+
+
+# --------------------------------------------------------------------------------- variant matrix
+
+MATRIX_SCRAPES_S = (5.0, 15.0, 30.0, 60.0)
+MATRIX_STEPS_S = (0.2, 2.0, 20.0, 120.0)
+
+
+def matrix_workloads(step_s: float) -> list[tuple[str, Workload]]:
+    """The variants at one step time: healthy, input stall synchronised / staggered across nodes,
+    collective wait with NCCL spinning / a host-side drop x link traffic in the troughs / idle links,
+    and tiny kernels (launch-bound, the step time does not matter)."""
+    out: list[tuple[str, Workload]] = [("healthy", healthy(step_s))]
+    for sync in ("synchronised", "staggered"):
+        out.append((f"input stall, {sync}", input_stall(step_s, 0.3, sync=sync)))
+    for mode in ("spin", "drop"):
+        for links in ("troughs", "idle"):
+            out.append(
+                (f"collective {mode}, links {links}", collective_wait(step_s, 0.3, mode=mode, links=links))
+            )
+    out.append(("tiny kernels", tiny_kernels(min(step_s, 2.0))))
+    return out
+
+
+def matrix_jobs(
+    *,
+    seed: int = 0,
+    scrapes: Sequence[float] = MATRIX_SCRAPES_S,
+    steps: Sequence[float] = MATRIX_STEPS_S,
+    duration_s: float = 3600.0,
+    gpus: int = 16,
+    id_prefix: str = "matrix",
+) -> list[EvalJob]:
+    """One job per (scrape interval, step time, variant): 16 GPUs on 2 nodes, noise drawn per job, ~1 %
+    failed scrapes, every third job with a node lost for 10 minutes and every other job with
+    dcgm-exporter's default counters (no SM_ACTIVE, no NVLink TX/RX). The regime is the planted step's:
+    resolved when the step spans at least regimes.RESOLVED_MIN_SAMPLES scrapes."""
+    rng = np.random.default_rng(seed)
+    jobs: list[EvalJob] = []
+    for scrape in scrapes:
+        for step in steps:
+            for name, workload in matrix_workloads(step):
+                n = len(jobs)
+                default_counters = n % 2 == 1
+                exporter = Exporter(
+                    scrape_s=scrape,
+                    collect_s=30.0,
+                    nvml_window_s=float(rng.choice([1.0 / 6.0, 0.5, 1.0])),
+                    failed_scrapes=0.01,
+                    node_lost=(float(rng.uniform(0.2, 0.8)), 600.0) if n % 3 == 0 else None,
+                    noise=float(rng.uniform(0.005, 0.03)),
+                )
+                spec = SimSpec(
+                    scenario="healthy",
+                    gpus=gpus,
+                    hosts=tuple(f"{id_prefix}{n:04d}-node{h}" for h in range(-(-gpus // 8))),
+                    job_id=f"{id_prefix}-{n:04d}",
+                    duration_s=duration_s,
+                    seed=int(rng.integers(0, 2**31 - 1)),
+                    noise=0.02,
+                    disabled=DEFAULT_DISABLED if default_counters else frozenset(),
+                    workload=workload,
+                    exporter=exporter,
+                )
+                regime = "resolved" if step >= R.RESOLVED_MIN_SAMPLES * scrape else "unresolved"
+                variant = f"{name}; step {step:g} s; scrape {scrape:g} s" + (
+                    "; default counters" if default_counters else ""
+                )
+                jobs.append(EvalJob(spec.job_id or "", name, workload.code, spec, variant, regime=regime))
+    return jobs
+
+
+def format_matrix(outcomes: Sequence[Outcome], *, title: str = "") -> str:
+    """Precision and recall per code, overall and per regime (resolved / unresolved), plus per scrape."""
+    lines = [title] if title else []
+    groups: list[tuple[str, list[Outcome]]] = [("all", list(outcomes))]
+    for regime in ("resolved", "unresolved"):
+        groups.append((regime, [o for o in outcomes if o.job.regime == regime]))
+    codes = sorted({o.job.truth for o in outcomes if o.job.truth})
+    header = f"{'code':<22}" + "".join(f"{g:>24}" for g, _ in groups)
+    lines.append("Precision / recall (TP FP FN) per code at warning+, by regime of the planted step")
+    lines.append(header)
+    reports = [(g, score(os_)) for g, os_ in groups if os_]
+    for code in codes:
+        cells = []
+        for _, rep in reports:
+            m = rep.per_code.get(code)
+            cells.append(
+                "-".rjust(24)
+                if m is None
+                else f"{_fmt(m['precision'])}/{_fmt(m['recall'])} ({m['tp']} {m['fp']} {m['fn']})".rjust(24)
+            )
+        lines.append(f"{code:<22}" + "".join(cells))
+    for g, rep in reports:
+        rate = rep.healthy_false_warning_rate
+        jobs = sum(rep.jobs_per_scenario.values())
+        lines.append(
+            f"{g}: {jobs} jobs; healthy with a warning: {_fmt(rate)}; dollars within waste: {rep.dollars_ok}"
+        )
+    lines.append("")
+    lines.append("Missed or wrong (planted variant -> codes at warning+):")
+    for o in outcomes:
+        wrong = (o.job.truth and o.job.truth not in o.predicted) or (
+            o.predicted - {o.job.truth, "unexplained_waste"}
+        )
+        if wrong:
+            lines.append(f"  [{o.job.regime}] {o.job.variant}: {', '.join(sorted(o.predicted)) or '(none)'}")
+    return "\n".join(lines)

@@ -156,6 +156,8 @@ def input_from_sim(
     artifacts: Iterable[ArtifactAnalysis] = (),
     dtype: str = "bf16",
     catalog: bool = True,
+    kind: str = "training",
+    idle_share: float | None = None,
 ) -> DiagnosisInput:
     """A DiagnosisInput for a simulated job: KPIs from the simulated throughput and a flat price."""
     sigs = signals if signals is not None else signals_from_sim(res)
@@ -177,4 +179,7 @@ def input_from_sim(
         tdp_w=spec.get("tdp_w"),
         baseline=baseline,
         artifacts=tuple(artifacts),
+        kind=kind,
+        idle_share=idle_share,
+        sample_interval_s=float(res.spec.step_s),  # the scrape interval (the grid step of the signals)
     )

@@ -162,10 +162,12 @@ def record(
 
     scrape_t = np.arange(n_samples) * scrape
     per_host: dict[str, np.ndarray] = {k: np.empty((n_hosts, n_samples)) for k in (*kinds, "util", "act")}
+    collection = np.empty((n_hosts, n_samples), dtype=np.int64)  # which collection each scrape serves
     for h in range(n_hosts):
         when = scrape_t + scrape_offset[h]
         # The latest collection at or before each scrape.
-        c = collect_phase[h] + np.floor((when - collect_phase[h]) / collect) * collect
+        collection[h] = np.floor((when - collect_phase[h]) / collect).astype(np.int64) + 1
+        c = collect_phase[h] + (collection[h] - 1) * collect
         per_host["util"][h] = window_mean("duty", h, c, window)
         per_host["act"][h] = window_mean("duty", h, c, collect)
         for name in kinds:
@@ -173,16 +175,21 @@ def record(
     noise = exporter.noise
     gpu_bias = 1.0 + noise * rng.standard_normal((n_gpus, 1))
 
+    cols = collection[host_index]  # (G, T): a value served twice by two scrapes is the same reading
+
     def gpus(name: str, rel: float = 1.0) -> np.ndarray:
         base = per_host[name][host_index]
-        return np.clip(base * gpu_bias * (1.0 + rel * noise * rng.standard_normal(base.shape)), 0.0, None)
+        draw = rng.standard_normal((n_gpus, int(cols.max()) + 1))
+        jitter = np.take_along_axis(draw, cols, axis=1)
+        return np.clip(base * gpu_bias * (1.0 + rel * noise * jitter), 0.0, None)
 
     util = np.clip(np.rint(100.0 * gpus("util")), 0, 100)
     sm = np.clip(gpus("sm"), 0, 1)
     tensor = np.clip(gpus("tensor"), 0, 0.95)
     dram = np.clip(gpus("dram"), 0, 0.85)
     nvl = np.rint(gpus("nvlink_bps", 2.0))
-    nvl_rx = np.rint(np.clip(nvl * (1.0 + noise * rng.standard_normal(nvl.shape)), 0, None))
+    nvl_rx = np.rint(np.clip(nvl * (1.0 + noise * np.take_along_axis(
+        rng.standard_normal((n_gpus, int(cols.max()) + 1)), cols, axis=1)), 0, None))  # fmt: skip
     pcie = np.rint(2e7 + gpus("pcie_bps", 2.0))
     fields = {
         "gpu_util": util,

@@ -375,3 +375,54 @@ def test_cluster_specs_place_jobs_on_disjoint_nodes_deterministically() -> None:
         assert spec.start >= DEFAULT_START and spec.start + spec.duration_s <= DEFAULT_START + 3600
         res = simulate(spec)
         assert len(res.gpus) == spec.gpus
+
+
+# --- step-level workloads recorded as the exporter records them (jobs.simulate.exporter) ------------
+
+
+def _recorded(workload: object, **exporter: object) -> SimResult:
+    from jobs.simulate.exporter import Exporter
+
+    return simulate(SimSpec(gpus=16, hosts=("a", "b"), duration_s=3600, seed=5, workload=workload,  # type: ignore[arg-type]
+                            exporter=Exporter(**exporter)))  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_gpu_util_is_a_point_sample_and_profiling_fields_are_collect_interval_averages() -> None:
+    from jobs.simulate.exporter import input_stall
+
+    # 2 s steps, 0.6 s of each with nothing resident: a 1 s NVML window lands anywhere in the step and
+    # overlaps the wait by 0-0.6 s, so GPU_UTIL samples range over 0.97 x [0.4, 1] = 39-97 %. SM_ACTIVE
+    # averages 15 steps per 30 s collection: flat at 0.7 x 0.97 x 0.88 = 0.60.
+    res = _recorded(input_stall(2.0, 0.3), scrape_s=15.0, collect_s=30.0, failed_scrapes=0.0)
+    util = ratio(res, "gpu_util")
+    assert np.nanmin(util) >= 0.35 and np.nanquantile(util, 0.1) <= 0.5 and np.nanquantile(util, 0.9) >= 0.9
+    assert np.nanmean(util) == pytest.approx(0.7 * 0.97, abs=0.04)
+    sm = res.fields["sm_active"]
+    assert np.nanmean(sm) == pytest.approx(0.7 * 0.97 * 0.88, abs=0.02)
+    assert np.nanstd(sm) < 0.03
+    # Scrapes every 15 s of a 30 s collection: every value is served twice (per GPU, about half of the
+    # consecutive samples repeat exactly).
+    same = np.isclose(sm[:, 1:], sm[:, :-1])
+    assert 0.4 <= same.mean() <= 0.6
+
+
+def test_scrapes_land_at_a_per_target_offset_and_failed_scrapes_and_a_lost_node_are_holes() -> None:
+    from jobs.simulate.exporter import healthy
+
+    res = _recorded(healthy(2.0), scrape_s=15.0, failed_scrapes=0.01, node_lost=(0.5, 600.0))
+    assert res.sample_offsets is not None
+    offsets = {g.hostname: float(res.sample_offsets[i]) for i, g in enumerate(res.gpus)}
+    assert all(0.0 < o < 15.0 for o in offsets.values()) and offsets["a"] != offsets["b"]
+    lines = list(openmetrics_lines([res], throughput=False))
+    first = next(
+        line for line in lines if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'Hostname="a"' in line
+    )
+    assert float(first.rsplit(" ", 1)[1]) == pytest.approx(res.timestamps[0] + offsets["a"], abs=1e-3)
+    util = res.fields["gpu_util"]
+    b = [i for i, g in enumerate(res.gpus) if g.hostname == "b"]
+    lo, hi = res.truth["node_lost_samples"]
+    assert hi - lo == 40 and np.isnan(util[b, lo:hi]).all()  # 600 s at 15 s
+    a = [i for i, g in enumerate(res.gpus) if g.hostname == "a"]
+    lost = np.isnan(util[a]).mean()
+    assert 0.0 < lost < 0.03  # ~1 % failed scrapes, a whole target at a time
+    assert (np.isnan(util[a]) == np.isnan(res.fields["sm_active"][a])).all()

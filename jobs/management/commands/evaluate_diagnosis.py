@@ -7,6 +7,15 @@ the simulator's train_tokens_total through a throughput_query), finalized
 (jobs.metrics.ingest.finalize_job) and
 diagnosed (jobs.findings.run_diagnosis). Prints the confusion table, precision and recall per code and the
 healthy jobs' false-warning rate. Everything it writes to the database is rolled back at the end.
+
+`--matrix` is the benchmark of variants the rules were not tuned on (jobs.diagnosis.evaluation.matrix_jobs):
+scrape interval 5/15/30/60 s x step 0.2/2/20/120 s x healthy, input stall synchronised/staggered,
+collective spin/drop x link traffic in the troughs/idle links, tiny kernels; recorded through NVML's
+window, DCGM's collect interval, per-target scrape offsets, ~1 % failed scrapes, a lost node, noise and
+dcgm-exporter's default counters on every other job. It reads them back as ingestion would
+(jobs.diagnosis.testing.signals_from_sim: lookback, rate windows, per-GPU rows) without Prometheus or the
+database, and prints precision and recall per code, overall and per regime (resolved / unresolved). A
+benchmark to print, not a timed test.
 """
 
 from __future__ import annotations
@@ -23,16 +32,21 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from jobs.diagnosis import Finding, diagnose
 from jobs.diagnosis.evaluation import (
     BASELINE_SCENARIO,
     EvalJob,
     Outcome,
+    format_matrix,
     format_report,
     make_jobs,
+    matrix_jobs,
     outcome,
+    run_direct,
     scenario_names,
     score,
 )
+from jobs.diagnosis.testing import input_from_sim
 from jobs.findings import run_diagnosis
 from jobs.metrics.ingest import finalize_job
 from jobs.metrics.prometheus import PrometheusClient
@@ -64,8 +78,16 @@ class Command(BaseCommand):
         )
         parser.add_argument("--scenarios", default="", help="comma-separated subset of scenarios")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        parser.add_argument(
+            "--matrix",
+            action="store_true",
+            help="score the variant matrix (scrape x step x variant, both regimes) directly, no Prometheus",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        if opts["matrix"]:
+            self._matrix(opts)
+            return
         if prometheus_binary() is None:
             raise CommandError("prometheus is not installed (Debian package 'prometheus', or PROMETHEUS_BIN)")
         if opts["per_scenario"] < 1 or not 0.0 <= opts["missing_fraction"] < 1.0 or opts["noise"] < 0:
@@ -118,6 +140,31 @@ class Command(BaseCommand):
         self.stdout.write(format_report(report, title=title))
         variants = sorted({j.variant for j in jobs})
         self.stdout.write(f"signal variants: {', '.join(variants)}")
+
+    def _matrix(self, opts: dict[str, Any]) -> None:
+        started = time.monotonic()
+        jobs = matrix_jobs(seed=opts["seed"])
+
+        def diagnose_job(ej: EvalJob, sim: SimResult) -> tuple[list[Finding], float | None]:
+            inp = input_from_sim(sim)
+            return diagnose(inp), inp.waste_per_day_usd
+
+        outcomes: list[Outcome] = []
+        for i, job in enumerate(jobs):
+            outcomes += run_direct([job], diagnose_job)
+            if (i + 1) % 32 == 0:
+                self._progress(f"diagnosed {i + 1}/{len(jobs)} matrix jobs")
+        elapsed = time.monotonic() - started
+        if opts["json"]:
+            data = {
+                regime: score([o for o in outcomes if regime == "all" or o.job.regime == regime]).as_dict()
+                for regime in ("all", "resolved", "unresolved")
+            }
+            self.stdout.write(json.dumps(data | {"jobs": len(jobs), "elapsed_s": round(elapsed, 1)}, indent=2,
+                                         default=_json_default))  # fmt: skip
+            return
+        title = f"evaluate_diagnosis --matrix: {len(jobs)} jobs, seed {opts['seed']}, {elapsed:.0f} s"
+        self.stdout.write(format_matrix(outcomes, title=title))
 
     def _run(self, jobs: list[EvalJob], sims: list[SimResult], client: PrometheusClient) -> list[Outcome]:
         outcomes: list[Outcome] = []
