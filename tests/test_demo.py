@@ -64,3 +64,39 @@ def test_the_exporter_endpoint_is_off_unless_configured(client, settings, tmp_pa
     settings.DEMO_STATE_DIR = str(tmp_path)
     response = client.get("/simulated/dcgm-exporter/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+
+
+def test_the_seed_case_studies_are_in_the_demo_and_get_the_seeds_diagnosis():
+    from jobs.simulate import simulate
+    from jobs.simulate.seeds import SEED_CASES
+
+    seeds = {d.spec.job_id: d for d in demo.plan(NOW) if d.spec.workload is not None}
+    assert set(seeds) == {f"demo-{name}" for name in SEED_CASES}
+    assert seeds["demo-seed1-run1"].kind == "fine_tuning" and seeds["demo-seed2"].spec.gpus == 32
+    for job_id, d in seeds.items():
+        case = SEED_CASES[job_id.removeprefix("demo-")]
+        assert d.spec.exporter is not None and d.spec.exporter.scrape_s == 15.0
+        found = diagnose(input_from_sim(simulate(d.spec)))
+        warned = {f.code for f in found if f.severity.rank >= 1}
+        # Case 1 run 1 -> input side, run 2 -> tiny kernels, run 3 -> nothing to warn about, case 2 ->
+        # collectives (seed 002, section 4).
+        assert warned == ({case.expected} if case.expected else set()), (job_id, warned)
+
+
+def test_demo_jobs_register_a_full_model_shape_and_their_mfu_evaluates_as_simulated():
+    from jobs.evaluation.kpis import ModelShape
+    from jobs.simulate import registration_body, simulate
+
+    for d in (demo.plan(NOW)[0], next(d for d in demo.plan(NOW) if d.spec.workload is not None)):
+        res = simulate(d.spec)
+        model = dict(registration_body(res, team="t")["model"])
+        assert {"n_layers", "n_heads", "head_dim", "hidden", "seq_len"} <= set(model)
+        model.pop("name")
+        estimate, fallback = ModelShape.from_config(model, "none").model_flops("palm")
+        # The organisation's PaLM convention (6N + 12·L·H·Q·T) on the registered shape is exactly the FLOPs
+        # per token the simulator generated its token rate with: a simulated MFU of x is evaluated as x.
+        assert not fallback and estimate is not None
+        assert estimate.flops_per_token == res.throughput.flops_per_token
+        tps = res.throughput.tokens_per_s.mean()
+        mfu = tps * estimate.flops_per_token / (len(res.gpus) * res.throughput.peak_flops_per_gpu)
+        assert mfu == pytest.approx(res.throughput.mfu)

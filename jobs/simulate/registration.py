@@ -19,15 +19,18 @@ def registration_body(
     rate_window_s: float = 120.0,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Job registration for a simulated job: its GPUs, window, model size and a throughput PromQL
-    expression over the simulator's token counter (`rate_window_s` must hold two of its samples)."""
+    """Job registration for a simulated job: its GPUs, window, model size and shape (n_layers, n_heads,
+    head_dim, hidden, seq_len) and a throughput PromQL expression over the simulator's token counter
+    (`rate_window_s` must hold two of its samples)."""
     spec = res.spec
     started = datetime.fromtimestamp(spec.start, tz=UTC)
     body: dict[str, Any] = {
         "external_id": spec.job_id,
         "name": name or f"sim-{spec.job_id}",
         "team": team,
-        "model": {"name": model, "n_params": res.throughput.model_params},
+        # The full shape, so the job is computed with the organisation's PaLM convention (6N + 12·L·H·Q·T,
+        # the FLOPs the simulator's token rate was generated with), not a 6N fallback.
+        "model": {"name": model, "n_params": res.throughput.model_params, **spec.shape()},
         "dtype": "bf16",
         "recompute": "none",
         "gpu_model": spec.gpu_model,
