@@ -17,8 +17,13 @@ Name parts (cuBLAS/cuBLASLt, cuDNN, CUTLASS, xmma, FlashAttention, ROCm Tensile)
 * Data-type fields of xmma/cuBLASLt/CUTLASS GEMM and convolution kernels: ``bf16``, ``tf32``, ``f16``/
   ``fp16``, ``fp8``, ``e4m3``/``e5m2`` (FP8), ``i8`` -- these only run on tensor cores when the kernel is a
   matmul, so they count only in GEMM/convolution names (``fbgemm_gpu::_float_to_hfp8`` is a cast kernel).
-* Fused attention: ``flash_fwd``/``flash_bwd`` (FlashAttention, built on CUTLASS MMA), ``fmha`` (xformers /
-  cuDNN fused MHA); ``nvjet`` (cuBLASLt's Hopper JIT GEMMs, wgmma-based).
+* Fused attention: FlashAttention's ``flash_fwd_kernel``/``flash_fwd_splitkv_kernel``/
+  ``flash_bwd_dq_dk_dv_*`` (CUTLASS MMA; not its ``flash_bwd_dot_do_o``/``convert_dq``/``combine``
+  helpers, which are element-wise), FlashAttention-3's ``compute_attn_ws``/``CollectiveMainloop*``
+  (wgmma), ``fmha`` (xformers / cuDNN fused MHA); ``nvjet`` (cuBLASLt's Hopper JIT GEMMs, wgmma-based).
+* Not encoded: Triton kernels (``triton_tem_fused_mm_0`` is a matmul template whose name does not say
+  the dtype) and NCCL kernels (``ncclDevKernel_AllReduce_Sum_bf16_...`` moves data, the dtype is the
+  payload's) are OTHER.
 * AMD Tensile (rocBLAS/hipBLASLt) ``Cijk_..._MI16x16x1_``: the ``MI`` field names the MFMA matrix-core
   instruction; a Tensile kernel without it runs on the vector ALUs.
 * SIMT (CUDA cores): ``sgemm``/``dgemm``/``cgemm``/``gcgemm``/``zgemm`` (single/double/complex BLAS
@@ -53,7 +58,13 @@ _TENSOR_INSTRUCTION_RE = re.compile(
     r"(?<![a-z0-9])[hsic](?:884|1688|16816|32816|8816)(?:gemm|cudnn|fprop|dgrad|wgrad|conv)",
     re.IGNORECASE,
 )
-_TENSOR_FUSED_RE = re.compile(r"flash_fwd|flash_bwd|fmha|nvjet", re.IGNORECASE)
+# FlashAttention's matmul kernels only: its backward pre/post-processing (flash_bwd_dot_do_o_kernel,
+# flash_bwd_convert_dq_kernel) and the split-KV combine are element-wise/reduction kernels.
+_TENSOR_FUSED_RE = re.compile(
+    r"flash_fwd_kernel|flash_fwd_splitkv_kernel|flash_bwd_dq_dk_dv|flash_bwd_kernel|compute_attn_ws|"
+    r"CollectiveMainloop|fmha|nvjet",
+    re.IGNORECASE,
+)
 _AMD_MFMA_RE = re.compile(r"^Cijk_.*_MI\d+x\d+x\d+")
 _AMD_TENSILE_RE = re.compile(r"^Cijk_")
 _SIMT_RE = re.compile(

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
+from jobs.profiling.capture import make_capture
 from jobs.profiling.detect import DEFAULT_MAX_BYTES, REJECTED_KINDS, SVG, decode_text, load_bytes
 from jobs.profiling.errors import ArtifactError
 
@@ -439,7 +440,8 @@ def analyze_pyspy(
     Returns totals, per-thread shares, class shares in % of samples (data_loading, tokenization,
     collate, framework, stdlib, user_code; `input_pipeline_pct` sums the first three), hot frames by
     self and inclusive share, and an icicle tree (ids/labels/parents/values, at most `max_nodes` nodes,
-    the rest of each parent's children folded into one "other" node).
+    the rest of each parent's children folded into one "other" node), and the `capture` block
+    (`jobs.profiling.capture`: all unknown, py-spy records no time).
     """
     profile = parse_pyspy(source, max_bytes=max_bytes, filename=filename)
     total = sum(profile.stacks.values())
@@ -469,4 +471,7 @@ def analyze_pyspy(
         "input_pipeline_pct": round(sum(classes_pct[c] for c in INPUT_PIPELINE_CLASSES), 3),
         **_hot_frames(profile, total, top_n, cache),
         "icicle": _icicle(profile, max_nodes),
+        # py-spy's raw and speedscope outputs record sample counts or weights, never when they were taken
+        # or on which GPU: the capture block says so, and the run check has nothing to compare.
+        "capture": make_capture(source="py-spy: unknown: py-spy profiles carry no wall-clock time"),
     }
