@@ -178,10 +178,25 @@ def _blocking(trace: Trace, rank: RankTrace) -> tuple[_Blocking, dict[str, int]]
                 lo = np.searchsorted(starts, cpu.start_ns[i], side="left")
                 if lo < starts.size and starts[lo] <= cpu.start_ns[i] + cpu.dur_ns[i]:
                     items.append(i)
+    items = _outermost(cpu, items)
     return (
-        _Blocking(np.array(rt_index, dtype=np.int64), rt_kind, np.array(sorted(items), dtype=np.int64)),
+        _Blocking(np.array(rt_index, dtype=np.int64), rt_kind, np.array(items, dtype=np.int64)),
         copy_memory,
     )
+
+
+def _outermost(cpu: Any, rows: list[int]) -> list[int]:
+    """The rows (cpu_op indexes) not nested in another of them on the same thread: aten::item encloses
+    aten::_local_scalar_dense, and the pair is one blocking call."""
+    kept: list[int] = []
+    open_end: dict[int, int] = {}
+    for i in sorted(rows, key=lambda r: (int(cpu.start_ns[r]), -int(cpu.dur_ns[r]))):
+        tid, end = int(cpu.tid[i]), int(cpu.start_ns[i] + cpu.dur_ns[i])
+        if end <= open_end.get(tid, -1):
+            continue
+        kept.append(i)
+        open_end[tid] = end
+    return sorted(kept)
 
 
 def _enclosing(
