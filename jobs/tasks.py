@@ -15,9 +15,8 @@ from jobs.evaluation.refresh import reevaluate_many
 from jobs.metrics import ingest
 from jobs.metrics.discovery import discover
 from jobs.models import Job
+from jobs.outputs import reports
 from jobs.outputs.leaderboard import parse_iso_week
-from jobs.outputs.reports import Outcome, default_period
-from jobs.outputs.reports import send_weekly_reports as send
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +74,9 @@ def send_weekly_reports(self: Task, week: str | None = None) -> int:
     are skipped by their delivery rows, so only the failed ones go out.
     """
 
-    period = parse_iso_week(week) if week else default_period()
-    outcomes = send(period)
-    if any(o.status == Outcome.FAILED for o in outcomes):
+    period = parse_iso_week(week) if week else reports.default_period()
+    outcomes = reports.send_weekly_reports(period)
+    if any(o.status == reports.Outcome.FAILED for o in outcomes):
         raise self.retry(kwargs={"week": period.label})
     return len(outcomes)
 
