@@ -20,8 +20,8 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
     "trace (kineto / nsys_sqlite: trace_analysis.analyze_trace)": (
         "ranks[].rank",
         "ranks[].temporal_breakdown.{idle_pct,compute_pct,compute_ms,non_compute_ms,span_ms}",
-        "ranks[].idle_breakdown.{host_wait_pct,kernel_wait_pct}",
-        "ranks[].kernel_breakdown.kernel_count",
+        "ranks[].idle_breakdown.kernel_wait_pct",
+        "ranks[].kernel_breakdown.kernel_count (also: fewer than MIN_TRACE_KERNELS -> rank ignored)",
         "ranks[].kernel_breakdown.tiny_kernels.count_pct",
         "ranks[].launch_stats.gpu_shorter_than_launch_pct",
         "ranks[].memcpy.{by_kind[].{copy_kind,time_ms},pageable_bytes_pct}",
@@ -32,12 +32,10 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "ranks[].step_breakdown.{steps,dataloader_pct,communication_pct}",
         "ranks[].tensor_cores.{simt_compute_time_pct,top_simt_kernels[].{name,time_ms}}",
         "ranks[].gpu_idle_attribution.{has_gpu_ops,idle_pct,input_pct,host_sync_pct,launch_gaps_pct,"
-        "other_pct,launch_gaps_host_busy_pct,idle_gaps[].{lower_us,upper_us,count}}",
+        "launch_gaps_host_busy_pct,idle_gaps[].{lower_us,upper_us,count}}",
         "ranks[].input_pipeline.{dataloader_step_pct,iterator}",
-        "ranks[].host_blocking.{step_pct,cpu_time_pct,calls,by_kind[].{kind,count,time_ms},"
-        "sites[].{site,kind,count,time_ms,step_pct},pageable_async_copies,pinned_async_copies}",
-        "ranks[].memcpy.host_memory[].{memory,bytes}",
-        "capture.{start_unix,end_unix}",
+        "ranks[].host_blocking.{step_pct,cpu_time_pct,by_kind[].{kind,count,time_ms},sites[].{site,step_pct}}",
+        "capture.{start_unix,end_unix} (nvidia-smi: start_unix_s, end_unix_s, gpus[].name when absent)",
     ),
     "py-spy (pyspy.analyze_pyspy)": (
         "classes_pct",

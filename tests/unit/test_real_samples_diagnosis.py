@@ -230,3 +230,44 @@ def test_every_trace_analysis_has_a_capture_block() -> None:
         kind, analysis = analysis_of(relative)
         if kind in ("kineto", "nsys_sqlite", "pyspy_speedscope"):
             assert isinstance(analysis.get("capture"), dict), relative
+
+
+def _paths(spec: str) -> list[list[str]]:
+    """ "a[].b.{c,d[].{e,f}}" -> [[a[], b, c], [a[], b, d[], e], [a[], b, d[], f]] (KEYS_USED syntax)."""
+    spec = spec.split(" ")[0]
+    if "{" not in spec:
+        return [spec.split(".")]
+    head, rest = spec.split("{", 1)
+    body = rest[: rest.rindex("}")]
+    parts, depth, cur = [], 0, ""
+    for ch in body:
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        cur += ch
+    parts.append(cur)
+    prefix = [p for p in head.rstrip(".").split(".") if p]
+    return [prefix + tail for part in parts for tail in _paths(part)]
+
+
+def _exists(obj: Any, path: list[str]) -> bool:
+    if not path:
+        return True
+    key, rest = path[0], path[1:]
+    if key.endswith("[]"):
+        items = obj.get(key[:-2]) if isinstance(obj, dict) else None
+        return isinstance(items, list) and any(_exists(i, rest) for i in items)
+    return isinstance(obj, dict) and key in obj and _exists(obj[key], rest)
+
+
+def test_keys_the_diagnosis_reads_exist_in_real_trace_analyses() -> None:
+    # KEYS_USED must stay true: every trace key the rules read is in what the parsers write (for each key,
+    # some real sample has it: pageable/pinned copies, SIMT kernels and blocking sites differ by sample).
+    spec = next(v for k, v in A.KEYS_USED.items() if k.startswith("trace"))
+    samples = [analysis_of(r)[1] for r in EXPECTED if r.startswith(("kineto/", "nsys/"))]
+    for entry in spec:
+        for path in _paths(entry):
+            assert any(_exists(a, path) for a in samples), ".".join(path)
