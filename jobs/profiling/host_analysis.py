@@ -135,7 +135,7 @@ def _host_mem_by_correlation(rank: RankTrace) -> dict[int, int]:
 
 def _blocking(trace: Trace, rank: RankTrace) -> tuple[_Blocking, dict[str, int]]:
     rt = rank.runtime
-    kinds_by_name: dict[int, str | None] = {}
+    kinds_by_name: dict[int, str] = {}
     async_copy_names: set[int] = set()
     for idx in np.unique(rt.name).tolist():
         name = api_name(trace.strings[idx])
@@ -148,12 +148,17 @@ def _blocking(trace: Trace, rank: RankTrace) -> tuple[_Blocking, dict[str, int]]
         elif _ASYNC_COPY_RE.match(name):
             async_copy_names.add(idx)
     host_mem = _host_mem_by_correlation(rank) if async_copy_names else {}
+    copy_memory = {"pageable_async_copies": 0, "pinned_async_copies": 0, "unknown_async_copies": 0}
+    # Only the candidate rows are visited in Python: traces carry millions of cudaLaunchKernel calls.
+    candidate_ids = np.array([*kinds_by_name, *async_copy_names], dtype=np.int32)
+    candidates = np.flatnonzero(np.isin(rt.name, candidate_ids)) if candidate_ids.size else np.zeros(0, int)
     rt_index: list[int] = []
     rt_kind: list[str] = []
-    copy_memory = {"pageable_async_copies": 0, "pinned_async_copies": 0, "unknown_async_copies": 0}
-    for i, (n, corr) in enumerate(zip(rt.name.tolist(), rt.correlation.tolist(), strict=True)):
+    for i, n, corr in zip(
+        candidates.tolist(), rt.name[candidates].tolist(), rt.correlation[candidates].tolist(), strict=True
+    ):
         kind = kinds_by_name.get(n)
-        if kind is None and n in async_copy_names:
+        if kind is None:
             mem = host_mem.get(corr)
             if mem == MemKind.PAGEABLE:
                 kind = PAGEABLE_ASYNC_COPY
