@@ -240,6 +240,89 @@ def host_sync_trace(steps: int = 6, kernels_per_step: int = 20, syncs_per_step: 
     return json.dumps(trace).encode()
 
 
+SEED_GEMM = {
+    "NVIDIA A100-SXM4-80GB": (
+        "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32_stage4_warpsize2x2x1_tensor16x8x16"
+    ),
+    "NVIDIA H100 80GB HBM3": (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize1x1x1_wgmma"
+    ),
+}
+SEED_NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+class _Trace:
+    """Kineto Chrome-trace events (documented format: X events, cpu_op / cuda_runtime / kernel categories,
+    correlation ids linking a launch to its kernel, ProfilerStep#N annotations, baseTimeNanoseconds)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.corr = 0
+
+    def cpu(self, name: str, ts: float, dur: float, cat: str = "cpu_op") -> None:
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                            "args": {}})  # fmt: skip
+
+    def kernel(self, name: str, launch_ts: float, ts: float, dur: float) -> None:
+        self.corr += 1
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                            "ts": launch_ts, "dur": 5.0, "args": {"correlation": self.corr}})  # fmt: skip
+        args = {"device": 0, "stream": 7, "correlation": self.corr}
+        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts,
+                            "dur": dur, "args": args})  # fmt: skip
+
+    def document(self, gpu: str, sms: int, rank: int, world: int, start_unix: float, span_us: float) -> bytes:
+        window = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": 1,
+                  "ts": 0.0, "dur": span_us}  # fmt: skip
+        return json.dumps({
+            "schemaVersion": 1,
+            "deviceProperties": [{"id": 0, "name": gpu, "numSms": sms}],
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world},
+            "baseTimeNanoseconds": int(start_unix * 1e9),
+            "traceEvents": [*self.events, window],
+        }).encode()  # fmt: skip
+
+
+def seed_input_trace(start_unix: float, steps: int = 3) -> bytes:
+    """Seed case 1, run 1 (rank 0 of 8 A100s): each 2 s step opens with the main process in the
+    DataLoader for 1.2 s (0.45 s waiting for the workers, then tokenising: seed 002 section 4.1) while the
+    GPU has nothing queued, then 40 GEMMs of 15 ms launched 20 ms apart (0.8 s, 75 % busy).
+    Hand-derived: DataLoader 60 % of the step, the GPU idle under it the whole time -> an input stall."""
+    t = _Trace()
+    step = 2_000_000.0
+    for k in range(steps):
+        s = k * step
+        t.cpu(f"ProfilerStep#{k + 1}", s, step, cat="user_annotation")
+        t.cpu("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", s, 1_200_000.0)
+        for i in range(40):
+            at = s + 1_200_000.0 + 20_000.0 * i
+            t.cpu("aten::mm", at, 30.0)
+            t.kernel(SEED_GEMM["NVIDIA A100-SXM4-80GB"], at + 20.0, at + 40.0, 15_000.0)
+    return t.document("NVIDIA A100-SXM4-80GB", 108, 0, 8, start_unix, steps * step + 100.0)
+
+
+def seed_collective_trace(start_unix: float, steps: int = 3) -> bytes:
+    """Seed case 2 (rank 0 of 32 H100s): each 1.5 s step is 1.0 s of GEMMs (50 x 20 ms, back to back)
+    then a 0.5 s all-reduce that no compute overlaps. Hand-derived: communication 33 % of the step, 0 %
+    overlapped -> an exposed collective."""
+    t = _Trace()
+    step = 1_500_000.0
+    for k in range(steps):
+        s = k * step
+        t.cpu(f"ProfilerStep#{k + 1}", s, step, cat="user_annotation")
+        for i in range(50):
+            at = s + 20_000.0 * i
+            t.cpu("aten::mm", at, 30.0)
+            t.kernel(SEED_GEMM["NVIDIA H100 80GB HBM3"], at + 10.0, at + 40.0, 19_950.0)
+        t.cpu("nccl:all_reduce", s + 1_000_000.0, 60.0)
+        t.kernel(SEED_NCCL, s + 1_000_010.0, s + 1_000_050.0, 499_900.0)
+    return t.document("NVIDIA H100 80GB HBM3", 132, 0, 32, start_unix, steps * step + 100.0)
+
+
+#: Demo jobs that get a profiler trace of the seed case they show, captured 30 minutes into the job.
+SEED_TRACES = {"demo-seed1-run1": seed_input_trace, "demo-seed2": seed_collective_trace}
+
+
 def finish() -> dict[str, Any]:
     """After Prometheus has loaded the demo blocks: ingest everything, attach the profiler trace, promote
     the healthy history runs to baselines, and diagnose again so every finding code appears somewhere."""
@@ -250,6 +333,12 @@ def finish() -> dict[str, Any]:
             job, io.BytesIO(host_sync_trace()), filename="rank0.pt.trace.json", parse=False
         )
         parse_artifact(artifact.pk)
+    for job_id, make in SEED_TRACES.items():
+        seed_job = Job.objects.filter(external_id=job_id).first()
+        if seed_job is not None and not seed_job.artifacts.exists():
+            doc = make(seed_job.started_at.timestamp() + 1800.0)
+            artifact = store_upload(seed_job, io.BytesIO(doc), filename="rank0.pt.trace.json", parse=False)
+            parse_artifact(artifact.pk)
     promoted = 0
     for candidate in Job.objects.filter(external_id__startswith="demo-h", status=Job.Status.FINALIZED):
         healthy = (

@@ -100,3 +100,30 @@ def test_demo_jobs_register_a_full_model_shape_and_their_mfu_evaluates_as_simula
         tps = res.throughput.tokens_per_s.mean()
         mfu = tps * estimate.flops_per_token / (len(res.gpus) * res.throughput.peak_flops_per_gpu)
         assert mfu == pytest.approx(res.throughput.mfu)
+
+
+@pytest.mark.parametrize(("job_id", "expected"), [("demo-seed1-run1", "data_pipeline_stall"),
+                                                  ("demo-seed2", "communication_wait")])  # fmt: skip
+def test_the_seed_traces_belong_to_their_run_and_name_the_seeds_cause(job_id, expected):
+    from jobs.profiling.run_check import JobFacts, check_run
+    from jobs.simulate import simulate
+
+    d = next(d for d in demo.plan(NOW) if d.spec.job_id == job_id)
+    doc = demo.SEED_TRACES[job_id](d.spec.start + 1800.0)
+    assert len(doc) < 100_000  # small enough to ship with the demo
+    analysis = analyze_trace(parse_kineto(doc))
+    facts = JobFacts(d.spec.gpu_model, d.spec.gpus, d.spec.start, d.spec.start + d.spec.duration_s)
+    check = check_run(analysis["capture"], facts, rank=0, now_unix=NOW.timestamp(), canonical_gpu=lambda n: n)
+    assert check.status == "matches", check.mismatches
+    rank = analysis["ranks"][0]
+    if expected == "data_pipeline_stall":
+        # 1.2 s of every 2 s step in the DataLoader with nothing queued on the GPU: 60 % of the step.
+        assert rank["input_pipeline"]["dataloader_step_pct"] == pytest.approx(60.0)
+        assert rank["gpu_idle_attribution"]["input_pct"] == pytest.approx(60.0)
+    else:
+        # 0.5 s all-reduce per 1.5 s step, nothing overlapping it.
+        assert rank["comm_compute_overlap"]["overlap_pct"] == 0.0
+    art = ArtifactAnalysis("kineto", analysis, "rank0.pt.trace.json", 0)
+    found = diagnose(input_from_sim(simulate(d.spec), artifacts=[art]))
+    top = next(f for f in found if f.code == expected)
+    assert top.severity.rank >= 1 and "metrics" in top.sources and len(top.sources) >= 2

@@ -223,6 +223,13 @@ class Features:
             return None
         data = self.gpu_data((self.util_key,))
         util = data.values[self.util_key] if data is not None else self.util
+        average: np.ndarray | None = None
+        if self.util_key == "gpu_util" and self.has("gr_engine_active"):
+            both = self.gpu_data(("gpu_util", "gr_engine_active"))
+            if both is not None and data is not None and both.gpus == data.gpus:
+                average = both.values["gr_engine_active"]
+            elif data is None:
+                average = self.mean("gr_engine_active")
         nvl = self.mean("nvlink_tx_bytes")
         if nvl is None and (total := self.mean("nvlink_bandwidth_total")) is not None:
             nvl = total / 2.0  # TX + RX over all links
@@ -241,6 +248,7 @@ class Features:
                 "nvlink": nvl,
                 "pcie": pcie,
             },
+            busy_average=average,
         )
         if lk is not None and self.util_key != "gpu_util":
             # GR_ENGINE_ACTIVE is a collect-interval average, not a point sample: its spread says nothing.

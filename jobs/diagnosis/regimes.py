@@ -176,7 +176,9 @@ class Looks:
             return None if v is None else round(v / 1e9, 2)
 
         out = [
-            Evidence("GPU_UTIL point samples, mean", pct(self.util_mean), "%"),
+            Evidence(
+                "busy share, mean (GR_ENGINE_ACTIVE if exported, else GPU_UTIL)", pct(self.util_mean), "%"
+            ),
             Evidence(
                 "GPU_UTIL point samples, 10th-90th percentile",
                 f"{pct(self.util_p10)}-{pct(self.util_p90)}",
@@ -218,9 +220,15 @@ def _mean(x: np.ndarray | None) -> float | None:
 def looks(
     util: np.ndarray | None,
     levels: dict[str, np.ndarray | None],
+    busy_average: np.ndarray | None = None,
 ) -> Looks | None:
     """The four looks as levels from per-GPU utilisation samples (G, T) (or a (T,) mean) and the means of
-    sm_active, tensor_active, dram_active, nvlink (B/s per direction) and pcie (B/s). None without util."""
+    sm_active, tensor_active, dram_active, nvlink (B/s per direction) and pcie (B/s). None without util.
+
+    `busy_average` (GR_ENGINE_ACTIVE, a collect-interval average of the same busy share) gives the mean
+    when present: GPU_UTIL's point samples are biased when the step divides the collect interval (they
+    land at the same few phases of the step), the average is not. The spread still comes from the point
+    samples: only they see inside a step."""
     if util is None:
         return None
     u = np.atleast_2d(np.asarray(util, dtype=np.float64))
@@ -235,8 +243,12 @@ def looks(
     if vals.size < 3:
         return None
     counts = np.isfinite(cells).sum(axis=1)
+    avg = None if busy_average is None else np.atleast_2d(np.asarray(busy_average, dtype=np.float64))
+    if avg is not None and avg.shape == u.shape:
+        avg = avg[working]  # the same working GPUs (idle GPUs are idle_gpus, not a partial level)
+    mean = _mean(avg)
     return Looks(
-        util_mean=float(vals.mean()),
+        util_mean=mean if mean is not None else float(vals.mean()),
         util_p10=float(np.quantile(vals, 0.1)),
         util_p90=float(np.quantile(vals, 0.9)),
         trough_share=float((vals <= T.UNRESOLVED_TROUGH_UTIL).mean()),

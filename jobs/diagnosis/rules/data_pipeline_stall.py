@@ -50,7 +50,20 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     severity = Severity.INFO
     windows: list[tuple[float, float]] = []
     gaps = _gaps(f)
+    # A handful of "regular" gaps (too few cycles to warn) may be aliasing of a short step: when the
+    # unresolved look applies with enough samples, it is the better reading.
+    lk = f.looks
+    look = (
+        lk is not None
+        and lk.util_mean is not None
+        and R.host_side_stall(lk)
+        and f.samples_per_gpu >= T.MIN_SAMPLES_TO_WARN
+    )
+    if gaps is not None and look and _warn_if_enough(f, len(gaps[0])) is Severity.INFO:
+        gaps = None
     stagger = _staggered(f) if gaps is None else None
+    if stagger is not None and look and _warn_if_enough(f, stagger[2]) is Severity.INFO:
+        stagger = None
     unresolved = False
     if gaps is not None:
         rs, share, period, cv = gaps
@@ -65,6 +78,18 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         if cv is not None:
             evidence.append(Evidence("variation of the interval between gaps", round(cv, 2), "CV"))
         evidence += f.resolution.evidence("resolved")
+        nodes = _nodes(f)
+        if nodes >= 2:
+            # The seed reads drops synchronised across machines as a global sync point; with the links
+            # quiet in the troughs no collective is moving data, but a host-side barrier looks the same.
+            base = 0.65
+            evidence.append(
+                Evidence(
+                    f"drops synchronised across {nodes} nodes",
+                    "links quiet in the troughs: input side, unless a host-side barrier waits "
+                    "(nsys -t nccl,osrt tells them apart)",
+                )
+            )
         windows = D.merge_windows(D.run_windows(rs, f.timestamps, f.step), gap_s=0.0)
         impact = share
         sources.append("metrics")
@@ -82,7 +107,6 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         sources.append("metrics")
         windows = f.whole_window
     else:
-        lk = f.looks
         if lk is not None and lk.util_mean is not None and R.host_side_stall(lk):
             unresolved = True
             base, impact = T.UNRESOLVED_CONFIDENCE, clamp01(1.0 - lk.util_mean)
@@ -106,7 +130,6 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             severity = Severity.WARNING
     if trace_idle is not None and trace_idle >= TT.INPUT_IDLE_WARN_PCT / 100:
         severity = Severity.WARNING
-    lk = f.looks
     title = (
         f"The GPUs idle together every {round(gaps[2].period_s)} s waiting for input"
         if gaps is not None and gaps[2] is not None
@@ -196,6 +219,12 @@ def _warn_if_enough(f: Features, cycles: int) -> Severity:
     if f.samples_per_gpu >= T.MIN_SAMPLES_TO_WARN and cycles >= T.MIN_CYCLES_TO_WARN:
         return Severity.WARNING
     return Severity.INFO
+
+
+def _nodes(f: Features) -> int:
+    """Number of nodes among the job's per-GPU series (0 without per-GPU data)."""
+    data = f.gpu_data((f.util_key,)) if f.util_key else None
+    return len(set(data.hosts)) if data is not None else 0
 
 
 def _staggered(f: Features) -> tuple[list[str], float, int, float] | None:
