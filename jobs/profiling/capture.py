@@ -86,7 +86,8 @@ def capture_from_nvidia_smi(analysis: Mapping[str, Any]) -> dict[str, Any]:
     ranks, so ranks stay unknown.
     """
     gpus = analysis.get("gpus")
-    names = [g.get("name") for g in gpus if isinstance(g, Mapping)] if isinstance(gpus, list) else []
+    rows = [g for g in gpus if isinstance(g, Mapping)] if isinstance(gpus, list) else []
+    names = [g.get("name", g.get("gpu_name")) for g in rows]
     start = analysis.get("start_unix_s")
     return make_capture(
         gpu_names=[n for n in names if isinstance(n, str)],

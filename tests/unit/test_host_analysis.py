@@ -10,9 +10,10 @@ import pytest
 
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis.base import ArtifactAnalysis
-from jobs.profiling.capture import MAX_CHARS, make_capture
+from jobs.profiling.capture import MAX_CHARS, capture_from_nvidia_smi, make_capture
 from jobs.profiling.host_analysis import api_name
 from jobs.profiling.kineto import parse_kineto
+from jobs.profiling.monitoring import analyze_nvidia_smi
 from jobs.profiling.trace_analysis import analyze_trace
 from tests.unit.test_trace_misreads import ELEMENTWISE, TraceBuilder
 
@@ -123,3 +124,20 @@ def test_stored_captures_are_read_defensively() -> None:
         assert A.capture_window(ArtifactAnalysis("kineto", {"capture": capture})) == []
     ok = ArtifactAnalysis("kineto", {"capture": {"start_unix": 1.7e9, "end_unix": 1.7e9 + 5}})
     assert A.capture_window(ok) == [(1.7e9, 1.7e9 + 5)]
+
+
+def test_nvidia_smi_logs_get_their_capture_from_the_timestamps_and_names() -> None:
+    csv = (
+        b"timestamp, name, index, utilization.gpu [%]\n"
+        b"2025/12/01 12:00:00.000, NVIDIA H100 80GB HBM3, 0, 97 %\n"
+        b"2025/12/01 12:00:00.000, NVIDIA H100 80GB HBM3, 1, 95 %\n"
+        b"2025/12/01 12:00:05.000, NVIDIA H100 80GB HBM3, 0, 98 %\n"
+        b"2025/12/01 12:00:05.000, NVIDIA H100 80GB HBM3, 1, 96 %\n"
+    )
+    analysis = analyze_nvidia_smi(csv)
+    cap = capture_from_nvidia_smi(analysis)
+    assert cap["gpu_names"] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert cap["start_unix"] == pytest.approx(1_764_590_400.0)
+    assert cap["end_unix"] == pytest.approx(1_764_590_405.0)
+    assert cap["ranks"] == [] and "timestamp" in cap["source"]
+    assert A.capture_of(analysis) == cap  # stored analyses without the block get it derived
