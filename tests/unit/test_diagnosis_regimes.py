@@ -219,3 +219,30 @@ def test_the_variant_matrix_scores_both_regimes() -> None:
 
     text = format_matrix(run_direct(jobs, diagnose_job))
     assert "resolved" in text and "unresolved" in text and "data_pipeline_stall" in text
+
+
+def test_the_seed_cases_with_the_default_exporter_counters_name_what_is_missing() -> None:
+    # dcgm-exporter's default counters lack SM_ACTIVE and NVLink TX/RX: case 2 reads tensor active (0.36
+    # < 0.40) and NVLINK_BANDWIDTH_TOTAL / 2 instead, at a lower confidence that names sm_active.
+    from jobs.metrics.signals import DEFAULT_DISABLED
+
+    case = SEED_CASES["seed2"]
+    res = simulate(SimSpec(gpus=32, gpu_model=case.gpu_model, hosts=tuple(f"d{h}" for h in range(4)),
+                           duration_s=3600, workload=case.workload, exporter=Exporter(), seed=1,
+                           disabled=DEFAULT_DISABLED))  # fmt: skip
+    f = next(f for f in diagnose(input_from_sim(res)) if f.code == "communication_wait")
+    assert f.severity is Severity.WARNING and "sm_active" in f.missing_signals and f.confidence < 0.5
+
+
+def test_a_gpu_util_sample_aliased_onto_the_idle_phase_is_not_an_idle_gpu() -> None:
+    # 20 s steps with 6 s of input wait, scraped every 60 s (three steps): a node's point samples can
+    # land in the wait of every step for the whole job; GR_ENGINE_ACTIVE (its 30 s average) reads ~0.7.
+    def codes(disabled: frozenset[str]) -> set[str]:
+        res = simulate(SimSpec(gpus=16, hosts=("n0", "n1"), duration_s=3600, seed=2, disabled=disabled,
+                               workload=input_stall(20.0, 0.3, sync="staggered"),
+                               exporter=Exporter(scrape_s=60.0, node_lost=(0.5, 600.0))))  # fmt: skip
+        return {f.code for f in diagnose(input_from_sim(res))}
+
+    assert "idle_gpus" in codes(frozenset({"gr_engine_active"}))  # the aliasing, GPU_UTIL alone
+    found = codes(frozenset())
+    assert "idle_gpus" not in found and "data_pipeline_stall" in found

@@ -13,7 +13,9 @@ Serving jobs (`kind == "inference"`) get serving advice (right-size, autoscale, 
 than MIN_SAMPLES_TO_WARN samples per GPU the finding is context (info), never a warning.
 
 Resolution: stretches of at least IDLE_MIN_STRETCH_S (10 min) are many samples long at 15-60 s, so this is
-a resolved-regime rule at any usual scrape interval; idle time shorter than a sample is invisible here.
+a resolved-regime rule at any usual scrape interval; idle time shorter than a sample is invisible here. A
+GPU_UTIL point sample that aliases onto the idle phase of every step is not idle time: with
+GR_ENGINE_ACTIVE (a collect-interval average) exported, a sample is idle only when both read idle.
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ def _recommendation(inp: DiagnosisInput) -> str:
 def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
     assert f.util_key is not None
     u = data.values[f.util_key]
+    if f.util_key == "gpu_util" and f.has("gr_engine_active"):
+        # GPU_UTIL is a point sample of a <= 1 s window: when the step time divides the collect interval
+        # it can land in the same idle phase of every step for hours. GR_ENGINE_ACTIVE averages the whole
+        # collect interval: a GPU is idle only when both read idle.
+        both = f.gpu_data(("gpu_util", "gr_engine_active"))
+        if both is not None and both.gpus == data.gpus and both.values["gr_engine_active"].shape == u.shape:
+            u = np.fmax(u, both.values["gr_engine_active"])
     step = data.step
     ts = data.timestamps
     min_len = max(int(np.ceil(T.IDLE_MIN_STRETCH_S / step)), 1)
