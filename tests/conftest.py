@@ -126,7 +126,6 @@ def celery_in_memory():
 
     old = app.conf.broker_url
     app.conf.broker_url = "memory://"
-    app.pool.force_close_all()
     yield app
     app.conf.broker_url = old
 
