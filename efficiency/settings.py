@@ -198,6 +198,11 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "REDOC_DIST": "SIDECAR",
+    # Job and artifact both have a `kind` field with different choices: name their enums apart.
+    "ENUM_NAME_OVERRIDES": {
+        "JobKindEnum": "jobs.models.Job.Kind",
+        "ArtifactKindEnum": "jobs.models.Artifact.Kind",
+    },
 }
 
 # Security headers; the production-only ones switch on with DEBUG=false.
