@@ -188,8 +188,11 @@ def _gaps(f: Features) -> tuple[list[D.Run], float, D.Periodicity | None, float 
     )
     if not regular:
         return None
-    if links_busy_in(f, in_gaps):
-        return None  # the collective moves data in the troughs: communication_wait
+    lk = f.looks
+    if links_busy_in(f, in_gaps) or (lk is not None and lk.links_busy):
+        # The collective moves data in the troughs (or the links carry collective-sized traffic on
+        # average, which an input-starved job does not): communication_wait.
+        return None
     lost = float(np.nansum(np.clip(1.0 - f.util[in_gaps], 0.0, 1.0))) / max(int(known.sum()), 1)
     return rs, clamp01(lost), period, cv
 
