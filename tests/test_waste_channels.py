@@ -127,3 +127,30 @@ def test_metrics_export_omits_unknown_waste_and_exports_its_lower_bound(jobs, se
     assert any(k.startswith("efficiency_job_waste_known{") and lines[k] == "0" for k in b)
     a = [k for k in lines if 'job="A-1"' in k]
     assert any(k.startswith("efficiency_job_waste_usd_per_day{") and lines[k] == "160" for k in a)
+
+
+def test_every_channel_counts_the_jobs_whose_means_rest_on_part_of_their_window(
+    jobs, week, client, make_user, api_client_for
+):
+    team, a, b = jobs
+    # A: GPU_UTIL samples for 95 % of its window (>= 90 %: not counted); B: for 55 % (counted). A third
+    # job without a stored coverage is unknown, which is counted too: 2 of 3.
+    Job.objects.filter(pk=a.pk).update(util_coverage=0.95)
+    Job.objects.filter(pk=b.pk).update(util_coverage=0.55)
+    Job.objects.create(
+        team=team, external_id="C-3", started_at=a.started_at, ended_at=a.started_at + timedelta(hours=1),
+        gpu_count=1, status=Job.Status.FINALIZED,
+    )  # fmt: skip
+    (row,) = [r for r in team_rows(week) if r.team_id == team.pk]
+    assert row.jobs_low_coverage == 2
+    api = api_client_for(make_user("bot", teams=[team]))
+    assert (
+        api.get(f"/api/v1/leaderboard/?period=week&week={week.label}").json()["teams"][0]["jobs_low_coverage"]
+        == 2
+    )
+    client.force_login(make_user("lead", teams=[team]))
+    page = client.get(f"/leaderboard/?week={week.label}").content.decode()
+    assert "2 jobs have GPU utilisation samples for less than 90 % of their time" in page
+    _, text, html = render_report(build_report(team, week))
+    for body in (text, html):
+        assert "2 job(s) have GPU utilisation samples for less than 90 % of their time" in body

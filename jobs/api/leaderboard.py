@@ -34,6 +34,9 @@ _ROW_FIELDS: dict[str, serializers.Field] = {
     "jobs_cost_unknown": serializers.IntegerField(),
     "jobs_mfu_unknown": serializers.IntegerField(),
     "jobs_mfu_fallback": serializers.IntegerField(help_text="jobs whose MFU used 6N (shape missing)"),
+    "jobs_low_coverage": serializers.IntegerField(
+        help_text="jobs with GPU_UTIL samples for < 90 % of their window (or unknown coverage)"
+    ),
 }
 _RESPONSE = inline_serializer(
     "Leaderboard",
@@ -84,6 +87,7 @@ def row_json(row: TeamRow) -> dict[str, Any]:
         "jobs_cost_unknown": row.jobs_cost_unknown,
         "jobs_mfu_unknown": row.jobs_mfu_unknown,
         "jobs_mfu_fallback": row.jobs_mfu_fallback,
+        "jobs_low_coverage": row.jobs_low_coverage,
     }
 
 

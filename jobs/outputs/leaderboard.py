@@ -7,6 +7,8 @@ The one aggregation every channel reads (leaderboard page, team page, weekly ema
 * cost and waste = the job's $/day ÷ 24 × hours inside. Unknown is never 0: a job without a price adds no
   cost and is counted in `jobs_cost_unknown`; a job whose waste is unknown (no MFU) adds its stated lower
   bound (the idle waste) and is counted in `jobs_waste_unknown`, so the team's waste is "at least" a sum;
+* jobs whose GPU utilisation samples cover less than 90 % of their window (or unknown) are counted in
+  `jobs_low_coverage`: their idle share and means rest on part of the window;
 * MFU is weighted by GPU hours (never an average of job ratios) over the jobs that have one, all computed
   with the organisation's one FLOPs convention; jobs that had to fall back to 6N are counted.
 
@@ -26,6 +28,7 @@ from django.db.models.functions import Coalesce, Extract, Greatest, Least
 from django.utils import timezone
 
 from jobs.evaluation.costs import Amount
+from jobs.metrics.sampling import COVERAGE_SHOW_BELOW
 from jobs.models import Job, Team
 
 
@@ -89,6 +92,8 @@ class TeamRow:
     jobs_waste_unknown: int = 0
     jobs_mfu_unknown: int = 0
     jobs_mfu_fallback: int = 0
+    #: Jobs whose GPU_UTIL samples cover less than 90 % of their window, or whose coverage is unknown.
+    jobs_low_coverage: int = 0
 
     @property
     def waste_usd(self) -> float | None:
@@ -131,7 +136,7 @@ class TeamRow:
 
 _SQL = """
 WITH j AS (
-    SELECT team_id, mfu, mfu_fallback, gpu_count, cost_per_day_usd, waste_per_day_usd,
+    SELECT team_id, mfu, mfu_fallback, util_coverage, gpu_count, cost_per_day_usd, waste_per_day_usd,
            waste_lower_bound_per_day_usd, started_at, COALESCE(ended_at, %(now)s) AS stop
     FROM {jobs}
     WHERE started_at < %(last)s AND started_at < %(now)s AND (ended_at IS NULL OR ended_at > %(first)s)
@@ -152,7 +157,8 @@ SELECT o.team_id, t.slug, t.name, o.i, COUNT(*),
        COUNT(*) FILTER (WHERE o.cost_per_day_usd IS NULL),
        COUNT(*) FILTER (WHERE o.waste_per_day_usd IS NULL),
        COUNT(*) FILTER (WHERE o.mfu IS NULL),
-       COUNT(*) FILTER (WHERE o.mfu IS NOT NULL AND o.mfu_fallback)
+       COUNT(*) FILTER (WHERE o.mfu IS NOT NULL AND o.mfu_fallback),
+       COUNT(*) FILTER (WHERE o.util_coverage IS NULL OR o.util_coverage < %(coverage)s)
 FROM o JOIN {teams} t ON t.id = o.team_id
 GROUP BY o.team_id, t.slug, t.name, o.i
 """
@@ -165,7 +171,8 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
     if not periods:
         return []
     now = now or timezone.now()
-    params: dict[str, datetime] = {
+    params: dict[str, datetime | float] = {
+        "coverage": COVERAGE_SHOW_BELOW,
         "now": now,
         "first": min(p.start for p in periods),
         "last": max(p.end for p in periods),
@@ -185,7 +192,7 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
     out: list[dict[int, TeamRow]] = [{} for _ in periods]
     for (
         team_id, slug, name, i, jobs, gpu_h, cost, waste, mfu_num, mfu_den,
-        cost_unknown, waste_unknown, mfu_unknown, fallback,
+        cost_unknown, waste_unknown, mfu_unknown, fallback, low_coverage,
     ) in rows:  # fmt: skip
         out[i][team_id] = TeamRow(
             team_id=team_id,
@@ -200,6 +207,7 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
             jobs_waste_unknown=waste_unknown,
             jobs_mfu_unknown=mfu_unknown,
             jobs_mfu_fallback=fallback,
+            jobs_low_coverage=low_coverage,
         )
     return out
 

@@ -394,6 +394,7 @@ def _context(report: WeeklyReport) -> dict[str, object]:
         "mfu_convention": CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION],
         "waste_unknown": report.row.waste_unknown_reason if report.row else "",
         "mfu_fallback": report.row.jobs_mfu_fallback if report.row else 0,
+        "low_coverage": report.row.jobs_low_coverage if report.row else 0,
         "leaderboard_url": _absolute(reverse("leaderboard")) + f"?week={period.label}",
         "team_url": _absolute(reverse("team-detail", args=[report.team.slug])),
     }

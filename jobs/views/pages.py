@@ -249,6 +249,7 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "errors": errors,
         "mfu_convention": CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION],
         "fallbacks": sum(r.jobs_mfu_fallback for r in current.values()),
+        "low_coverage": sum(r.jobs_low_coverage for r in current.values()),
     }
     return render(request, "jobs/leaderboard.html", context)
 
