@@ -150,6 +150,24 @@ def test_a_mismatched_trace_changes_nothing_until_confirmed_and_can_be_excluded(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_capture_window_of_a_used_trace_is_drawn_on_the_charts(llm, monkeypatch, client):
+    capture = {"gpu_names": ["NVIDIA H100 80GB HBM3"], "start_unix": START + 3600, "end_unix": START + 3660}
+    art = _upload_with(llm, monkeypatch, capture, name="step-trace.json")
+    client.force_login(get_user_model().objects.get(username="alice"))
+
+    def captures():
+        layout = client.get("/jobs/48213/figures.json").json()["timeseries"]["layout"]
+        shapes = [s for s in layout["shapes"] if s.get("name") == "capture"]
+        labels = [a["text"] for a in layout["annotations"] if a.get("name") == "capture"]
+        return [(s["x0"], s["x1"]) for s in shapes], labels
+
+    # Unix ms of the captured minute, one outline and its label with the file's name.
+    assert captures() == ([((START + 3600) * 1000, (START + 3660) * 1000)], ["trace: step-trace.json"])
+    llm.post(f"/api/v1/artifacts/{art.pk}/review/", {"action": "exclude"}, format="json")
+    assert captures() == ([], [])  # an excluded trace is not drawn
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_matching_trace_is_used_at_once_and_review_is_team_scoped(
     llm, monkeypatch, make_team, make_user, api_client_for
 ):

@@ -296,3 +296,17 @@ def test_sparkline_breaks_at_missing_weeks_and_shows_single_points():
     assert first[0] == (0.0, pytest.approx(19 - 18 * 0.2)) and first[1][0] == 30.0
     assert runs[1].count(",") == 2  # one point drawn as a short tick
     assert charts.sparkline_points([None, None]) == []
+
+
+def test_capture_outlines_are_widened_to_a_pixel_and_left_out_of_other_windows():
+    from jobs.charts import CaptureMark, capture_shapes
+
+    # A 2 s capture in a 1 h span drawn at 1,000 points: one pixel is 3.6 s, so it is widened around its
+    # middle (1,001 s) to [999.2, 1,002.8] s.
+    shapes, labels = capture_shapes([CaptureMark(1000.0, 1002.0, "t.json")], None, 3600.0, 1000)
+    assert [(s["x0"], s["x1"]) for s in shapes] == [(999200, 1002800)]
+    assert labels[0]["text"] == "trace: t.json"
+    # Zoomed to a window that does not contain it: nothing drawn; a name with markup is escaped.
+    assert capture_shapes([CaptureMark(1000.0, 1002.0, "x")], (2000.0, 3000.0), 1000.0, 1000) == ([], [])
+    _, labels = capture_shapes([CaptureMark(0.0, 10.0, "<b>x</b>")], None, 10.0, 10)
+    assert "<b>" not in labels[0]["text"]

@@ -96,6 +96,43 @@ class FindingMark:
     windows: tuple[tuple[float, float], ...] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True, slots=True)
+class CaptureMark:
+    """The window a profiler trace captured (Unix seconds), drawn so its findings sit on the metrics."""
+
+    start: float
+    end: float
+    label: str
+
+
+def capture_shapes(
+    captures: Sequence[CaptureMark], window: tuple[float, float] | None, span_s: float, points: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A dashed outline over every subplot for each capture window, labelled at the bottom with the file's
+    name. Captures outside the shown window are left out; sub-pixel ones are widened to one pixel."""
+    shapes: list[dict[str, Any]] = []
+    labels: list[dict[str, Any]] = []
+    pixel_s = span_s / max(points, 1) if span_s > 0 else 0.0
+    for cap in captures[:MAX_SHAPES]:
+        start, end = cap.start, max(cap.end, cap.start)
+        if window is not None and (end < window[0] or start > window[1]):
+            continue
+        if end - start < pixel_s:
+            mid = (start + end) / 2
+            start, end = mid - pixel_s / 2, mid + pixel_s / 2
+        shapes.append({
+            "type": "rect", "xref": "x", "yref": "paper", "x0": round(start * 1000), "x1": round(end * 1000),
+            "y0": 0, "y1": 1, "line": {"width": 1.5, "dash": "dash", "color": BLACK},
+            "fillcolor": "rgba(0,0,0,0)", "layer": "above", "name": "capture",
+        })  # fmt: skip
+        labels.append({
+            "x": round(start * 1000), "xref": "x", "y": 0, "yref": "paper", "yanchor": "top", "yshift": -18,
+            "xanchor": "left", "text": f"trace: {escape(cap.label)[:60]}", "showarrow": False,
+            "font": {"color": BLACK, "size": 11}, "name": "capture",
+        })  # fmt: skip
+    return shapes, labels
+
+
 def ms(values: np.ndarray) -> list[int]:
     """Unix seconds -> integer Unix milliseconds (what Plotly reads on a date axis)."""
     return np.rint(np.asarray(values, dtype=np.float64) * 1000.0).astype(np.int64).tolist()
@@ -249,11 +286,12 @@ def timeseries_figure(
     memory_gib: float | None = None,
     target_mfu: float | None = None,
     window: tuple[float, float] | None = None,
+    captures: Sequence[CaptureMark] = (),
 ) -> dict[str, Any]:
     """The job's correlated time series: one subplot per row of ROWS, all on one shared date axis, with
     unified hover across subplots, finding windows shaded, reference lines (max boost and peak clocks,
-    memory capacity, target MFU) and a note in each subplot that has no data. `window` (Unix s) limits the
-    data to a zoom."""
+    memory capacity, target MFU), the windows profiler traces captured, and a note in each subplot that has
+    no data. `window` (Unix s) limits the data to a zoom."""
     reasons = reasons or {}
     points = clamp_points(points)
     n = len(ROWS)
@@ -332,6 +370,9 @@ def timeseries_figure(
             })  # fmt: skip
     _reference_lines(layout, (peak_clock_mhz, max_clock_mhz), memory_gib, target_mfu, sigs)
     shapes, labels = finding_shapes(findings, span, points)
+    layout["shapes"] += shapes
+    layout["annotations"] += labels
+    shapes, labels = capture_shapes(captures, window, span, points)
     layout["shapes"] += shapes
     layout["annotations"] += labels
     return {"data": data, "layout": layout}

@@ -6,11 +6,14 @@ traces are rendered by templates with autoescaping and put into figures through 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobs import charts
+from jobs.charts import CaptureMark
+from jobs.diagnosis.artifacts import capture_of
 from jobs.models import Artifact
 
 TOP_ROWS = 10
@@ -222,6 +225,25 @@ def present(artifact: Artifact) -> ArtifactView:
         if build is not None:
             build(view, artifact.analysis)
     return view
+
+
+def capture_marks(artifacts: Iterable[Artifact]) -> list[CaptureMark]:
+    """The capture windows of the artifacts the diagnosis uses, where the file states its time."""
+
+    def finite(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    marks: list[CaptureMark] = []
+    for art in artifacts:
+        if not art.used_in_diagnosis:
+            continue
+        cap = capture_of(art.analysis)
+        start = finite(cap.get("start_unix")) if cap else None
+        end = finite(cap.get("end_unix")) if cap else None
+        if start is not None:
+            marks.append(CaptureMark(start, max(end if end is not None else start, start), art.original_name))
+    return marks
 
 
 def figures_of(views: list[ArtifactView]) -> dict[str, dict[str, Any]]:

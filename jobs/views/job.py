@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -169,7 +170,12 @@ def heatmap_signal(job: Job) -> str:
 
 
 def build_figures(
-    job: Job, findings: list[Finding], *, points: int, window: tuple[float, float] | None = None
+    job: Job,
+    findings: list[Finding],
+    *,
+    points: int,
+    window: tuple[float, float] | None = None,
+    captures: Sequence[charts.CaptureMark] = (),
 ) -> dict[str, Any]:
     """The time-series figure, the per-GPU heatmap and what is missing from them (2-3 queries)."""
     sigs = load_means(job, charts.CHART_SIGNALS, window)
@@ -192,6 +198,7 @@ def build_figures(
         memory_gib=memory_gib,
         target_mfu=reference_mfu(job),
         window=window,
+        captures=captures,
     )
     return {
         "timeseries": timeseries,
@@ -201,6 +208,7 @@ def build_figures(
         "heatmap_label": label,
         "outliers": charts.gpu_outliers(per_gpu) if window is None else [],
         "missing": charts.missing_lines(sigs, reasons),
+        "archive_step_s": float(sigs.step) if sigs is not None else None,
     }
 
 
@@ -308,7 +316,12 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     job = _job_or_404(external_id)
     findings = list(job.findings.all())  # Finding.Meta.ordering: most $/day first
     artifacts = [artifact_views.present(a) for a in job.artifacts.select_related("uploaded_by")]
-    figures = build_figures(job, findings, points=charts.DEFAULT_POINTS)
+    figures = build_figures(
+        job,
+        findings,
+        points=charts.DEFAULT_POINTS,
+        captures=artifact_views.capture_marks(v.artifact for v in artifacts),
+    )
     comparison = baselines.compare(job)
     can_write = can_write_team(request.user, job.team)
     page_data = {
@@ -362,9 +375,46 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "can_write": can_write,
         "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
         "readiness": _readiness(job),
+        "resolution": resolution(figures["archive_step_s"]),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
     }
     return render(request, "jobs/job_detail.html", context)
+
+
+#: dcgm-exporter's default collect interval (`-c 30000` ms, dcgm-exporter README): the DCGM profiling
+#: fields (SM/tensor/DRAM active) are averages over it, refreshed that often whatever the scrape interval.
+DCGM_COLLECT_INTERVAL_S = 30.0
+#: Samples a pattern must span to be seen as a shape rather than a level.
+SAMPLES_TO_RESOLVE = 4
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How finely the job's signals were sampled and archived, and what that hides."""
+
+    scrape_s: float
+    archive_step_s: float | None
+    resolves_s: float
+
+    @property
+    def text(self) -> str:
+        """The page's sentence on resolution."""
+        archived = f", archived at {self.archive_step_s:g} s" if self.archive_step_s else ""
+        return (
+            f"GPU_UTIL, power and clocks are scraped every {self.scrape_s:g} s{archived}; the DCGM profiling "
+            f"fields (SM, tensor, DRAM active) are averages over dcgm-exporter's collect interval "
+            f"({DCGM_COLLECT_INTERVAL_S:g} s by default). Patterns shorter than about {self.resolves_s:g} s, "
+            "such as per-step input stalls or collectives of 0.1-5 s, are not resolved: they show as levels, "
+            "and the diagnosis names them from the ratios between signals with lower confidence. A profiler "
+            "trace resolves them."
+        )
+
+
+def resolution(archive_step_s: float | None) -> Resolution:
+    """Sampling resolution: scrape interval (setting), the archive's step, the shortest resolved pattern."""
+    scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)
+    coarsest = max(scrape, archive_step_s or 0.0, DCGM_COLLECT_INTERVAL_S)
+    return Resolution(scrape, archive_step_s, SAMPLES_TO_RESOLVE * coarsest)
 
 
 @require_GET
@@ -389,7 +439,13 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
     }
     if request.GET.get("only") != "status":
         window = _window(request)
-        figures = build_figures(job, list(job.findings.all()), points=_points(request), window=window)
+        figures = build_figures(
+            job,
+            list(job.findings.all()),
+            points=_points(request),
+            window=window,
+            captures=artifact_views.capture_marks(job.artifacts.all()),
+        )
         body |= {"timeseries": figures["timeseries"], "heatmap": figures["heatmap"], "window": window}
     return _json_response(body)
 
