@@ -19,11 +19,18 @@ def _crontab_from(expr: str) -> crontab:
 
 
 def beat_schedule() -> dict[str, dict[str, object]]:
-    """The beat schedule: poll running jobs every minute, finalize ended ones, weekly reports."""
+    """The beat schedule: poll running jobs every minute, finalize ended ones, discover jobs, sweep stuck
+    artifact parses, weekly reports."""
     return {
         "poll-running-jobs": {"task": "jobs.tasks.poll_running_jobs", "schedule": crontab(minute="*")},
         "finalize-ended-jobs": {"task": "jobs.tasks.finalize_ended_jobs", "schedule": crontab(minute="*/5")},
         "discover-jobs": {"task": "jobs.tasks.discover_jobs", "schedule": crontab(minute="*/5")},
+        # Fails artifacts whose worker was lost mid-parse; a sweep that waited in the queue is dropped.
+        "sweep-stuck-artifacts": {
+            "task": "jobs.tasks.sweep_stuck_artifacts",
+            "schedule": crontab(minute="*/5"),
+            "options": {"expires": 240},
+        },
         "weekly-reports": {
             "task": "jobs.tasks.send_weekly_reports",
             "schedule": _crontab_from(settings.WEEKLY_REPORT_CRON),

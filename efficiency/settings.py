@@ -51,6 +51,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # Before anything that reads a body (CSRF reads POST bodies): size caps, upload login/team checks.
+    "efficiency.middleware.RequestLimitsMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -58,6 +60,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "efficiency.middleware.ContentSecurityPolicyMiddleware",
     "efficiency.middleware.LoginRequiredMiddleware",
+    "efficiency.middleware.ApiErrorMiddleware",
 ]
 
 ROOT_URLCONF = "efficiency.urls"
@@ -119,13 +122,31 @@ MEDIA_URL = "/media/"  # never routed: artifacts are served through a view, as a
 ARTIFACT_MAX_BYTES = env_int("ARTIFACT_MAX_BYTES", 512 * 1024 * 1024, min_value=1024)
 # A Kineto trace needs about 3x its JSON size in memory while parsing: 1 GiB of JSON ~ 3 GiB per worker.
 ARTIFACT_MAX_DECOMPRESSED_BYTES = env_int("ARTIFACT_MAX_DECOMPRESSED_BYTES", 1024**3, min_value=1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
-FILE_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+# Parsing: wall-clock budget per parse (Celery soft time limit; the hard limit is 60 s later, and the
+# sweep fails artifacts left "parsing" past both), and how many starts a parse gets before it fails
+# (redeliveries after a lost worker, e.g. one killed for memory, count).
+ARTIFACT_PARSE_BUDGET_S = env_int("ARTIFACT_PARSE_BUDGET_S", 900, min_value=10, max_value=86400)
+ARTIFACT_MAX_PARSE_ATTEMPTS = env_int("ARTIFACT_MAX_PARSE_ATTEMPTS", 3, min_value=1, max_value=20)
+# Largest non-file request body (JSON, forms; also the request-size cap of every URL but the uploads).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int(
+    "DATA_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, min_value=64 * 1024, max_value=1024**3
+)
+# Uploaded files up to this size stay in memory; larger ones are streamed to FILE_UPLOAD_TEMP_DIR.
+FILE_UPLOAD_MAX_MEMORY_SIZE = env_int(
+    "FILE_UPLOAD_MAX_MEMORY_SIZE", 10 * 1024 * 1024, min_value=0, max_value=1024**3
+)
+FILE_UPLOAD_TEMP_DIR = env_str("FILE_UPLOAD_TEMP_DIR", "") or None
+# Registered jobs: a window (start to end, or to now while running) longer than this is refused, so a
+# typo in started_at cannot make ingestion poll years of samples.
+MAX_JOB_WINDOW_DAYS = env_int("MAX_JOB_WINDOW_DAYS", 90, min_value=1, max_value=3660)
 
 # Services
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:56379/0", schemes=("redis", "rediss", "unix"))
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:59090", schemes=("http", "https"))
 PROMETHEUS_TIMEOUT_S = env_float("PROMETHEUS_TIMEOUT_S", 10.0, min_value=0.1, max_value=300)
+# /healthz asks Prometheus with this short timeout and no retries, so a slow Prometheus cannot hold a
+# web worker (the check reports it as down instead).
+HEALTHZ_PROMETHEUS_TIMEOUT_S = env_float("HEALTHZ_PROMETHEUS_TIMEOUT_S", 2.0, min_value=0.1, max_value=30)
 PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
 # dcgm-exporter's scrape interval: coverage = samples / (window / interval), and rate() windows hold >= 2
 # intervals. 30 s as in efficiency/deploy/prometheus.yml (Prometheus' own default is 1 m; sampling.md).
@@ -153,6 +174,11 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 # Demo only: where `load_demo` keeps the running demo jobs; enables the simulated dcgm-exporter endpoint.
 DEMO_STATE_DIR = env_str("DEMO_STATE_DIR", "")
 ENERGY_USD_PER_KWH = env_float("ENERGY_USD_PER_KWH", 0.0, min_value=0.0, max_value=10.0)
+# A job wasting at least this many USD per day that no rule explains gets an `unexplained_waste` finding
+# (what the signals show, what is missing, what to capture): the page is never silent beside real money.
+UNEXPLAINED_WASTE_MIN_USD_PER_DAY = env_float(
+    "UNEXPLAINED_WASTE_MIN_USD_PER_DAY", 50.0, min_value=0.0, max_value=1_000_000.0
+)
 
 # Celery
 CELERY_BROKER_URL = REDIS_URL
@@ -186,8 +212,16 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "jobs.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
+    # JSON with a depth limit and no NUL/control characters/lone surrogates; uploads are multipart.
+    "DEFAULT_PARSER_CLASSES": [
+        "jobs.api.parsers.SafeJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    # Unexpected exceptions become a JSON 500 with an error id that is logged with the traceback.
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
 }
 SPECTACULAR_SETTINGS = {

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
+import re
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
+from jobs.diagnosis.artifacts import capture_of
 from jobs.enqueue import enqueue
 from jobs.evaluation.refresh import reevaluate
 from jobs.models import Artifact, Job
@@ -31,6 +36,9 @@ from jobs.registry import resolve_gpu_model
 log = logging.getLogger(__name__)
 
 _CHUNK = 1024 * 1024
+# Seconds between the soft time limit (the parse records why it stopped) and the hard one (the worker
+# child is killed); the sweep waits for both.
+PARSE_HARD_LIMIT_GRACE_S = 60
 REJECTED_KINDS = {
     "svg": "SVG flame graphs are not accepted (they carry scripts and cannot be analysed); "
     "upload py-spy's raw output (--format raw) or speedscope JSON (--format speedscope) instead",
@@ -99,8 +107,8 @@ def store_upload(
     name = Path(filename or getattr(upload, "name", "") or "upload").name[:255]
     if kind and kind not in Artifact.Kind.values:
         raise UploadError(f"unknown kind {kind!r}; use one of {', '.join(Artifact.Kind.values)}")
-    if rank is not None and rank < 0:
-        raise UploadError("rank must be 0 or more")
+    if rank is not None and not 0 <= rank < 2**31:
+        raise UploadError("rank must be from 0 to 2147483647")
     temp, sha256, size = _stream_to_temp(_chunks_of(upload), settings.ARTIFACT_MAX_BYTES)
     try:
         if size == 0:
@@ -131,7 +139,8 @@ def store_upload(
         if not created and requeue:
             artifact.kind = final_kind
             artifact.status, artifact.error = Artifact.Status.QUEUED, ""
-            artifact.save(update_fields=["kind", "status", "error"])
+            artifact.parse_attempts, artifact.parse_started_at = 0, None
+            artifact.save(update_fields=["kind", "status", "error", "parse_attempts", "parse_started_at"])
         if requeue and parse:
             transaction.on_commit(lambda: _enqueue(artifact.pk))
     return artifact
@@ -157,7 +166,9 @@ def _enqueue(artifact_id: int) -> None:
 
 def requeue(artifact: Artifact) -> Artifact:
     """Parse a stored artifact again (after a parser fix, or to retry a failure)."""
-    Artifact.objects.filter(pk=artifact.pk).update(status=Artifact.Status.QUEUED, error="")
+    Artifact.objects.filter(pk=artifact.pk).update(
+        status=Artifact.Status.QUEUED, error="", parse_attempts=0, parse_started_at=None
+    )
     transaction.on_commit(lambda: _enqueue(artifact.pk))
     artifact.refresh_from_db()
     return artifact
@@ -210,36 +221,117 @@ def profiler_comm_share_pct(analysis: dict[str, Any]) -> float | None:
     return _rank_median(analysis, "step_breakdown", "communication_pct")
 
 
+_LONE_SURROGATE_OR_NUL = re.compile(r"[\x00\ud800-\udfff]")
+_MAX_DEPTH = 64
+
+
+def sanitize_json(value: Any, _depth: int = 0) -> Any:
+    """A copy of `value` that Postgres' jsonb and every page encoder accept: NaN and infinities become
+    None (unknown), NUL characters are dropped and lone surrogates become U+FFFD in strings and keys,
+    integers past 64 bits become floats (None past 1e308), tuples become lists. Raises ValueError for
+    nesting deeper than 64 levels or a value that is not JSON data."""
+    if _depth > _MAX_DEPTH:
+        raise ValueError(f"analysis nested deeper than {_MAX_DEPTH} levels")
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return _clean_text(value)
+    if isinstance(value, dict):
+        return {_clean_text(str(k)): sanitize_json(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [sanitize_json(v, _depth + 1) for v in value]
+    raise ValueError(f"analysis holds a {type(value).__name__}, which is not JSON data")
+
+
+def _clean_text(text: str) -> str:
+    if _LONE_SURROGATE_OR_NUL.search(text) is None:
+        return text
+    return _LONE_SURROGATE_OR_NUL.sub(lambda m: "" if m.group() == "\x00" else "\ufffd", text)
+
+
 def parse_artifact(artifact_id: int) -> Artifact | None:
-    """Parse one stored artifact and record the outcome; safe to run twice (the result replaces the last)."""
+    """Parse one stored artifact and record the outcome: it always ends `done` or `failed` with a reason.
+
+    Each start counts in `parse_attempts` (redeliveries after a lost worker included); past
+    ARTIFACT_MAX_PARSE_ATTEMPTS the artifact fails instead of being parsed again. A message for an
+    artifact that already finished (a redelivery after the result was saved) changes nothing; `requeue`
+    and a new upload reset the count. The analysis is sanitised before it is saved, and a save that the
+    database still refuses fails the artifact with the reason.
+    """
     artifact = Artifact.objects.select_related("job").filter(pk=artifact_id).first()
     if artifact is None:
         return None
-    Artifact.objects.filter(pk=artifact.pk).update(status=Artifact.Status.PARSING, error="")
+    if artifact.status in (Artifact.Status.DONE, Artifact.Status.FAILED):
+        log.info("artifact %s already %s; duplicate parse message ignored", artifact.pk, artifact.status)
+        return artifact
+    now = timezone.now()
+    Artifact.objects.filter(pk=artifact.pk).update(
+        status=Artifact.Status.PARSING, error="", parse_started_at=now, parse_attempts=F("parse_attempts") + 1
+    )
+    artifact.refresh_from_db(fields=["status", "error", "parse_started_at", "parse_attempts"])
+    limit = settings.ARTIFACT_MAX_PARSE_ATTEMPTS
+    if artifact.parse_attempts > limit:
+        return _failed(
+            artifact,
+            f"parsing was started {artifact.parse_attempts - 1} times without finishing (the worker was lost "
+            f"each time, e.g. killed for memory; ARTIFACT_MAX_PARSE_ATTEMPTS={limit}); the file is kept, "
+            "re-parse it to try again",
+        )
     try:
-        analysis = analyze_file(
-            blob_path(artifact.sha256), artifact.kind, rank=artifact.rank, filename=artifact.original_name
+        analysis = sanitize_json(
+            analyze_file(
+                blob_path(artifact.sha256), artifact.kind, rank=artifact.rank, filename=artifact.original_name
+            )
         )
     except ArtifactError as exc:
         return _failed(artifact, str(exc))
     except FileNotFoundError:
         return _failed(artifact, "the stored file is missing; upload it again")
     except SoftTimeLimitExceeded:
-        return _failed(artifact, "parsing took longer than 15 minutes and was stopped; the file is kept")
+        budget = settings.ARTIFACT_PARSE_BUDGET_S
+        return _failed(
+            artifact,
+            f"parsing took longer than {budget:.0f} s (ARTIFACT_PARSE_BUDGET_S) and was stopped; "
+            "the file is kept",
+        )
+    except MemoryError:
+        return _failed(artifact, "parsing ran out of memory and was stopped; the file is kept")
+    except OSError as exc:
+        log.exception("artifact %s: storage error while parsing", artifact.pk)
+        return _failed(
+            artifact, f"the stored file could not be read ({type(exc).__name__}: {exc.strerror or exc})"
+        )
     except Exception as exc:  # a parser bug must not lose the upload or kill the worker
         log.exception("artifact %s: unexpected error while parsing", artifact.pk)
         return _failed(artifact, f"internal error while parsing ({type(exc).__name__}); the file is kept")
-    checked = run_check(artifact, analysis)
-    with transaction.atomic():
-        artifact.analysis = analysis
-        artifact.status = Artifact.Status.DONE
-        artifact.error = ""
-        artifact.parsed_at = timezone.now()
-        artifact.run_check, artifact.run_mismatches = checked.status, checked.mismatches
-        artifact.save(
-            update_fields=["analysis", "status", "error", "parsed_at", "run_check", "run_mismatches"]
+    try:
+        checked = run_check(artifact, analysis)
+        with transaction.atomic():
+            artifact.analysis = analysis
+            artifact.status = Artifact.Status.DONE
+            artifact.error = ""
+            artifact.parsed_at = timezone.now()
+            artifact.run_check, artifact.run_mismatches = checked.status, checked.mismatches
+            artifact.save(
+                update_fields=["analysis", "status", "error", "parsed_at", "run_check", "run_mismatches"]
+            )
+            refresh_profiler_facts(artifact.job_id)
+    except (DatabaseError, ValueError, TypeError) as exc:
+        log.exception("artifact %s: the analysis could not be saved", artifact.pk)
+        artifact.analysis = None
+        return _failed(
+            artifact,
+            f"the analysis could not be saved ({type(exc).__name__}: {str(exc)[:200]}); the file is kept",
         )
-        refresh_profiler_facts(artifact.job_id)
     if checked.mismatches:
         log.warning(
             "artifact %s (%s) does not match job %s: %s; not used until a user confirms it",
@@ -266,7 +358,8 @@ def run_check(artifact: Artifact, analysis: dict[str, Any]) -> RunCheckResult:
         gpu = resolve_gpu_model(name)
         return gpu.name if gpu is not None else None
 
-    capture = analysis.get("capture") if isinstance(analysis, dict) else None
+    # nvidia-smi analyses stored before their parser wrote a capture block get one from their own columns.
+    capture = capture_of(analysis)
     return check_run(
         capture, facts, rank=artifact.rank, now_unix=timezone.now().timestamp(), canonical_gpu=canonical
     )
@@ -292,11 +385,38 @@ def _failed(artifact: Artifact, reason: str) -> Artifact:
     log.warning("artifact %s (%s) failed to parse: %s", artifact.pk, artifact.original_name, reason)
     artifact.status, artifact.error, artifact.parsed_at = (
         Artifact.Status.FAILED,
-        reason[:2000],
+        _clean_text(reason)[:2000],
         timezone.now(),
     )
-    artifact.save(update_fields=["status", "error", "parsed_at"])
+    # An update, not save(): a stale in-memory analysis the database refused must not be written again.
+    Artifact.objects.filter(pk=artifact.pk).update(
+        status=artifact.status, error=artifact.error, parsed_at=artifact.parsed_at
+    )
     return artifact
+
+
+def sweep_stuck(now: Any = None) -> list[int]:
+    """Fail the artifacts left in `parsing` past their budget (ARTIFACT_PARSE_BUDGET_S plus the hard-limit
+    grace): their worker was lost (host killed, OOM) and no redelivery finished them. Returns their ids."""
+    now = now or timezone.now()
+    budget = settings.ARTIFACT_PARSE_BUDGET_S
+    cutoff = now - timedelta(seconds=budget + PARSE_HARD_LIMIT_GRACE_S)
+    stuck = Artifact.objects.filter(status=Artifact.Status.PARSING).filter(
+        Q(parse_started_at__lt=cutoff) | Q(parse_started_at__isnull=True, uploaded_at__lt=cutoff)
+    )
+    reason = (
+        f"parsing did not finish within {budget:.0f} s (ARTIFACT_PARSE_BUDGET_S): the worker was lost or "
+        "stopped; the file is kept, re-parse it to try again"
+    )
+    failed = []
+    for artifact_id in stuck.values_list("pk", flat=True):
+        # Conditional: a parse finishing at this moment wins.
+        if Artifact.objects.filter(pk=artifact_id, status=Artifact.Status.PARSING).update(
+            status=Artifact.Status.FAILED, error=reason, parsed_at=now
+        ):
+            failed.append(artifact_id)
+            log.warning("artifact %s stuck in parsing: %s", artifact_id, reason)
+    return failed
 
 
 def after_parse(artifact: Artifact) -> None:

@@ -40,7 +40,9 @@ def _redis() -> None:
 
 
 def _prometheus() -> None:
-    with PrometheusClient(settings.PROMETHEUS_URL, timeout_s=3.0, retries=0) as client:
+    with PrometheusClient(
+        settings.PROMETHEUS_URL, timeout_s=settings.HEALTHZ_PROMETHEUS_TIMEOUT_S, retries=0
+    ) as client:
         health = client.ping()
     if not health.ok:
         raise ConnectionError(f"{settings.PROMETHEUS_URL}: {health.detail}")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from jobs.evaluation.catalog import match_gpu_name
 from jobs.evaluation.robust import config_fingerprint
@@ -18,6 +20,11 @@ log = logging.getLogger(__name__)
 
 class RegistryError(Exception):
     """A registration that conflicts with what is stored (e.g. the external id belongs to another team)."""
+
+
+class RegistryConflict(RegistryError):
+    """A request that contradicts what is stored or itself (HTTP 409): a re-registration whose start is
+    after the stored end, two different progress points at one timestamp."""
 
 
 def resolve_gpu_model(reported: str) -> GpuModel | None:
@@ -59,6 +66,35 @@ def config_fields(job: Job) -> dict[str, object]:
 def fingerprint_for(job: Job) -> str:
     """The model + config fingerprint baselines are keyed by."""
     return config_fingerprint(job.model_name, config_fields(job))
+
+
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+MAX_FUTURE = timedelta(days=1)  # clock skew between a scheduler and this service, not a plan
+
+
+def check_moment(value: datetime | None, *, now: datetime | None = None) -> str | None:
+    """Why a job or progress timestamp is implausible (before 2000, or more than a day ahead), or None."""
+    if value is None:
+        return None
+    now = now or timezone.now()
+    if value < EARLIEST:
+        return f"is before {EARLIEST:%Y-%m-%d}; give the real time (ISO 8601 with a zone)"
+    if value > now + MAX_FUTURE:
+        return "is in the future (more than a day ahead of this server's clock)"
+    return None
+
+
+def check_window(started: datetime, ended: datetime | None, *, now: datetime | None = None) -> str | None:
+    """Why a job's window is too long (MAX_JOB_WINDOW_DAYS, from start to end or now), or None."""
+    days = settings.MAX_JOB_WINDOW_DAYS
+    end = ended or now or timezone.now()
+    if end - started > timedelta(days=days):
+        still = "" if ended else " (the job is still running)"
+        return (
+            f"the job spans {(end - started).days} days from started_at to {'ended_at' if ended else 'now'}"
+            f"{still}; at most {days} days (MAX_JOB_WINDOW_DAYS)"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -114,6 +150,19 @@ def register_job(data: dict[str, Any]) -> Registration:
         raise RegistryError(f"job {job.external_id!r} is registered to another team")
     for field, value in values.items():
         setattr(job, field, value)
+    if job.ended_at is not None and job.ended_at < job.started_at:
+        raise RegistryConflict(
+            f"started_at {job.started_at.isoformat()} is after the stored ended_at "
+            f"{job.ended_at.isoformat()}; send ended_at too (or null to re-open the job)"
+        )
+    # A running job's distance to now is checked at the API edge (the serializer); here the window the
+    # stored end gives a new start (callers such as batch imports reach this function directly).
+    if (
+        job.ended_at is not None
+        and "ended_at" not in data
+        and (problem := check_window(job.started_at, job.ended_at))
+    ):
+        raise RegistryConflict(f"with the stored ended_at, {problem}")
     if job.ended_at is not None and job.status == Job.Status.RUNNING:
         job.status = Job.Status.ENDED
     job.config_fingerprint = fingerprint_for(job)
@@ -136,6 +185,8 @@ def update_job(job: Job, data: dict[str, Any]) -> Job:
         ended: datetime | None = data["ended_at"]
         if ended is not None and ended < job.started_at:
             raise RegistryError("ended_at is before started_at")
+        if problem := check_window(job.started_at, ended):
+            raise RegistryError(problem)
         job.ended_at = ended
         if ended is None:
             job.status, job.finalized_at = Job.Status.RUNNING, None
@@ -146,10 +197,23 @@ def update_job(job: Job, data: dict[str, Any]) -> Job:
 
 
 def record_progress(job: Job, points: list[dict[str, Any]]) -> int:
-    """Store pushed progress points; a point at an already-stored timestamp is replaced (retries are safe)."""
+    """Store pushed progress points; a point at an already-stored timestamp is replaced (retries are safe).
+
+    Within one request the same point twice is stored once; two different points at one timestamp are a
+    RegistryConflict (Postgres cannot update one row twice in one statement, and neither is "the" value).
+    """
+    by_time: dict[datetime, dict[str, Any]] = {}
+    for p in points:
+        seen = by_time.setdefault(p["timestamp"], p)
+        if (seen.get("step"), seen["tokens"]) != (p.get("step"), p["tokens"]):
+            raise RegistryConflict(
+                f"two different progress points at {p['timestamp'].isoformat()} in one request "
+                f"(step {seen.get('step')}, tokens {seen['tokens']} and step {p.get('step')}, "
+                f"tokens {p['tokens']})"
+            )
     rows = [
         ProgressSample(job=job, timestamp=p["timestamp"], step=p.get("step"), tokens=p["tokens"])
-        for p in points
+        for p in by_time.values()
     ]
     ProgressSample.objects.bulk_create(
         rows,

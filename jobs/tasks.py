@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from celery import Task, shared_task
+from django.conf import settings
 
 from jobs import artifacts
 from jobs.evaluation.refresh import reevaluate_many
@@ -87,8 +88,21 @@ def reevaluate_jobs(job_ids: list[int]) -> int:
     return reevaluate_many(job_ids)
 
 
-# A pathological trace must not hold a worker forever: the soft limit lets the parse record why it stopped.
-@shared_task(acks_late=True, ignore_result=True, soft_time_limit=900, time_limit=960)
+# A pathological trace must not hold a worker forever: the soft limit lets the parse record why it stopped,
+# the hard limit (60 s later) kills it; the attempt count and the sweep below end every parse.
+@shared_task(
+    acks_late=True,
+    ignore_result=True,
+    soft_time_limit=settings.ARTIFACT_PARSE_BUDGET_S,
+    time_limit=settings.ARTIFACT_PARSE_BUDGET_S + artifacts.PARSE_HARD_LIMIT_GRACE_S,
+)
 def parse_artifact(artifact_id: int) -> None:
-    """Parse one uploaded artifact (re-running replaces the previous analysis)."""
+    """Parse one uploaded artifact; it ends done or failed with a reason (attempts are counted, so a parse
+    that kills its worker is not redelivered forever)."""
     artifacts.parse_artifact(artifact_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sweep_stuck_artifacts() -> int:
+    """Fail artifacts left in "parsing" past ARTIFACT_PARSE_BUDGET_S (their worker was lost)."""
+    return len(artifacts.sweep_stuck())

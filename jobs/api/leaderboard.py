@@ -3,7 +3,6 @@ jobs.outputs.leaderboard)."""
 
 from __future__ import annotations
 
-from datetime import date
 from typing import Any
 
 from django.conf import settings
@@ -17,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.evaluation.kpis import CONVENTION_LABELS
-from jobs.outputs.leaderboard import Period, TeamRow, iso_week, month, parse_iso_week, team_rows
+from jobs.outputs.leaderboard import Period, TeamRow, iso_week, month, parse_iso_week, parse_month, team_rows
 
 _ROW_FIELDS: dict[str, serializers.Field] = {
     "team": serializers.CharField(),
@@ -63,10 +62,9 @@ def _period(params: Any) -> Period:
         if not label:
             return month(timezone.now().date())
         try:
-            year, mon = (int(x) for x in label.split("-"))
-            return month(date(year, mon, 1))
-        except ValueError:
-            raise ValidationError({"month": f"{label!r} is not a month like 2026-11"}) from None
+            return parse_month(label)
+        except ValueError as exc:
+            raise ValidationError({"month": str(exc)}) from None
     raise ValidationError({"period": "period must be 'week' or 'month'"})
 
 

@@ -2,72 +2,112 @@
 
 from __future__ import annotations
 
+import math
 import re
+from datetime import datetime
 from typing import Any
 
 from rest_framework import serializers
 
+from jobs.api.parsers import text_problem
+from jobs.metrics.promql import MAX_ALTERNATIVES, count_label_alternatives
 from jobs.models import Baseline, Finding, Job, PriceEntry, ProgressSample, Team
+from jobs.registry import check_moment, check_window
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "int8", "fp64")
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+# Column ranges: PositiveIntegerField is a Postgres integer, PositiveBigIntegerField a bigint.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+MAX_PARAMS = 1e15  # a thousand times today's largest models; beyond it the number is a typo
+MAX_SELECTOR_LABELS = 8
+
+
+def _no_control_characters(value: str) -> None:
+    if problem := text_problem(value):
+        raise serializers.ValidationError(problem)
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that also refuses control characters (DRF already refuses NUL and lone surrogates)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validators.append(_no_control_characters)
+
+
+class FiniteFloatField(serializers.FloatField):
+    """A FloatField that refuses NaN and infinities ("nan", "inf", 1e309), with the bounds in the message."""
+
+    def to_internal_value(self, data: Any) -> float:
+        value = super().to_internal_value(data)
+        if not math.isfinite(value):
+            raise serializers.ValidationError("must be a finite number")
+        return value
+
+
+def bounded_int(max_value: int = INT32_MAX, **kwargs: Any) -> serializers.IntegerField:
+    """An IntegerField within a database column's range (the bound is in DRF's message)."""
+    return serializers.IntegerField(max_value=max_value, **kwargs)
 
 
 class ModelConfigSerializer(serializers.Serializer):
     """The model's shape, as needed for FLOPs per token (reference/formulas.md)."""
 
-    name = serializers.CharField(max_length=200)
-    n_params = serializers.FloatField(min_value=1, required=False, help_text="Non-embedding parameters N")
-    active_params = serializers.FloatField(
-        min_value=1, required=False, help_text="MoE: active parameters per token"
+    name = StrictCharField(max_length=200)
+    n_params = FiniteFloatField(
+        min_value=1, max_value=MAX_PARAMS, required=False, help_text="Non-embedding parameters N"
     )
-    n_layers = serializers.IntegerField(min_value=1, required=False)
-    n_heads = serializers.IntegerField(min_value=1, required=False)
-    head_dim = serializers.IntegerField(min_value=1, required=False)
-    hidden = serializers.IntegerField(min_value=1, required=False)
-    seq_len = serializers.IntegerField(min_value=1, required=False)
-    vocab = serializers.IntegerField(min_value=1, required=False)
+    active_params = FiniteFloatField(
+        min_value=1, max_value=MAX_PARAMS, required=False, help_text="MoE: active parameters per token"
+    )
+    n_layers = bounded_int(min_value=1, required=False)
+    n_heads = bounded_int(min_value=1, required=False)
+    head_dim = bounded_int(min_value=1, required=False)
+    hidden = bounded_int(min_value=1, required=False)
+    seq_len = bounded_int(min_value=1, required=False)
+    vocab = bounded_int(min_value=1, required=False)
 
 
 class ParallelismSerializer(serializers.Serializer):
     """Tensor, pipeline, data and expert parallel degrees."""
 
-    tp = serializers.IntegerField(min_value=1, default=1)
-    pp = serializers.IntegerField(min_value=1, default=1)
-    dp = serializers.IntegerField(min_value=1, default=1)
-    ep = serializers.IntegerField(min_value=1, default=1)
+    tp = bounded_int(min_value=1, default=1)
+    pp = bounded_int(min_value=1, default=1)
+    dp = bounded_int(min_value=1, default=1)
+    ep = bounded_int(min_value=1, default=1)
 
 
 class GpuRefSerializer(serializers.Serializer):
     """One GPU of a job: host and index (or UUID)."""
 
-    hostname = serializers.CharField(max_length=253)
-    gpu = serializers.CharField(max_length=64, help_text="GPU index as dcgm-exporter labels it, or a UUID")
+    hostname = StrictCharField(max_length=253)
+    gpu = StrictCharField(max_length=64, help_text="GPU index as dcgm-exporter labels it, or a UUID")
 
 
 class JobRegisterSerializer(serializers.Serializer):
     """Body of POST /api/v1/jobs/: register (or re-register, idempotently) a job."""
 
-    external_id = serializers.CharField(max_length=200)
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    external_id = StrictCharField(max_length=200)
+    name = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
-    owner = serializers.CharField(max_length=150, required=False, allow_blank=True, default="")
+    owner = StrictCharField(max_length=150, required=False, allow_blank=True, default="")
     model = ModelConfigSerializer()
     kind = serializers.ChoiceField(
         choices=Job.Kind.choices,
         default=Job.Kind.TRAINING,
         help_text="training, fine_tuning or inference (serving); the diagnosis' advice depends on it",
     )
-    dtype = serializers.CharField(max_length=16, default="bf16")
+    dtype = StrictCharField(max_length=16, default="bf16")
     parallelism = ParallelismSerializer(required=False)
-    micro_batch = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    global_batch = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    micro_batch = bounded_int(min_value=1, required=False, allow_null=True)
+    global_batch = bounded_int(min_value=1, required=False, allow_null=True)
     recompute = serializers.ChoiceField(choices=Job.Recompute.choices, default=Job.Recompute.NONE)
-    gpu_model = serializers.CharField(max_length=200, help_text="e.g. 'NVIDIA H100 80GB HBM3'")
-    gpu_count = serializers.IntegerField(min_value=1, required=False)
+    gpu_model = StrictCharField(max_length=200, help_text="e.g. 'NVIDIA H100 80GB HBM3'")
+    gpu_count = bounded_int(min_value=1, required=False)
     price_tier = serializers.ChoiceField(choices=PriceEntry.Tier.choices, required=False, allow_blank=True)
-    tokens_per_step = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    tokens_per_step = bounded_int(INT64_MAX, min_value=1, required=False, allow_null=True)
     throughput_query = serializers.CharField(required=False, allow_blank=True, default="", max_length=4000)
     started_at = serializers.DateTimeField()
     ended_at = serializers.DateTimeField(required=False, allow_null=True)
@@ -89,9 +129,23 @@ class JobRegisterSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"unknown dtype {value!r}; use one of {', '.join(_DTYPES)}")
         return dtype
 
+    def validate_started_at(self, value: datetime) -> datetime:
+        if problem := check_moment(value):
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_ended_at(self, value: datetime | None) -> datetime | None:
+        if problem := check_moment(value):
+            raise serializers.ValidationError(problem)
+        return value
+
     def validate_selector(self, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_SELECTOR_LABELS:
+            raise serializers.ValidationError(
+                f"{len(value)} labels; a selector has at most {MAX_SELECTOR_LABELS} labels"
+            )
         for label, matcher in value.items():
-            if not _LABEL_NAME.match(label):
+            if not _LABEL_NAME.fullmatch(label):
                 raise serializers.ValidationError(f"{label!r} is not a valid Prometheus label name")
             pattern = (
                 matcher.get("regex") if isinstance(matcher, dict) and set(matcher) == {"regex"} else None
@@ -102,11 +156,19 @@ class JobRegisterSerializer(serializers.Serializer):
                 raise serializers.ValidationError(
                     f'{label}: use a non-empty string (exact match) or {{"regex": "..."}} (at most 500 chars)'
                 )
+            if problem := text_problem(pattern):
+                raise serializers.ValidationError(f"{label}: the value {problem}")
             if isinstance(matcher, dict):
                 try:
                     re.compile(pattern)
                 except re.error as exc:
                     raise serializers.ValidationError(f"{label}: invalid regex: {exc}") from None
+        alternatives = count_label_alternatives(value)  # arithmetic: nothing is built
+        if alternatives > MAX_ALTERNATIVES:
+            raise serializers.ValidationError(
+                f"these {len(value)} labels expand to {alternatives} alternatives over the label spellings "
+                f"dcgm-exporter and Prometheus use (at most {MAX_ALTERNATIVES}); use fewer labels"
+            )
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +191,8 @@ class JobRegisterSerializer(serializers.Serializer):
         ended = attrs.get("ended_at")
         if ended is not None and ended < attrs["started_at"]:
             raise serializers.ValidationError({"ended_at": "is before started_at"})
+        if problem := check_window(attrs["started_at"], ended):
+            raise serializers.ValidationError({"started_at": problem})
         return attrs
 
 
@@ -136,19 +200,29 @@ class JobEndSerializer(serializers.Serializer):
     """Body of PATCH /api/v1/jobs/{external_id}/: end a job, or correct fields."""
 
     ended_at = serializers.DateTimeField(required=False, allow_null=True)
-    name = serializers.CharField(max_length=200, required=False)
+    name = StrictCharField(max_length=200, required=False)
     kind = serializers.ChoiceField(choices=Job.Kind.choices, required=False)
-    tokens_per_step = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    tokens_per_step = bounded_int(INT64_MAX, min_value=1, required=False, allow_null=True)
     throughput_query = serializers.CharField(required=False, allow_blank=True, max_length=4000)
     price_tier = serializers.ChoiceField(choices=PriceEntry.Tier.choices, required=False, allow_blank=True)
+
+    def validate_ended_at(self, value: datetime | None) -> datetime | None:
+        if problem := check_moment(value):
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class ProgressSerializer(serializers.Serializer):
     """One progress point: cumulative step and tokens at a time."""
 
     timestamp = serializers.DateTimeField()
-    step = serializers.IntegerField(min_value=0, required=False, allow_null=True)
-    tokens = serializers.IntegerField(min_value=0)
+    step = bounded_int(INT64_MAX, min_value=0, required=False, allow_null=True)
+    tokens = bounded_int(INT64_MAX, min_value=0)
+
+    def validate_timestamp(self, value: datetime) -> datetime:
+        if problem := check_moment(value):
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class FindingSerializer(serializers.ModelSerializer):

@@ -8,14 +8,16 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs.api.auth import TeamScopedWrite
+from jobs.api.pagination import BoundedLimitOffsetPagination
 from jobs.api.serializers import (
+    INT32_MAX,
     BaselineSerializer,
     JobEndSerializer,
     JobRegisterSerializer,
@@ -27,9 +29,18 @@ from jobs.evaluation.baselines import BaselineError, promote, retire
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs.summary import job_summary, summary_queryset
 from jobs.permissions import can_write_team
-from jobs.registry import RegistryError, record_progress, register_job, update_job
+from jobs.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
+from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 
 _SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
+
+
+class Conflict(APIException):
+    """409: the request contradicts what is stored, or itself."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "conflicts with the stored state"
+    default_code = "conflict"
 
 
 class ArtifactUploadSerializer(serializers.Serializer):
@@ -39,7 +50,7 @@ class ArtifactUploadSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(
         choices=Artifact.Kind.choices, required=False, help_text="auto-detected if omitted"
     )
-    rank = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    rank = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
 
 
 class ArtifactSerializer(serializers.ModelSerializer):
@@ -71,10 +82,21 @@ class JobArtifactsMixin:
     @action(detail=True, methods=["get", "post"], parser_classes=[MultiPartParser])
     def artifacts(self, request: Request, external_id: str) -> Response:
         """Upload a profiling artifact (multipart `file`, optional `kind` and `rank`), or list the job's."""
+        if request.method == "POST":
+            # Login/token and team from the headers before the body is parsed (the middleware did the
+            # same for the URL; this holds when the view is reached another way), then the size limit.
+            try:
+                authorise_upload(request._request, external_id, api=True)
+            except UploadRefusal as refusal:
+                return Response({"detail": refusal.message}, status=refusal.status)
+            install_upload_limit(request._request)
         job = self._get(request, external_id)  # type: ignore[attr-defined]
         if request.method == "GET":
             return Response(ArtifactSerializer(job.artifacts.all(), many=True).data)
-        body = ArtifactUploadSerializer(data=request.data)
+        data = request.data
+        if refused := upload_refused(request):
+            return Response({"file": refused}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        body = ArtifactUploadSerializer(data=data)
         body.is_valid(raise_exception=True)
         try:
             artifact = store_upload(
@@ -109,35 +131,28 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
             qs = qs.filter(team__slug=team)
         if job_status := request.query_params.get("status"):
             qs = qs.filter(status=job_status)
-        try:
-            limit = min(int(request.query_params.get("limit", 100)), 1000)
-            offset = max(int(request.query_params.get("offset", 0)), 0)
-        except ValueError:
-            raise ValidationError({"limit": "limit and offset must be integers"}) from None
-        rows = qs[offset : offset + limit]
-        return Response(
-            {
-                "count": qs.count(),
-                "results": [
-                    {
-                        "external_id": j.external_id,
-                        "name": j.name,
-                        "team": j.team.slug,
-                        "status": j.status,
-                        "model_name": j.model_name,
-                        "gpu_model": j.gpu_model.name if j.gpu_model else None,
-                        "gpu_count": j.gpu_count,
-                        "started_at": j.started_at,
-                        "ended_at": j.ended_at,
-                        "mfu": j.mfu,
-                        "mfu_fallback": j.mfu_fallback,
-                        "waste_per_day_usd": j.waste_per_day_usd,
-                        "waste_lower_bound_per_day_usd": j.waste_lower_bound_per_day_usd,
-                        "waste_unknown_reason": j.waste_unknown_reason or None,
-                    }
-                    for j in rows
-                ],
-            }
+        paginator = BoundedLimitOffsetPagination()
+        rows = paginator.paginate_queryset(qs, request, view=self) or []
+        return paginator.get_paginated_response(
+            [
+                {
+                    "external_id": j.external_id,
+                    "name": j.name,
+                    "team": j.team.slug,
+                    "status": j.status,
+                    "model_name": j.model_name,
+                    "gpu_model": j.gpu_model.name if j.gpu_model else None,
+                    "gpu_count": j.gpu_count,
+                    "started_at": j.started_at,
+                    "ended_at": j.ended_at,
+                    "mfu": j.mfu,
+                    "mfu_fallback": j.mfu_fallback,
+                    "waste_per_day_usd": j.waste_per_day_usd,
+                    "waste_lower_bound_per_day_usd": j.waste_lower_bound_per_day_usd,
+                    "waste_unknown_reason": j.waste_unknown_reason or None,
+                }
+                for j in rows
+            ]
         )
 
     @extend_schema(request=JobRegisterSerializer, responses={200: _SUMMARY, 201: _SUMMARY})
@@ -150,6 +165,8 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
             raise PermissionDenied(f"you are not a member of team {team.slug!r}")
         try:
             outcome = register_job(body.validated_data)
+        except RegistryConflict as exc:
+            raise Conflict({"started_at": str(exc)}) from None
         except RegistryError as exc:
             raise PermissionDenied(str(exc)) from None
         job = summary_queryset().get(pk=outcome.job.pk)
@@ -187,7 +204,10 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
             raise ValidationError("at most 10000 progress points per request")
         body = ProgressSerializer(data=payload, many=True)
         body.is_valid(raise_exception=True)
-        stored = record_progress(job, body.validated_data)
+        try:
+            stored = record_progress(job, body.validated_data)
+        except RegistryConflict as exc:
+            raise Conflict({"timestamp": str(exc)}) from None
         return Response({"stored": stored}, status=status.HTTP_202_ACCEPTED)
 
 

@@ -32,7 +32,8 @@ HOST_LABEL_SPELLINGS: tuple[str, ...] = (*HOST_LABELS, *(f"exported_{n}" for n i
 _FAMILIES: dict[str, tuple[str, ...]] = {n: HOST_LABELS for n in HOST_LABELS} | {
     n: UUID_LABELS for n in UUID_LABELS
 }
-_MAX_ALTERNATIVES = 64
+MAX_ALTERNATIVES = 64
+_MAX_ALTERNATIVES = MAX_ALTERNATIVES
 
 _LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -185,6 +186,12 @@ def label_spellings(name: str) -> tuple[str, ...]:
     return (*family, *(f"exported_{n}" for n in family))
 
 
+def count_label_alternatives(labels: Mapping[str, Any]) -> int:
+    """How many alternatives `Selector.from_labels(labels)` would build (the product of each label's
+    spellings), computed without building them: 30 labels would be 2^30 matcher lists."""
+    return math.prod(len(label_spellings(name)) for name in labels)
+
+
 class Selector:
     """Which series belong to a job: a list of alternative matcher lists, joined with `or` in queries.
 
@@ -241,6 +248,8 @@ class Selector:
         """
         if not labels:
             raise ValueError("from_labels needs at least one label")
+        if (count := count_label_alternatives(labels)) > _MAX_ALTERNATIVES:
+            raise ValueError(f"selector expands to {count} alternatives (max {_MAX_ALTERNATIVES})")
         per_label: list[list[Matcher]] = []
         for name, raw in labels.items():
             op, value = _matcher_spec(name, raw)

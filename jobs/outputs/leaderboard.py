@@ -19,6 +19,7 @@ periods it overlaps, so the work grows with job-periods, not jobs × periods.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
@@ -59,14 +60,43 @@ def iso_week(day: date) -> Period:
     return Period(_utc(monday), _utc(monday + timedelta(days=7)), f"{year}-W{week:02d}")
 
 
+# Periods users may ask for: wide enough for any real data, narrow enough that the previous and next
+# period (and the 8-week trend) never leave the dates Python can represent.
+MIN_YEAR, MAX_YEAR = 2000, 2100
+_WEEK_RE = re.compile(r"(\d{4})-W(\d{2})")
+_MONTH_RE = re.compile(r"(\d{4})-(\d{2})")
+
+
 def parse_iso_week(label: str) -> Period:
-    """'2026-W47' -> that week; raises ValueError with the expected format otherwise."""
+    """'2026-W47' -> that week (years 2000-2100); raises ValueError with the expected format otherwise."""
+    found = _WEEK_RE.fullmatch(label.strip()) if isinstance(label, str) else None
     try:
-        year_s, week_s = label.split("-W")
-        monday = date.fromisocalendar(int(year_s), int(week_s), 1)
+        if found is None:
+            raise ValueError(label)
+        year, week = int(found.group(1)), int(found.group(2))
+        if not MIN_YEAR <= year <= MAX_YEAR:
+            raise ValueError(label)
+        monday = date.fromisocalendar(year, week, 1)
     except ValueError:
-        raise ValueError(f"{label!r} is not an ISO week like 2026-W47") from None
+        raise ValueError(
+            f"{label!r} is not an ISO week like 2026-W47 (years {MIN_YEAR}-{MAX_YEAR})"
+        ) from None
     return iso_week(monday)
+
+
+def parse_month(label: str) -> Period:
+    """'2026-11' -> that calendar month (years 2000-2100); raises ValueError naming the format otherwise."""
+    found = _MONTH_RE.fullmatch(label.strip()) if isinstance(label, str) else None
+    try:
+        if found is None:
+            raise ValueError(label)
+        year, mon = int(found.group(1)), int(found.group(2))
+        if not MIN_YEAR <= year <= MAX_YEAR:
+            raise ValueError(label)
+        first = date(year, mon, 1)
+    except ValueError:
+        raise ValueError(f"{label!r} is not a month like 2026-11 (years {MIN_YEAR}-{MAX_YEAR})") from None
+    return month(first)
 
 
 def month(day: date) -> Period:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -30,12 +30,15 @@ from jobs.health import run_checks
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, Team
 from jobs.outputs.leaderboard import (
+    MAX_YEAR,
+    MIN_YEAR,
     Period,
     iso_week,
     last_weeks,
     mfu_trend,
     month,
     parse_iso_week,
+    parse_month,
     period_rows,
     worst_jobs,
 )
@@ -88,9 +91,12 @@ def job_list(request: HttpRequest) -> HttpResponse:
     errors = []
     for key, lookup in (("since", "started_at__gte"), ("until", "started_at__lt")):
         if filters[key]:
-            day = parse_date(filters[key]) if len(filters[key]) == 10 else None
+            day = _filter_date(filters[key])
             if day is None:
-                errors.append(f"'{filters[key]}' is not a date (YYYY-MM-DD); the {key} filter was ignored.")
+                errors.append(
+                    f"'{filters[key]}' is not a date (YYYY-MM-DD, years {MIN_YEAR}-{MAX_YEAR}); "
+                    f"the {key} filter was ignored."
+                )
             else:
                 when = datetime.combine(day, datetime.min.time(), tzinfo=timezone.get_current_timezone())
                 if key == "until":
@@ -126,7 +132,16 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "filter_query": query,
         "sort_links": {name: _sort_link(sort, name) for name in ("started", "mfu", "waste")},
     }
-    return render(request, "jobs/job_list.html", context)
+    return render(request, "jobs/job_list.html", context, status=400 if errors else 200)
+
+
+def _filter_date(text: str) -> date | None:
+    """A YYYY-MM-DD filter value within the years periods may have, or None (2026-02-30, 9999-12-31)."""
+    try:
+        day = parse_date(text) if len(text) == 10 else None
+    except ValueError:  # well formed but not a date
+        return None
+    return day if day is not None and MIN_YEAR <= day.year <= MAX_YEAR else None
 
 
 def _sort_link(current: str, name: str) -> dict[str, str]:
@@ -147,9 +162,9 @@ def _period_from(request: HttpRequest) -> tuple[Period, list[str]]:
             errors.append(str(exc))
     if month_s := request.GET.get("month"):
         try:
-            return month(datetime.strptime(month_s, "%Y-%m").date()), errors
-        except ValueError:
-            errors.append(f"{month_s!r} is not a month like 2026-11")
+            return parse_month(month_s), errors
+        except ValueError as exc:
+            errors.append(str(exc))
     if request.GET.get("by") == "month":
         return month(timezone.now().date()), errors
     return iso_week(timezone.now().date()), errors
@@ -251,7 +266,7 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "fallbacks": sum(r.jobs_mfu_fallback for r in current.values()),
         "low_coverage": sum(r.jobs_low_coverage for r in current.values()),
     }
-    return render(request, "jobs/leaderboard.html", context)
+    return render(request, "jobs/leaderboard.html", context, status=400 if errors else 200)
 
 
 def _attach_main_finding(jobs: list[Job]) -> None:
