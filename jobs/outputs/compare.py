@@ -1,0 +1,855 @@
+"""Compare two runs (A = "before", B = "after"): config diff, KPIs side by side with whether each change is
+beyond run-to-run noise, findings diff and trace diff. Pure: no Django, no ORM, no settings.
+
+Every number comes from what the evaluation stored (jobs.outputs.compare_data reads it); nothing here
+defines MFU, cost or waste again. A change is always B − A (HTA's TraceDiff: test − control).
+
+Significance ("beyond run-to-run noise") uses jobs.evaluation.robust: the noise σ is, in order,
+1. the spread of the config's baseline over its runs (robust sd across healthy runs: run-to-run noise
+   itself), when the baseline has at least two runs;
+2. else the larger of the two runs' per-time robust spreads (scaled MAD of the archived samples): the
+   variation within a run, a conservative stand-in (a run's mean varies less than its samples).
+A change is beyond noise when it is outside robust.check_regression's band around A: more than BAND_Z σ
+and more than BAND_MIN_PCT % of A.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from jobs.evaluation.costs import format_usd
+from jobs.evaluation.robust import Summary, check_regression, summarize
+
+Direction = Literal["higher", "lower", "neutral"]
+
+# ------------------------------------------------------------------------------------------ config diff
+
+#: The fingerprint fields (jobs.evaluation.robust.canonical_config) in the order the page lists them.
+CONFIG_FIELDS: tuple[tuple[str, str], ...] = (
+    ("model", "Model"),
+    ("gpu_model", "GPU model"),
+    ("gpu_count", "GPUs"),
+    ("dtype", "dtype"),
+    ("tp", "Tensor parallel"),
+    ("pp", "Pipeline parallel"),
+    ("dp", "Data parallel"),
+    ("ep", "Expert parallel"),
+    ("micro_batch", "Micro-batch"),
+    ("global_batch", "Global batch"),
+    ("seq_len", "Sequence length"),
+    ("recompute", "Recompute"),
+)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the config diff needs of one run: its canonical config and the definitions behind its numbers."""
+
+    external_id: str
+    config: Mapping[str, object]
+    config_error: str = ""
+    kind: str = ""
+    flops_variant: str = ""
+    mfu_fallback: bool = False
+    reference_mfu: float | None = None
+    reference_source: str = ""
+    price_note: str = ""
+
+
+def _shown(value: object) -> str:
+    return "unknown" if value is None or value == "" else str(value)
+
+
+def config_diff(a: RunFacts, b: RunFacts) -> dict[str, Any]:
+    """Field by field: A's and B's value and whether it changed; warnings when the runs are not like for
+    like (different model, GPU model, dtype or MFU convention) and notes for what merely differs."""
+    rows = []
+    for key, label in CONFIG_FIELDS:
+        va, vb = a.config.get(key), b.config.get(key)
+        rows.append({"field": key, "label": label, "a": _shown(va), "b": _shown(vb), "changed": va != vb})
+    rows.append(
+        {
+            "field": "kind",
+            "label": "Kind",
+            "a": _shown(a.kind),
+            "b": _shown(b.kind),
+            "changed": a.kind != b.kind,
+        }
+    )
+    changed = [r["field"] for r in rows if r["changed"]]
+    warnings: list[str] = []
+    notes: list[str] = []
+    for run in (a, b):
+        if run.config_error:
+            warnings.append(
+                f"{run.external_id}: config unreadable ({run.config_error}); fields shown as unknown"
+            )
+    ca, cb = a.config, b.config
+    unreadable = len(warnings)
+    if ca.get("model") != cb.get("model"):
+        warnings.append(
+            f"different models ({_shown(ca.get('model'))} vs {_shown(cb.get('model'))}): MFU and tokens/s "
+            "measure different work"
+        )
+    if ca.get("gpu_model") != cb.get("gpu_model"):
+        warnings.append(
+            f"different GPU models ({_shown(ca.get('gpu_model'))} vs {_shown(cb.get('gpu_model'))}): each "
+            "MFU is a share of its own GPU's dense peak; tokens/s per GPU and dollars are not like for like"
+        )
+    if ca.get("dtype") != cb.get("dtype"):
+        warnings.append(
+            f"different dtypes ({_shown(ca.get('dtype'))} vs {_shown(cb.get('dtype'))}): each MFU is a share "
+            "of its dtype's dense peak (FP8's is twice BF16's on Hopper), and the reference MFU differs"
+        )
+    if a.flops_variant != b.flops_variant or a.mfu_fallback != b.mfu_fallback:
+        warnings.append(
+            f"MFU computed with different FLOPs conventions: {a.external_id}: {_shown(a.flops_variant)}"
+            f"{' (fallback)' if a.mfu_fallback else ''}; {b.external_id}: {_shown(b.flops_variant)}"
+            f"{' (fallback)' if b.mfu_fallback else ''}"
+        )
+    if ca.get("gpu_count") != cb.get("gpu_count"):
+        notes.append(
+            "different GPU counts: compare the per-GPU figures; totals (tokens/s, $/day) scale with the GPUs"
+        )
+    if a.reference_mfu != b.reference_mfu or a.reference_source != b.reference_source:
+        notes.append(
+            f"waste is measured against different reference MFUs: {a.external_id} {_ratio(a.reference_mfu)}"
+            f" ({a.reference_source or 'unknown'}), {b.external_id} {_ratio(b.reference_mfu)}"
+            f" ({b.reference_source or 'unknown'})"
+        )
+    if a.price_note != b.price_note:
+        notes.append(
+            f"prices differ: {a.external_id}: {_shown(a.price_note)}; {b.external_id}: {_shown(b.price_note)}"
+        )
+    return {
+        "rows": rows,
+        "changed": changed,
+        "comparable": len(warnings) == unreadable,
+        "warnings": warnings,
+        "notes": notes,
+    }
+
+
+# ------------------------------------------------------------------------------------------ significance
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The run-to-run noise σ a change is judged against, and where it comes from (None: not assessable)."""
+
+    sigma: float | None
+    method: Literal["baseline", "samples", "none"]
+    detail: str
+
+
+def noise_from_baseline(summary: Summary | None, label: str = "the baseline") -> Noise | None:
+    """σ = the baseline's robust spread over its runs (scaled MAD, else IQR/1.349; 0 when its runs agree);
+    None when the baseline has fewer than two runs of this metric."""
+    if summary is None or summary.n < 2 or summary.median is None:
+        return None
+    return Noise(summary.spread or 0.0, "baseline", f"spread of {label} over its {summary.n} runs")
+
+
+def noise_from_samples(
+    a: Iterable[float | None], b: Iterable[float | None], step_s: float | None = None
+) -> Noise:
+    """σ = the larger of the two runs' robust spreads over their per-time samples (scaled MAD, else
+    IQR/1.349; 0 for constant series). Needs at least two finite samples in each run."""
+    sa, sb = summarize(_finite_list(a)), summarize(_finite_list(b))
+    if sa.n < 2 or sb.n < 2:
+        return Noise(None, "none", f"too few samples to judge noise ({sa.n} and {sb.n})")
+    sigma = max(sa.spread or 0.0, sb.spread or 0.0)
+    every = f" every {step_s:g} s" if step_s else ""
+    return Noise(sigma, "samples", f"per-time spread within the runs ({sa.n} and {sb.n} samples{every})")
+
+
+def _finite_list(values: Iterable[float | None]) -> list[float]:
+    out = []
+    for v in values:
+        if v is not None and isinstance(v, int | float) and math.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def significance(a: float | None, b: float | None, noise: Noise, direction: Direction) -> dict[str, Any]:
+    """Whether B − A is beyond noise: outside robust.check_regression's band around A (half-width
+    max(BAND_Z σ, BAND_MIN_PCT % of |A|)). Verdict: better / worse / changed (no preferred direction) /
+    within noise / not assessed (no σ) / unknown (a value is unknown)."""
+    base: dict[str, Any] = {
+        "method": noise.method,
+        "sigma": noise.sigma,
+        "detail": noise.detail,
+        "band_half_width": None,
+        "robust_z": None,
+        "beyond_noise": None,
+    }
+    if a is None or b is None:
+        return base | {"verdict": "unknown"}
+    if noise.sigma is None:
+        return base | {"verdict": "not assessed"}
+    summary = Summary(median=a, mad=noise.sigma, iqr=None, n=2, min=a, max=a)
+    check = check_regression(b, summary, higher_is_better=direction != "lower")
+    half = check.band_high - a
+    if not check.outside_band:
+        verdict = "within noise"
+    elif direction == "neutral":
+        verdict = "changed"
+    else:
+        verdict = "better" if check.verdict == "improvement" else "worse"
+    return base | {
+        "band_half_width": half,
+        "robust_z": check.robust_z,
+        "beyond_noise": check.outside_band,
+        "verdict": verdict,
+    }
+
+
+# -------------------------------------------------------------------------------------------------- KPIs
+
+Unit = Literal["ratio", "tokens/s", "ms", "W", "MHz", "B/s", "MiB", "usd/day", "usd", "kWh", "J/token", "h"]
+
+
+@dataclass(frozen=True)
+class Kpi:
+    """One row of the KPI table: key, label, unit, which way is better, its definition, and whether a
+    change can be judged against noise (dollars follow MFU and price: they are not measured)."""
+
+    key: str
+    label: str
+    unit: Unit
+    direction: Direction
+    definition: str
+    judged: bool = True
+
+
+KPIS: tuple[Kpi, ...] = (
+    Kpi("mfu", "MFU", "ratio", "higher", "model FLOPs utilisation, token-weighted over the run (evaluation)"),
+    Kpi("hfu", "HFU", "ratio", "higher", "hardware FLOPs utilisation incl. recomputation (evaluation)"),
+    Kpi(
+        "tokens_per_second_per_gpu",
+        "Tokens/s per GPU",
+        "tokens/s",
+        "higher",
+        "whole-run tokens/s ÷ GPUs (as the baselines define it)",
+    ),
+    Kpi("step_time_ms", "Step time", "ms", "lower", "median ProfilerStep of the latest parsed trace"),
+    Kpi("gpu_util", "nvidia-smi util", "ratio", "neutral", "GPU_UTIL time-mean (evaluation)"),
+    Kpi("sm_active", "SM active", "ratio", "higher", "DCGM SM_ACTIVE time-mean (evaluation)"),
+    Kpi(
+        "tensor_active", "Tensor active", "ratio", "higher", "DCGM PIPE_TENSOR_ACTIVE time-mean (evaluation)"
+    ),
+    Kpi("dram_active", "DRAM active", "ratio", "neutral", "DCGM DRAM_ACTIVE, time-mean of the archived mean"),
+    Kpi("pcie_bytes", "PCIe RX + TX", "B/s", "neutral", "DCGM PCIE_RX/TX_BYTES per GPU, time-mean"),
+    Kpi(
+        "nvlink_bytes",
+        "NVLink RX + TX",
+        "B/s",
+        "neutral",
+        "DCGM NVLINK_RX/TX_BYTES (else NVLINK_BANDWIDTH_TOTAL) per GPU, time-mean",
+    ),
+    Kpi("power_w", "Board power", "W", "neutral", "DCGM POWER_USAGE per GPU, time-mean"),
+    Kpi("sm_clock_mhz", "SM clock", "MHz", "neutral", "DCGM SM_CLOCK, time-mean"),
+    Kpi(
+        "peak_memory_mib",
+        "Peak memory",
+        "MiB",
+        "neutral",
+        "highest frame buffer used on any GPU (evaluation)",
+    ),
+    Kpi("cost_per_day", "Cost", "usd/day", "lower", "GPUs × price per GPU-hour × 24 (evaluation)", False),
+    Kpi(
+        "waste_per_day",
+        "Waste",
+        "usd/day",
+        "lower",
+        "cost/day × max(idle share, 1 − MFU ÷ reference MFU) (evaluation)",
+        False,
+    ),
+    Kpi(
+        "idle_waste_per_day",
+        "Waste: idle GPUs",
+        "usd/day",
+        "lower",
+        "cost/day × share of GPU-time at ~0 % GPU_UTIL (needs no MFU)",
+        False,
+    ),
+    Kpi(
+        "efficiency_waste_per_day",
+        "Waste: below reference MFU",
+        "usd/day",
+        "lower",
+        "cost/day × max(0, 1 − MFU ÷ reference MFU) (needs MFU)",
+        False,
+    ),
+    Kpi(
+        "energy_kwh",
+        "Energy",
+        "kWh",
+        "neutral",
+        "DCGM energy counter or board power × GPUs (evaluation)",
+        False,
+    ),
+    Kpi(
+        "energy_per_token_j",
+        "Energy per token",
+        "J/token",
+        "lower",
+        "the evaluation's energy ÷ (its tokens/s × duration)",
+        False,
+    ),
+    Kpi("cost_usd", "Cost so far", "usd", "neutral", "price book over the run's window (evaluation)", False),
+    Kpi("gpu_hours", "GPU-hours", "h", "neutral", "GPUs × duration (evaluation)", False),
+)
+KPI_BY_KEY = {k.key: k for k in KPIS}
+
+
+@dataclass(frozen=True)
+class Value:
+    """One run's value of a KPI: the number (None = unknown, with `reason`), and whether it is only a lower
+    bound (waste without MFU: "at least")."""
+
+    number: float | None
+    reason: str = ""
+    lower_bound: bool = False
+
+
+def fmt(value: float | None, unit: Unit) -> str:
+    """A value as the page prints it (the API sends the same text next to the number)."""
+    if value is None:
+        return "unknown"
+    if unit == "ratio":
+        return f"{value * 100:.1f} %"
+    if unit == "usd/day":
+        return f"{format_usd(value)}/day"
+    if unit == "usd":
+        return format_usd(value)
+    if unit == "B/s":
+        return f"{value / 1e9:,.2f} GB/s"
+    if unit in ("tokens/s", "W", "MHz", "MiB"):
+        return f"{value:,.0f} {unit}"
+    if unit in ("ms", "kWh", "h"):
+        return f"{value:,.1f} {unit}"
+    return f"{value:,.3g} {unit}"
+
+
+def fmt_delta(delta: float | None, unit: Unit) -> str:
+    """A change with its sign; ratios change in percentage points."""
+    if delta is None:
+        return "unknown"
+    sign = "+" if delta >= 0 else "\u2212"
+    size = abs(delta)
+    if unit == "ratio":
+        return f"{sign}{size * 100:.1f} pts"
+    if unit in ("usd/day", "usd"):
+        return f"{sign}{format_usd(size)}{'/day' if unit == 'usd/day' else ''}"
+    return sign + fmt(size, unit)
+
+
+def _value_text(v: Value, unit: Unit) -> str:
+    if v.number is None:
+        return "unknown"
+    return ("at least " if v.lower_bound else "") + fmt(v.number, unit)
+
+
+def kpi_rows(
+    a: Mapping[str, Value], b: Mapping[str, Value], noises: Mapping[str, Noise], kpis: Sequence[Kpi] = KPIS
+) -> list[dict[str, Any]]:
+    """Per KPI: A, B, B − A (absolute and % of A), and the significance of the change. A change is unknown
+    when either value is unknown or only a lower bound (never computed against a 0)."""
+    rows = []
+    for k in kpis:
+        va, vb = a.get(k.key, Value(None, "not available")), b.get(k.key, Value(None, "not available"))
+        exact = va.number is not None and vb.number is not None and not (va.lower_bound or vb.lower_bound)
+        delta = vb.number - va.number if exact else None  # type: ignore[operator]
+        delta_pct = delta / abs(va.number) * 100 if delta is not None and va.number else None
+        if not k.judged:
+            sig: dict[str, Any] = {
+                "verdict": "not measured",
+                "method": "none",
+                "beyond_noise": None,
+                "detail": "computed from price, MFU and idle share, not sampled",
+                "sigma": None,
+                "band_half_width": None,
+                "robust_z": None,
+            }
+        else:
+            noise = noises.get(k.key, Noise(None, "none", "no samples archived"))
+            sig = significance(va.number if exact else None, vb.number if exact else None, noise, k.direction)
+        rows.append(
+            {
+                "key": k.key,
+                "label": k.label,
+                "unit": k.unit,
+                "definition": k.definition,
+                "direction": k.direction,
+                "a": va.number,
+                "b": vb.number,
+                "a_lower_bound": va.lower_bound,
+                "b_lower_bound": vb.lower_bound,
+                "a_reason": va.reason if va.number is None or va.lower_bound else "",
+                "b_reason": vb.reason if vb.number is None or vb.lower_bound else "",
+                "a_text": _value_text(va, k.unit),
+                "b_text": _value_text(vb, k.unit),
+                "delta": delta,
+                "delta_pct": delta_pct,
+                "delta_text": fmt_delta(delta, k.unit),
+                "significance": sig,
+            }
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ findings diff
+
+
+@dataclass(frozen=True)
+class FindingFact:
+    """A stored finding as the diff needs it; `usd_per_day` None = impact unknown (never 0)."""
+
+    code: str
+    title: str
+    severity: str
+    usd_per_day: float | None
+
+
+def _usd_text(value: float | None) -> str:
+    return "impact unknown" if value is None else f"{format_usd(value)}/day"
+
+
+def findings_diff(a: Sequence[FindingFact], b: Sequence[FindingFact]) -> dict[str, Any]:
+    """Findings by code: resolved (A only), new (B only), persisting (both), each with its $/day in A and B
+    and the change (unknown when either side's impact is unknown), most dollars first; totals of the known
+    dollars with how many were unknown."""
+    by_a = {f.code: f for f in a}
+    by_b = {f.code: f for f in b}
+
+    def item(code: str) -> dict[str, Any]:
+        fa, fb = by_a.get(code), by_b.get(code)
+        ua = fa.usd_per_day if fa else None
+        ub = fb.usd_per_day if fb else None
+        delta = ub - ua if fa and fb and ua is not None and ub is not None else None
+        shown = fb or fa
+        assert shown is not None
+        return {
+            "code": code,
+            "title": shown.title,
+            "severity_a": fa.severity if fa else None,
+            "severity_b": fb.severity if fb else None,
+            "a_usd_per_day": ua,
+            "b_usd_per_day": ub,
+            "a_text": _usd_text(ua) if fa else "—",
+            "b_text": _usd_text(ub) if fb else "—",
+            "delta_usd_per_day": delta,
+            "delta_text": fmt_delta(delta, "usd/day") if delta is not None else "",
+        }
+
+    def order(items: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+        return sorted(items, key=lambda i: (i[key] is None, -(i[key] or 0.0), i["code"]))
+
+    resolved = order([item(c) for c in by_a if c not in by_b], "a_usd_per_day")
+    new = order([item(c) for c in by_b if c not in by_a], "b_usd_per_day")
+    persisting = order([item(c) for c in by_a if c in by_b], "b_usd_per_day")
+
+    def total(items: list[dict[str, Any]], key: str) -> dict[str, Any]:
+        known = [i[key] for i in items if i[key] is not None]
+        unknown = sum(1 for i in items if i[key] is None)
+        usd = sum(known) if known else (None if unknown else 0.0)
+        return {"usd_per_day": usd, "unknown": unknown, "text": _total_text(usd, unknown)}
+
+    return {
+        "resolved": resolved,
+        "new": new,
+        "persisting": persisting,
+        "totals": {
+            "resolved": total(resolved, "a_usd_per_day"),
+            "new": total(new, "b_usd_per_day"),
+            "persisting_a": total(persisting, "a_usd_per_day"),
+            "persisting_b": total(persisting, "b_usd_per_day"),
+        },
+    }
+
+
+def _total_text(usd: float | None, unknown: int) -> str:
+    if usd is None:
+        return "impact unknown"
+    text = f"{format_usd(usd)}/day"
+    return f"{text} + {unknown} of unknown impact" if unknown else text
+
+
+# --------------------------------------------------------------------------------------------- trace diff
+
+TRACE_KINDS = ("kineto", "nsys_sqlite")
+
+
+@dataclass(frozen=True)
+class TraceFact:
+    """A parsed trace artifact used in the diagnosis: id, kind, file name, rank, parse time, analysis."""
+
+    id: int
+    kind: str
+    name: str
+    rank: int | None
+    parsed_at: str
+    analysis: Mapping[str, Any] = field(default_factory=dict)
+
+
+def pick_traces(
+    a: Sequence[TraceFact], b: Sequence[TraceFact]
+) -> tuple[TraceFact | None, TraceFact | None, str]:
+    """The latest trace of each run of one kind both runs have (Kineto before nsys), or a reason why none.
+    Each list is expected newest first."""
+    for kind in TRACE_KINDS:
+        ta = next((t for t in a if t.kind == kind), None)
+        tb = next((t for t in b if t.kind == kind), None)
+        if ta and tb:
+            return ta, tb, ""
+    have_a = sorted({t.kind for t in a}) or ["none"]
+    have_b = sorted({t.kind for t in b}) or ["none"]
+    return (
+        None,
+        None,
+        (
+            "no trace of the same kind in both runs (A: "
+            + ", ".join(have_a)
+            + "; B: "
+            + ", ".join(have_b)
+            + "): upload a Kineto trace or an nsys SQLite export of each"
+        ),
+    )
+
+
+def pick_ranks(
+    a: Mapping[str, Any], b: Mapping[str, Any]
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The same rank of both analyses when both have it, else each one's first rank with GPU kernels."""
+    ra = [r for r in a.get("ranks") or [] if isinstance(r, dict)]
+    rb = [r for r in b.get("ranks") or [] if isinstance(r, dict)]
+    common = [
+        r.get("rank")
+        for r in ra
+        if r.get("has_gpu_kernels")
+        and any(o.get("rank") == r.get("rank") and o.get("has_gpu_kernels") for o in rb)
+    ]
+    if common:
+        return (
+            next(r for r in ra if r.get("rank") == common[0]),
+            next(r for r in rb if r.get("rank") == common[0]),
+        )
+    first = lambda rs: next((r for r in rs if r.get("has_gpu_kernels")), rs[0] if rs else None)  # noqa: E731
+    return first(ra), first(rb)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _pairs(
+    sa: Mapping[str, Any] | None, sb: Mapping[str, Any] | None, keys: Sequence[tuple[str, str, str]]
+) -> list[dict[str, Any]]:
+    """Rows {key, label, unit, a, b, delta} of numeric keys of one section of both analyses."""
+    out = []
+    for key, label, unit in keys:
+        va = _num((sa or {}).get(key))
+        vb = _num((sb or {}).get(key))
+        delta = vb - va if va is not None and vb is not None else None
+        out.append(
+            {
+                "key": key,
+                "label": label,
+                "unit": unit,
+                "a": va,
+                "b": vb,
+                "delta": None if delta is None else round(delta, 4),
+            }
+        )
+    return out
+
+
+def _nested(section: Mapping[str, Any] | None, key: str, sub: str) -> float | None:
+    inner = (section or {}).get(key)
+    return _num(inner.get(sub)) if isinstance(inner, dict) else None
+
+
+def _by(rows: Any, name_key: str, fields: Sequence[str]) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    for r in rows if isinstance(rows, list) else []:
+        if isinstance(r, dict) and r.get(name_key) is not None:
+            out[str(r[name_key])] = {f: _num(r.get(f)) for f in fields}
+    return out
+
+
+def _table_diff(rows_a: Any, rows_b: Any, name_key: str, count: str, time: str) -> list[dict[str, Any]]:
+    """Rows of a complete breakdown (every class / kind listed): a name absent from one side is 0 there."""
+    a = _by(rows_a, name_key, (count, time))
+    b = _by(rows_b, name_key, (count, time))
+    out = []
+    for name in sorted(set(a) | set(b)):
+        ca, cb = (a.get(name) or {}).get(count) or 0.0, (b.get(name) or {}).get(count) or 0.0
+        ta, tb = (a.get(name) or {}).get(time) or 0.0, (b.get(name) or {}).get(time) or 0.0
+        out.append(
+            {
+                "name": name,
+                "a_count": ca,
+                "b_count": cb,
+                "diff_count": cb - ca,
+                "a_time_ms": ta,
+                "b_time_ms": tb,
+                "diff_time_ms": round(tb - ta, 4),
+            }
+        )
+    return sorted(out, key=lambda r: -abs(r["diff_time_ms"]))
+
+
+def kernel_name_diff(kb_a: Mapping[str, Any], kb_b: Mapping[str, Any], limit: int = 20) -> dict[str, Any]:
+    """Kernels by name as HTA's TraceDiff.compare_traces/ops_diff define them (name = the full kernel name;
+    diff = B − A in count and total time): added (absent in A, present in B), removed (HTA's "deleted"),
+    increased / decreased / unchanged (in both, by count), and faster / slower (in both, by total time).
+
+    The analyses keep each trace's top kernels by time only. A name missing from a side that lists all its
+    kernels is absent (0, as HTA fills); missing from a side with more kernels than listed it is not known
+    ("not in A's top N"), never 0. Rows sorted by the absolute change of total time, the top `limit`."""
+    top_a = _by(kb_a.get("top_kernels"), "name", ("count", "total_ms"))
+    top_b = _by(kb_b.get("top_kernels"), "name", ("count", "total_ms"))
+    short = {
+        str(r.get("name")): str(r.get("short_name") or r.get("name"))
+        for r in [*(kb_a.get("top_kernels") or []), *(kb_b.get("top_kernels") or [])]
+        if isinstance(r, dict)
+    }
+    distinct_a, distinct_b = _num(kb_a.get("distinct_kernels")), _num(kb_b.get("distinct_kernels"))
+    complete_a = distinct_a is not None and distinct_a <= len(top_a)
+    complete_b = distinct_b is not None and distinct_b <= len(top_b)
+    rows: list[dict[str, Any]] = []
+    for name in set(top_a) | set(top_b):
+        ra, rb = top_a.get(name), top_b.get(name)
+        ca = ra["count"] if ra else (0.0 if complete_a else None)
+        cb = rb["count"] if rb else (0.0 if complete_b else None)
+        ta = ra["total_ms"] if ra else (0.0 if complete_a else None)
+        tb = rb["total_ms"] if rb else (0.0 if complete_b else None)
+        if ra and rb:
+            dc = (cb or 0.0) - (ca or 0.0)
+            change = "increased" if dc > 0 else "decreased" if dc < 0 else "unchanged"
+            timing = (
+                "slower" if (tb or 0.0) > (ta or 0.0) else "faster" if (tb or 0.0) < (ta or 0.0) else "same"
+            )
+        elif rb:
+            change, timing = ("added", "") if complete_a else (f"not in A's top {len(top_a)}", "")
+        else:
+            change, timing = ("removed", "") if complete_b else (f"not in B's top {len(top_b)}", "")
+        diff_c = cb - ca if ca is not None and cb is not None else None
+        diff_t = round(tb - ta, 4) if ta is not None and tb is not None else None
+        rows.append(
+            {
+                "name": name,
+                "short_name": short.get(name, name),
+                "a_count": ca,
+                "b_count": cb,
+                "diff_count": diff_c,
+                "a_time_ms": ta,
+                "b_time_ms": tb,
+                "diff_time_ms": diff_t,
+                "change": change,
+                "timing": timing,
+            }
+        )
+    # Known changes by size first, then the rows whose change is unknown by their known side's time.
+    rows.sort(
+        key=lambda r: (
+            r["diff_time_ms"] is None,
+            -abs(r["diff_time_ms"] or 0.0),
+            -((r["a_time_ms"] or 0.0) + (r["b_time_ms"] or 0.0)),
+            r["name"],
+        )
+    )
+    return {
+        "rows": rows[:limit],
+        "listed_a": len(top_a),
+        "listed_b": len(top_b),
+        "distinct_a": distinct_a,
+        "distinct_b": distinct_b,
+        "complete_a": complete_a,
+        "complete_b": complete_b,
+        "counts": {
+            c: sum(1 for r in rows if r["change"] == c)
+            for c in ("added", "removed", "increased", "decreased", "unchanged")
+        },
+    }
+
+
+_TEMPORAL = (
+    ("idle_pct", "Idle", "%"),
+    ("compute_pct", "Compute", "%"),
+    ("non_compute_pct", "Non-compute", "%"),
+    ("idle_ms", "Idle", "ms"),
+    ("compute_ms", "Compute", "ms"),
+    ("non_compute_ms", "Non-compute", "ms"),
+    ("span_ms", "Analysed span", "ms"),
+)
+_IDLE = (
+    ("host_wait_pct", "Host wait", "% of idle"),
+    ("kernel_wait_pct", "Kernel wait", "% of idle"),
+    ("other_pct", "Other", "% of idle"),
+    ("host_wait_ms", "Host wait", "ms"),
+    ("kernel_wait_ms", "Kernel wait", "ms"),
+    ("other_ms", "Other", "ms"),
+    ("idle_ms", "Idle (all streams)", "ms"),
+)
+_STEP = (
+    ("step_ms_mean", "Step (mean)", "ms"),
+    ("dataloader_pct", "Input (DataLoader)", "% of step"),
+    ("kernel_pct", "Compute kernels", "% of step"),
+    ("communication_pct", "Communication", "% of step"),
+    ("memcpy_pct", "Memcpy", "% of step"),
+    ("memset_pct", "Memset", "% of step"),
+    ("runtime_pct", "CUDA runtime", "% of step"),
+    ("cpu_exec_pct", "CPU execution", "% of step"),
+    ("other_pct", "Other", "% of step"),
+)
+_ATTRIBUTION = (
+    ("idle_pct", "GPU idle", "% of window"),
+    ("input_pct", "… waiting for input", "% of window"),
+    ("host_sync_pct", "… host blocking", "% of window"),
+    ("launch_gaps_pct", "… launch gaps", "% of window"),
+    ("other_pct", "… other", "% of window"),
+)
+_HOST = (
+    ("calls", "Blocking calls", "calls"),
+    ("blocked_ms", "Blocked", "ms"),
+    ("step_pct", "Blocked", "% of step"),
+)
+
+
+def trace_diff(ta: TraceFact, tb: TraceFact) -> dict[str, Any]:
+    """Deltas (B − A) of two trace analyses (jobs.profiling.trace_analysis.analyze_trace), on one rank each:
+    temporal and idle breakdowns (HTA), step breakdown, GPU idle by host activity, kernel time by category
+    and by name, kernel count and launch statistics, host blocking. Units in each row; % deltas in points."""
+    ra, rb = pick_ranks(ta.analysis, tb.analysis)
+    if ra is None or rb is None:
+        return {"available": False, "reason": "a trace analysis has no rank with GPU work"}
+    kba, kbb = ra.get("kernel_breakdown") or {}, rb.get("kernel_breakdown") or {}
+    la, lb = ra.get("launch_stats") or {}, rb.get("launch_stats") or {}
+    launch = _pairs(
+        kba,
+        kbb,
+        (
+            ("kernel_count", "Kernels", "kernels"),
+            ("kernel_time_ms", "Kernel time", "ms"),
+            ("distinct_kernels", "Distinct kernels", "names"),
+        ),
+    )
+    launch += _pairs(
+        la,
+        lb,
+        (
+            ("launches", "Launches", "calls"),
+            ("gpu_shorter_than_launch_pct", "GPU time shorter than its launch", "% of launches"),
+            ("launch_delay_outliers_count", "Launch delays over the cutoff", "launches"),
+        ),
+    )
+    for key, sub, label in (
+        ("launch_delay", "p50_us", "Launch delay p50"),
+        ("launch_delay", "p90_us", "Launch delay p90"),
+        ("cpu_launch_duration", "p50_us", "CPU launch call p50"),
+        ("gpu_duration", "p50_us", "GPU op duration p50"),
+    ):
+        va, vb = _nested(la, key, sub), _nested(lb, key, sub)
+        launch.append(
+            {
+                "key": f"{key}.{sub}",
+                "label": label,
+                "unit": "µs",
+                "a": va,
+                "b": vb,
+                "delta": round(vb - va, 4) if va is not None and vb is not None else None,
+            }
+        )
+    tiny_a, tiny_b = kba.get("tiny_kernels") or {}, kbb.get("tiny_kernels") or {}
+    launch += _pairs(
+        tiny_a,
+        tiny_b,
+        (
+            ("count", "Tiny kernels (< 10 µs)", "kernels"),
+            ("count_pct", "Tiny kernels", "% of kernels"),
+            ("time_pct", "Tiny kernels' time", "% of kernel time"),
+        ),
+    )
+    ha, hb = ra.get("host_blocking") or {}, rb.get("host_blocking") or {}
+    st_a, st_b = ra.get("step_times") or {}, rb.get("step_times") or {}
+    step = _pairs(st_a, st_b, (("median_ms", "Step (median)", "ms"), ("count", "Steps", "steps")))
+    step += _pairs(ra.get("step_breakdown"), rb.get("step_breakdown"), _STEP)
+    return {
+        "available": True,
+        "kind": ta.kind,
+        "a": {"artifact": ta.id, "name": ta.name, "rank": ra.get("rank"), "window": ra.get("window") or {}},
+        "b": {"artifact": tb.id, "name": tb.name, "rank": rb.get("rank"), "window": rb.get("window") or {}},
+        "temporal": _pairs(ra.get("temporal_breakdown"), rb.get("temporal_breakdown"), _TEMPORAL),
+        "idle": _pairs(ra.get("idle_breakdown"), rb.get("idle_breakdown"), _IDLE),
+        "step": step,
+        "gpu_idle_attribution": _pairs(
+            ra.get("gpu_idle_attribution"), rb.get("gpu_idle_attribution"), _ATTRIBUTION
+        ),
+        "kernel_classes": _table_diff(
+            kba.get("by_class"), kbb.get("by_class"), "kernel_class", "count", "time_ms"
+        ),
+        "kernels": kernel_name_diff(kba, kbb),
+        "launch": launch,
+        "host_blocking": _pairs(ha, hb, _HOST),
+        "host_blocking_kinds": _table_diff(ha.get("by_kind"), hb.get("by_kind"), "kind", "count", "time_ms"),
+        "overlap": _pairs(
+            ra.get("comm_compute_overlap"),
+            rb.get("comm_compute_overlap"),
+            (("overlap_pct", "Communication overlapped by compute", "% of communication"),),
+        ),
+        "notes": _window_notes(ra, rb),
+    }
+
+
+def _window_notes(ra: Mapping[str, Any], rb: Mapping[str, Any]) -> list[str]:
+    notes = [
+        "forward, backward and optimizer are not told apart by the trace analysis: the step is split "
+        "into input, kernels, communication, copies, runtime and CPU time"
+    ]
+    wa, wb = ra.get("window") or {}, rb.get("window") or {}
+    if wa.get("profiler_steps") != wb.get("profiler_steps"):
+        notes.append(
+            f"the traces cover different numbers of profiler steps ({wa.get('profiler_steps')} vs "
+            f"{wb.get('profiler_steps')}): compare shares and per-step times, not totals"
+        )
+    return notes
+
+
+# ------------------------------------------------------------------------------------------ per-GPU
+
+
+def per_gpu_summary(
+    signal: str, gpus: Sequence[str], means: Sequence[float | None], stragglers: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """One run's per-GPU time-means of `signal` (ratio): median, lowest and highest GPU, their spread, and
+    the straggler candidates (jobs.charts.gpu_outliers: below the peers' band)."""
+    known = [(g, m) for g, m in zip(gpus, means, strict=True) if m is not None and math.isfinite(m)]
+    if not known:
+        return {"signal": signal, "gpus": len(gpus), "available": False}
+    values = sorted(m for _, m in known)
+    low = min(known, key=lambda p: p[1])
+    high = max(known, key=lambda p: p[1])
+    median = summarize(values).median
+    return {
+        "signal": signal,
+        "gpus": len(gpus),
+        "available": True,
+        "median": median,
+        "lowest": {"gpu": low[0], "mean": low[1]},
+        "highest": {"gpu": high[0], "mean": high[1]},
+        "spread": high[1] - low[1],
+        "stragglers": [dict(s) for s in stragglers],
+        "text": f"median {fmt(median, 'ratio')}, lowest {low[0]} {fmt(low[1], 'ratio')}, "
+        f"spread {fmt(high[1] - low[1], 'ratio')}",
+    }
+
+
+def _ratio(value: float | None) -> str:
+    return fmt(value, "ratio")
