@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs.diagnosis.regimes import RESOLVED_MIN_SAMPLES
 from jobs.models import Job
-from jobs.views.job import DCGM_COLLECT_INTERVAL_S, SAMPLES_TO_RESOLVE, resolution
+from jobs.views.job import resolution
 
 
 @pytest.fixture
@@ -25,14 +26,14 @@ def member(make_user, job):
     return make_user("alice", teams=[job.team])
 
 
-def test_resolution_names_the_scrape_the_archive_and_the_shortest_resolved_pattern(settings):
+def test_resolution_is_the_coarser_of_scrape_and_archive_step_as_the_diagnosis_uses_it(settings):
     settings.PROMETHEUS_SCRAPE_INTERVAL_S = 15
-    # The coarsest of scrape (15 s), archive step (60 s) and DCGM's 30 s collect: 60 s x 4 samples = 240 s.
+    # The coarser of scrape (15 s) and archive step (60 s) is 60 s; a shape needs 4 samples: 240 s.
     r = resolution(60.0)
-    assert r.resolves_s == 240.0 and SAMPLES_TO_RESOLVE == 4
-    assert "scraped every 15 s, archived at 60 s" in r.text and "about 240 s" in r.text
-    # Nothing archived yet: the DCGM collect interval (30 s) is the coarsest: 4 x 30 = 120 s.
-    assert resolution(None).resolves_s == SAMPLES_TO_RESOLVE * DCGM_COLLECT_INTERVAL_S == 120.0
+    assert r.sample_interval_s == 60.0 and RESOLVED_MIN_SAMPLES == 4 and r.min_period_s == 240.0
+    assert "sampled every 60 s" in r.text() and "< 240 s are not visible" in r.text()
+    # Nothing archived yet: the scrape interval alone, 4 x 15 = 60 s.
+    assert resolution(None).min_period_s == 60.0
 
 
 @pytest.mark.django_db
@@ -57,3 +58,17 @@ def test_no_findings_beside_a_waste_figure_never_says_nothing_points_at_a_proble
         "nothing in the signals points at a problem"
         in client.get(f"/jobs/{job.external_id}/").content.decode()
     )
+
+
+@pytest.mark.django_db
+def test_unexplained_waste_follows_the_material_threshold_setting(job, settings):
+    from jobs.findings import run_diagnosis
+
+    # $120/day wasted (cost $400/day), no signals and no artifact: no cause can be named.
+    job.cost_per_day_usd, job.waste_per_day_usd = 400.0, 120.0
+    job.save()
+    settings.UNEXPLAINED_WASTE_MIN_USD_PER_DAY = 50.0
+    found = {f.code: f for f in run_diagnosis(job)}
+    assert "unexplained_waste" in found and found["unexplained_waste"].waste_per_day_usd == 120.0
+    settings.UNEXPLAINED_WASTE_MIN_USD_PER_DAY = 500.0  # $120 is below it: not material
+    assert "unexplained_waste" not in {f.code for f in run_diagnosis(job)}

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs import charts
 from jobs.artifacts import UploadError, requeue, store_upload
+from jobs.diagnosis.regimes import Resolution
 from jobs.evaluation import baselines
 from jobs.evaluation.costs import format_usd
 from jobs.evaluation.load import reference_mfu
@@ -433,40 +434,11 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     return render(request, "jobs/job_detail.html", context)
 
 
-#: dcgm-exporter's default collect interval (`-c 30000` ms, dcgm-exporter README): the DCGM profiling
-#: fields (SM/tensor/DRAM active) are averages over it, refreshed that often whatever the scrape interval.
-DCGM_COLLECT_INTERVAL_S = 30.0
-#: Samples a pattern must span to be seen as a shape rather than a level.
-SAMPLES_TO_RESOLVE = 4
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """How finely the job's signals were sampled and archived, and what that hides."""
-
-    scrape_s: float
-    archive_step_s: float | None
-    resolves_s: float
-
-    @property
-    def text(self) -> str:
-        """The page's sentence on resolution."""
-        archived = f", archived at {self.archive_step_s:g} s" if self.archive_step_s else ""
-        return (
-            f"GPU_UTIL, power and clocks are scraped every {self.scrape_s:g} s{archived}; the DCGM profiling "
-            f"fields (SM, tensor, DRAM active) are averages over dcgm-exporter's collect interval "
-            f"({DCGM_COLLECT_INTERVAL_S:g} s by default). Patterns shorter than about {self.resolves_s:g} s, "
-            "such as per-step input stalls or collectives of 0.1-5 s, are not resolved: they show as levels, "
-            "and the diagnosis names them from the ratios between signals with lower confidence. A profiler "
-            "trace resolves them."
-        )
-
-
 def resolution(archive_step_s: float | None) -> Resolution:
-    """Sampling resolution: scrape interval (setting), the archive's step, the shortest resolved pattern."""
+    """The signals' effective resolution as the diagnosis uses it (jobs.diagnosis.regimes): the coarser of
+    the scrape interval (setting) and the archive's step."""
     scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)
-    coarsest = max(scrape, archive_step_s or 0.0, DCGM_COLLECT_INTERVAL_S)
-    return Resolution(scrape, archive_step_s, SAMPLES_TO_RESOLVE * coarsest)
+    return Resolution(max(scrape, archive_step_s or 0.0), None)
 
 
 @require_GET
