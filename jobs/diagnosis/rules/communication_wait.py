@@ -103,10 +103,14 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         missing += f.missing(["sm_active", "nvlink_tx_bytes"])
         sources.append("metrics")
         windows = f.whole_window
-    trace_share = _trace(inp, evidence, sources)
+    trace_windows: list[tuple[float, float]] = []
+    trace_share = _trace(inp, evidence, sources, trace_windows)
     stats_share = _nsys_stats(inp, evidence, sources)
     if not sources:
         return None
+    if "metrics" not in sources and trace_windows:
+        # A trace-only finding covers what the trace captured, not the whole job.
+        windows = A.merge_windows(trace_windows)
     exposed = max(trace_share, stats_share)
     if exposed:
         base = max(base, 0.7) + (0.1 if "metrics" in sources else 0.0)
@@ -123,7 +127,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         f" {'(SM active)' if lk.sm is not None else '(tensor active)'}: exposed collectives (steps are "
         f"shorter than the {f.resolution.sample_interval_s:g} s sampling)"
         if unresolved and lk is not None
-        else f"Communication not overlapped with compute takes {100 * exposed:.1f} % of the traced time"
+        else f"In the captured trace window, communication not overlapped with compute takes "
+        f"{100 * exposed:.1f} % of the time"
     )
     return Finding(
         code=CODE,
@@ -215,7 +220,9 @@ def _drop_pattern(f: Features) -> tuple[list[D.Run], float, int] | None:
     return rs, clamp01(lost), len(rs)
 
 
-def _trace(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> float:
+def _trace(
+    inp: DiagnosisInput, evidence: list[Evidence], sources: list[str], windows: list[tuple[float, float]]
+) -> float:
     worst = 0.0
     for r in A.trace_ranks(inp):
         comm = r.n("comm_compute_overlap", "communication_ms")
@@ -235,6 +242,7 @@ def _trace(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) ->
             if share is not None:
                 evidence.append(Evidence(f"{r.label}: communication share of step", round(share, 2), "%"))
             worst = max(worst, exposed_pct / 100.0)
+            windows.extend(r.windows)
             if r.source not in sources:
                 sources.append(r.source)
     return worst
