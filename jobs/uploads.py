@@ -75,18 +75,18 @@ def uploader(request: HttpRequest, *, api: bool) -> Any:
 
 
 def authorise_upload(request: HttpRequest, external_id: str, *, api: bool) -> tuple[Any, Job]:
-    """Check the size, login and team write permission of an upload without reading its body.
+    """Check the login, size and team write permission of an upload without reading its body.
 
-    Returns (user, job); raises UploadRefusal (413, 401, 404 or 403)."""
+    Returns (user, job); raises UploadRefusal (401, 413, 404 or 403, in that order)."""
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         raise UploadRefusal(400, "Content-Length is not a number") from None
-    if length > settings.ARTIFACT_MAX_BYTES + MULTIPART_MARGIN_BYTES:
-        raise UploadRefusal(413, too_large_message())
     user = uploader(request, api=api)
     if user is None:
         raise UploadRefusal(401, "Authentication credentials were not provided.")
+    if length > settings.ARTIFACT_MAX_BYTES + MULTIPART_MARGIN_BYTES:
+        raise UploadRefusal(413, too_large_message())
     job = Job.objects.select_related("team").filter(external_id=external_id).first()
     if job is None:
         raise UploadRefusal(404, f"no job {external_id!r}")
