@@ -14,6 +14,7 @@ import zlib
 from pathlib import Path
 
 from jobs.profiling.errors import ArtifactError
+from jobs.profiling.guard import grow_input
 
 KINETO = "kineto"
 NSYS_SQLITE = "nsys_sqlite"
@@ -100,6 +101,7 @@ def load_bytes(
             raise ArtifactError(f"The {what} is larger than the limit of {max_bytes:,} bytes.")
     if data[:2] == _GZIP_MAGIC:
         data = _gunzip(data, max_bytes, what)
+        grow_input(len(data))
     return data
 
 

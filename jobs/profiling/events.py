@@ -374,6 +374,8 @@ class Trace:
     ranks: list[RankTrace]
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: Size of the (decompressed) input the trace was parsed from: the analysis' budgets scale with it.
+    input_bytes: int = 0
 
     def name(self, idx: int) -> str:
         """The string behind a name index."""
@@ -439,9 +441,25 @@ class ColumnBuilder:
         self._appenders = [self._arrays[name].append for name in self._order]
 
     def append_row(self, *values: Any) -> None:
-        """Append one row; values in the order the columns were declared."""
-        for append, value in zip(self._appenders, values, strict=True):
-            append(value)
+        """Append one row; values in the order the columns were declared.
+
+        A value the column cannot hold (an integer past its range, a float where an integer belongs, a
+        string) becomes the column's "unknown" (-1, NaN): uploads are untrusted, and one bad cell must
+        not fail the parse or misalign the columns.
+        """
+        try:
+            for append, value in zip(self._appenders, values, strict=True):
+                append(value)
+        except (OverflowError, TypeError, ValueError):
+            self._append_checked(values)
+
+    def _append_checked(self, values: tuple[Any, ...]) -> None:
+        n = len(self)
+        arrays = [self._arrays[name] for name in self._order]
+        for arr in arrays:  # undo the partial row
+            del arr[n:]
+        for arr, value in zip(arrays, values, strict=True):
+            arr.append(_fit(arr.typecode, value))
 
     def __len__(self) -> int:
         return len(self._arrays[self._order[0]])
@@ -457,6 +475,28 @@ class ColumnBuilder:
                 else np.zeros(0, dtype=dtypes[arr.typecode])
             )
         return out
+
+
+_INT_RANGE = {"q": (-(2**63), 2**63 - 1), "i": (-(2**31), 2**31 - 1), "b": (-128, 127)}
+
+
+def _fit(typecode: str, value: Any) -> int | float:
+    """`value` as the column type holds it, or the column's unknown (-1 for integers, NaN for floats)."""
+    if typecode == "d":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except OverflowError:
+                return float("nan")
+        return float("nan")
+    lo, hi = _INT_RANGE[typecode]
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return -1
+        value = int(value)
+    if isinstance(value, int) and lo <= value <= hi:
+        return int(value)
+    return -1
 
 
 GPU_COLUMNS: dict[str, str] = {

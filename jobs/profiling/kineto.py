@@ -53,6 +53,7 @@ from jobs.profiling.events import (
     Trace,
     class_of_names,
 )
+from jobs.profiling.guard import checkpoint, grow_input, guarded
 
 #: Default ceiling on the decompressed JSON size.
 DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
@@ -248,6 +249,7 @@ def _gunzip_bounded(raw: bytes | bytearray, limit: int) -> bytearray:
     return out
 
 
+@guarded("Kineto trace", storable=False)
 def parse_kineto(
     source: bytes | bytearray | str | Path | BinaryIO,
     *,
@@ -259,16 +261,25 @@ def parse_kineto(
     `rank` overrides the rank when distributedInfo is missing or wrong (e.g. from the file name).
     Raises `ArtifactError` for anything that is not a readable Kineto trace.
     """
-    # No name holds the JSON bytes, so they are freed as soon as decoding is done and the columns are
-    # built without the raw text still in memory.
-    events, meta = _decode(read_trace_bytes(source, max_decompressed_bytes))
-    return _build_trace(events, meta, rank)
+    data = read_trace_bytes(source, max_decompressed_bytes)
+    size = len(data)
+    grow_input(size)
+    events, meta = _decode(data)
+    # The JSON bytes are freed as soon as decoding is done, so the columns are built without the raw
+    # text still in memory.
+    del data
+    trace = _build_trace(events, meta, rank)
+    trace.input_bytes = size
+    return trace
 
 
+@guarded("Kineto trace", storable=False)
 def parse_kineto_json(data: bytes | bytearray | str, *, rank: int | None = None) -> Trace:
     """Parse already-decompressed Kineto JSON."""
     events, meta = _decode(data)
-    return _build_trace(events, meta, rank)
+    trace = _build_trace(events, meta, rank)
+    trace.input_bytes = len(data)
+    return trace
 
 
 def _decode(data: bytes | bytearray | str) -> tuple[list[_Event], _Document]:
@@ -290,40 +301,54 @@ def _decode(data: bytes | bytearray | str) -> tuple[list[_Event], _Document]:
     return doc.traceEvents, doc
 
 
+#: Integers from the trace (ids, sizes, counts) beyond this are not believable: "unknown".
+_MAX_INT = 2**62
+#: Timestamps (microseconds) must stay within ~±140 years of the epoch, so ns fit int64 with room to add
+#: durations; a duration of more than a year is not a real event.
+_MAX_TS_US = 4.5e15
+_MAX_DUR_US = 3.2e13
+
+
 def _as_int(value: Any, default: int = -1) -> int:
     if isinstance(value, bool):
         return default
     if isinstance(value, int):
-        return value
+        return value if -_MAX_INT <= value <= _MAX_INT else default
     if isinstance(value, float):
-        return int(value) if math.isfinite(value) else default
+        return int(value) if math.isfinite(value) and abs(value) <= _MAX_INT else default
     if isinstance(value, str):
         text = value.strip()
+        if len(text) > 64:
+            return default
         try:
-            return int(text, 0)
+            out = int(text, 0)
         except ValueError:
             try:
-                return int(float(text))
+                number = float(text)
             except ValueError:
                 return default
+            if not math.isfinite(number):
+                return default
+            out = int(number)
+        return out if -_MAX_INT <= out <= _MAX_INT else default
     return default
 
 
 def _as_float(value: Any) -> float:
     if isinstance(value, bool) or value is None:
         return math.nan
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
+    try:
+        if isinstance(value, int | float) or (isinstance(value, str) and len(value) <= 64):
+            out = float(value)
+        else:
             return math.nan
-    return math.nan
+    except (ValueError, OverflowError):
+        return math.nan
+    return out if math.isfinite(out) else math.nan
 
 
 def _product(value: Any) -> int:
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list) or not value or len(value) > 8:
         return -1
     out = 1
     for v in value:
@@ -331,6 +356,8 @@ def _product(value: Any) -> int:
         if n < 0:
             return -1
         out *= n
+        if out > _MAX_INT:
+            return -1
     return out
 
 
@@ -362,8 +389,8 @@ def _stream_of(args: _Args | None, tid: Any) -> int:
         if isinstance(tid, int):
             stream = tid
         elif isinstance(tid, str):
-            m = _STREAM_TID_RE.search(tid)
-            if m:
+            m = _STREAM_TID_RE.search(tid[:256])
+            if m and len(m.group(1)) <= 18:
                 stream = int(m.group(1))
     if stream == _NO_STREAM_U32:
         stream = -1
@@ -396,9 +423,16 @@ def _build_trace(events: list[_Event], meta: _Document, rank_override: int | Non
         if role is None:
             continue
         ts, dur = ev.ts, ev.dur
-        if ts is None or dur is None or not (math.isfinite(ts) and math.isfinite(dur)):
+        if (
+            ts is None
+            or dur is None
+            or not (-_MAX_TS_US < ts < _MAX_TS_US)  # also false for NaN and infinities
+            or not (dur < _MAX_DUR_US)
+            or dur != dur
+        ):
             skipped_without_time += 1
             continue
+        checkpoint()
         if dur < 0:
             dur = 0.0
         name = ev.name if isinstance(ev.name, str) else ("" if ev.name is None else str(ev.name))
@@ -541,10 +575,16 @@ def _distributed_info(raw: Any) -> DistributedInfo | None:
     backend = raw.get("backend")
     nccl = raw.get("nccl_version")
     return DistributedInfo(
-        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None,
-        world_size=world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None,
-        backend=backend if isinstance(backend, str) else None,
-        nccl_version=str(nccl) if isinstance(nccl, str | int | float) else None,
+        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < 2**31 else None,
+        world_size=(
+            world if isinstance(world, int) and not isinstance(world, bool) and 0 < world < 2**31 else None
+        ),
+        backend=backend[:200] if isinstance(backend, str) else None,
+        nccl_version=(
+            str(nccl)[:100]
+            if isinstance(nccl, str | int) or (isinstance(nccl, float) and math.isfinite(nccl))
+            else None
+        ),
     )
 
 
@@ -569,11 +609,16 @@ def _device_info(raw: Any) -> list[DeviceInfo]:
         out.append(
             DeviceInfo(
                 id=dev_id,
-                name=name if isinstance(name, str) else "",
+                name=name[:200] if isinstance(name, str) else "",
                 num_sms=sms if sms > 0 else None,
                 total_memory_bytes=mem if mem > 0 else None,
                 compute_capability=(
-                    f"{major}.{minor}" if isinstance(major, int) and isinstance(minor, int) else None
+                    f"{major}.{minor}"
+                    if isinstance(major, int)
+                    and isinstance(minor, int)
+                    and 0 <= major < 100
+                    and 0 <= minor < 100
+                    else None
                 ),
                 max_threads_per_sm=threads if threads > 0 else None,
             )
@@ -582,7 +627,7 @@ def _device_info(raw: Any) -> list[DeviceInfo]:
 
 
 def _unix_offset(base: Any, rank_trace: RankTrace) -> int | None:
-    if isinstance(base, int) and not isinstance(base, bool) and base > 0:
+    if isinstance(base, int) and not isinstance(base, bool) and 0 < base < 2**62:
         return base
     # Without baseTimeNanoseconds, Kineto writes Unix-epoch microseconds; anything after 2001 says so.
     starts = [arr.start_ns for arr in (rank_trace.gpu, rank_trace.runtime, rank_trace.cpu_ops) if len(arr)]

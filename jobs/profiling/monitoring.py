@@ -23,6 +23,7 @@ import numpy as np
 
 from jobs.profiling.detect import DEFAULT_MAX_BYTES, decode_text, load_bytes
 from jobs.profiling.errors import ArtifactError
+from jobs.profiling.guard import guarded
 
 IDLE_UTIL_PCT = 5.0
 MAX_POINTS = 2000
@@ -210,6 +211,7 @@ def _looks_like_header(row: list[str]) -> bool:
     return not any(_VALUE_UNIT.match(c.strip()) or _parse_time(c, 0) is not None for c in row if c.strip())
 
 
+@guarded("nvidia-smi log")
 def analyze_nvidia_smi(
     source: bytes | str | Path,
     *,
@@ -396,6 +398,7 @@ def _is_number(cell: str) -> bool:
     return True
 
 
+@guarded("dstat CSV")
 def analyze_dstat(
     source: bytes | str | Path,
     *,

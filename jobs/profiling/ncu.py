@@ -17,6 +17,7 @@ from typing import Any
 
 from jobs.profiling.detect import DEFAULT_MAX_BYTES, decode_text, load_bytes
 from jobs.profiling.errors import ArtifactError
+from jobs.profiling.guard import guarded
 
 _TIME = {
     "nsecond": 1.0,
@@ -199,6 +200,7 @@ def _read_rows(text: str) -> tuple[list[str], list[list[str]]]:
     )
 
 
+@guarded("ncu CSV", storable=False)
 def parse_ncu_csv(source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> list[dict[str, Any]]:
     """Parse `ncu --csv` output into one record per profiled kernel launch.
 
@@ -333,6 +335,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+@guarded("ncu CSV")
 def analyze_ncu(
     source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, top_n: int = 100
 ) -> dict[str, Any]:

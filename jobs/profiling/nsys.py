@@ -14,6 +14,8 @@ missing, because nsys creates tables lazily and column sets differ across export
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 from collections import Counter
 from dataclasses import replace
@@ -46,6 +48,7 @@ from jobs.profiling.events import (
     class_of_names,
     empty_cpu_ops,
 )
+from jobs.profiling.guard import checkpoint, guarded
 from jobs.profiling.safe_sqlite import GuardedSQLite, check_sqlite_header
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -80,15 +83,19 @@ _MEM_LABELS: dict[int, str] = {
 }
 
 
+@guarded("nsys export", storable=False)
 def parse_nsys(path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Trace:
     """Parse an Nsight Systems SQLite export; one rank per GPU. Raises `ArtifactError` on bad input."""
     path = Path(path)
     check_sqlite_header(path)
     reader = GuardedSQLite(path, timeout_s)
     try:
-        return _parse(reader)
+        trace = _parse(reader)
     finally:
         reader.close()
+    with contextlib.suppress(OSError):
+        trace.input_bytes = path.stat().st_size
+    return trace
 
 
 def _load_strings(reader: GuardedSQLite) -> dict[int, str]:
@@ -99,9 +106,9 @@ def _load_strings(reader: GuardedSQLite) -> dict[int, str]:
             if id_col == "NULL" or val_col == "NULL":
                 continue
             return {
-                int(i): str(v)
+                _int(i, -1): str(v)
                 for i, v in reader.rows(f'SELECT {id_col}, {val_col} FROM "{table}"')
-                if i is not None and v is not None
+                if isinstance(i, int | float) and not isinstance(i, bool) and v is not None
             }
     return {}
 
@@ -195,8 +202,10 @@ def _parse(reader: GuardedSQLite) -> Trace:
             ],
         )
         for start, end, dev, stream, corr, gpid, name, grid_n, block_n in reader.rows(sql):
+            start, end = _time(start), _time(end)
             if start is None or end is None:
                 continue
+            checkpoint()
             add_op(
                 gpid,
                 start,
@@ -228,8 +237,10 @@ def _parse(reader: GuardedSQLite) -> Trace:
             ],
         )
         for start, end, dev, stream, corr, gpid, nbytes, ck, sk, dk in reader.rows(sql):
+            start, end = _time(start), _time(end)
             if start is None or end is None:
                 continue
+            checkpoint()
             ck, sk, dk = _int(ck, 0), _int(sk, MemKind.UNKNOWN), _int(dk, MemKind.UNKNOWN)
             label = (
                 f"Memcpy {_COPY_LABELS.get(ck, 'Unknown')} "
@@ -257,8 +268,10 @@ def _parse(reader: GuardedSQLite) -> Trace:
             st, [("start", "NULL"), ("end", "NULL"), *_COMMON_COLUMNS, ("bytes", "-1"), ("memKind", "2")]
         )
         for start, end, dev, stream, corr, gpid, nbytes, mk in reader.rows(sql):
+            start, end = _time(start), _time(end)
             if start is None or end is None:
                 continue
+            checkpoint()
             label = f"Memset ({_MEM_LABELS.get(_int(mk, 2), 'Unknown')})"
             add_op(
                 gpid,
@@ -281,8 +294,10 @@ def _parse(reader: GuardedSQLite) -> Trace:
         )
         sync_kinds = _sync_kind_map(reader)
         for start, end, dev, stream, corr, gpid, sync_value in reader.rows(sql):
+            start, end = _time(start), _time(end)
             if start is None or end is None:
                 continue
+            checkpoint()
             kind = sync_kinds.get(_int(sync_value, 0), SyncKind.UNKNOWN)
             add_op(
                 gpid,
@@ -338,19 +353,32 @@ def _sync_kind_map(reader: GuardedSQLite) -> dict[int, int]:
     table = "ENUM_CUPTI_SYNC_TYPE"
     if table in reader.tables and reader.col(table, "id") != "NULL" and reader.col(table, "name") != "NULL":
         for value, name in reader.rows(f'SELECT id, name FROM "{table}"'):
-            if isinstance(value, int) and isinstance(name, str):
+            if isinstance(value, int) and -(2**31) <= value < 2**31 and isinstance(name, str):
                 for suffix, kind in _SYNC_ENUM_SUFFIX.items():
                     if name.endswith(suffix):
                         mapping[value] = int(kind)
     return mapping
 
 
+#: Integers from the export beyond this are not believable (timestamps, ids, sizes): "unknown".
+_MAX_INT = 2**62
+
+
 def _int(value: Any, default: int) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value == value:
+        return value if -_MAX_INT <= value <= _MAX_INT else default
+    if isinstance(value, float) and math.isfinite(value) and abs(value) <= _MAX_INT:
         return int(value)
     return default
+
+
+def _time(value: Any) -> int | None:
+    """A timestamp in ns (SQLite is dynamically typed: text, blobs, NaN or 2^63 may sit in the column)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if -_MAX_INT <= value <= _MAX_INT else None
+    if isinstance(value, float) and math.isfinite(value) and abs(value) <= _MAX_INT:
+        return int(value)
+    return None
 
 
 def _stream(value: Any) -> int:
@@ -374,8 +402,10 @@ def _read_runtime(
         # nsys spells API names with a version suffix ("cudaLaunchKernel_v7000"); Kineto does not.
         clean: dict[int, int] = {}
         for start, end, name, corr, gtid in reader.rows(sql):
+            start, end = _time(start), _time(end)
             if start is None or end is None:
                 continue
+            checkpoint()
             raw_idx = resolve(name, "<unknown runtime call>")
             idx = clean.get(raw_idx)
             if idx is None:
@@ -410,6 +440,10 @@ def _read_nvtx(
             f"FROM {table} WHERE {type_col} IN {_NVTX_RANGE_TYPES} AND end IS NOT NULL AND end >= start"
         )
         for start, end, text, text_id, gtid in reader.rows(sql):
+            start, end = _time(start), _time(end)
+            if start is None or end is None or end < start:
+                continue
+            checkpoint()
             name = text if isinstance(text, str) else text_id
             gtid = _int(gtid, 0)
             ann.append_row(
@@ -438,12 +472,13 @@ def _read_devices(reader: GuardedSQLite) -> dict[int, DeviceInfo]:
         )
         for dev, name, sms, mem, major, minor, warps, warp_size in reader.rows(sql):
             dev_id = _int(dev, 0)
-            threads = _int(warps, 0) * _int(warp_size, 0)
+            threads = _int(warps, 0) * _int(warp_size, 0) if 0 < _int(warp_size, 0) <= 1024 else 0
+            threads = threads if 0 < threads < 2**31 else 0
             devices[dev_id] = DeviceInfo(
                 id=dev_id,
-                name=name if isinstance(name, str) else "",
-                num_sms=_int(sms, 0) or None,
-                total_memory_bytes=_int(mem, 0) or None,
+                name=name[:200] if isinstance(name, str) else "",
+                num_sms=_int(sms, 0) if 0 < _int(sms, 0) < 2**31 else None,
+                total_memory_bytes=_int(mem, 0) if _int(mem, 0) > 0 else None,
                 compute_capability=f"{major}.{minor}"
                 if isinstance(major, int) and isinstance(minor, int)
                 else None,
@@ -465,8 +500,8 @@ def _read_devices(reader: GuardedSQLite) -> dict[int, DeviceInfo]:
 def _session_start(reader: GuardedSQLite) -> int | None:
     table = "TARGET_INFO_SESSION_START_TIME"
     if table in reader.tables and reader.col(table, "utcEpochNs") != "NULL":
-        row = reader.execute(f"SELECT utcEpochNs FROM {table} LIMIT 1").fetchone()
-        if row and isinstance(row[0], int):
+        row = reader.one(f"SELECT utcEpochNs FROM {table} LIMIT 1")
+        if row and isinstance(row[0], int) and not isinstance(row[0], bool) and 0 <= row[0] < _MAX_INT:
             return row[0]
     return None
 
@@ -474,8 +509,8 @@ def _session_start(reader: GuardedSQLite) -> int | None:
 def _analysis_window(reader: GuardedSQLite) -> tuple[int, int] | None:
     table = "ANALYSIS_DETAILS"
     if table in reader.tables and reader.col(table, "duration") != "NULL":
-        row = reader.execute(f"SELECT duration FROM {table} LIMIT 1").fetchone()
-        if row and isinstance(row[0], int) and row[0] > 0:
+        row = reader.one(f"SELECT duration FROM {table} LIMIT 1")
+        if row and isinstance(row[0], int) and not isinstance(row[0], bool) and 0 < row[0] < _MAX_INT:
             # Event timestamps count from the session start, so the analysed range is [0, duration).
             return 0, row[0]
     return None
@@ -485,8 +520,8 @@ def _meta(reader: GuardedSQLite, name: str) -> str | None:
     table = "META_DATA_EXPORT"
     if table not in reader.tables:
         return None
-    row = reader.execute(f"SELECT value FROM {table} WHERE name = ? LIMIT 1", (name,)).fetchone()
-    return str(row[0]) if row and row[0] is not None else None
+    row = reader.one(f"SELECT value FROM {table} WHERE name = ? LIMIT 1", (name,))
+    return str(row[0])[:200] if row and row[0] is not None else None
 
 
 def _split_by_device(

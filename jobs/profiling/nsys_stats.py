@@ -17,6 +17,7 @@ from typing import Any
 
 from jobs.profiling.detect import DEFAULT_MAX_BYTES, decode_text, load_bytes
 from jobs.profiling.errors import ArtifactError
+from jobs.profiling.guard import guarded
 
 TINY_KERNEL_US = 10.0
 NCCL_NAME = re.compile(r"nccl|^hccl|^rccl", re.IGNORECASE)
@@ -287,6 +288,7 @@ def _classify(report: str | None, header: list[str], records: list[dict[str, Any
     return None
 
 
+@guarded("nsys stats file", storable=False)
 def parse_nsys_stats(
     source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, filename: str | None = None
 ) -> NsysStats:
@@ -562,6 +564,7 @@ def _trace_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"events": len(rows), "kernel_launches": kernels, "devices": devices}
 
 
+@guarded("nsys stats file")
 def analyze_nsys_stats(
     source: bytes | str | Path,
     *,

@@ -23,6 +23,7 @@ import orjson
 from jobs.profiling.capture import make_capture
 from jobs.profiling.detect import DEFAULT_MAX_BYTES, REJECTED_KINDS, SVG, decode_text, load_bytes
 from jobs.profiling.errors import ArtifactError
+from jobs.profiling.guard import guarded
 
 CLASSES = ("data_loading", "tokenization", "collate", "framework", "stdlib", "user_code")
 INPUT_PIPELINE_CLASSES = ("data_loading", "tokenization", "collate")
@@ -247,6 +248,7 @@ def _add_evented(
     return count
 
 
+@guarded("py-spy profile", storable=False)
 def parse_pyspy(
     source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, filename: str | None = None
 ) -> Profile:
@@ -427,6 +429,7 @@ def _hot_frames(profile: Profile, total: float, top_n: int, cache: dict[Frame, s
     }
 
 
+@guarded("py-spy profile")
 def analyze_pyspy(
     source: bytes | str | Path,
     *,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.profiling.errors import ArtifactError
+from jobs.profiling.guard import checkpoint
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _FETCH = 65536
@@ -59,7 +60,9 @@ class GuardedSQLite:
         self.execute("PRAGMA trusted_schema = OFF")
         self.execute("PRAGMA query_only = ON")
         self.tables = {
-            row[0] for row in self.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            row[0]
+            for row in self.fetchall("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if isinstance(row[0], str)
         }
         self._columns: dict[str, set[str]] = {}
 
@@ -83,6 +86,23 @@ class GuardedSQLite:
         except sqlite3.DatabaseError as exc:
             raise self._error(exc, "The file is not a readable SQLite database") from exc
 
+    def fetchall(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """All rows of a small query (schema, metadata), errors as `ArtifactError`."""
+        cur = self.execute(sql, params)
+        try:
+            return cur.fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc, f"The {self.what} is corrupt") from exc
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+        """The first row of a query, or None; errors as `ArtifactError`."""
+        cur = self.execute(sql, params)
+        try:
+            row: tuple[Any, ...] | None = cur.fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc, f"The {self.what} is corrupt") from exc
+        return row
+
     def rows(self, sql: str) -> Iterator[tuple[Any, ...]]:
         cur = self.execute(sql)
         while True:
@@ -92,6 +112,7 @@ class GuardedSQLite:
                 raise self._error(exc, f"The {self.what} is corrupt") from exc
             if not chunk:
                 return
+            checkpoint()
             yield from chunk
 
     def columns(self, table: str) -> set[str]:
@@ -99,7 +120,7 @@ class GuardedSQLite:
             # Table names come from sqlite_master, never from user input; quote them anyway.
             quoted = table.replace('"', '""')
             self._columns[table] = {
-                row[1] for row in self.execute(f'PRAGMA table_info("{quoted}")').fetchall()
+                row[1] for row in self.fetchall(f'PRAGMA table_info("{quoted}")') if isinstance(row[1], str)
             }
         return self._columns[table]
 

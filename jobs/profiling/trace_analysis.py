@@ -58,6 +58,7 @@ from jobs.profiling.events import (
     RuntimeCalls,
     Trace,
 )
+from jobs.profiling.guard import guarded
 from jobs.profiling.units import NS_PER_US, ms, pct
 
 #: Longest lists a result carries (streams, steps): the statistics still cover everything.
@@ -388,6 +389,7 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
     return out
 
 
+@guarded("trace")
 def analyze_trace(trace: Trace, options: AnalysisOptions | None = None) -> dict[str, Any]:
     """All analyses for every rank of a parsed trace, as one JSON-serialisable dict.
 
