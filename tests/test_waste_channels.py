@@ -35,13 +35,14 @@ def jobs(db, make_team, week):
     start = week.start + timedelta(days=1)
     a = Job.objects.create(
         team=team, external_id="A-1", name="known", started_at=start, ended_at=start + timedelta(hours=24),
-        gpu_count=8, mfu=0.3, cost_per_day_usd=480.0, waste_per_day_usd=160.0,
+        gpu_count=8, gpu_hours=192.0, cost_usd=480.0, mfu=0.3, cost_per_day_usd=480.0,
+        waste_per_day_usd=160.0,
         waste_lower_bound_per_day_usd=160.0, efficiency_waste_per_day_usd=160.0, idle_waste_per_day_usd=0.0,
         status=Job.Status.FINALIZED,
     )  # fmt: skip
     b = Job.objects.create(
         team=team, external_id="B-2", name="no-mfu", started_at=start, ended_at=start + timedelta(hours=10),
-        gpu_count=4, mfu=None, cost_per_day_usd=240.0, waste_per_day_usd=None,
+        gpu_count=4, gpu_hours=40.0, cost_usd=100.0, mfu=None, cost_per_day_usd=240.0, waste_per_day_usd=None,
         waste_lower_bound_per_day_usd=48.0, idle_waste_per_day_usd=48.0, waste_unknown_reason=REASON,
         status=Job.Status.FINALIZED,
     )  # fmt: skip
@@ -75,9 +76,10 @@ def test_leaderboard_and_team_pages_say_at_least_not_zero(jobs, week, client, ma
     page = client.get(f"/leaderboard/?week={week.label}").content.decode()
     assert "at least $180" in page
     assert "$0.00" not in page
-    # The job list shows B's waste as a lower bound and its causes without a computed impact as unknown.
+    # The job list shows B's total waste as a lower bound ($48/day × 10 h = $20, "at least") and its
+    # total cost ($240/day × 10 h = $100); its causes without a computed impact say unknown.
     listing = client.get("/").content.decode()
-    assert "at least $48.00/day" in listing
+    assert "at least $20.00 total" in listing and "$100 total" in listing
     detail = client.get("/jobs/B-2/").content.decode()
     assert "impact unknown" in detail
     assert "$48.00/day" in detail  # idle_gpus' dollars need no MFU

@@ -144,6 +144,20 @@ class Amount:
         return value + unit
 
 
+SECONDS_PER_DAY = 86400.0
+
+
+def total_waste(per_day: Amount, duration_s: float | None) -> Amount:
+    """A job's total waste in USD: its stored waste $/day × its duration in days (the same rate the
+    leaderboard and team pages spread over the hours inside a period). Keeps the rate's kind: a lower
+    bound stays "at least", an unknown rate (or an unknown duration) stays unknown with its reason."""
+    if duration_s is None or not math.isfinite(duration_s) or duration_s < 0:
+        return Amount(None, reason="the job's duration is unknown")
+    if per_day.usd is None:
+        return per_day
+    return Amount(per_day.usd * duration_s / SECONDS_PER_DAY, per_day.lower_bound, per_day.reason)
+
+
 @dataclass(frozen=True)
 class Waste:
     """A job's waste per day split by what each part needs; None = cannot be computed (see `reason`).

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import template
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from jobs.evaluation.costs import Amount, format_usd
+from jobs.evaluation.costs import Amount, format_usd, total_waste
 
 register = template.Library()
+
+#: The words every dollar figure carries, on every page and in CSV headers: one table, so a "$" is never
+#: shown without saying whether it is a total, a rate or a period's sum.
+MONEY_UNITS = {
+    "total": " total",
+    "day": "/day",
+    "week": " this week",
+    "month": " this month",
+    "period": " in the period",
+}
+NO_PRICE = "no price for the job's GPU model and tier"
 
 _MISSING = mark_safe('<span class="na" title="not available">—</span>')
 
@@ -79,3 +92,50 @@ def finding_usd(value: float | None) -> str:
             'are too">impact unknown</span>'
         )
     return f"{usd(value)}/day"
+
+
+def money_unit(unit: str) -> str:
+    """The suffix of a unit name ('total' -> ' total', 'day' -> '/day'); an unknown name is a bug."""
+    try:
+        return MONEY_UNITS[unit]
+    except KeyError:
+        raise ValueError(f"unknown money unit {unit!r}; one of {', '.join(MONEY_UNITS)}") from None
+
+
+@register.filter
+def money(value: Amount | float | None, unit: str) -> str:
+    """A dollar figure with its unit in the words used everywhere: '$1,234 total', '$48.00/day',
+    '$90.68 this week', 'at least $12.50/day' (reason on hover), 'unknown' (reason), or a dash."""
+    suffix = money_unit(unit)
+    if value is None:
+        return _MISSING
+    if not isinstance(value, Amount):
+        value = Amount(float(value))
+    return amount(value, suffix)
+
+
+@register.simple_tag
+def money_header(label: str, unit: str) -> str:
+    """A column heading with its unit: 'Cost ($ total)', 'Waste ($/day)', 'Waste ($ this week)'."""
+    return f"{label} (${money_unit(unit)})"
+
+
+def job_duration_s(job: Any) -> float | None:
+    """The evaluated job's duration, from its stored GPU-hours (= GPUs × duration ÷ 3600 s)."""
+    if job.gpu_hours is None or not job.gpu_count:
+        return None
+    return float(job.gpu_hours) * 3600.0 / job.gpu_count
+
+
+@register.filter
+def job_cost_total(job: Any) -> Amount:
+    """The job's stored total cost (so far while it runs), or unknown without a price."""
+    if job.cost_usd is None:
+        return Amount(None, reason=NO_PRICE)
+    return Amount(job.cost_usd)
+
+
+@register.filter
+def job_waste_total(job: Any) -> Amount:
+    """The job's total waste: stored waste $/day × its duration (jobs.evaluation.costs.total_waste)."""
+    return total_waste(job.waste_amount, job_duration_s(job))

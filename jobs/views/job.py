@@ -32,7 +32,7 @@ from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job
 from jobs.permissions import can_write_team
-from jobs.templatetags.units import num, pct, usd
+from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.views import artifacts as artifact_views
 
@@ -284,6 +284,8 @@ def kpis(job: Job) -> dict[str, str]:
         "waste_per_day": _waste_headline(job),
         "gpu_hours": plain(num(job.gpu_hours, 0)),
         "energy": plain(num(details.get("energy_kwh"), 0)),
+        "cost_total": plain(money(job_cost_total(job), "total")),
+        "waste_total": plain(money(job_waste_total(job), "total")),
     }
 
 

@@ -47,7 +47,8 @@ from jobs.permissions import can_write_team, writable_team_ids
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
 _LIST_FIELDS = (
     "external_id", "name", "owner", "model_name", "gpu_count", "gpu_model_name", "status", "started_at",
-    "mfu", "sm_active_mean", "waste_per_day_usd", "waste_lower_bound_per_day_usd", "waste_unknown_reason",
+    "ended_at", "mfu", "sm_active_mean", "gpu_hours", "cost_usd", "waste_per_day_usd",
+    "waste_lower_bound_per_day_usd", "waste_unknown_reason",
     "team__name", "team__slug", "gpu_model__name",
 )  # fmt: skip
 _SORTS = {
@@ -302,8 +303,11 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     trend = mfu_trend(rows, team.pk)
     worst = worst_jobs(period, limit=5, team_id=team.pk)
     _attach_main_finding(worst)
+    this_month = month(timezone.now().date())
     context = {
         "team": team,
+        "month": this_month,
+        "month_row": period_rows([this_month])[0].get(team.pk),
         "members": team.memberships.select_related("user").order_by("user__username"),
         "period": period,
         "row": row,

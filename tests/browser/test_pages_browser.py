@@ -195,7 +195,7 @@ def test_leaderboard_sorts(watched, live_server, member):
     page.wait_for_url("**sort=team**")
     teams = page.locator("#leaderboard tbody tr").evaluate_all("rows => rows.map(r => r.dataset.team)")
     assert teams == ["llm", "vision"]
-    page.get_by_role("link", name="Waste (USD)").click()
+    page.get_by_role("link", name="Waste ($ this week)").click()
     page.wait_for_url("**sort=waste**")
     waste = page.locator("#leaderboard tbody tr td:nth-child(7)").evaluate_all(
         "cells => cells.map(c => Number(c.firstChild.textContent.replace(/[$,]/g, '')))"

@@ -1,0 +1,133 @@
+"""The money filter: every dollar figure carries its unit in the same words, unknown is never $0."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from django.template import Context, Template
+
+from jobs.evaluation.costs import Amount, total_waste
+from jobs.templatetags.units import (
+    job_cost_total,
+    job_duration_s,
+    job_waste_total,
+    money,
+    money_header,
+    money_unit,
+)
+
+
+@pytest.mark.parametrize(
+    ("unit", "text"),
+    [
+        ("total", "$1,235 total"),
+        ("day", "$1,235/day"),
+        ("week", "$1,235 this week"),
+        ("month", "$1,235 this month"),
+    ],
+)
+def test_money_prints_the_unit_in_the_same_words(unit: str, text: str) -> None:
+    assert money(Amount(1234.6), unit) == text
+    assert money(1234.6, unit) == text  # a plain float reads the same
+
+
+def test_money_cents_below_100_dollars() -> None:
+    assert money(Amount(48.0), "day") == "$48.00/day"
+    assert money(0.0, "month") == "$0.00 this month"  # a true zero stays a zero
+
+
+def test_money_lower_bound_says_at_least_with_the_reason() -> None:
+    html = str(money(Amount(12.5, lower_bound=True, reason="MFU unknown"), "day"))
+    assert "at least $12.50/day" in html
+    assert 'title="MFU unknown"' in html
+
+
+def test_money_unknown_is_never_zero() -> None:
+    html = str(money(Amount(None, reason="no price"), "total"))
+    assert "unknown" in html and "$0" not in html and 'title="no price"' in html
+    assert "—" in str(money(None, "total"))
+
+
+def test_money_escapes_the_reason() -> None:
+    html = str(money(Amount(None, reason='<script>"x"</script>'), "day"))
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_unknown_unit_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown money unit"):
+        money_unit("fortnight")
+    with pytest.raises(ValueError):
+        money(Amount(1.0), "hour")
+
+
+def test_headers_name_the_unit() -> None:
+    assert money_header("Cost", "total") == "Cost ($ total)"
+    assert money_header("Waste", "day") == "Waste ($/day)"
+    assert money_header("Waste", "week") == "Waste ($ this week)"
+    assert money_header("Cost", "month") == "Cost ($ this month)"
+
+
+def test_in_a_template() -> None:
+    out = Template('{% load units %}{{ a|money:"week" }} | {% money_header "Cost" "week" %}').render(
+        Context({"a": Amount(90.68)})
+    )
+    assert out == "$90.68 this week | Cost ($ this week)"
+
+
+# A two-hour job on 8 GPUs: gpu_hours = 8 × 2 h = 16 GPU-h, so its duration is 2 h = 7,200 s = 1/12 day.
+def _job(**kw: object) -> SimpleNamespace:
+    base: dict[str, object] = {
+        "gpu_hours": 16.0,
+        "gpu_count": 8,
+        "cost_usd": 64.0,
+        "waste_per_day_usd": 240.0,
+        "waste_lower_bound_per_day_usd": 240.0,
+        "waste_unknown_reason": "",
+    }
+    base.update(kw)
+    job = SimpleNamespace(**base)
+    job.waste_amount = Amount.of(
+        job.waste_per_day_usd, job.waste_lower_bound_per_day_usd, job.waste_unknown_reason
+    )
+    return job
+
+
+def test_job_totals_from_the_stored_columns() -> None:
+    job = _job()
+    assert job_duration_s(job) == pytest.approx(7200.0)
+    assert job_cost_total(job) == Amount(64.0)
+    # $240/day × 1/12 day = $20 of waste in total.
+    total = job_waste_total(job)
+    assert total.usd == pytest.approx(20.0) and not total.lower_bound
+    assert money(total, "total") == "$20.00 total"
+
+
+def test_job_totals_unknown_stay_unknown() -> None:
+    no_price = _job(
+        cost_usd=None,
+        waste_per_day_usd=None,
+        waste_lower_bound_per_day_usd=None,
+        waste_unknown_reason="no price for the job's GPU model and tier",
+    )
+    assert job_cost_total(no_price).usd is None
+    assert job_waste_total(no_price).usd is None
+    assert job_waste_total(no_price).reason == "no price for the job's GPU model and tier"
+    not_evaluated = _job(gpu_hours=None)
+    assert job_waste_total(not_evaluated).usd is None
+
+
+def test_job_waste_total_keeps_the_lower_bound() -> None:
+    # MFU unknown: only the idle part, $120/day, is known; over 1/12 day that is at least $10.
+    job = _job(
+        waste_per_day_usd=None, waste_lower_bound_per_day_usd=120.0, waste_unknown_reason="MFU unknown"
+    )
+    total = job_waste_total(job)
+    assert total.usd == pytest.approx(10.0) and total.lower_bound and total.reason == "MFU unknown"
+
+
+def test_total_waste_refuses_a_bad_duration() -> None:
+    assert total_waste(Amount(100.0), None).usd is None
+    assert total_waste(Amount(100.0), float("nan")).usd is None
+    assert total_waste(Amount(100.0), -1.0).usd is None
+    assert total_waste(Amount(100.0), 86400.0 * 3).usd == pytest.approx(300.0)
