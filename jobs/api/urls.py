@@ -3,6 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from jobs.api.compare import JobCompareView
 from jobs.api.leaderboard import LeaderboardView
 from jobs.api.views import ArtifactViewSet, BaselineViewSet, JobViewSet
 
@@ -11,4 +12,8 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("baselines", BaselineViewSet, basename="baseline")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 
-urlpatterns = [path("leaderboard/", LeaderboardView.as_view(), name="api-leaderboard"), *router.urls]
+urlpatterns = [
+    path("leaderboard/", LeaderboardView.as_view(), name="api-leaderboard"),
+    path("jobs/compare/", JobCompareView.as_view(), name="api-job-compare"),
+    *router.urls,
+]
