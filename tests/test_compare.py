@@ -411,3 +411,19 @@ def test_names_from_users_are_escaped(client, member, pair):
     content = client.get("/jobs/compare/", {"a": a.external_id, "b": b.external_id}).content.decode()
     assert '<img src=x onerror="alert(1)">' not in content
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in content
+
+
+@pytest.mark.django_db
+def test_the_job_page_links_to_comparisons(client, member, pair):
+    a, b = pair
+    client.force_login(member)
+    content = client.get(f"/jobs/{b.external_id}/").content.decode()
+    section = content[content.index('id="compare"') :]
+    # The previous run with the same config, as the run before this one.
+    assert f"/jobs/compare/?a={a.external_id}&amp;b={b.external_id}" in section
+    assert "previous run with this config" in section
+    assert f'name="b" value="{b.external_id}"' in section
+    assert (
+        f"/jobs/compare/?a={a.external_id}&amp;b={b.external_id}"
+        in client.get(f"/jobs/{a.external_id}/").content.decode()
+    )

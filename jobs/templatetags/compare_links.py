@@ -1,0 +1,54 @@
+"""`{% compare_candidates job as runs %}`: the runs a job page offers to compare with (previous and next
+run of the same config fingerprint or model, the baseline's runs), each as before/after ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.urls import reverse
+from django.utils.http import urlencode
+
+from jobs.evaluation.baselines import active_baseline
+from jobs.models import Job
+
+register = template.Library()
+BASELINE_RUNS = 5
+
+
+def _link(job: Job, other: Job, label: str) -> dict[str, Any]:
+    before, after = (other, job) if other.started_at <= job.started_at else (job, other)
+    return {
+        "label": label,
+        "other": other,
+        "url": reverse("job-compare") + "?" + urlencode({"a": before.external_id, "b": after.external_id}),
+    }
+
+
+@register.simple_tag
+def compare_candidates(job: Job) -> list[dict[str, Any]]:
+    """Previous / next run with the same config fingerprint, else of the same model; the active baseline's
+    runs. Earlier run first (A = before). A few queries, on the job page only."""
+    out: list[dict[str, Any]] = []
+    seen = {job.pk}
+    others = Job.objects.exclude(pk=job.pk)
+    for field, value, what in (
+        ("config_fingerprint", job.config_fingerprint, "with this config"),
+        ("model_name", job.model_name, f"of {job.model_name}"),
+    ):
+        if not value:
+            continue
+        same = others.filter(**{field: value})
+        earlier = same.filter(started_at__lte=job.started_at).order_by("-started_at").first()
+        later = same.filter(started_at__gt=job.started_at).order_by("started_at").first()
+        for other, when in ((earlier, "previous run"), (later, "next run")):
+            if other is not None and other.pk not in seen:
+                seen.add(other.pk)
+                out.append(_link(job, other, f"{when} {what}"))
+    baseline = active_baseline(job)
+    if baseline is not None:
+        runs = [r for r in baseline.runs.all() if r.pk not in seen]
+        for run in sorted(runs, key=lambda r: r.started_at, reverse=True)[:BASELINE_RUNS]:
+            seen.add(run.pk)
+            out.append(_link(job, run, "baseline run"))
+    return out
