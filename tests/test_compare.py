@@ -280,7 +280,7 @@ def test_both_runs_share_one_relative_time_axis(client, member, pair):
         "overlay"
     ]
     mfu = [t for t in fig["data"] if t["meta"]["key"] == "mfu"]
-    assert [t["meta"]["run"] for t in mfu] == ["a", "b"] and {t["yaxis"] for t in mfu} == {"y1"}
+    assert [t["meta"]["run"] for t in mfu] == ["a", "b"] and {t["yaxis"] for t in mfu} == {"y"}
     # Hours since each run's start: both start at 0 and end at 119 × 30 s = 0.9917 h.
     for t in mfu:
         assert t["x"][0] == 0 and t["x"][-1] == pytest.approx(0.9917, abs=1e-4)
@@ -427,3 +427,20 @@ def test_the_job_page_links_to_comparisons(client, member, pair):
         f"/jobs/compare/?a={a.external_id}&amp;b={b.external_id}"
         in client.get(f"/jobs/{a.external_id}/").content.decode()
     )
+
+
+def test_the_overlay_leaves_out_rows_without_data_and_names_them():
+    from jobs.charts.compare import overlay_figure
+
+    t = np.arange(4) * 30.0
+    fig = overlay_figure(
+        {"mfu": (t, np.full(4, 0.3))},
+        {"mfu": (t, np.full(4, 0.6)), "sm_clock": (t, np.full(4, np.nan))},
+        ("run <1>", "run 2"),
+    )
+    assert [d["meta"]["run"] for d in fig["data"]] == ["a", "b"]
+    # MFU in %: 30.0 and 60.0; x in hours: 0, 30 s = 0.0083 h, ...
+    assert fig["data"][0]["y"] == [30.0] * 4 and fig["data"][1]["x"][1] == pytest.approx(0.0083, abs=1e-4)
+    assert "SM clock" in fig["missing"] and "MFU" not in fig["missing"]
+    assert fig["data"][0]["name"] == "A (before): run &lt;1&gt;"
+    assert fig["layout"]["xaxis"]["anchor"] == "y"

@@ -49,14 +49,22 @@ OVERLAY_ROWS: tuple[OverlayRow, ...] = (
 Series = Mapping[str, tuple[np.ndarray, np.ndarray]]
 
 
+def _has(series: Series, key: str) -> bool:
+    pair = series.get(key)
+    return pair is not None and bool(np.isfinite(pair[1]).any())
+
+
 def overlay_figure(
     a: Series, b: Series, labels: tuple[str, str], *, points: int = DEFAULT_POINTS
 ) -> dict[str, Any]:
-    """One subplot per OVERLAY_ROWS entry, all on one shared x axis in hours since each run's start, with
-    run A and run B drawn in every subplot that has data (unified hover across subplots)."""
+    """One subplot per OVERLAY_ROWS entry with data in either run, all on one shared x axis in hours since
+    each run's start, run A and run B in every subplot (unified hover across subplots). Rows without data
+    in either run are not drawn; `missing` names them (the page lists them under the chart)."""
     points = clamp_points(points)
-    n = len(OVERLAY_ROWS)
-    gap, row_h_px = 0.03, 112
+    rows = [row for row in OVERLAY_ROWS if _has(a, row.key) or _has(b, row.key)]
+    missing = [row.title for row in OVERLAY_ROWS if row not in rows]
+    n = max(len(rows), 1)
+    gap, row_h_px = 0.04, 120
     row_h = (1 - gap * (n - 1)) / n
     data: list[dict[str, Any]] = []
     layout: dict[str, Any] = {
@@ -67,10 +75,17 @@ def overlay_figure(
         "font": FONT,
         "paper_bgcolor": "#ffffff",
         "plot_bgcolor": "#ffffff",
-        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "yref": "paper"},
+        "legend": {
+            "orientation": "h",
+            "x": 1,
+            "xanchor": "right",
+            "y": 1.0,
+            "yanchor": "bottom",
+            "yref": "paper",
+        },
         "xaxis": {
             "type": "linear",
-            "anchor": f"y{n}",
+            "anchor": "y" if n == 1 else f"y{n}",
             "domain": [0, 1],
             "title": {"text": "hours since the run started"},
             "showspikes": True,
@@ -83,12 +98,26 @@ def overlay_figure(
         },
         "annotations": [],
     }
+    if not rows:
+        layout["yaxis"] = {"visible": False}
+        layout["annotations"].append(
+            {
+                "xref": "paper",
+                "x": 0.5,
+                "yref": "paper",
+                "y": 0.5,
+                "showarrow": False,
+                "text": "No archived signals in either run",
+                "font": {"color": GREY, "size": 12},
+            }
+        )
     legend_shown: set[str] = set()
     names = {"a": f"A (before): {escape(labels[0])}"[:90], "b": f"B (after): {escape(labels[1])}"[:90]}
-    for r, row in enumerate(OVERLAY_ROWS, start=1):
+    for r, row in enumerate(rows, start=1):
+        axis_id = "y" if r == 1 else f"y{r}"
         top = 1 - (r - 1) * (row_h + gap)
         axis: dict[str, Any] = {
-            "domain": [round(top - row_h, 4), round(top, 4)],
+            "domain": [round(max(top - row_h, 0.0), 4), round(top, 4)],
             "anchor": "x",
             "fixedrange": True,
             "title": {"text": row.unit, "standoff": 4},
@@ -104,20 +133,18 @@ def overlay_figure(
                 "xref": "paper",
                 "x": 0,
                 "xanchor": "left",
-                "yref": f"y{r} domain",
-                "y": 1,
+                "yref": "paper",
+                "y": round(top, 4),
                 "yanchor": "bottom",
                 "text": f"<b>{row.title}</b> ({row.unit})",
                 "showarrow": False,
                 "font": {"size": 11},
             }
         )
-        drawn = 0
         for run, series in (("a", a), ("b", b)):
-            pair = series.get(row.key)
-            if pair is None or not np.isfinite(pair[1]).any():
+            if not _has(series, row.key):
                 continue
-            x, y = pair
+            x, y = series[row.key]
             lx, ly, _ = downsample_line(x / 3600.0, y, points)
             colour, dash = STYLE[run]
             data.append(
@@ -128,7 +155,7 @@ def overlay_figure(
                     "x": rounded(lx, 1.0, 4),
                     "y": rounded(ly, row.scale, row.digits),
                     "xaxis": "x",
-                    "yaxis": f"y{r}",
+                    "yaxis": axis_id,
                     "connectgaps": False,
                     "line": {"color": colour, "width": 1.6, "dash": dash},
                     "legendgroup": run,
@@ -138,20 +165,7 @@ def overlay_figure(
                 }
             )
             legend_shown.add(run)
-            drawn += 1
-        if drawn == 0:
-            layout["annotations"].append(
-                {
-                    "xref": "paper",
-                    "x": 0.5,
-                    "yref": f"y{r} domain",
-                    "y": 0.5,
-                    "showarrow": False,
-                    "text": "No data in either run",
-                    "font": {"color": GREY, "size": 12},
-                }
-            )
-    return {"data": data, "layout": layout}
+    return {"data": data, "layout": layout, "missing": missing}
 
 
 def per_gpu_figure(
