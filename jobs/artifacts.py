@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from jobs.diagnosis.artifacts import capture_of
 from jobs.enqueue import enqueue
@@ -161,7 +162,18 @@ def _detect(name: str, path: Path, given: str | None = None) -> str:
 
 
 def _enqueue(artifact_id: int) -> None:
-    enqueue("parse_artifact", artifact_id)
+    """Queue the parse; when the broker cannot take it the artifact fails with the reason instead of
+    waiting in "queued" for a message that was never sent (the upload itself is kept)."""
+    try:
+        enqueue("parse_artifact", artifact_id)
+    except (KombuOperationalError, ConnectionError, TimeoutError) as exc:
+        log.exception("artifact %s: the parse could not be queued", artifact_id)
+        Artifact.objects.filter(pk=artifact_id, status=Artifact.Status.QUEUED).update(
+            status=Artifact.Status.FAILED,
+            error=f"the parse could not be queued ({type(exc).__name__}: the task broker is unreachable); "
+            "the file is kept, re-parse it when the service is back",
+            parsed_at=timezone.now(),
+        )
 
 
 def requeue(artifact: Artifact) -> Artifact:
