@@ -444,3 +444,59 @@ def test_the_overlay_leaves_out_rows_without_data_and_names_them():
     assert "SM clock" in fig["missing"] and "MFU" not in fig["missing"]
     assert fig["data"][0]["name"] == "A (before): run &lt;1&gt;"
     assert fig["layout"]["xaxis"]["anchor"] == "y"
+
+
+@pytest.mark.prometheus
+@pytest.mark.django_db
+def test_the_demos_seed_case_1_runs_compare(settings, tmp_path, capsys):
+    """The demo's seed case 1 (jobs.demo: three runs of one LoRA fine-tune, 33 -> 68 -> 85 %) through the
+    demo's own path: simulated dcgm-exporter data backfilled into a real Prometheus, registered, finalized,
+    run 1's trace attached (demo.finish). Run 1 against run 2: MFU up beyond noise, the input stall gone."""
+    from jobs import demo
+    from jobs.outputs.compare_data import build
+    from jobs.simulate import backfill, simulate, write_openmetrics
+    from tests.prom_server import PrometheusProcess, prometheus_binary
+
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    wanted = ("demo-seed1-run1", "demo-seed1-run2")
+    planned = [d for d in demo.plan(now) if d.spec.job_id in wanted]
+    results = [simulate(d.spec) for d in planned]
+    write_openmetrics(results, tmp_path / "demo.om")
+    backfill(tmp_path / "demo.om", tmp_path / "tsdb")
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    with PrometheusProcess(tmp_path / "tsdb") as server:
+        settings.PROMETHEUS_URL = server.url
+        teams = demo.ensure_people()
+        for d, result in zip(planned, results, strict=True):
+            demo.register(d, result, teams, now)
+        demo.finish()
+    run1, run2 = (Job.objects.get(external_id=x) for x in wanted)
+    c = build(run1, run2).comparison
+    kpis = {r["key"]: r for r in c["kpis"]}
+    with capsys.disabled():
+        print("\nseed case 1, run 1 -> run 2:")
+        for key in (
+            "mfu",
+            "tokens_per_second_per_gpu",
+            "sm_active",
+            "gpu_util",
+            "waste_per_day",
+            "cost_per_day",
+        ):
+            r = kpis[key]
+            print(
+                f"  {r['label']}: {r['a_text']} -> {r['b_text']} "
+                f"({r['delta_text']}; {r['significance']['verdict']})"
+            )
+        f = c["findings"]
+        print(
+            "  resolved:", [(i["code"], i["a_text"]) for i in f["resolved"]], f["totals"]["resolved"]["text"]
+        )
+        print("  new:", [(i["code"], i["b_text"]) for i in f["new"]])
+        print("  persisting:", [(i["code"], i["a_text"], i["b_text"]) for i in f["persisting"]])
+        print("  traces:", c["traces"].get("reason") or c["traces"]["kind"])
+    assert c["config"]["changed"] == [] and c["config"]["comparable"]
+    assert kpis["mfu"]["b"] > kpis["mfu"]["a"] and kpis["mfu"]["significance"]["verdict"] == "better"
+    assert "data_pipeline_stall" in {i["code"] for i in c["findings"]["resolved"]}

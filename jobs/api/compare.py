@@ -21,7 +21,7 @@ class SignificanceSerializer(serializers.Serializer):
     )
     method = serializers.ChoiceField(
         choices=["baseline", "samples", "none"],
-        help_text="baseline: the baseline's spread over its runs; samples: the runs' per-time robust spread",
+        help_text="baseline: the baseline's spread over its runs; samples: batch means of the runs' samples",
     )
     detail = serializers.CharField()
     sigma = serializers.FloatField(help_text="noise σ in the KPI's unit", allow_null=True, required=False)

@@ -7,8 +7,9 @@ defines MFU, cost or waste again. A change is always B − A (HTA's TraceDiff: t
 Significance ("beyond run-to-run noise") uses jobs.evaluation.robust: the noise σ is, in order,
 1. the spread of the config's baseline over its runs (robust sd across healthy runs: run-to-run noise
    itself), when the baseline has at least two runs;
-2. else the larger of the two runs' per-time robust spreads (scaled MAD of the archived samples): the
-   variation within a run, a conservative stand-in (a run's mean varies less than its samples).
+2. else the runs' own archived samples by batch means (`mean_noise`: the robust spread of the means of
+   consecutive batches ÷ √batches, per run; σ = √(σ_A² + σ_B²)): how much each whole-run mean would
+   move by chance within the run.
 A change is beyond noise when it is outside robust.check_regression's band around A: more than BAND_Z σ
 and more than BAND_MIN_PCT % of A.
 """
@@ -153,17 +154,43 @@ def noise_from_baseline(summary: Summary | None, label: str = "the baseline") ->
     return Noise(summary.spread or 0.0, "baseline", f"spread of {label} over its {summary.n} runs")
 
 
+#: Consecutive batches each run's samples are cut into for the noise of its mean (batch means).
+BATCHES = 8
+
+
+def _batches(values: list[float], k: int) -> list[list[float]]:
+    bounds = [round(i * len(values) / k) for i in range(k + 1)]
+    return [values[bounds[i] : bounds[i + 1]] for i in range(k)]
+
+
+def mean_noise(values: Iterable[float | None]) -> tuple[float | None, int, int]:
+    """The noise of a run's whole-run mean from its own samples, by batch means: the samples (in time
+    order, missing ones dropped) are cut into k = min(BATCHES, n // 2) consecutive batches; the robust
+    spread of the batch means (scaled MAD, else IQR/1.349, 0 when they agree) ÷ √k estimates the spread
+    of the mean of all k (consecutive samples are correlated, so single samples' spread would not do).
+    Returns (σ of the mean or None with fewer than 4 samples, n, k)."""
+    xs = _finite_list(values)
+    k = min(BATCHES, len(xs) // 2)
+    if k < 2:
+        return None, len(xs), k
+    means = [sum(b) / len(b) for b in _batches(xs, k)]
+    return (summarize(means).spread or 0.0) / math.sqrt(k), len(xs), k
+
+
 def noise_from_samples(
     a: Iterable[float | None], b: Iterable[float | None], step_s: float | None = None
 ) -> Noise:
-    """σ = the larger of the two runs' robust spreads over their per-time samples (scaled MAD, else
-    IQR/1.349; 0 for constant series). Needs at least two finite samples in each run."""
-    sa, sb = summarize(_finite_list(a)), summarize(_finite_list(b))
-    if sa.n < 2 or sb.n < 2:
-        return Noise(None, "none", f"too few samples to judge noise ({sa.n} and {sb.n})")
-    sigma = max(sa.spread or 0.0, sb.spread or 0.0)
+    """σ of B − A from the runs' own samples: √(σ_A² + σ_B²) with each σ from `mean_noise` (batch means).
+    Needs at least four finite samples in each run."""
+    (sa, na, ka), (sb, nb, kb) = mean_noise(a), mean_noise(b)
+    if sa is None or sb is None:
+        return Noise(None, "none", f"too few samples to judge noise ({na} and {nb})")
     every = f" every {step_s:g} s" if step_s else ""
-    return Noise(sigma, "samples", f"per-time spread within the runs ({sa.n} and {sb.n} samples{every})")
+    return Noise(
+        math.hypot(sa, sb),
+        "samples",
+        f"batch means within the runs ({na} and {nb} samples{every}, {ka} and {kb} batches)",
+    )
 
 
 def _finite_list(values: Iterable[float | None]) -> list[float]:

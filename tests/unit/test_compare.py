@@ -16,6 +16,7 @@ from jobs.outputs.compare import (
     findings_diff,
     kernel_name_diff,
     kpi_rows,
+    mean_noise,
     noise_from_baseline,
     noise_from_samples,
     pick_traces,
@@ -92,35 +93,54 @@ def test_config_diff_notes_a_gpu_count_change_without_making_runs_incomparable()
 # ------------------------------------------------------------------------------------------ significance
 
 
-def test_noise_from_samples_is_the_larger_robust_spread():
-    # A: median 0.30; |x − 0.30| = 0, .01, .01, 0, .02 -> median .01 -> MAD = 1.4826 × .01 = .014826.
-    # B: median 0.60; |x − 0.60| = 0, .02, .02, .01, .01 -> median .01 -> .014826 as well... make B wider:
-    # B = .60, .64, .56, .62, .58: |x − .60| = 0, .04, .04, .02, .02 -> median .02 -> σ_B = .029652.
-    noise = noise_from_samples([0.30, 0.31, 0.29, 0.30, 0.32], [0.60, 0.64, 0.56, 0.62, 0.58], step_s=30)
+# Eight samples per run, cut into k = min(8, 8 // 2) = 4 batches of two.
+# A: batches (.29,.31) (.30,.30) (.31,.33) (.28,.30) -> means .30 .30 .32 .29; median .30;
+#    |m − .30| = 0 0 .02 .01 -> median .005 -> MAD 1.4826 × .005 = .007413; σ_A = .007413 / √4 = .0037065.
+# B: batches (.60,.60) (.62,.62) (.58,.58) (.64,.64) -> means .60 .62 .58 .64; median .61;
+#    |m − .61| = .01 .01 .03 .03 -> median .02 -> MAD .029652; σ_B = .029652 / 2 = .014826.
+# σ = √(.0037065² + .014826²) = √(1.37381e-5 + 2.19810e-4) = √2.33548e-4 = .0152823.
+A = [0.29, 0.31, 0.30, 0.30, 0.31, 0.33, 0.28, 0.30]
+B = [0.60, 0.60, 0.62, 0.62, 0.58, 0.58, 0.64, 0.64]
+
+
+def test_noise_from_samples_uses_batch_means_of_both_runs():
+    noise = noise_from_samples(A, B, step_s=30)
     assert noise.method == "samples"
-    assert noise.sigma == pytest.approx(0.029652)
-    assert "5 and 5 samples every 30 s" in noise.detail
+    assert noise.sigma == pytest.approx(0.0152823, abs=1e-6)
+    assert "8 and 8 samples every 30 s, 4 and 4 batches" in noise.detail
+    sigma_a, n, k = mean_noise(A)
+    assert (n, k) == (8, 4) and sigma_a == pytest.approx(0.0037065, abs=1e-7)
 
 
-def test_a_doubling_of_mfu_is_beyond_the_per_time_noise():
-    noise = noise_from_samples([0.30, 0.31, 0.29, 0.30, 0.32], [0.60, 0.64, 0.56, 0.62, 0.58])
-    sig = significance(0.30, 0.60, noise, "higher")
-    # Half-width = max(3 × .029652, 5 % × .30) = max(.088956, .015) = .088956; |Δ| = .30 > it: better.
-    assert sig["band_half_width"] == pytest.approx(0.088956)
+def test_a_doubling_of_mfu_is_beyond_noise():
+    sig = significance(0.30, 0.60, noise_from_samples(A, B), "higher")
+    # Half-width = max(3 × .0152823, 5 % × .30) = max(.0458469, .015) = .0458469; |Δ| = .30 > it: better.
+    assert sig["band_half_width"] == pytest.approx(0.0458469, abs=1e-6)
     assert sig["beyond_noise"] is True and sig["verdict"] == "better"
-    # z = .30 / .029652 = 10.117.
-    assert sig["robust_z"] == pytest.approx(10.1173, abs=1e-3)
+    # z = .30 / .0152823 = 19.631.
+    assert sig["robust_z"] == pytest.approx(19.631, abs=1e-2)
 
 
 def test_a_small_change_is_within_noise_and_the_percent_floor_applies_to_steady_runs():
-    noise = noise_from_samples([0.30, 0.31, 0.29, 0.30, 0.32], [0.31] * 5)
-    # σ = max(.014826, 0) = .014826; band = max(.044478, .015) = .044478 > |Δ| = .01: within noise.
-    assert significance(0.30, 0.31, noise, "higher")["verdict"] == "within noise"
+    # B constant at .31: σ_B = 0, σ = σ_A = .0037065; band = max(.0111195, 5 % × .30 = .015) = .015 > .01.
+    noise = noise_from_samples(A, [0.31] * 8)
+    assert noise.sigma == pytest.approx(0.0037065, abs=1e-7)
+    sig = significance(0.30, 0.31, noise, "higher")
+    assert sig["band_half_width"] == pytest.approx(0.015) and sig["verdict"] == "within noise"
     # Constant series: σ = 0, the band is 5 % of A = .015: a .02 step change is beyond it.
     flat = noise_from_samples([0.30] * 4, [0.32] * 4)
     assert flat.sigma == 0.0
-    sig = significance(0.30, 0.32, flat, "higher")
-    assert sig["band_half_width"] == pytest.approx(0.015) and sig["verdict"] == "better"
+    assert significance(0.30, 0.32, flat, "higher")["verdict"] == "better"
+
+
+def test_noise_of_the_mean_not_of_single_samples():
+    # GPU_UTIL point samples alias onto the step: single samples swing 0 <-> 0.65 every other scrape, yet
+    # every batch of two averages .325: the run's mean is steady (σ = 0) and 32.5 % -> 68 % is beyond noise.
+    a = [0.0, 0.65] * 8
+    b = [0.36, 1.0] * 8
+    noise = noise_from_samples(a, b)
+    assert noise.sigma == 0.0
+    assert significance(0.325, 0.68, noise, "neutral")["verdict"] == "changed"
 
 
 def test_lower_is_better_and_neutral_directions():
@@ -143,8 +163,8 @@ def test_the_baselines_spread_over_runs_is_preferred_and_can_say_within_noise():
 
 
 def test_unknown_values_and_missing_noise_are_said_so():
-    noise = noise_from_samples([0.3], [0.4, 0.5])
-    assert noise.sigma is None and "too few samples" in noise.detail
+    noise = noise_from_samples([0.3, 0.3, 0.3], [0.4, 0.5, 0.4, 0.5])
+    assert noise.sigma is None and "too few samples to judge noise (3 and 4)" in noise.detail
     assert significance(0.3, 0.4, noise, "higher")["verdict"] == "not assessed"
     assert significance(None, 0.4, Noise(0.1, "samples", ""), "higher")["verdict"] == "unknown"
 
