@@ -321,3 +321,29 @@ def test_alternatives_are_counted_before_they_are_built():
     with pytest.raises(ValueError, match="alternatives"):
         Selector.from_labels(_labels(30))  # refused before itertools.product runs
     assert len(Selector.from_labels(_labels(6)).alternatives) == 64
+
+
+ODD_VALUES = ["-1", "0", "9" * 30, "1e309", "-1e309", "nan", "inf", "9999-W52", "0001-W01", "9999-12",
+              "0001-01", "2026-02-30", "9999-12-31", "'\"<>", "%", " ", "\ufffd", "a" * 3000]  # fmt: skip
+PARAMS = ["week", "month", "by", "period", "since", "until", "page", "sort", "start", "end", "points", "only",
+          "retired", "include_retired", "limit", "offset", "team", "status", "fingerprint", "owner", "model",
+          "gpu"]  # fmt: skip
+URLS = ["/", "/leaderboard/", "/teams/", "/teams/llm/", "/baselines/", "/catalog/", "/readiness/",
+        "/jobs/48213/", "/jobs/48213/figures.json", "/api/v1/jobs/", "/api/v1/jobs/48213/",
+        "/api/v1/artifacts/", "/api/v1/baselines/", "/api/v1/leaderboard/"]  # fmt: skip
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ODD_VALUES)
+def test_no_odd_query_parameter_value_makes_a_page_or_the_api_fail(web, value):
+    params = dict.fromkeys(PARAMS, value)
+    failures = []
+    for url in URLS:
+        status = web.get(url, params).status_code
+        if status >= 500:
+            failures.append((url, status))
+        if url == "/api/v1/leaderboard/":
+            status = web.get(url, {**params, "period": "month"}).status_code
+            if status >= 500:
+                failures.append((url + "?period=month", status))
+    assert not failures, failures
