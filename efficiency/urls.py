@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 from jobs.demo import live_exporter_view
 from jobs.outputs.exporter import metrics_view
 from jobs.views import healthz
+from jobs.views.api_root import ApiRootView
 
 admin.site.site_header = "efficiency administration"
 admin.site.site_title = "efficiency admin"
@@ -19,6 +20,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/v1/", ApiRootView.as_view(), name="api-root"),  # before the router's root, which it replaces
     path("api/v1/", include("jobs.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-docs"),

@@ -301,8 +301,17 @@ def test_only_team_members_upload(client, outsider, finished, artifact_store):
 def test_promote_creates_and_extends_the_baseline_and_the_page_compares(client, member, finished):
     client.force_login(member)
     url = reverse("job-promote-baseline", args=[finished.external_id])
-    response = client.post(url, follow=True)
-    assert "Added to the llama-7b baseline" in unescape(response.content.decode())
+    # The run has a throttling warning (a health finding): a plain promote, or "anyway" without a reason,
+    # is refused, with the message next to the promote form.
+    for body in ({}, {"promote_anyway": "1", "reason": "  "}):
+        response = client.post(url, body, follow=True)
+        html = unescape(response.content.decode())
+        assert "Not promoted: this run has hardware or health findings" in html
+        assert html.index('id="baseline-messages"') > html.index('id="baseline"')
+        assert not Baseline.objects.exists()
+    response = client.post(url, {"promote_anyway": "1", "reason": "throttled 30 min of 3 h"}, follow=True)
+    html = unescape(response.content.decode())
+    assert "Added to the llama-7b baseline" in html and "throttled 30 min of 3 h" in html
     baseline = Baseline.objects.get(fingerprint=finished.config_fingerprint, retired_at__isnull=True)
     assert list(baseline.runs.all()) == [finished]
     assert baseline.stats["mfu"]["median"] == pytest.approx(finished.mfu)
@@ -310,7 +319,7 @@ def test_promote_creates_and_extends_the_baseline_and_the_page_compares(client, 
         finished.tokens_per_second / 16
     )
     assert baseline.stats["sm_active"]["n"] == 1 and baseline.team == finished.team
-    client.post(url)  # idempotent
+    client.post(url, {"promote_anyway": "1", "reason": "again"})  # idempotent
     assert baseline.runs.count() == 1
 
     html = unescape(client.get(reverse("job-detail", args=[finished.external_id])).content.decode())
@@ -353,7 +362,12 @@ def test_baselines_page_retires_for_team_members_only(client, member, outsider, 
     assert client.post(reverse("baseline-retire", args=[baseline.pk])).status_code == 403
     client.force_login(member)
     assert ">Retire</button>" in client.get(reverse("baseline-list")).content.decode()
+    # Retiring asks for a confirmation: without the ticked box nothing changes.
     response = client.post(reverse("baseline-retire", args=[baseline.pk]), follow=True)
+    assert "was not retired" in unescape(response.content.decode())
+    baseline.refresh_from_db()
+    assert baseline.retired_at is None
+    response = client.post(reverse("baseline-retire", args=[baseline.pk]), {"confirm": "yes"}, follow=True)
     assert "Retired the llama-7b baseline" in unescape(response.content.decode())
     baseline.refresh_from_db()
     assert baseline.retired_at is not None
@@ -442,7 +456,7 @@ def test_team_catalog_and_readiness_pages(client, member, team, running_no_sm, f
     readiness = unescape(client.get(reverse("cluster-readiness")).content.decode())
     row = readiness[readiness.index("DCGM_FI_PROF_SM_ACTIVE") :]
     assert "pretrain-7002" in row[: row.index("</tr>")]
-    assert "1 running job" in readiness
+    assert "(1 running)" in readiness and "in the last 7 days" in readiness
 
 
 @pytest.mark.django_db

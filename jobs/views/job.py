@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from jobs.evaluation.costs import format_usd
 from jobs.evaluation.load import reference_mfu
 from jobs.evaluation.schema import encode
 from jobs.metrics.archive import load_means, load_per_gpu
+from jobs.metrics.ingest import NO_GPUS_MATCHED
 from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job
@@ -35,6 +37,8 @@ from jobs.permissions import can_write_team
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.views import artifacts as artifact_views
+
+logger = logging.getLogger(__name__)
 
 REFRESH_S = 60
 # Django's json_script escaping: the JSON cannot close the <script> element or start a comment.
@@ -260,7 +264,8 @@ def build_figures(
         ),
         "heatmap_label": label,
         "outliers": charts.gpu_outliers(per_gpu) if window is None else [],
-        "missing": charts.missing_lines(sigs, reasons),
+        # A selector that matched no GPU is one ingestion error (shown once), not a missing line per signal.
+        "missing": [] if no_gpus_matched(job) else charts.missing_lines(sigs, reasons),
         "archive_step_s": float(sigs.step) if sigs is not None else None,
     }
 
@@ -351,12 +356,23 @@ def utilisation_verdict(job: Job) -> str:
     )
 
 
+def no_gpus_matched(job: Job) -> str:
+    """The ingestion's "selector matched 0 GPUs: ... PromQL" when no signal was found at all, else ''."""
+    reasons = set((job.missing_reasons or {}).values())
+    if len(reasons) == 1 and (reason := reasons.pop()).startswith(NO_GPUS_MATCHED):
+        return str(reason)
+    return ""
+
+
 def _readiness(job: Job) -> dict[str, Any]:
     if job.last_polled_at is None:
         return {"polled": False, "missing": [], "present": []}
     missing_keys = set(job.missing_signals or [])
     reasons = job.missing_reasons or {}
     lines = readiness(k for k in SIGNALS if k not in missing_keys)
+    no_gpus = no_gpus_matched(job)
+    if no_gpus:  # one ingestion error with the PromQL, not one "missing field" row per signal
+        return {"polled": True, "missing": [], "present": [], "no_gpus": no_gpus}
     return {
         "polled": True,
         "missing": [(line, reasons.get(line.key, "")) for line in lines if not line.present],
@@ -429,6 +445,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "in_baseline": comparison is not None and job.pk in comparison.run_ids,
         "can_write": can_write,
         "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
+        "promote_blockers": promote_blockers(job) if can_write else [],
         "readiness": _readiness(job),
         "resolution": resolution(figures["archive_step_s"]),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
@@ -496,30 +513,33 @@ def job_artifact_upload(request: HttpRequest, external_id: str) -> HttpResponse:
     target = reverse("job-detail", args=[job.external_id]) + "#artifacts"
     upload = request.FILES.get("file")
     if refused := upload_refused(request):
-        messages.error(request, f"Upload refused: {refused}.")
+        messages.error(request, f"Upload refused: {refused}.", extra_tags="at-artifacts")
         return HttpResponseRedirect(target)
     kind = request.POST.get("kind") or None
     rank_text = (request.POST.get("rank") or "").strip()
     if upload is None:
-        messages.error(request, "Choose a file to upload.")
+        messages.error(request, "Choose a file to upload.", extra_tags="at-artifacts")
         return HttpResponseRedirect(target)
     if kind is not None and kind not in Artifact.Kind.values:
-        messages.error(request, f"Unknown artifact kind {kind!r}.")
+        messages.error(request, f"Unknown artifact kind {kind!r}.", extra_tags="at-artifacts")
         return HttpResponseRedirect(target)
     if rank_text and not (rank_text.isascii() and rank_text.isdigit() and int(rank_text) < 2**31):
-        messages.error(request, "Rank must be a whole number from 0 to 2147483647, or empty.")
+        messages.error(
+            request, "Rank must be a whole number from 0 to 2147483647, or empty.", extra_tags="at-artifacts"
+        )
         return HttpResponseRedirect(target)
     try:
         artifact = store_upload(
             job, upload, kind=kind, rank=int(rank_text) if rank_text else None, user=request.user
         )
     except UploadError as exc:
-        messages.error(request, f"Upload of {upload.name} refused: {exc}")
+        messages.error(request, f"Upload of {upload.name} refused: {exc}", extra_tags="at-artifacts")
         return HttpResponseRedirect(target)
     messages.success(
         request,
         f"Uploaded {artifact.original_name} ({artifact.get_kind_display()}); "
         f"analysis {artifact.get_status_display().lower()}.",
+        extra_tags="at-artifacts",
     )
     return HttpResponseRedirect(target)
 
@@ -531,25 +551,67 @@ def job_artifact_reparse(request: HttpRequest, external_id: str, artifact_id: in
     if not can_write_team(request.user, job.team):
         raise PermissionDenied("Only members of the job's team can re-parse its artifacts.")
     artifact = requeue(get_object_or_404(Artifact, pk=artifact_id, job=job))
-    messages.success(request, f"{artifact.original_name} queued for parsing again.")
+    messages.success(
+        request, f"{artifact.original_name} queued for parsing again.", extra_tags="at-artifacts"
+    )
     return HttpResponseRedirect(reverse("job-detail", args=[job.external_id]) + "#artifacts")
+
+
+#: Finding codes that say the hardware or its health was off (XID errors, throttled clocks, a slow GPU): a
+#: run with one of them at warning or worse is not a healthy reference unless someone says why it is.
+HEALTH_FINDING_CODES = ("gpu_errors", "throttling", "straggler")
+PROMOTE_REASON_MAX = 500
+
+
+def promote_blockers(job: Job) -> list[Finding]:
+    """The job's hardware/health findings at warning or worse, which stop a plain promote."""
+    return list(
+        job.findings.filter(
+            code__in=HEALTH_FINDING_CODES,
+            severity__in=[Finding.Severity.WARNING, Finding.Severity.CRITICAL],
+        )
+    )
 
 
 @require_POST
 def job_promote_baseline(request: HttpRequest, external_id: str) -> HttpResponse:
-    """Add this finished job to its config's baseline (team members and staff)."""
+    """Add this finished job to its config's baseline (team members and staff). A run with warning-or-worse
+    hardware/health findings is refused unless "promote anyway" is ticked with a reason (logged)."""
     job = _job_or_404(external_id)
     if not can_write_team(request.user, job.team):
         raise PermissionDenied("Only members of the job's team can promote it to a baseline.")
+    target = reverse("job-detail", args=[job.external_id]) + "#baseline"
+    blockers = promote_blockers(job)
+    reason = " ".join((request.POST.get("reason") or "").split())[:PROMOTE_REASON_MAX]
+    if blockers and not (request.POST.get("promote_anyway") == "1" and reason):
+        names = ", ".join(f"{f.title} ({f.get_severity_display().lower()})" for f in blockers)
+        messages.error(
+            request,
+            f"Not promoted: this run has hardware or health findings ({names}), so it is not a healthy "
+            'reference. Tick "promote anyway" and give a reason to promote it regardless.',
+            extra_tags="at-baseline",
+        )
+        return HttpResponseRedirect(target)
     try:
         baseline = baselines.promote(job, request.user)
     except baselines.BaselineError as exc:
-        messages.error(request, f"Not promoted: {exc}.")
+        messages.error(request, f"Not promoted: {exc}.", extra_tags="at-baseline")
     else:
         runs = baseline.runs.count()
+        if blockers:
+            logger.warning(
+                "job %s promoted to baseline %s despite %s by %s: %s",
+                job.external_id,
+                baseline.pk,
+                ", ".join(f.code for f in blockers),
+                request.user.get_username(),
+                reason,
+            )
         messages.success(
             request,
             f"Added to the {baseline.model_name} baseline [{baseline.fingerprint[:8]}], now {runs} run(s). "
-            "Waste of jobs with this config is measured against its median MFU from their next update.",
+            "Waste of jobs with this config is measured against its median MFU from their next update."
+            + (f" Promoted despite {', '.join(f.code for f in blockers)}: {reason}" if blockers else ""),
+            extra_tags="at-baseline",
         )
-    return HttpResponseRedirect(reverse("job-detail", args=[job.external_id]) + "#baseline")
+    return HttpResponseRedirect(target)

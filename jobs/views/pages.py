@@ -43,6 +43,7 @@ from jobs.outputs.leaderboard import (
     worst_jobs,
 )
 from jobs.permissions import can_write_team, writable_team_ids
+from jobs.views.job import no_gpus_matched
 
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
 _LIST_FIELDS = (
@@ -355,6 +356,12 @@ def baseline_retire(request: HttpRequest, pk: int) -> HttpResponse:
     baseline = get_object_or_404(Baseline.objects.select_related("team"), pk=pk)
     if not can_write_team(request.user, baseline.team):
         raise PermissionDenied("Only members of the baseline's team can retire it.")
+    if request.POST.get("confirm") != "yes":
+        messages.error(
+            request,
+            f"The {baseline.model_name} baseline was not retired: tick the confirmation next to Retire.",
+        )
+        return HttpResponseRedirect(reverse("baseline-list"))
     baseline_ops.retire(baseline)
     messages.success(request, f"Retired the {baseline.model_name} baseline [{baseline.fingerprint[:8]}].")
     return HttpResponseRedirect(reverse("baseline-list"))
@@ -392,24 +399,35 @@ def _dtype_order(dtype: str) -> tuple[int, str]:
     return (order.index(dtype) if dtype in order else len(order), dtype)
 
 
+READINESS_DAYS = 7
+
+
 @require_GET
 def cluster_readiness(request: HttpRequest) -> HttpResponse:
-    """Which DCGM fields are missing for which running jobs, what each absence hides, how to enable it."""
-    running = list(
-        Job.objects.filter(status=Job.Status.RUNNING)
+    """Which DCGM fields are missing for which jobs of the last 7 days (running, or ended inside them), what
+    each absence hides and how to enable it; jobs whose selector matched no GPU are listed apart."""
+    since = timezone.now() - timedelta(days=READINESS_DAYS)
+    recent = list(
+        Job.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
         .select_related("team")
         .only(
             "external_id",
             "name",
+            "status",
+            "ended_at",
             "team__name",
             "team__slug",
             "missing_signals",
+            "missing_reasons",
             "last_polled_at",
             "ingest_error",
         )
         .order_by(Lower("external_id"))
     )
-    polled = [j for j in running if j.last_polled_at is not None]
+    polled_all = [j for j in recent if j.last_polled_at is not None]
+    no_gpus = [(j, reason) for j in polled_all if (reason := no_gpus_matched(j))]
+    unmatched = {j.pk for j, _ in no_gpus}
+    polled = [j for j in polled_all if j.pk not in unmatched]
     missing_by: dict[str, list[Job]] = defaultdict(list)
     for job in polled:
         for key in job.missing_signals or []:
@@ -425,12 +443,16 @@ def cluster_readiness(request: HttpRequest) -> HttpResponse:
         if not line.present
     ]
     fields.sort(key=lambda f: (-len(f["jobs"]), f["line"].key))
+    running = [j for j in recent if j.ended_at is None]
     context = {
         "fields": fields,
         "present": [line for line in lines if line.present],
+        "days": READINESS_DAYS,
+        "jobs": len(recent),
         "running": len(running),
         "polled": len(polled),
-        "never_polled": [j for j in running if j.last_polled_at is None],
+        "no_gpus": no_gpus,
+        "never_polled": [j for j in recent if j.last_polled_at is None],
         "stale": [j for j in running if j.ingest_error],
     }
     return render(request, "jobs/readiness.html", context)

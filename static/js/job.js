@@ -15,11 +15,16 @@
   var page = JSON.parse(dataEl.textContent);
   var Plotly = window.Plotly;
 
+  // No cloud: no "Share chart" / "Edit in Chart Studio" buttons and no plotly server to send figures to.
   var CONFIG = {
     responsive: true,
     displaylogo: false,
     scrollZoom: false,
-    modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"]
+    showSendToCloud: false,
+    showEditInChartStudio: false,
+    showLink: false,
+    plotlyServerURL: "",
+    modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines", "sendDataToCloud"]
   };
   var DETAIL_SHARE = 0.4;    // fetch full detail when the zoom shows less than this share of the job
   var ts = document.getElementById("timeseries");
