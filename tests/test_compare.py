@@ -229,6 +229,10 @@ def test_the_api_json_equals_the_pages_numbers(client, member, api_client_for, p
         "$300/day",
         "−$1,200/day",
     )
+    # Total waste = $/day × duration (8 GPU-h on 8 GPUs = 1 h): $1,500 / 24 = $62.50, $300 / 24 = $12.50.
+    total = next(r for r in body["kpis"] if r["key"] == "waste_usd")
+    assert (total["a_text"], total["b_text"]) == ("$62.50 total", "$12.50 total")
+    assert total["delta_text"] == "−$50.00 total"
     # Nothing changed in the config, and the page says which run is before.
     assert body["config"]["changed"] == [] and body["config"]["comparable"]
     assert body["before"] == a.external_id and "A · before" in content

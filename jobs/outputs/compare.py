@@ -327,7 +327,15 @@ KPIS: tuple[Kpi, ...] = (
         "the evaluation's energy ÷ (its tokens/s × duration)",
         False,
     ),
-    Kpi("cost_usd", "Cost so far", "usd", "neutral", "price book over the run's window (evaluation)", False),
+    Kpi("cost_usd", "Cost (total)", "usd", "neutral", "price book over the run's window (evaluation)", False),
+    Kpi(
+        "waste_usd",
+        "Waste (total)",
+        "usd",
+        "lower",
+        "waste $/day × the run's duration (costs.total_waste)",
+        False,
+    ),
     Kpi("gpu_hours", "GPU-hours", "h", "neutral", "GPUs × duration (evaluation)", False),
 )
 KPI_BY_KEY = {k.key: k for k in KPIS}
@@ -352,7 +360,7 @@ def fmt(value: float | None, unit: Unit) -> str:
     if unit == "usd/day":
         return f"{format_usd(value)}/day"
     if unit == "usd":
-        return format_usd(value)
+        return f"{format_usd(value)} total"
     if unit == "B/s":
         return f"{value / 1e9:,.2f} GB/s"
     if unit in ("tokens/s", "W", "MHz", "MiB"):
@@ -371,7 +379,7 @@ def fmt_delta(delta: float | None, unit: Unit) -> str:
     if unit == "ratio":
         return f"{sign}{size * 100:.1f} pts"
     if unit in ("usd/day", "usd"):
-        return f"{sign}{format_usd(size)}{'/day' if unit == 'usd/day' else ''}"
+        return f"{sign}{format_usd(size)}{'/day' if unit == 'usd/day' else ' total'}"
     return sign + fmt(size, unit)
 
 

@@ -28,6 +28,7 @@ from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs import compare
+from jobs.templatetags.units import job_waste_total
 
 SERIES = (
     "mfu",
@@ -201,6 +202,8 @@ def load_run(job: Job) -> Run:
         per_token = energy * J_PER_KWH / (job.tokens_per_second * ev.duration_s)
     values["energy_per_token_j"] = v(per_token, "needs the run's energy and throughput")
     values["cost_usd"] = v(job.cost_usd, "no price for this GPU model and tier in the price book")
+    total = job_waste_total(job)
+    values["waste_usd"] = v(total.usd, total.reason, total.lower_bound)
     values["gpu_hours"] = v(job.gpu_hours, "not evaluated yet")
     # Per-time samples, in the KPI's unit, for the noise when there is no baseline spread.
     samples = run.samples
