@@ -20,7 +20,7 @@ def _crontab_from(expr: str) -> crontab:
 
 def beat_schedule() -> dict[str, dict[str, object]]:
     """The beat schedule: poll running jobs every minute, finalize ended ones, discover jobs, sweep stuck
-    artifact parses, weekly reports."""
+    artifact parses, sweep alerts, weekly reports."""
     return {
         "poll-running-jobs": {"task": "jobs.tasks.poll_running_jobs", "schedule": crontab(minute="*")},
         "finalize-ended-jobs": {"task": "jobs.tasks.finalize_ended_jobs", "schedule": crontab(minute="*/5")},
@@ -30,6 +30,12 @@ def beat_schedule() -> dict[str, dict[str, object]]:
             "task": "jobs.tasks.sweep_stuck_artifacts",
             "schedule": crontab(minute="*/5"),
             "options": {"expires": 240},
+        },
+        # Alert rules on jobs whose polls stopped, ended jobs' incidents, and due alert deliveries.
+        "sweep-alerts": {
+            "task": "jobs.tasks.sweep_alerts",
+            "schedule": crontab(minute="*"),
+            "options": {"expires": 50},
         },
         "weekly-reports": {
             "task": "jobs.tasks.send_weekly_reports",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kombu import Queue
+
 from efficiency.env import (
     env_bool,
     env_choice,
@@ -180,6 +182,54 @@ UNEXPLAINED_WASTE_MIN_USD_PER_DAY = env_float(
     "UNEXPLAINED_WASTE_MIN_USD_PER_DAY", 50.0, min_value=0.0, max_value=1_000_000.0
 )
 
+# Alert rules (jobs.alerts): evaluated after each poll of a running job; each has a threshold and a minimum
+# duration in minutes the condition must hold before an incident opens (it resolves when it clears).
+ALERTS_ENABLED = env_bool("ALERTS_ENABLED", True)
+# GPUs idle: at least this many allocated GPUs at idle GPU_UTIL (the evaluation's <= 5 %) for N minutes.
+ALERT_IDLE_MIN_GPUS = env_int("ALERT_IDLE_MIN_GPUS", 1, min_value=1)
+ALERT_IDLE_MINUTES = env_float("ALERT_IDLE_MINUTES", 15.0, min_value=0.0, max_value=10_080.0)
+# MFU below its baseline band, or (no baseline) below this share of the reference MFU, for N minutes.
+ALERT_MFU_REFERENCE_SHARE = env_float("ALERT_MFU_REFERENCE_SHARE", 0.7, min_value=0.0, max_value=1.0)
+ALERT_MFU_MINUTES = env_float("ALERT_MFU_MINUTES", 30.0, min_value=0.0, max_value=10_080.0)
+# Throttling: busy GPUs' SM clock below this share of the max boost clock (or violation counters above
+# THROTTLE_REASON_SHARE), for N minutes.
+ALERT_THROTTLE_CLOCK_RATIO = env_float("ALERT_THROTTLE_CLOCK_RATIO", 0.85, min_value=0.0, max_value=1.0)
+ALERT_THROTTLE_MINUTES = env_float("ALERT_THROTTLE_MINUTES", 10.0, min_value=0.0, max_value=10_080.0)
+# XID errors: at least this many GPUs reporting an XID code; open at once, resolved after N quiet minutes.
+ALERT_XID_MIN_GPUS = env_int("ALERT_XID_MIN_GPUS", 1, min_value=1)
+ALERT_XID_MINUTES = env_float("ALERT_XID_MINUTES", 15.0, min_value=0.0, max_value=10_080.0)
+# Straggler: the diagnosis' straggler finding with at least this confidence, for N minutes.
+ALERT_STRAGGLER_MIN_CONFIDENCE = env_float(
+    "ALERT_STRAGGLER_MIN_CONFIDENCE", 0.5, min_value=0.0, max_value=1.0
+)
+ALERT_STRAGGLER_MINUTES = env_float("ALERT_STRAGGLER_MINUTES", 10.0, min_value=0.0, max_value=10_080.0)
+# A finding whose waste exceeds this many USD/day, for N minutes.
+ALERT_WASTE_USD_PER_DAY = env_float("ALERT_WASTE_USD_PER_DAY", 500.0, min_value=0.0, max_value=1e9)
+ALERT_WASTE_MINUTES = env_float("ALERT_WASTE_MINUTES", 10.0, min_value=0.0, max_value=10_080.0)
+# Ingestion stale: no new data archived for this many minutes while the job runs.
+ALERT_STALE_MINUTES = env_float("ALERT_STALE_MINUTES", 10.0, min_value=1.0, max_value=10_080.0)
+# Notifications: attempts per delivery (exponential backoff from ALERT_RETRY_BACKOFF_S), HTTP timeout, and
+# the age after which a claimed delivery belongs to a dead worker and is sent again.
+ALERT_DELIVERY_MAX_ATTEMPTS = env_int("ALERT_DELIVERY_MAX_ATTEMPTS", 6, min_value=1, max_value=50)
+ALERT_RETRY_BACKOFF_S = env_float("ALERT_RETRY_BACKOFF_S", 30.0, min_value=0.0, max_value=3600.0)
+ALERT_WEBHOOK_TIMEOUT_S = env_float("ALERT_WEBHOOK_TIMEOUT_S", 10.0, min_value=0.1, max_value=120.0)
+ALERT_STALE_CLAIM_S = env_float("ALERT_STALE_CLAIM_S", 600.0, min_value=1.0, max_value=3000.0)
+# Idle-GPU policy (jobs.alerts.policy): only teams listed here may have jobs cancelled, only when the team
+# enabled its policy; IDLE_POLICY_DRY_RUN=true logs every action without doing it, whatever the team says.
+IDLE_POLICY_TEAMS = env_list("IDLE_POLICY_TEAMS", [])
+IDLE_POLICY_DRY_RUN = env_bool("IDLE_POLICY_DRY_RUN", False)
+# Command hook: run with the job's external id and its selector's labels in the environment (no shell).
+IDLE_POLICY_COMMAND = env_str("IDLE_POLICY_COMMAND", "")
+IDLE_POLICY_COMMAND_TIMEOUT_S = env_float("IDLE_POLICY_COMMAND_TIMEOUT_S", 30.0, min_value=1.0, max_value=600)
+# Kubernetes: API server URL and a service-account token file (RBAC: delete pods in the job's namespace).
+IDLE_POLICY_K8S_API = env_str("IDLE_POLICY_K8S_API", "")
+IDLE_POLICY_K8S_TOKEN_FILE = env_str(
+    "IDLE_POLICY_K8S_TOKEN_FILE", "/var/run/secrets/kubernetes.io/serviceaccount/token"
+)
+IDLE_POLICY_K8S_CA_FILE = env_str(
+    "IDLE_POLICY_K8S_CA_FILE", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+)
+
 # Celery
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
@@ -190,6 +240,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# Named queues; a worker started without -Q consumes all of them. Alert deliveries have their own queue so
+# a slow webhook never delays polling.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = (Queue("celery"), Queue("notify"))
+CELERY_TASK_ROUTES = {"jobs.tasks.deliver_alert": {"queue": "notify"}}
 WEEKLY_REPORT_CRON = env_str("WEEKLY_REPORT_CRON", "0 8 * * 1")
 
 # Email

@@ -12,6 +12,7 @@ from celery import Task, shared_task
 from django.conf import settings
 
 from jobs import artifacts
+from jobs.alerts import incidents, notify, policy
 from jobs.evaluation.refresh import reevaluate_many
 from jobs.metrics import ingest
 from jobs.metrics.discovery import discover
@@ -106,3 +107,37 @@ def parse_artifact(artifact_id: int) -> None:
 def sweep_stuck_artifacts() -> int:
     """Fail artifacts left in "parsing" past ARTIFACT_PARSE_BUDGET_S (their worker was lost)."""
     return len(artifacts.sweep_stuck())
+
+
+# ------------------------------------------------------------------------------------------------ alerts
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sweep_alerts() -> int:
+    """Evaluate alert rules on running jobs whose polls stopped (ingestion stale) and resolve incidents of
+    ended jobs; re-queue alert deliveries that are due (lost task, failed past backoff, dead worker)."""
+    seen = incidents.sweep()
+    for delivery_id in notify.due_deliveries():
+        deliver_alert.delay(delivery_id)
+    return seen
+
+
+@shared_task(
+    acks_late=True,
+    ignore_result=True,
+    bind=True,
+    queue="notify",
+    max_retries=settings.ALERT_DELIVERY_MAX_ATTEMPTS,
+)
+def deliver_alert(self: Task, delivery_id: int) -> str:
+    """Send one incident message once (claimed first); transient failures retry with exponential backoff."""
+    outcome = notify.send_delivery(delivery_id)
+    if outcome is notify.Outcome.RETRY:
+        raise self.retry(countdown=notify.backoff_s(notify.attempts_of(delivery_id)))
+    return str(outcome)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def apply_idle_policy(job_id: int) -> int:
+    """Warn / cancel a job with idle GPUs under its team's opt-in idle-GPU policy (once per incident)."""
+    return len(policy.apply(job_id))

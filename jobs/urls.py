@@ -3,6 +3,7 @@
 from django.urls import path
 
 from jobs import views
+from jobs.alerts import views as alert_views
 from jobs.views import reports as report_views
 from jobs.views.artifact_review import job_artifact_review
 from jobs.views.compare import job_compare
@@ -28,6 +29,19 @@ urlpatterns = [
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
     path("teams/<slug:slug>/reports/<str:week>/", report_views.report_preview, name="report-preview"),
+    path("teams/<slug:slug>/alerts/", alert_views.team_alerts, name="team-alerts"),
+    path(
+        "teams/<slug:slug>/alerts/subscriptions/",
+        alert_views.team_subscription_add,
+        name="team-alert-subscription-add",
+    ),
+    path("teams/<slug:slug>/alerts/idle-policy/", alert_views.team_idle_policy, name="team-idle-policy"),
+    path("alerts/mine/", alert_views.my_alerts, name="my-alerts"),
+    path(
+        "alerts/subscriptions/<int:pk>/delete/",
+        alert_views.subscription_delete,
+        name="alert-subscription-delete",
+    ),
     path("baselines/", views.baseline_list, name="baseline-list"),
     path("baselines/<int:pk>/retire/", views.baseline_retire, name="baseline-retire"),
     path("catalog/", views.gpu_catalog, name="gpu-catalog"),

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from jobs.alerts import incidents as alerts
 from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
 from jobs.evaluation.store import store
@@ -88,21 +89,8 @@ def update_summary(
 # ------------------------------------------------------------------------------------- poll, finalize
 
 
-#: The one reason every signal gets when the job's selector finds no DCGM series at all: pages show it once,
-#: as an ingestion error with the PromQL, instead of one "missing field" row per signal.
-NO_GPUS_MATCHED = "selector matched 0 GPUs"
-
-
 def _record_missing(job: Job, sigs: JobSignals) -> None:
     job.missing_signals = sorted(sigs.missing)
-    if sigs.missing and not sigs.signals:
-        # Not 30 fields switched off: the selector finds no GPU. Say so once, with the query that found none.
-        from jobs.metrics.signals import DCGM_NAME_REGEX
-
-        queries = " or ".join(job_selector(job).series_selectors(DCGM_NAME_REGEX))
-        reason = f"{NO_GPUS_MATCHED}: no DCGM series for {queries} in the window"
-        job.missing_reasons = dict.fromkeys(sigs.missing, reason)
-        return
     job.missing_reasons = dict(sigs.missing)
 
 
@@ -168,6 +156,10 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         job.save()
     if _diagnosis_due(job, now):
         run_diagnosis(job)
+    try:
+        alerts.evaluate_job(job, now)
+    except Exception:  # alerting must never fail a poll
+        log.exception("job %s: alert rules failed", job.external_id)
     return job
 
 

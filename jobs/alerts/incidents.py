@@ -1,0 +1,307 @@
+"""Incidents: run the alert rules on a running job after each poll, open, keep and resolve incidents, and
+queue their notifications.
+
+Cheap by design (it runs after every one-minute poll): it reads the job's stored columns and evaluation,
+its findings, and only the archive's recent cross-GPU aggregates of a few signals (one query; the per-GPU
+rows only when ALERT_IDLE_MIN_GPUS > 1, and then only the latest chunk of GPU_UTIL).
+
+Exactly once: an incident is one row per (job, rule) while open (a partial unique constraint); opening and
+resolving create one AlertDelivery row per (incident, subscription, event) with INSERT ... ON CONFLICT DO
+NOTHING, so repeated or concurrent polls create each message once; jobs.alerts.notify claims and sends it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from jobs.alerts import policy, rules
+from jobs.alerts.rules import FindingView, JobView, RuleConfig, Series, State, Verdict
+from jobs.diagnosis.thresholds import BUSY_UTIL_MIN, IDLE_UTIL_MAX, THROTTLE_REASON_SHARE
+from jobs.enqueue import enqueue
+from jobs.evaluation.baselines import active_baseline
+from jobs.evaluation.robust import Summary, check_regression
+from jobs.metrics import archive
+from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, Finding, Job
+
+log = logging.getLogger(__name__)
+
+#: Archive lines the rules read ("signal.stat").
+_LINES = (
+    "gpu_util.min",
+    "gpu_util.max",
+    "gpu_util.mean",
+    f"{archive.MFU}.mean",
+    "sm_clock.mean",
+    "power_violation.mean",
+    "thermal_violation.mean",
+    "xid_errors.nonzero",
+)
+
+
+def rule_configs() -> dict[str, RuleConfig]:
+    """Each rule's threshold and minimum duration from settings (read at call time)."""
+    s = settings
+    return {
+        rules.GPUS_IDLE: RuleConfig(s.ALERT_IDLE_MIN_GPUS, s.ALERT_IDLE_MINUTES),
+        rules.MFU_LOW: RuleConfig(s.ALERT_MFU_REFERENCE_SHARE, s.ALERT_MFU_MINUTES),
+        rules.THROTTLING: RuleConfig(s.ALERT_THROTTLE_CLOCK_RATIO, s.ALERT_THROTTLE_MINUTES),
+        rules.XID_ERRORS: RuleConfig(s.ALERT_XID_MIN_GPUS, s.ALERT_XID_MINUTES),
+        rules.STRAGGLER: RuleConfig(s.ALERT_STRAGGLER_MIN_CONFIDENCE, s.ALERT_STRAGGLER_MINUTES),
+        rules.WASTE: RuleConfig(s.ALERT_WASTE_USD_PER_DAY, s.ALERT_WASTE_MINUTES),
+        rules.INGESTION_STALE: RuleConfig(1.0, s.ALERT_STALE_MINUTES),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- view
+
+
+def _recent_series(job: Job, start: float, end: float) -> tuple[dict[str, Series], float]:
+    signals = sorted({line.split(".")[0] for line in _LINES})
+    sigs = archive.load_job_signals(job, per_gpu=False, signals=signals, window=(start, end))
+    if sigs is None:
+        return {}, 30.0
+    keep = (sigs.timestamps > start) & (sigs.timestamps <= end)
+    ts = sigs.timestamps[keep]
+    out: dict[str, Series] = {}
+    for line in _LINES:
+        signal, stat = line.split(".")
+        series = sigs.signals.get(signal)
+        if series is None or stat not in series.stats:
+            continue
+        out[line] = Series(ts, np.asarray(series.stats[stat], dtype=np.float64)[keep], float(sigs.step))
+    return out, float(sigs.step)
+
+
+def _idle_gpus_now(job: Job, end: float) -> int | None:
+    per_gpu = archive.load_per_gpu(job, "gpu_util", window=(end - 900.0, end))
+    if per_gpu is None or per_gpu.per_gpu is None or per_gpu.gpu_timestamps is None:
+        return None
+    rows = per_gpu.per_gpu[:, per_gpu.gpu_timestamps <= end + 1e-6]
+    count = 0
+    for row in rows:
+        finite = row[np.isfinite(row)]
+        if finite.size and finite[-1] <= IDLE_UTIL_MAX:
+            count += 1
+    return count
+
+
+def _baseline_mfu_low(job: Job) -> float | None:
+    baseline = active_baseline(job)
+    stats = (baseline.stats or {}).get("mfu") if baseline is not None else None
+    if not isinstance(stats, dict) or stats.get("median") is None or not stats.get("n"):
+        return None
+    summary = Summary(
+        median=stats.get("median"),
+        mad=stats.get("mad"),
+        iqr=stats.get("iqr"),
+        n=int(stats.get("n") or 0),
+        min=stats.get("min"),
+        max=stats.get("max"),
+    )
+    return check_regression(float(stats["median"]), summary).band_low
+
+
+def _findings(job: Job) -> list[FindingView]:
+    out = []
+    for f in Finding.objects.filter(job=job):
+        windows = tuple(
+            (float(w[0]), float(w[1]))
+            for w in (f.windows or [])
+            if isinstance(w, list | tuple) and len(w) == 2
+        )
+        out.append(
+            FindingView(
+                code=f.code,
+                title=f.title,
+                waste_per_day_usd=f.waste_per_day_usd,
+                confidence=f.confidence,
+                first_seen=f.first_seen_at.timestamp(),
+                windows=windows,
+            )
+        )
+    return out
+
+
+def job_view(job: Job, now: datetime, configs: dict[str, RuleConfig]) -> JobView:
+    """What the rules read of `job` at `now` (stored columns, evaluation, findings, recent aggregates)."""
+    end = min(now, job.data_until or now).timestamp()
+    series, _ = _recent_series(job, end - rules.lookback_s(configs), end)
+    evaluated = job.evaluated
+    need_count = configs.get(rules.GPUS_IDLE, RuleConfig(1, 0)).threshold > 1
+    gpu_model = job.gpu_model
+    return JobView(
+        now=now.timestamp(),
+        started_at=job.started_at.timestamp(),
+        data_until=job.data_until.timestamp() if job.data_until else None,
+        ingest_error=job.ingest_error,
+        gpu_count=job.gpu_count,
+        series=series,
+        idle_gpus_now=_idle_gpus_now(job, end) if need_count else None,
+        idle_util_max=IDLE_UTIL_MAX,
+        max_clock_mhz=float(gpu_model.max_clock_mhz) if gpu_model and gpu_model.max_clock_mhz else None,
+        busy_util_min=BUSY_UTIL_MIN,
+        violation_share=THROTTLE_REASON_SHARE,
+        reference_mfu=evaluated.reference_mfu if evaluated else None,
+        reference_source=evaluated.reference_source if evaluated else "",
+        baseline_mfu_low=_baseline_mfu_low(job),
+        findings=_findings(job),
+    )
+
+
+# ------------------------------------------------------------------------------------------ incidents
+
+
+def _evidence(verdict: Verdict) -> list[dict[str, Any]]:
+    return [{"label": label, "value": value, "unit": unit} for label, value, unit in verdict.evidence]
+
+
+def _utc(ts: float) -> datetime:
+    return archive.utc(ts)
+
+
+def open_incidents(job: Job) -> QuerySet[AlertIncident]:
+    return AlertIncident.objects.filter(job=job, resolved_at__isnull=True)
+
+
+def evaluate_job(job: Job, now: datetime | None = None) -> dict[str, Verdict]:
+    """Run every rule on `job` and open / keep / resolve its incidents; returns the verdicts.
+
+    A job that is no longer running has its open incidents resolved ("job ended") and no rule runs.
+    """
+    now = now or timezone.now()
+    if not settings.ALERTS_ENABLED:
+        return {}
+    if job.status != Job.Status.RUNNING:
+        for ended in open_incidents(job):
+            _resolve(ended, now, "the job ended")
+        return {}
+    configs = rule_configs()
+    verdicts = rules.evaluate(job_view(job, now, configs), configs)
+    current = {i.rule: i for i in open_incidents(job)}
+    for rule, verdict in verdicts.items():
+        if (incident := current.get(rule)) is not None:
+            if verdict.state is State.CLEAR:
+                _resolve(incident, now, verdict.reason or "the condition cleared")
+            elif verdict.holds:
+                _refresh(incident, verdict, now)
+        elif verdict.state is State.FIRING:
+            _open(job, verdict, now)
+    if open_incidents(job).filter(rule=rules.GPUS_IDLE).exists() and policy.enabled_for(job):
+        enqueue("apply_idle_policy", job.pk)
+    return verdicts
+
+
+def _finding_for(job: Job, code: str) -> Finding | None:
+    return Finding.objects.filter(job=job, code=code).first() if code else None
+
+
+def _open(job: Job, verdict: Verdict, now: datetime) -> AlertIncident | None:
+    since = _utc(verdict.since) if verdict.since is not None else now
+    try:
+        with transaction.atomic():
+            incident = AlertIncident.objects.create(
+                rule=verdict.rule,
+                job=job,
+                team_id=job.team_id,
+                started_at=min(since, now),
+                opened_at=now,
+                last_seen_at=now,
+                finding=_finding_for(job, verdict.finding_code),
+                finding_code=verdict.finding_code,
+                title=verdict.title[:300],
+                evidence=_evidence(verdict),
+            )
+    except IntegrityError:  # a concurrent poll opened it first: one open incident per (job, rule)
+        return None
+    log.info("job %s: incident %s opened (%s)", job.external_id, verdict.rule, verdict.title)
+    queue_deliveries(incident, AlertDelivery.Event.OPENED)
+    return incident
+
+
+def _refresh(incident: AlertIncident, verdict: Verdict, now: datetime) -> None:
+    fields: dict[str, Any] = {"last_seen_at": now}
+    if verdict.title:
+        fields.update(title=verdict.title[:300], evidence=_evidence(verdict))
+    if incident.finding_id is None and verdict.finding_code:
+        finding = _finding_for(incident.job, verdict.finding_code)
+        if finding is not None:
+            fields.update(finding=finding, finding_code=finding.code)
+    AlertIncident.objects.filter(pk=incident.pk).update(**fields)
+
+
+def _resolve(incident: AlertIncident, now: datetime, reason: str) -> bool:
+    done = AlertIncident.objects.filter(pk=incident.pk, resolved_at__isnull=True).update(
+        resolved_at=now, resolve_reason=reason[:300]
+    )
+    if done:  # only the evaluation that resolved it queues the "resolved" messages
+        incident.resolved_at, incident.resolve_reason = now, reason[:300]
+        log.info("incident %s on job %s resolved: %s", incident.rule, incident.job_id, reason)
+        queue_deliveries(incident, AlertDelivery.Event.RESOLVED)
+    return bool(done)
+
+
+# ------------------------------------------------------------------------------------------ deliveries
+
+
+def subscriptions_for(incident: AlertIncident) -> list[AlertSubscription]:
+    """Enabled subscriptions of the incident's team, and personal ones of the job's owner, for its rule."""
+    owner = incident.job.owner
+    scope = Q(team_id=incident.team_id)
+    if owner:
+        scope |= Q(user__username=owner, user__is_active=True)
+    subs = AlertSubscription.objects.filter(scope, enabled=True).select_related("user")
+    return [s for s in subs if not s.rules or incident.rule in s.rules]
+
+
+def queue_deliveries(incident: AlertIncident, event: str) -> list[int]:
+    """Create the (incident, subscription, event) delivery rows once and queue each for sending after the
+    transaction commits; returns the ids of rows still to send."""
+    subs = subscriptions_for(incident)
+    AlertDelivery.objects.bulk_create(
+        [
+            AlertDelivery(
+                incident=incident, subscription=s, event=event, channel=s.channel, destination=s.destination
+            )
+            for s in subs
+        ],
+        ignore_conflicts=True,
+    )
+    ids = list(
+        AlertDelivery.objects.filter(
+            incident=incident, event=event, status=AlertDelivery.Status.PENDING
+        ).values_list("id", flat=True)
+    )
+    for delivery_id in ids:
+        transaction.on_commit(partial(enqueue, "deliver_alert", delivery_id))
+    return ids
+
+
+# --------------------------------------------------------------------------------------------- sweep
+
+
+def sweep(now: datetime | None = None) -> int:
+    """Evaluate running jobs whose polls stopped (the stale rule has no poll to run after) and resolve the
+    incidents of jobs that ended; returns the number of jobs looked at."""
+    now = now or timezone.now()
+    stale_before = now - timedelta(minutes=settings.ALERT_STALE_MINUTES)
+    running = Job.objects.filter(status=Job.Status.RUNNING).filter(
+        Q(data_until__lt=stale_before) | Q(data_until__isnull=True, started_at__lt=stale_before)
+    )
+    ended = Job.objects.exclude(status=Job.Status.RUNNING).filter(incidents__resolved_at__isnull=True)
+    seen = 0
+    for job in list(running.select_related("gpu_model")) + list(ended.distinct()):
+        try:
+            evaluate_job(job, now)
+        except Exception:  # one job's broken data must not stop the sweep
+            log.exception("alerts: evaluating job %s failed", job.external_id)
+        seen += 1
+    return seen
