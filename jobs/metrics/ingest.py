@@ -89,8 +89,21 @@ def update_summary(
 # ------------------------------------------------------------------------------------- poll, finalize
 
 
+#: The one reason every signal gets when the job's selector finds no DCGM series at all: pages show it once,
+#: as an ingestion error with the PromQL, instead of one "missing field" row per signal.
+NO_GPUS_MATCHED = "selector matched 0 GPUs"
+
+
 def _record_missing(job: Job, sigs: JobSignals) -> None:
     job.missing_signals = sorted(sigs.missing)
+    if sigs.missing and not sigs.signals:
+        # Not 30 fields switched off: the selector finds no GPU. Say so once, with the query that found none.
+        from jobs.metrics.signals import DCGM_NAME_REGEX
+
+        queries = " or ".join(job_selector(job).series_selectors(DCGM_NAME_REGEX))
+        reason = f"{NO_GPUS_MATCHED}: no DCGM series for {queries} in the window"
+        job.missing_reasons = dict.fromkeys(sigs.missing, reason)
+        return
     job.missing_reasons = dict(sigs.missing)
 
 
