@@ -199,6 +199,8 @@ def cell(content: str, kpi: str, side: str) -> str:
 @pytest.mark.django_db
 def test_the_api_json_equals_the_pages_numbers(client, member, api_client_for, pair):
     a, b = pair
+    add_trace(a, "hta_128rank_sampled_rank0.json.gz", 0)
+    add_trace(b, "hta_128rank_sampled_rank1.json.gz", 1)
     client.force_login(member)
     page = client.get("/jobs/compare/", {"a": a.external_id, "b": b.external_id})
     assert page.status_code == 200
@@ -236,6 +238,9 @@ def test_the_api_json_equals_the_pages_numbers(client, member, api_client_for, p
     # Nothing changed in the config, and the page says which run is before.
     assert body["config"]["changed"] == [] and body["config"]["comparable"]
     assert body["before"] == a.external_id and "A · before" in content
+    # The trace diff's numbers are on the page as in the JSON.
+    idle = next(r for r in body["traces"]["temporal"] if r["key"] == "idle_pct")
+    assert body["traces"]["available"] and f"{idle['delta']:.3f}" in content
 
 
 @pytest.mark.django_db
