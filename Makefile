@@ -35,19 +35,30 @@ migrate: venv services
 
 export DEMO_STATE_DIR ?= $(CURDIR)/$(VAR)/demo
 
-demo: migrate
+# The demo runs like a deployment (DEBUG=false: plain 404/500 pages, static files compressed and cached
+# forever under hashed names by WhiteNoise) with the settings a laptop needs: plain HTTP on loopback (no SSL
+# redirect, HSTS or HTTPS-only cookies) and a private secret key generated once into var/.
+DEMO_SECRET_FILE := $(VAR)/demo-secret-key
+DEMO_ENV = DEBUG=false SECRET_KEY="$$(cat $(DEMO_SECRET_FILE))" SECURE_SSL_REDIRECT=false \
+	SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false SECURE_HSTS_SECONDS=0
+
+$(DEMO_SECRET_FILE):
+	@mkdir -p $(VAR)
+	@umask 077 && $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
+
+demo: migrate $(DEMO_SECRET_FILE)
 	$(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
 	@.ci/services restart-prometheus
 	$(PY) manage.py load_demo --finish
-	$(PY) manage.py collectstatic --noinput -v0
+	$(DEMO_ENV) $(PY) manage.py collectstatic --noinput -v0
 	@mkdir -p $(VAR)/run
 	@$(MAKE) --no-print-directory _stop_app
-	$(VENV)/bin/gunicorn efficiency.wsgi --bind $(WEB_ADDR) --workers 2 --timeout 60 --daemon \
+	$(DEMO_ENV) $(VENV)/bin/gunicorn efficiency.wsgi --bind $(WEB_ADDR) --workers 2 --timeout 60 --daemon \
 	  --pid $(VAR)/run/web.pid --access-logfile $(VAR)/run/web-access.log --error-logfile $(VAR)/run/web.log
-	$(VENV)/bin/celery -A efficiency worker --loglevel INFO --concurrency 2 --detach \
+	$(DEMO_ENV) $(VENV)/bin/celery -A efficiency worker --loglevel INFO --concurrency 2 --detach \
 	  --pidfile $(VAR)/run/worker.pid --logfile $(VAR)/run/worker.log
-	$(VENV)/bin/celery -A efficiency beat --loglevel INFO --detach --schedule $(VAR)/run/beat-schedule \
-	  --pidfile $(VAR)/run/beat.pid --logfile $(VAR)/run/beat.log
+	$(DEMO_ENV) $(VENV)/bin/celery -A efficiency beat --loglevel INFO --detach \
+	  --schedule $(VAR)/run/beat-schedule --pidfile $(VAR)/run/beat.pid --logfile $(VAR)/run/beat.log
 	@for i in $$(seq 60); do curl -fsS -o /dev/null http://$(WEB_ADDR)/login/ && break; sleep 0.5; done
 	@echo
 	@echo "  efficiency is running:  http://$(WEB_ADDR)/"
