@@ -3,6 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from jobs.api.alerts import AlertListView
 from jobs.api.compare import JobCompareView
 from jobs.api.leaderboard import LeaderboardView
 from jobs.api.views import ArtifactViewSet, BaselineViewSet, JobViewSet
@@ -14,6 +15,7 @@ router.register("artifacts", ArtifactViewSet, basename="artifact")
 
 urlpatterns = [
     path("leaderboard/", LeaderboardView.as_view(), name="api-leaderboard"),
+    path("alerts/", AlertListView.as_view(), name="api-alerts"),
     path("jobs/compare/", JobCompareView.as_view(), name="api-job-compare"),
     *router.urls,
 ]
