@@ -4,15 +4,19 @@ from django.urls import path
 
 from jobs import views
 from jobs.alerts import views as alert_views
+from jobs.views import exports
 from jobs.views import reports as report_views
 from jobs.views.artifact_review import job_artifact_review
 from jobs.views.compare import job_compare
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
+    path("jobs.csv", exports.job_list_csv, name="job-list-csv"),
+    path("leaderboard.csv", exports.leaderboard_csv, name="leaderboard-csv"),
     path("jobs/compare/", job_compare, name="job-compare"),
     path("jobs/<str:external_id>/", views.job_detail, name="job-detail"),
     path("jobs/<str:external_id>/figures.json", views.job_figures, name="job-figures"),
+    path("jobs/<str:external_id>/series.csv", exports.job_series_csv, name="job-series-csv"),
     path("jobs/<str:external_id>/artifacts/", views.job_artifact_upload, name="job-artifact-upload"),
     path(
         "jobs/<str:external_id>/artifacts/<int:artifact_id>/reparse/",

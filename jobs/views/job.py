@@ -263,6 +263,7 @@ def build_figures(
             per_gpu, label, window=window, x_range=timeseries["layout"]["xaxis"].get("range")
         ),
         "heatmap_label": label,
+        "heatmap_key": heat_key,
         "outliers": charts.gpu_outliers(per_gpu) if window is None else [],
         # A selector that matched no GPU is one ingestion error (shown once), not a missing line per signal.
         "missing": [] if no_gpus_matched(job) else charts.missing_lines(sigs, reasons),

@@ -71,19 +71,40 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(result, status=200 if result["ok"] else 503)
 
 
-@require_GET
-def job_list(request: HttpRequest) -> HttpResponse:
-    """All jobs, filterable by team, owner, model, GPU model, status and time; sortable by MFU and waste."""
+_FILTER_KEYS = ("q", "mine", "team", "owner", "model", "gpu", "status", "since", "until")
+
+
+@dataclass
+class JobFilter:
+    """The job list's filters as read from the query string (shared by the page and its CSV export)."""
+
+    queryset: Any
+    filters: dict[str, str]
+    sort: str
+    errors: list[str]
+
+    @property
+    def query(self) -> str:
+        """The filters as a query string (without the sort), for links that keep them."""
+        return urlencode({k: v for k, v in self.filters.items() if v})
+
+
+def filter_jobs(request: HttpRequest) -> JobFilter:
+    """Jobs filtered by search (substring of name or external id), "my jobs" (owner = the logged-in
+    username), team, owner (case-insensitive), model, GPU model, status and start date; sorted."""
     params = request.GET
     qs = Job.objects.select_related("team", "gpu_model")
-    filters = {
-        key: params.get(key, "").strip()
-        for key in ("team", "owner", "model", "gpu", "status", "since", "until")
-    }
+    filters = {key: params.get(key, "").strip() for key in _FILTER_KEYS}
+    if filters["mine"] not in ("", "1"):
+        filters["mine"] = ""
+    if filters["q"]:
+        qs = qs.filter(Q(name__icontains=filters["q"]) | Q(external_id__icontains=filters["q"]))
+    if filters["mine"]:
+        qs = qs.filter(owner__iexact=request.user.get_username())
     if filters["team"]:
         qs = qs.filter(team__slug=filters["team"])
     if filters["owner"]:
-        qs = qs.filter(owner=filters["owner"])
+        qs = qs.filter(owner__iexact=filters["owner"])
     if filters["model"]:
         qs = qs.filter(model_name=filters["model"])
     if filters["gpu"]:
@@ -113,14 +134,21 @@ def job_list(request: HttpRequest) -> HttpResponse:
     else:  # jobs without an MFU yet go last either way
         ordered = F(field).desc(nulls_last=True) if order.startswith("-") else F(field).asc(nulls_last=True)
         qs = qs.order_by(ordered, "-started_at", "-pk")
-    qs = qs.only(*_LIST_FIELDS)
-    page = Paginator(qs, 50).get_page(params.get("page"))
-    query = urlencode({k: v for k, v in filters.items() if v})
+    return JobFilter(qs.only(*_LIST_FIELDS), filters, sort, errors)
+
+
+@require_GET
+def job_list(request: HttpRequest) -> HttpResponse:
+    """All jobs, searchable and filterable (see `filter_jobs`); sortable by start, MFU and waste."""
+    found = filter_jobs(request)
+    page = Paginator(found.queryset, 50).get_page(request.GET.get("page"))
+    query = found.query
+    sort = found.sort
     context = {
         "page": page,
-        "filters": filters,
+        "filters": found.filters,
         "sort": sort,
-        "errors": errors,
+        "errors": found.errors,
         "teams": Team.objects.order_by("name"),
         # EXISTS probes the job table's gpu_model index instead of joining every job.
         "gpu_models": GpuModel.objects.filter(Exists(Job.objects.filter(gpu_model=OuterRef("pk")))).order_by(
@@ -132,9 +160,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
         .distinct(),
         "statuses": Job.Status.choices,
         "filter_query": query,
+        "csv_query": urlencode({**{k: v for k, v in found.filters.items() if v}, "sort": sort}),
         "sort_links": {name: _sort_link(sort, name) for name in ("started", "mfu", "waste")},
     }
-    return render(request, "jobs/job_list.html", context, status=400 if errors else 200)
+    return render(request, "jobs/job_list.html", context, status=400 if found.errors else 200)
 
 
 def _filter_date(text: str) -> date | None:
@@ -236,6 +265,15 @@ _LEADER_SORTS: dict[str, Any] = {
 def leaderboard(request: HttpRequest) -> HttpResponse:
     """Teams ranked by GPU-hour-weighted MFU over a week or month, with change vs the previous period,
     an 8-week MFU sparkline and the most wasteful jobs (3 queries besides the session)."""
+    context = leaderboard_context(request)
+    worst = worst_jobs(context["period"], limit=10)
+    _attach_main_finding(worst)
+    context["worst"] = worst
+    return render(request, "jobs/leaderboard.html", context, status=400 if context["errors"] else 200)
+
+
+def leaderboard_context(request: HttpRequest) -> dict[str, Any]:
+    """The leaderboard's period and sorted team table (shared by the page and its CSV export)."""
     period, errors = _period_from(request)
     by = "month" if "-W" not in period.label else "week"
     previous = period.previous()
@@ -252,9 +290,7 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
     sort = request.GET.get("sort", "mfu")
     sort = sort if sort in _LEADER_SORTS else "mfu"
     table.sort(key=lambda item: (_LEADER_SORTS[sort](item), item.row.team_name.lower()))
-    worst = worst_jobs(period, limit=10)
-    _attach_main_finding(worst)
-    context = {
+    return {
         "period": period,
         "previous": previous,
         "next": iso_week(period.end.date()) if by == "week" else month(period.end.date()),
@@ -262,13 +298,11 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "table": table,
         "sort": sort,
         "weeks": weeks,
-        "worst": worst,
         "errors": errors,
         "mfu_convention": CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION],
         "fallbacks": sum(r.jobs_mfu_fallback for r in current.values()),
         "low_coverage": sum(r.jobs_low_coverage for r in current.values()),
     }
-    return render(request, "jobs/leaderboard.html", context, status=400 if errors else 200)
 
 
 def _attach_main_finding(jobs: list[Job]) -> None:
