@@ -7,6 +7,7 @@ transaction), hence acks_late. Only transient errors (Prometheus unreachable) ar
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from celery import Task, shared_task
 from django.conf import settings
@@ -138,6 +139,7 @@ def deliver_alert(self: Task, delivery_id: int) -> str:
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def apply_idle_policy(job_id: int) -> int:
-    """Warn / cancel a job with idle GPUs under its team's opt-in idle-GPU policy (once per incident)."""
-    return len(policy.apply(job_id))
+def apply_idle_policy(job_id: int, at: str | None = None) -> int:
+    """Warn / cancel a job with idle GPUs under its team's opt-in idle-GPU policy (once per incident), as of
+    `at` (ISO time of the poll that saw the idle GPUs; default now)."""
+    return len(policy.apply(job_id, datetime.fromisoformat(at) if at else None))

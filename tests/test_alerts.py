@@ -220,3 +220,31 @@ def test_an_ended_job_has_its_incidents_resolved(prom, sims, make_team, fast_rul
     incidents.sweep(now=START + timedelta(minutes=42))
     [resolved] = _incidents(job, "gpus_idle")
     assert resolved.resolved_at is not None and resolved.resolve_reason == "the job ended"
+
+
+@pytest.mark.django_db
+def test_idle_policy_runs_from_the_poll_in_dry_run(
+    prom, sims, make_team, make_user, fast_rules, celery_eager
+):
+    from django.core import mail
+
+    from jobs.models import IdlePolicy, PolicyAction
+
+    fast_rules.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    fast_rules.IDLE_POLICY_TEAMS = ["llm"]
+    fast_rules.IDLE_POLICY_COMMAND = "/bin/false"
+    team = make_team("llm")
+    make_user("alice", teams=[team])
+    IdlePolicy.objects.create(team=team, enabled=True, dry_run=True, warn_after_minutes=8, grace_minutes=3)
+    job = _job(sims["3001"], team)
+    Job.objects.filter(pk=job.pk).update(owner="alice")
+    _poll(job, prom, 40)  # idle since minute 30: incident open, owner warned
+    assert [a.kind for a in PolicyAction.objects.filter(job=job)] == ["warn"]
+    assert (
+        len(mail.outbox) == 1 and "48213" not in mail.outbox[0].subject and "3001" in mail.outbox[0].subject
+    )
+    _poll(job, prom, 44)  # grace over: the dry run logs the cancel it would make
+    cancel = PolicyAction.objects.get(job=job, kind="cancel")
+    assert cancel.outcome == "dry_run" and cancel.action == "/bin/false 3001"
+    _poll(job, prom, 45)
+    assert PolicyAction.objects.filter(job=job).count() == 2

@@ -196,7 +196,7 @@ def evaluate_job(job: Job, now: datetime | None = None) -> dict[str, Verdict]:
         elif verdict.state is State.FIRING:
             _open(job, verdict, now)
     if open_incidents(job).filter(rule=rules.GPUS_IDLE).exists() and policy.enabled_for(job):
-        enqueue("apply_idle_policy", job.pk)
+        enqueue("apply_idle_policy", job.pk, now.isoformat())  # judged at the poll's time
     return verdicts
 
 
