@@ -10,6 +10,7 @@ from django.conf import settings
 from django.contrib.auth.middleware import LoginRequiredMiddleware as _DjangoLoginRequired
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.urls import reverse
 
 # Machines authenticate to these with tokens (DRF does that inside the view), or they are public probes.
 _EXEMPT_PREFIXES = ("/api/", "/healthz", "/metrics", "/static/", "/simulated/")
@@ -112,7 +113,8 @@ class RequestLimitsMiddleware:
             authorise_upload(request, external_id, api=api)
         except UploadRefusal as refusal:
             if refusal.status == 401 and not api:
-                return redirect_to_login(request.get_full_path())
+                # Back to the job page after the login (the upload URL itself only takes POSTs).
+                return redirect_to_login(reverse("job-detail", args=[external_id]))
             return _refuse(request, refusal.status, refusal.message)
         from jobs.uploads import install_upload_limit
 

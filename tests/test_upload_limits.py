@@ -101,6 +101,9 @@ def test_anonymous_page_upload_is_sent_to_the_login_page_unread(setup):
     for length in (int(1.5 * GiB), 100 * 1024**2):
         status, body, _ = _raw_post("/jobs/48213/artifacts/", length)
         assert status == 302 and body.read_bytes == 0
+    client = Client()
+    response = client.post("/jobs/48213/artifacts/", {"file": SimpleUploadedFile("p.txt", b"x")})
+    assert response.status_code == 302 and response["Location"] == "/login/?next=/jobs/48213/"
     _nothing_stored()
 
 
