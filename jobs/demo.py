@@ -51,6 +51,7 @@ TEAMS = (("llm-pretrain", "LLM pretraining"), ("vision", "Vision"), ("speech", "
 MEMBERS = (("alice", "llm-pretrain"), ("bob", "vision"), ("carol", "speech"))
 LIVE_SPECS_FILE = "demo-live-jobs.json"
 HOST_SYNC_JOB = "demo-4850"
+IDLE_LIVE_JOB = "demo-4902"  # running, goes idle after 90 minutes: shows an alert
 _MODELS = (("llama-7b", 6.7e9), ("vit-h-632m", 0.63e9), ("whisper-large-1.5b", 1.55e9))
 
 
@@ -136,6 +137,11 @@ def plan(now: datetime) -> list[DemoJob]:
                 seed = 300 + week * 10 + t * 2 + k
                 spec = _spec(scenario, job_id, hosts(4), 4, start, 12.0, 600.0, seed, params)
                 jobs.append(DemoJob(spec, team, f"{model}-w{week}-{k}", model, ended=True))
+    # A running job that worked for 90 minutes, then left a quarter of its GPUs idle (issue #17): the
+    # gpus_idle alert opens on the first poll once they have been idle for ALERT_IDLE_MINUTES.
+    spec = _spec("idle_gpus", IDLE_LIVE_JOB, hosts(8), 8, t_now - 2 * 3600, 24 * 7, 30.0, 210, 6.7e9)
+    spec = replace(spec, params={"idle_from": 1.5 / (24 * 7)})
+    jobs.append(DemoJob(spec, "llm-pretrain", "llama-7b-live-goes-idle", "llama-7b", ended=False))
     return jobs
 
 
