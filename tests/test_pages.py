@@ -411,7 +411,8 @@ def test_job_list_sorts_by_mfu_and_waste_with_fixed_queries(
 ):
     client.force_login(member)
     client.get(reverse("job-list"))
-    with django_assert_num_queries(7):  # session, user, count, page, teams, GPU models, model names
+    # session, user, count, page, teams, GPU models, model names, the page's open alert counts
+    with django_assert_num_queries(8):
         html = client.get(reverse("job-list"), {"sort": "-mfu"}).content.decode()
     ids = re.findall(r'<div class="sub">(j\d{3})', html)
     assert ids[:3] == ["j029", "j028", "j027"]
