@@ -11,10 +11,13 @@ import gzip
 import io
 import re
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, BinaryIO, TextIO
 
 from jobs.profiling.errors import ArtifactError
-from jobs.profiling.guard import grow_input
+from jobs.profiling.guard import checkpoint, grow_input
 
 KINETO = "kineto"
 NSYS_SQLITE = "nsys_sqlite"
@@ -94,7 +97,10 @@ def load_bytes(
             if size > max_bytes:
                 raise ArtifactError(f"The {what} is {size:,} bytes; the limit is {max_bytes:,} bytes.")
             with path.open("rb") as handle:
-                data = handle.read(max_bytes + 1)
+                # Not read(max_bytes + 1): that allocates the whole limit (1 GiB) up front.
+                data = handle.read(size + 1)
+                if len(data) > size and len(data) <= max_bytes:
+                    data += handle.read(max_bytes + 1 - len(data))  # the file grew while we read it
         except OSError as exc:
             raise ArtifactError(f"The {what} cannot be read: {exc.strerror or exc}.") from exc
         if len(data) > max_bytes:
@@ -131,6 +137,114 @@ def decode_text(data: bytes) -> str:
     if b"\x00" in data[:4096]:
         raise ArtifactError("This looks like a binary file, not a text (CSV or log) file.")
     return data.decode("utf-8-sig", errors="replace")
+
+
+class _BoundedReader(io.RawIOBase):
+    """A binary stream over an upload that refuses to yield more than `limit` bytes (decompressed) and
+    turns read errors (truncated gzip, I/O errors) into `ArtifactError`."""
+
+    def __init__(self, raw: BinaryIO, limit: int, what: str, *, gzipped: bool) -> None:
+        super().__init__()
+        self._raw = raw
+        self._limit = limit
+        self._what = what
+        self._gzipped = gzipped
+        self.count = 0
+        self._reported = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._raw.read(len(buffer))
+        except (OSError, EOFError, zlib.error) as exc:
+            kind = "gzip file" if self._gzipped else "file"
+            raise ArtifactError(f"The {self._what} is not a readable {kind}: {exc}.") from exc
+        n = len(data)
+        buffer[:n] = data
+        self.count += n
+        if self.count > self._limit:
+            raise ArtifactError(
+                f"The {self._what} {'decompresses to' if self._gzipped else 'is'} more than the limit of "
+                f"{self._limit:,} bytes."
+            )
+        if self._gzipped and self.count - self._reported > 1 << 20:
+            self._reported = self.count
+            grow_input(self.count)
+        return n
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
+@contextmanager
+def open_text(
+    source: bytes | str | Path, max_bytes: int = DEFAULT_MAX_BYTES, *, what: str = "file"
+) -> Iterator[TextIO]:
+    """A streaming text reader over an upload, decoded as `decode_text` does (UTF-8 with or without BOM,
+    UTF-16 with BOM, undecodable bytes replaced), gunzipped when compressed, never past `max_bytes`.
+
+    The text is read line by line (newline="" so `csv` sees quoted line breaks as they are), so a
+    parser holds its rows, not the whole file and its rows at once. Errors are `ArtifactError`.
+    """
+    if isinstance(source, bytes | bytearray | memoryview):
+        data = bytes(source)
+        if len(data) > max_bytes:
+            raise ArtifactError(f"The {what} is {len(data):,} bytes; the limit is {max_bytes:,} bytes.")
+        handle: BinaryIO = io.BytesIO(data)
+    else:
+        path = Path(source)
+        try:
+            size = path.stat().st_size
+            if size > max_bytes:
+                raise ArtifactError(f"The {what} is {size:,} bytes; the limit is {max_bytes:,} bytes.")
+            handle = path.open("rb")
+        except OSError as exc:
+            raise ArtifactError(f"The {what} cannot be read: {exc.strerror or exc}.") from exc
+    try:
+        head = handle.read(4096)
+        handle.seek(0)
+    except OSError as exc:
+        handle.close()
+        raise ArtifactError(f"The {what} cannot be read: {exc.strerror or exc}.") from exc
+    gzipped = head[:2] == _GZIP_MAGIC
+    inner: BinaryIO = gzip.GzipFile(fileobj=handle, mode="rb") if gzipped else handle  # type: ignore[assignment]
+    bounded = io.BufferedReader(_BoundedReader(inner, max_bytes, what, gzipped=gzipped), 1 << 16)
+    try:
+        if gzipped:
+            head = bounded.peek(4096)[:4096]
+        if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            encoding = "utf-16"
+        else:
+            if b"\x00" in head:
+                raise ArtifactError("This looks like a binary file, not a text (CSV or log) file.")
+            encoding = "utf-8-sig"
+        text = io.TextIOWrapper(bounded, encoding=encoding, errors="replace", newline="")
+        try:
+            yield text
+        finally:
+            text.detach()
+    finally:
+        bounded.close()
+        handle.close()
+
+
+def iter_lines(text: TextIO, max_line_chars: int = 1 << 20) -> Iterator[str]:
+    """Lines of a text stream without their line ending; a line longer than `max_line_chars` is cut
+    there (the rest of it is skipped), so one enormous line cannot hold the whole file."""
+    while True:
+        line = text.readline(max_line_chars)
+        if not line:
+            return
+        if len(line) >= max_line_chars and not line.endswith(("\n", "\r")):
+            while (rest := text.readline(max_line_chars)) and not rest.endswith(("\n", "\r")):
+                pass
+        checkpoint()
+        yield line.rstrip("\r\n")
 
 
 def read_head(source: bytes | str | Path, size: int = HEAD_BYTES) -> bytes:

@@ -289,7 +289,7 @@ def _decode(data: bytes | bytearray | str) -> tuple[list[_Event], _Document]:
         doc = _DECODER.decode(data)
     except msgspec.ValidationError as exc:
         raise ArtifactError(f"Not a PyTorch profiler (Kineto) trace: {exc}.") from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"The trace is not valid JSON: {exc}.") from exc
     if isinstance(doc, list):
         # Chrome's "JSON array format": events only, no metadata.

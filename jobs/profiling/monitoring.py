@@ -11,22 +11,29 @@ from __future__ import annotations
 
 import csv
 import functools
-import io
 import itertools
 import re
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from math import nan
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
-from jobs.profiling.detect import DEFAULT_MAX_BYTES, decode_text, load_bytes
+from jobs.profiling.detect import DEFAULT_MAX_BYTES, open_text
 from jobs.profiling.errors import ArtifactError
-from jobs.profiling.guard import guarded
+from jobs.profiling.guard import checkpoint, guarded
 
 IDLE_UTIL_PCT = 5.0
 MAX_POINTS = 2000
+#: At most this many GPUs (distinct index/uuid values) per log; rows of further ones are malformed.
+MAX_GPUS = 1024
+#: Readings beyond this magnitude (a power of 1e309 W, a 10^23 % utilisation) are unknown.
+MAX_VALUE = 1e18
+#: Unix seconds before year 5000.
+MAX_UNIX_S = 95_617_584_000.0
 _NA = {
     "",
     "[n/a]",
@@ -120,12 +127,14 @@ def _parse_time(text: str, utc_offset_s: float) -> float | None:
 @functools.lru_cache(maxsize=4096)
 def _parse_time_cached(text: str, utc_offset_s: float) -> float | None:
     # Cached: every GPU row of one sample carries the same timestamp.
-    if not text:
+    if not text or len(text) > 64:
         return None
     try:
-        return float(text)  # already unix seconds
+        value = float(text)  # already unix seconds
     except ValueError:
         pass
+    else:
+        return value if 0.0 <= value < MAX_UNIX_S else None
     try:
         parsed = datetime.fromisoformat(text.replace("/", "-"))
     except ValueError:
@@ -138,17 +147,27 @@ def _parse_time_cached(text: str, utc_offset_s: float) -> float | None:
                 continue
     if parsed is None:
         return None
-    if parsed.tzinfo is not None:
-        return parsed.timestamp()
-    return parsed.replace(tzinfo=UTC).timestamp() - utc_offset_s
+    try:
+        if parsed.tzinfo is not None:
+            return parsed.timestamp()
+        return parsed.replace(tzinfo=UTC).timestamp() - utc_offset_s
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _finite(value: float) -> float | None:
+    """A measurement, or None when it is not finite or beyond any believable reading."""
+    return value if -MAX_VALUE < value < MAX_VALUE else None
 
 
 def _parse_value(text: str, scale: float) -> float | str | None:
     cleaned = text.strip()
+    if len(cleaned) > 200:
+        return cleaned[:200]
     number, _, unit = cleaned.partition(" ")
     if unit in _VALUE_UNITS:  # fast path: "85", "85 %", "18.81 W"
         try:
-            return float(number) * scale
+            return _finite(float(number) * scale)
         except ValueError:
             pass
     lowered = cleaned.lower()
@@ -156,12 +175,17 @@ def _parse_value(text: str, scale: float) -> float | str | None:
         return None
     if lowered.startswith("0x"):
         try:
-            return float(int(cleaned, 16))  # clocks_event_reasons bitmask
+            return _finite(float(int(cleaned[:18], 16)))  # clocks_event_reasons bitmask
         except ValueError:
             return cleaned
     if m := _VALUE_UNIT.match(cleaned):
-        return float(m.group(1)) * scale
+        return _finite(float(m.group(1)) * scale)
     return cleaned
+
+
+def _as_array(values: array[float]) -> np.ndarray:
+    """A float64 view of an array("d") buffer (no Python float per value, no copy)."""
+    return np.frombuffer(values, dtype=np.float64) if len(values) else np.zeros(0)
 
 
 def _stats(values: np.ndarray) -> dict[str, float | None]:
@@ -199,10 +223,13 @@ def _downsample(t: np.ndarray, columns: dict[str, np.ndarray], max_points: int) 
     return out
 
 
-def _rows(text: str) -> list[list[str]]:
+def _rows(text: TextIO) -> Iterator[list[str]]:
+    """Non-empty CSV rows, streamed from the upload (the file is never held whole next to its rows)."""
     try:
-        rows = csv.reader(io.StringIO(text), skipinitialspace=True)
-        return [row for row in rows if row and (len(row) > 1 or row[0].strip())]
+        for row in csv.reader(text, skipinitialspace=True):
+            if row and (len(row) > 1 or row[0].strip()):
+                checkpoint()
+                yield row
     except csv.Error as exc:
         raise ArtifactError(f"The CSV is malformed: {exc}.") from exc
 
@@ -228,55 +255,67 @@ def analyze_nvidia_smi(
     `max_points` bucket means; statistics use every sample. `idle_share_pct` is the share of samples
     with GPU utilisation below `idle_util_pct`.
     """
-    rows = _rows(decode_text(load_bytes(source, max_bytes, what="nvidia-smi log")))
-    if not rows:
-        raise ArtifactError("The nvidia-smi log is empty.")
-    if isinstance(fields, str):
-        fields = fields.split(",")
-    if fields:
-        header = [f.strip() for f in fields]
-        if _looks_like_header(rows[0]):
-            rows = rows[1:]
-    elif _looks_like_header(rows[0]):
-        header, rows = rows[0], rows[1:]
-    else:
-        raise ArtifactError(
-            "This nvidia-smi CSV has no header line (format=csv,noheader): give the --query-gpu field list."
-        )
-    columns = [_column_key(h) for h in header]
-    keys = [k for k, _ in columns]
-    time_i = next((i for i, k in enumerate(keys) if k in ("timestamp", "time", "date_time")), None)
-    id_i = {_ID_FIELDS[k]: i for i, k in enumerate(keys) if k in _ID_FIELDS}
-    gpus: dict[str, dict[str, Any]] = {}
-    seen_at: dict[float | None, int] = {}
-    bad = 0
-    for row in rows:
-        if len(row) < len(header):
-            bad += 1
-            continue
-        t = _parse_time(row[time_i], utc_offset_s) if time_i is not None else None
-        if time_i is not None and t is None:
-            bad += 1
-            continue
-        if "index" in id_i:
-            gpu = row[id_i["index"]].strip()
-        elif "uuid" in id_i:
-            gpu = row[id_i["uuid"]].strip()
+    with open_text(source, max_bytes, what="nvidia-smi log") as text:
+        rows = _rows(text)
+        first = next(rows, None)
+        if first is None:
+            raise ArtifactError("The nvidia-smi log is empty.")
+        if isinstance(fields, str):
+            fields = fields.split(",")
+        if fields:
+            header = [f.strip() for f in fields]
+            if not _looks_like_header(first):
+                rows = itertools.chain([first], rows)
+        elif _looks_like_header(first):
+            header = first
         else:
-            # No GPU column: the n-th row of one timestamp is the n-th GPU.
-            gpu = str(seen_at.get(t, 0))
-            seen_at[t] = seen_at.get(t, 0) + 1
-        entry = gpus.setdefault(gpu, {"t": [], "values": {}, "info": {}})
-        entry["t"].append(t if t is not None else float(len(entry["t"])))
-        for i, (key, scale) in enumerate(columns):
-            if i == time_i or key in _ID_FIELDS:
+            raise ArtifactError(
+                "This nvidia-smi CSV has no header line (format=csv,noheader): "
+                "give the --query-gpu field list."
+            )
+        columns = [_column_key(h) for h in header]
+        keys = [k for k, _ in columns]
+        time_i = next((i for i, k in enumerate(keys) if k in ("timestamp", "time", "date_time")), None)
+        id_i = {_ID_FIELDS[k]: i for i, k in enumerate(keys) if k in _ID_FIELDS}
+        value_columns = [
+            (i, key, scale) for i, (key, scale) in enumerate(columns) if i != time_i and key not in _ID_FIELDS
+        ]
+        gpus: dict[str, dict[str, Any]] = {}
+        seen_at: dict[float | None, int] = {}
+        bad = 0
+        for row in rows:
+            if len(row) < len(header):
+                bad += 1
                 continue
-            value = _parse_value(row[i], scale)
-            if key in _TEXT_FIELDS or isinstance(value, str):
-                if value is not None:
-                    entry["info"][key] = value
+            t = _parse_time(row[time_i], utc_offset_s) if time_i is not None else None
+            if time_i is not None and t is None:
+                bad += 1
                 continue
-            entry["values"].setdefault(key, []).append(np.nan if value is None else value)
+            if "index" in id_i:
+                gpu = row[id_i["index"]].strip()[:64]
+            elif "uuid" in id_i:
+                gpu = row[id_i["uuid"]].strip()[:64]
+            else:
+                # No GPU column: the n-th row of one timestamp is the n-th GPU.
+                gpu = str(seen_at.get(t, 0))
+                seen_at[t] = seen_at.get(t, 0) + 1
+            entry = gpus.get(gpu)
+            if entry is None:
+                if len(gpus) >= MAX_GPUS:
+                    bad += 1
+                    continue
+                entry = gpus[gpu] = {"t": array("d"), "values": {}, "info": {}}
+            entry["t"].append(t if t is not None else float(len(entry["t"])))
+            for i, key, scale in value_columns:
+                value = _parse_value(row[i], scale)
+                if key in _TEXT_FIELDS or isinstance(value, str):
+                    if value is not None:
+                        entry["info"][key] = value
+                    continue
+                column = entry["values"].get(key)
+                if column is None:
+                    column = entry["values"][key] = array("d")
+                column.append(nan if value is None else value)
     if not gpus:
         raise ArtifactError(
             f"No usable nvidia-smi rows ({bad} malformed); check the header and the timestamps."
@@ -291,13 +330,14 @@ def _smi_result(
     all_util, all_t = [], []
     for gpu in sorted(gpus, key=lambda g: (len(g), g)):
         entry = gpus[gpu]
-        t = np.asarray(entry["t"], dtype=float)
+        t = _as_array(entry["t"])
         order = np.argsort(t, kind="stable")
         t = t[order]
         cols = {}
         for key, vals in entry["values"].items():
             if len(vals) == len(t):
-                cols[key] = np.asarray(vals, dtype=float)[order]
+                cols[key] = _as_array(vals)[order]
+        entry["values"] = {}  # the arrays above are copies: free the buffers as we go
         util = cols.get("utilization_gpu_pct")
         stats = {key: _stats(col) for key, col in cols.items()}
         idle = None
@@ -379,6 +419,10 @@ _DSTAT_GROUPS = (
 )
 
 
+_DSTAT_SKIP = {"", "epoch_epoch", "system_time_per_s", "system_time"}
+MAX_DSTAT_COLUMNS = 512
+
+
 def _dstat_key(group: str, nick: str) -> str:
     if ":" in nick:  # 0.7.3 names a multi-device column "group:nick"
         group, nick = nick.split(":", 1)
@@ -412,59 +456,91 @@ def analyze_dstat(
     the "Date:" line); without either it is the sample index. dstat's first sample averages since boot,
     so it is dropped from every block.
     """
-    rows = _rows(decode_text(load_bytes(source, max_bytes, what="dstat CSV")))
     meta: dict[str, str] = {}
     header: list[str] | None = None
-    data: list[dict[str, Any]] = []
+    keys: list[str] = []  # the current block's value columns
+    cols: dict[str, array[float]] = {}
+    epochs = array("d")  # the epoch column (dstat -T), NaN where unreadable
+    clock_text: list[str | None] = []  # the time column (dstat -t) when there is no epoch column
+    samples = 0
     first_in_block = False
-    i = 0
-    while i < len(rows):
-        row = [c.strip() for c in rows[i]]
-        i += 1
-        if row[0].startswith(_DSTAT_META):
-            for label, value in itertools.pairwise(row):
-                if label in ("Host:", "User:", "Cmdline:", "Date:"):
-                    meta[label.rstrip(":").lower()] = value
-            continue
-        numeric = any(_is_number(c) for c in row if c)
-        if not numeric and i < len(rows) and not any(_is_number(c) for c in rows[i] if c.strip()):
-            groups, nicks = row, [c.strip() for c in rows[i]]
-            i += 1
-            current = ""
-            header = []
-            for index, nick in enumerate(nicks):
-                if index < len(groups) and groups[index]:
-                    current = groups[index]
-                header.append(_dstat_key(current, nick) if nick else "")
-            first_in_block = True
-            continue
-        if header is None or not numeric:
-            continue
-        if first_in_block:
-            first_in_block = False
-            continue
-        data.append(dict(zip(header, row, strict=False)))
+    with open_text(source, max_bytes, what="dstat CSV") as text:
+        rows = _rows(text)
+        pending: list[str] | None = None
+        while True:
+            raw = pending if pending is not None else next(rows, None)
+            pending = None
+            if raw is None:
+                break
+            row = [c.strip() for c in raw]
+            if row[0].startswith(_DSTAT_META):
+                for label, value in itertools.pairwise(row):
+                    if label in ("Host:", "User:", "Cmdline:", "Date:"):
+                        meta[label.rstrip(":").lower()] = value[:300]
+                continue
+            numeric = any(_is_number(c) for c in row if c)
+            if not numeric:
+                pending = next(rows, None)
+                if pending is not None and not any(_is_number(c) for c in pending if c.strip()):
+                    groups, nicks = row, [c.strip() for c in pending]
+                    pending = None
+                    current = ""
+                    header = []
+                    for index, nick in enumerate(nicks[:MAX_DSTAT_COLUMNS]):
+                        if index < len(groups) and groups[index]:
+                            current = groups[index][:100]
+                        header.append(_dstat_key(current, nick[:100]) if nick else "")
+                    keys = [k for k in dict.fromkeys(header) if k not in _DSTAT_SKIP]
+                    for key in keys:
+                        if key not in cols:
+                            cols[key] = array("d", [nan]) * samples
+                    first_in_block = True
+                continue
+            if header is None:
+                continue
+            if first_in_block:
+                first_in_block = False
+                continue
+            record = dict(zip(header, row, strict=False))
+            epoch = record.get("epoch_epoch")
+            if epoch:
+                epochs.append(_number_or_nan(epoch))
+                clock_text.append(None)
+            else:
+                epochs.append(nan)
+                clock_text.append(record.get("system_time_per_s") or record.get("system_time") or None)
+            current_keys = set(keys)
+            for key in keys:
+                cell = record.get(key, "")
+                cols[key].append(_number_or_nan(cell) if cell else nan)
+            for key, column in cols.items():
+                if key not in current_keys:
+                    column.append(nan)
+            samples += 1
     if header is None:
         raise ArtifactError('No dstat header found (a group row such as "total cpu usage" and a column row).')
-    if not data:
+    if not samples:
         raise ArtifactError(
             "The dstat CSV has a header but fewer than two samples (the first one is since boot)."
         )
-    return _dstat_result(data, header, meta, utc_offset_s, max_points)
+    final = {key: cols[key] for key in keys}
+    return _dstat_result(samples, epochs, clock_text, final, meta, utc_offset_s, max_points)
 
 
-def _dstat_time(record: dict[str, Any], year: int, utc_offset_s: float) -> float | None:
-    if record.get("epoch_epoch"):
-        try:
-            return float(record["epoch_epoch"])
-        except ValueError:
-            return None
-    text = record.get("system_time_per_s") or record.get("system_time")
-    if not text:
-        return None
+def _number_or_nan(cell: str) -> float:
+    try:
+        value = float(cell) if len(cell) <= 64 else nan
+    except ValueError:
+        return nan
+    return value if -MAX_VALUE < value < MAX_VALUE else nan
+
+
+def _dstat_time(epoch: float, clock: str | None, year: int, utc_offset_s: float) -> float | None:
+    if clock is None:
+        return epoch if 0.0 <= epoch < MAX_UNIX_S else None
     for fmt in ("%d-%m %H:%M:%S", "%d-%m %H:%M:%S.%f"):
         try:
-            parsed = datetime.strptime(f"{year} {text}", f"%Y {fmt}")
+            parsed = datetime.strptime(f"{year} {clock[:40]}", f"%Y {fmt}")
         except ValueError:
             continue
         return parsed.replace(tzinfo=UTC).timestamp() - utc_offset_s
@@ -472,24 +548,25 @@ def _dstat_time(record: dict[str, Any], year: int, utc_offset_s: float) -> float
 
 
 def _dstat_result(
-    data: list[dict[str, Any]], header: list[str], meta: dict[str, str], utc_offset_s: float, max_points: int
+    samples: int,
+    epochs: array[float],
+    clock_text: list[str | None],
+    columns: dict[str, array[float]],
+    meta: dict[str, str],
+    utc_offset_s: float,
+    max_points: int,
 ) -> dict[str, Any]:
     year = datetime.now(UTC).year
     if m := re.search(r"\b(\d{4})\b", meta.get("date", "")):
         year = int(m.group(1))
-    times = [_dstat_time(r, year, utc_offset_s) for r in data]
+    times = [
+        _dstat_time(epoch, clock, year, utc_offset_s)
+        for epoch, clock in zip(_as_array(epochs).tolist(), clock_text, strict=True)
+    ]
     has_time = all(t is not None for t in times)
     t = np.asarray([tt if has_time else float(n) for n, tt in enumerate(times)], dtype=float)
-    skip = {"", "epoch_epoch", "system_time_per_s", "system_time"}
-    cols: dict[str, np.ndarray] = {}
-    for key in dict.fromkeys(header):
-        if key in skip:
-            continue
-        values = []
-        for record in data:
-            cell = record.get(key, "")
-            values.append(float(cell) if cell and _is_number(cell) else np.nan)
-        cols[key] = np.asarray(values, dtype=float)
+    del times
+    cols: dict[str, np.ndarray] = {key: _as_array(col) for key, col in columns.items()}
     stats = {key: _stats(col) for key, col in cols.items()}
 
     def total(prefix: str, nick: str) -> np.ndarray | None:
@@ -527,7 +604,7 @@ def _dstat_result(
         "cmdline": meta.get("cmdline"),
         "date": meta.get("date"),
         "time_axis": "unix_s" if has_time else "sample_index",
-        "samples": len(data),
+        "samples": samples,
         "start_unix_s": round(float(t.min()), 3) if has_time else None,
         "end_unix_s": round(float(t.max()), 3) if has_time else None,
         "median_interval_s": round(float(np.median(np.diff(t))), 3) if has_time and t.size > 1 else None,

@@ -9,15 +9,16 @@ Values are normalised: times to ns, sizes to bytes, rates to bytes/s, clocks to 
 from __future__ import annotations
 
 import csv
-import io
+import itertools
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jobs.profiling.detect import DEFAULT_MAX_BYTES, decode_text, load_bytes
+from jobs.profiling.detect import DEFAULT_MAX_BYTES, iter_lines, open_text
 from jobs.profiling.errors import ArtifactError
-from jobs.profiling.guard import guarded
+from jobs.profiling.guard import checkpoint, guarded
 
 _TIME = {
     "nsecond": 1.0,
@@ -121,6 +122,9 @@ _IDENTITY = {
     "invocations": "invocations",
 }
 _SLUG = re.compile(r"[^a-z0-9]+")
+#: Metric values beyond this magnitude are unknown; at most this many CSV columns are read.
+MAX_VALUE = 1e30
+MAX_COLUMNS = 4096
 # ncu's own SOL rule: both throughputs below 60 % of peak point at latency, not bandwidth or compute.
 LATENCY_BOUND_PCT = 60.0
 BALANCED_MARGIN_PCT = 10.0
@@ -128,12 +132,14 @@ BALANCED_MARGIN_PCT = 10.0
 
 def _number(text: str) -> float | None:
     cleaned = text.strip().replace(",", "")
-    if not cleaned or cleaned.lower() in {"n/a", "nan", "-nan", "inf", "-inf"}:
+    if not cleaned or len(cleaned) > 64 or cleaned.lower() in {"n/a", "nan", "-nan", "inf", "-inf"}:
         return None
     try:
-        return float(cleaned)
+        value = float(cleaned)
     except ValueError:
         return None
+    # NaN, infinities and magnitudes no counter reaches (1e309, 10^23 %) are unknown.
+    return value if -MAX_VALUE < value < MAX_VALUE else None
 
 
 def normalize_value(text: str, unit: str) -> tuple[float | str | None, str]:
@@ -183,21 +189,44 @@ def _metric_key(name: str, unit_suffix: str) -> str:
     return f"{slug}_{unit_suffix}" if unit_suffix and not slug.endswith(unit_suffix) else slug
 
 
-def _read_rows(text: str) -> tuple[list[str], list[list[str]]]:
-    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("==")]
-    errors = [line.strip() for line in text.splitlines() if line.lstrip().startswith("==ERROR==")]
-    for index, line in enumerate(lines):
+def _csv_lines(lines: Iterator[str], errors: list[str]) -> Iterator[str]:
+    # ncu's own ==PROF== / ==WARNING== lines may appear anywhere in stdout; csv wants the line ends back.
+    for line in lines:
+        stripped = line.lstrip()
+        if stripped.startswith("=="):
+            if stripped.startswith("==ERROR==") and not errors:
+                errors.append(line.strip()[:300])
+            continue
+        if line.strip():
+            yield line + "\n"
+
+
+def _read_rows(lines: Iterator[str]) -> tuple[list[str], Iterator[list[str]]]:
+    """The header and a stream of the CSV rows after it (program output before the header is skipped)."""
+    errors: list[str] = []
+    content = _csv_lines(lines, errors)
+    for line in content:
         if '"Kernel Name"' in line or '"Function Name"' in line or line.startswith('"ID",'):
+            rows = csv.reader(itertools.chain([line], content))
             try:
-                rows = list(csv.reader(io.StringIO("\n".join(lines[index:]))))
+                header = next(rows)
             except csv.Error as exc:
                 raise ArtifactError(f"The ncu CSV is malformed: {exc}.") from exc
-            return [cell.strip() for cell in rows[0]], rows[1:]
-    detail = f" ncu reported: {errors[0][:300]}" if errors else ""
+            return [cell.strip() for cell in header[:MAX_COLUMNS]], _checked(rows)
+    detail = f" ncu reported: {errors[0]}" if errors else ""
     raise ArtifactError(
         'No ncu CSV header found (expected a line with "Kernel Name" from `ncu --csv --page details` '
         f"or `--page raw`).{detail}"
     )
+
+
+def _checked(rows: Iterator[list[str]]) -> Iterator[list[str]]:
+    try:
+        for row in rows:
+            checkpoint()
+            yield row
+    except csv.Error as exc:
+        raise ArtifactError(f"The ncu CSV is malformed: {exc}.") from exc
 
 
 @guarded("ncu CSV", storable=False)
@@ -207,15 +236,15 @@ def parse_ncu_csv(source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BY
     Each record: {"id", "kernel", "block_dim", "grid_dim", "device", "cc", "stream", "instances",
     "metrics": {canonical_or_slug_with_unit: value}}. Raises ArtifactError on malformed input.
     """
-    text = decode_text(load_bytes(source, max_bytes, what="ncu CSV"))
-    header, rows = _read_rows(text)
-    lowered = [h.lower() for h in header]
-    if "kernel name" not in lowered and "function name" not in lowered:
-        raise ArtifactError('The ncu CSV header has no "Kernel Name" column.')
-    if "metric name" in lowered and ("metric value" in lowered or "average" in lowered):
-        launches = _parse_long(header, rows)
-    else:
-        launches = _parse_wide(header, rows)
+    with open_text(source, max_bytes, what="ncu CSV") as text:
+        header, rows = _read_rows(iter_lines(text))
+        lowered = [h.lower() for h in header]
+        if "kernel name" not in lowered and "function name" not in lowered:
+            raise ArtifactError('The ncu CSV header has no "Kernel Name" column.')
+        if "metric name" in lowered and ("metric value" in lowered or "average" in lowered):
+            launches = _parse_long(header, rows)
+        else:
+            launches = _parse_wide(header, rows)
     if not launches:
         raise ArtifactError("The ncu CSV has a header but no kernel rows.")
     return launches
@@ -230,7 +259,7 @@ def _identity(header: list[str], cells: list[str]) -> dict[str, Any]:
     return out
 
 
-def _parse_long(header: list[str], rows: list[list[str]]) -> list[dict[str, Any]]:
+def _parse_long(header: list[str], rows: Iterator[list[str]]) -> list[dict[str, Any]]:
     col = {h.lower(): i for i, h in enumerate(header)}
     name_i, unit_i = col["metric name"], col.get("metric unit")
     value_i = col.get("metric value", col.get("average"))
@@ -244,7 +273,7 @@ def _parse_long(header: list[str], rows: list[list[str]]) -> list[dict[str, Any]
         launch = launches.get(key)
         if launch is None:
             launch = {**ident, "metrics": {}}
-            launch["instances"] = int(_number(ident.get("invocations", "")) or 1)
+            launch["instances"] = min(max(int(_number(ident.get("invocations", "")) or 1), 1), 2**40)
             launch.pop("invocations", None)
             launches[key] = launch
         unit = cells[unit_i] if unit_i is not None and unit_i < len(cells) else ""
@@ -254,14 +283,16 @@ def _parse_long(header: list[str], rows: list[list[str]]) -> list[dict[str, Any]
     return list(launches.values())
 
 
-def _parse_wide(header: list[str], rows: list[list[str]]) -> list[dict[str, Any]]:
-    if not rows:
+def _parse_wide(header: list[str], rows: Iterator[list[str]]) -> list[dict[str, Any]]:
+    first = next(rows, None)
+    if first is None:
         return []
     units = ["" for _ in header]
     kernel_i = next(i for i, h in enumerate(header) if h.lower() in ("kernel name", "function name"))
-    if kernel_i < len(rows[0]) and not rows[0][kernel_i].strip():
-        units = [*rows[0], *[""] * len(header)][: len(header)]
-        rows = rows[1:]
+    if kernel_i < len(first) and not first[kernel_i].strip():
+        units = [*first, *[""] * len(header)][: len(header)]
+    else:
+        rows = itertools.chain([first], rows)
     launches = []
     for cells in rows:
         if len(cells) <= kernel_i or not cells[kernel_i].strip():

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.profiling.detect import DEFAULT_MAX_BYTES, decode_text, load_bytes
+from jobs.profiling.detect import DEFAULT_MAX_BYTES, iter_lines, open_text
 from jobs.profiling.errors import ArtifactError
-from jobs.profiling.guard import guarded
+from jobs.profiling.guard import checkpoint, guarded
 
 TINY_KERNEL_US = 10.0
 NCCL_NAME = re.compile(r"nccl|^hccl|^rccl", re.IGNORECASE)
@@ -94,6 +94,13 @@ _BANNER = re.compile(r"\*\*\s*(.*?)\s*\((\w+)\)\s*:?\s*$")
 # "Running [.../gpukernsum.py x.sqlite]..." (older)
 _PROCESSING = re.compile(r"^(?:Processing|Running) \[.*?(\w+)\.py\b")
 _DASHES = re.compile(r"-{2,}")
+#: Values beyond this magnitude are unknown; rows, columns and names are capped so a hostile file
+#: cannot grow the parse without bound.
+MAX_VALUE = 1e30
+MAX_ROWS = 5_000_000
+MAX_COLUMNS = 256
+MAX_NAME_CHARS = 4096
+_TRACE_KEYS = {"start", "duration", "device", "name"}
 _UNIT = re.compile(r"^(.*?)\s*\(([^()]*)\)\s*$")
 
 
@@ -101,7 +108,27 @@ _UNIT = re.compile(r"^(.*?)\s*\(([^()]*)\)\s*$")
 class _Table:
     report: str | None
     header: list[str]
-    rows: list[list[str]]
+    rows: Iterator[list[str]]
+
+
+class _Lines:
+    """Lines of the upload with one line of lookahead (the layout is decided by the next line)."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self._lines = lines
+        self._next: str | None = None
+        self._peeked = False
+
+    def peek(self) -> str | None:
+        if not self._peeked:
+            self._next = next(self._lines, None)
+            self._peeked = True
+        return self._next
+
+    def pop(self) -> str | None:
+        line = self.peek()
+        self._peeked = False
+        return line
 
 
 @dataclass
@@ -122,15 +149,15 @@ def _report_from_filename(filename: str | None) -> str | None:
     return None
 
 
-def _iter_tables(text: str, default_report: str | None) -> Iterator[_Table | tuple[str | None, str]]:
-    """Yield tables, and (report, reason) tuples for SKIPPED / no-data messages."""
-    lines = text.splitlines()
+def _iter_tables(
+    lines: Iterator[str], default_report: str | None
+) -> Iterator[_Table | tuple[str | None, str]]:
+    """Yield tables (their rows streamed: read them before asking for the next table), and
+    (report, reason) tuples for SKIPPED / no-data messages."""
+    src = _Lines(lines)
     report = default_report
-    i = 0
-    while i < len(lines):
-        line = lines[i]
+    while (line := src.pop()) is not None:
         stripped = line.strip()
-        i += 1
         if not stripped or stripped.startswith(("Generating SQLite", "NOTICE", "WARNING", "Exporting")):
             continue
         if m := _PROCESSING.match(stripped):
@@ -146,37 +173,46 @@ def _iter_tables(text: str, default_report: str | None) -> Iterator[_Table | tup
         ):
             yield (report, stripped.removeprefix("SKIPPED:").strip()[:300])
             continue
-        if i < len(lines) and _is_dash_line(lines[i]):
+        following = src.peek()
+        if following is not None and _is_dash_line(following):
             # nsys's default "column" layout: the dash line under the header gives the column spans.
-            spans = _spans(lines[i])
+            spans = _spans(following)[:MAX_COLUMNS]
             header = _slice(line, spans)
             if not _is_header(header):
                 continue
-            i += 1
-            rows = []
-            while i < len(lines) and lines[i].strip():
-                rows.append(_slice(lines[i], spans))
-                i += 1
-            yield _Table(report, header, rows)
-            report = default_report
-            continue
-        header = _csv_cells(stripped)
-        if not _is_header(header):
-            continue
-        rows = []
-        while i < len(lines) and lines[i].strip():
-            cells = _csv_cells(lines[i].strip())
-            if len(cells) < 2 or (_number(cells[0]) is None and _is_header(cells)):
-                break
-            rows.append(cells)
-            i += 1
+            src.pop()
+            rows: Iterator[list[str]] = _column_rows(src, spans)
+        else:
+            header = _csv_cells(stripped)
+            if not _is_header(header):
+                continue
+            rows = _csv_rows(src)
         yield _Table(report, header, rows)
+        for _ in rows:  # whatever the consumer left unread belongs to this table
+            pass
         report = default_report
+
+
+def _column_rows(src: _Lines, spans: list[tuple[int, int]]) -> Iterator[list[str]]:
+    while (line := src.peek()) is not None and line.strip():
+        src.pop()
+        checkpoint()
+        yield _slice(line, spans)
+
+
+def _csv_rows(src: _Lines) -> Iterator[list[str]]:
+    while (line := src.peek()) is not None and line.strip():
+        cells = _csv_cells(line.strip())
+        if len(cells) < 2 or (_number(cells[0]) is None and _is_header(cells)):
+            return
+        src.pop()
+        checkpoint()
+        yield cells
 
 
 def _csv_cells(line: str) -> list[str]:
     try:
-        return [cell.strip() for cell in next(csv.reader([line]), [])]
+        return [cell.strip() for cell in next(csv.reader([line]), [])[:MAX_COLUMNS]]
     except csv.Error:
         return []
 
@@ -224,12 +260,15 @@ def _canon(column: str) -> tuple[str | None, str | None]:
 
 def _number(text: str) -> float | None:
     cleaned = text.strip().strip('"').replace(",", "")
-    if not cleaned or cleaned.lower() in {"nan", "-nan", "n/a", "-"}:
+    if not cleaned or len(cleaned) > 64 or cleaned.lower() in {"nan", "-nan", "n/a", "-"}:
         return None
     try:
-        return float(cleaned)
+        value = float(cleaned)
     except ValueError:
         return None
+    # NaN, infinities and magnitudes no report reaches (1e309, 10^23 ns) are unknown: sums and
+    # conversions to integers stay finite.
+    return value if -MAX_VALUE < value < MAX_VALUE else None
 
 
 def _scale(unit: str | None, key: str) -> float:
@@ -243,7 +282,12 @@ def _scale(unit: str | None, key: str) -> float:
 
 def _records(table: _Table) -> list[dict[str, Any]]:
     canon = [_canon(col) for col in table.header]
+    keys = {key for key, _ in canon}
+    if "start" in keys and "duration" in keys:
+        # A per-launch trace can hold millions of rows: keep only what the summaries read.
+        canon = [(key, unit) if key in _TRACE_KEYS else (None, None) for key, unit in canon]
     text_keys = {"name", "style", "device", "category"}
+    names: dict[str, str] = {}  # one string object per distinct name
     records = []
     for cells in table.rows:
         record: dict[str, Any] = {}
@@ -251,12 +295,18 @@ def _records(table: _Table) -> list[dict[str, Any]]:
             if key is None or key in record:
                 continue
             if key in text_keys:
-                record[key] = cell
+                text = cell[:MAX_NAME_CHARS]
+                record[key] = names.setdefault(text, text) if len(names) < 1_000_000 else text
             else:
                 value = _number(cell)
                 record[key] = None if value is None else value * _scale(unit, key)
         if record.get("name") is not None or "start" in record:
             records.append(record)
+            if len(records) > MAX_ROWS:
+                raise ArtifactError(
+                    f"The nsys stats report {table.report or ''} has more than {MAX_ROWS:,} rows; "
+                    "upload the *_sum reports instead of the per-launch trace."
+                )
     return records
 
 
@@ -299,32 +349,10 @@ def parse_nsys_stats(
     """
     if filename is None and isinstance(source, str | Path):
         filename = Path(source).name
-    text = decode_text(load_bytes(source, max_bytes, what="nsys stats file"))
     result = NsysStats()
-    for item in _iter_tables(text, _report_from_filename(filename)):
-        if isinstance(item, tuple):
-            report, reason = item
-            result.skipped.append(
-                {"report": _REPORT_ALIASES.get(report or "", report or "unknown"), "reason": reason}
-            )
-            continue
-        records = _records(item)
-        kind = _classify(item.report, item.header, records)
-        if kind is None:
-            result.skipped.append(
-                {
-                    "report": item.report or "unknown",
-                    "reason": "report type not analysed: " + ",".join(item.header)[:200],
-                }
-            )
-            continue
-        if kind == "cuda_gpu_mem_size_sum" and all(_canon(col)[1] is None for col in item.header):
-            # Old gpumemsizesum printed sizes in KiB with no unit in the header.
-            for record in records:
-                for key in ("total", "avg", "med", "min", "max", "stddev"):
-                    if record.get(key) is not None:
-                        record[key] *= 1024.0
-        result.reports.setdefault(kind, []).extend(records)
+    with open_text(source, max_bytes, what="nsys stats file") as text:
+        for item in _iter_tables(iter_lines(text), _report_from_filename(filename)):
+            _add_table(result, item)
     if not result.reports:
         found = "; ".join(f"{s['report']}: {s['reason']}" for s in result.skipped[:5])
         raise ArtifactError(
@@ -332,6 +360,39 @@ def parse_nsys_stats(
             "cuda_gpu_mem_time_sum from `nsys stats --format csv`)." + (f" Seen: {found}" if found else "")
         )
     return result
+
+
+def _add_table(result: NsysStats, item: _Table | tuple[str | None, str]) -> None:
+    if isinstance(item, tuple):
+        report, reason = item
+        if len(result.skipped) < 1000:
+            result.skipped.append(
+                {"report": _REPORT_ALIASES.get(report or "", report or "unknown"), "reason": reason}
+            )
+        return
+    records = _records(item)
+    kind = _classify(item.report, item.header, records)
+    if kind is None:
+        if len(result.skipped) < 1000:
+            result.skipped.append(
+                {
+                    "report": (item.report or "unknown")[:200],
+                    "reason": "report type not analysed: " + ",".join(item.header)[:200],
+                }
+            )
+        return
+    if kind == "cuda_gpu_mem_size_sum" and all(_canon(col)[1] is None for col in item.header):
+        # Old gpumemsizesum printed sizes in KiB with no unit in the header.
+        for record in records:
+            for key in ("total", "avg", "med", "min", "max", "stddev"):
+                if record.get(key) is not None:
+                    record[key] *= 1024.0
+    rows = result.reports.setdefault(kind, [])
+    if len(rows) + len(records) > MAX_ROWS:
+        raise ArtifactError(
+            f"The nsys stats file has more than {MAX_ROWS:,} {kind} rows; upload the *_sum reports instead."
+        )
+    rows.extend(records)
 
 
 def _ms(ns: float | None) -> float | None:

@@ -7,24 +7,31 @@ SVG flame graphs are refused: they are pictures with scripts, and their frame wi
 from __future__ import annotations
 
 import heapq
-import json
+import io
+import math
 import re
 import sys
+import warnings
 from collections import defaultdict
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
+import msgspec
 import numpy as np
-import orjson
 
 from jobs.profiling.capture import make_capture
-from jobs.profiling.detect import DEFAULT_MAX_BYTES, REJECTED_KINDS, SVG, decode_text, load_bytes
+from jobs.profiling.detect import DEFAULT_MAX_BYTES, REJECTED_KINDS, SVG, iter_lines, load_bytes, open_text
 from jobs.profiling.errors import ArtifactError
-from jobs.profiling.guard import guarded
+from jobs.profiling.guard import checkpoint, guarded
 
+#: Frame names and files are cut to this length; stacks deeper than MAX_DEPTH are refused.
+MAX_NAME_CHARS = 1000
+MAX_DEPTH = 4096
+#: A sample count above this is not py-spy's (10^15 samples at 100 Hz is 300,000 years).
+MAX_COUNT = 1e15
 CLASSES = ("data_loading", "tokenization", "collate", "framework", "stdlib", "user_code")
 INPUT_PIPELINE_CLASSES = ("data_loading", "tokenization", "collate")
 MAX_NODES = 2000
@@ -122,26 +129,39 @@ def _parse_frame(text: str) -> Frame:
     return Frame(text, "", 0)
 
 
-def parse_pyspy_raw(text: str) -> Profile:
-    """Parse `py-spy record --format raw` output: one `frame;frame;...;leaf COUNT` line per stack."""
+def parse_pyspy_raw(text: str | Iterable[str]) -> Profile:
+    """Parse `py-spy record --format raw` output: one `frame;frame;...;leaf COUNT` line per stack.
+
+    `text` is the whole output or its lines. A line whose count is not a believable sample count
+    (10^23, a number past float range) is skipped like any malformed line.
+    """
     stacks: defaultdict[tuple[Frame, ...], float] = defaultdict(float)
     frames: dict[str, Frame] = {}
     bad = good = 0
-    for line in text.splitlines():
+    for line in text.splitlines() if isinstance(text, str) else text:
         if not line.strip():
             continue
+        checkpoint()
         m = _RAW_LINE.match(line)
         if m is None or not m.group(1).strip():
             bad += 1
             continue
+        count = float(m.group(2)) if len(m.group(2)) <= 32 else math.inf
+        if not count <= MAX_COUNT:
+            bad += 1
+            continue
+        parts = m.group(1).split(";")
+        if len(parts) > MAX_DEPTH:
+            bad += 1
+            continue
         good += 1
         stack = []
-        for part in m.group(1).split(";"):
+        for part in parts:
             frame = frames.get(part)
             if frame is None:
-                frame = frames[part] = _parse_frame(part)
+                frame = frames[part] = _parse_frame(part[:MAX_NAME_CHARS])
             stack.append(frame)
-        stacks[tuple(stack)] += float(m.group(2))
+        stacks[tuple(stack)] += count
     if good == 0 or bad > good:
         raise ArtifactError(
             "This is not py-spy raw output: expected lines like "
@@ -151,18 +171,46 @@ def parse_pyspy_raw(text: str) -> Profile:
     return Profile("pyspy_raw", dict(stacks), int(total), "samples", skipped_lines=bad)
 
 
+class _SpeedscopeProfile(msgspec.Struct):
+    # `samples` and `weights` stay raw JSON text: they are most of the file, and Python lists of ints
+    # and floats would take ~10x its size. `_sampled_stacks` reads them without building those lists.
+    type: Any = None
+    name: Any = None
+    unit: Any = None
+    samples: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+    weights: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+    events: Any = None
+
+
+class _SpeedscopeDocument(msgspec.Struct):
+    profiles: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+    shared: Any = None
+
+
+_PROFILES = msgspec.json.Decoder(list[msgspec.Raw])
+_PROFILE = msgspec.json.Decoder(_SpeedscopeProfile)
+_DOCUMENT = msgspec.json.Decoder(_SpeedscopeDocument)
+_SAMPLE = re.compile(rb"\[([-\d,\s]*)\]")
+_SAMPLE_GAP = re.compile(rb"\s*,?\s*")
+
+
+def _json_error(exc: Exception) -> ArtifactError:
+    return ArtifactError(f"The speedscope file is not valid JSON: {exc}.")
+
+
 def parse_speedscope(data: bytes) -> Profile:
     """Parse a speedscope JSON file (sampled profiles; evented profiles are converted to durations)."""
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        try:
-            doc = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise ArtifactError(f"The speedscope file is not valid JSON: {exc}.") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("profiles"), list):
-        raise ArtifactError("The speedscope file has no 'profiles' list.")
-    raw_frames = (doc.get("shared") or {}).get("frames")
+        doc = _DOCUMENT.decode(data)
+    except msgspec.ValidationError:
+        raise ArtifactError("The speedscope file has no 'profiles' list.") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise _json_error(exc) from exc
+    try:
+        profiles = _PROFILES.decode(doc.profiles)
+    except msgspec.ValidationError:
+        raise ArtifactError("The speedscope file has no 'profiles' list.") from None
+    raw_frames = doc.shared.get("frames") if isinstance(doc.shared, dict) else None
     if not isinstance(raw_frames, list):
         raise ArtifactError("The speedscope file has no 'shared.frames' list.")
     frames = []
@@ -172,19 +220,23 @@ def parse_speedscope(data: bytes) -> Profile:
         line = item.get("line")
         frames.append(
             Frame(
-                str(item.get("name", "?")), str(item.get("file") or ""), line if isinstance(line, int) else 0
+                str(item.get("name", "?"))[:MAX_NAME_CHARS],
+                str(item.get("file") or "")[:MAX_NAME_CHARS],
+                line if isinstance(line, int) and 0 <= line < 2**31 else 0,
             )
         )
     stacks: defaultdict[tuple[Frame, ...], float] = defaultdict(float)
     samples = 0
     units = set()
-    for number, profile in enumerate(doc["profiles"]):
-        if not isinstance(profile, dict):
-            raise ArtifactError(f"Profile {number} of the speedscope file is not an object.")
-        thread = Frame(str(profile.get("name") or f"profile {number}"), "", 0, "thread")
-        units.add(str(profile.get("unit", "none")))
-        if profile.get("type") == "evented":
-            samples += _add_evented(profile, frames, thread, stacks)
+    for number, raw_profile in enumerate(profiles):
+        try:
+            profile = _PROFILE.decode(raw_profile)
+        except msgspec.ValidationError:
+            raise ArtifactError(f"Profile {number} of the speedscope file is not an object.") from None
+        thread = Frame(str(profile.name or f"profile {number}")[:MAX_NAME_CHARS], "", 0, "thread")
+        units.add(str(profile.unit if profile.unit is not None else "none")[:50])
+        if profile.type == "evented":
+            samples += _add_evented({"events": profile.events}, frames, thread, stacks)
         else:
             samples += _add_sampled(profile, frames, thread, stacks, number)
     if not stacks:
@@ -199,27 +251,115 @@ def _frame_at(frames: list[Frame], index: Any) -> Frame:
     return frames[index]
 
 
+def _weights(raw: msgspec.Raw, number: int) -> np.ndarray | None:
+    """The weights as float64, or None when the list is not a plain list of numbers."""
+    text = bytes(raw).strip()
+    if not (text.startswith(b"[") and text.endswith(b"]")):
+        return None
+    inner = text[1:-1]
+    expected = inner.count(b",") + 1 if inner.strip() else 0
+    if expected == 0:
+        return np.zeros(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            values = np.fromstring(inner, dtype=np.float64, sep=",")
+        except ValueError:
+            return None
+    return values if values.size == expected else None
+
+
 def _add_sampled(
-    profile: dict[str, Any],
+    profile: _SpeedscopeProfile,
     frames: list[Frame],
     thread: Frame,
     stacks: defaultdict[tuple[Frame, ...], float],
     number: int,
 ) -> int:
-    samples, weights = profile.get("samples"), profile.get("weights")
+    bad_shape = ArtifactError(
+        f"Profile {number} of the speedscope file needs 'samples' and 'weights' of equal length."
+    )
+    weights = _weights(profile.weights, number)
+    fast = _fast_samples(profile.samples) if weights is not None else None
+    if fast is None or weights is None:
+        return _add_sampled_slowly(profile, frames, thread, stacks, number)
+    if len(fast) != weights.size:
+        raise bad_shape
+    if not np.all(np.isfinite(weights)):
+        raise ArtifactError(f"Profile {number} of the speedscope file has a weight that is not a number.")
+    cache: dict[bytes, tuple[Frame, ...]] = {}
+    for key, weight in zip(fast, weights.tolist(), strict=True):
+        stack = cache.get(key)
+        if stack is None:
+            indexes = [int(i) for i in key.split(b",") if i.strip()]
+            if len(indexes) > MAX_DEPTH:
+                raise ArtifactError(
+                    f"Profile {number} of the speedscope file has a stack deeper than {MAX_DEPTH}."
+                )
+            stack = cache[key] = (thread, *(_frame_at(frames, i) for i in indexes))
+        stacks[stack] += weight
+        checkpoint()
+    return len(fast)
+
+
+def _fast_samples(raw: msgspec.Raw) -> list[bytes] | None:
+    """Each sample's index list as raw text (b"0,1,2"), or None when the samples are not all plain
+    lists of integers (the slow path then reports what is wrong)."""
+    text = bytes(raw).strip()
+    if not (text.startswith(b"[") and text.endswith(b"]")):
+        return None
+    inner = text[1:-1]
+    out: list[bytes] = []
+    pos = 0
+    gap = _SAMPLE_GAP
+    for m in _SAMPLE.finditer(inner):
+        between = gap.fullmatch(inner, pos, m.start())
+        if between is None or (out and b"," not in inner[pos : m.start()]):
+            return None
+        out.append(m.group(1))
+        pos = m.end()
+    if inner[pos:].strip():
+        return None
+    return out
+
+
+def _add_sampled_slowly(
+    profile: _SpeedscopeProfile,
+    frames: list[Frame],
+    thread: Frame,
+    stacks: defaultdict[tuple[Frame, ...], float],
+    number: int,
+) -> int:
+    try:
+        samples = msgspec.json.decode(profile.samples)
+        weights = msgspec.json.decode(profile.weights)
+    except msgspec.DecodeError as exc:
+        raise _json_error(exc) from exc
     if not isinstance(samples, list) or not isinstance(weights, list) or len(samples) != len(weights):
         raise ArtifactError(
             f"Profile {number} of the speedscope file needs 'samples' and 'weights' of equal length."
         )
     cache: dict[tuple[int, ...], tuple[Frame, ...]] = {}
     for sample, weight in zip(samples, weights, strict=True):
-        if not isinstance(sample, list) or not isinstance(weight, int | float):
+        if (
+            not isinstance(sample, list)
+            or not isinstance(weight, int | float)
+            or isinstance(weight, bool)
+            or not all(isinstance(i, int) for i in sample)
+        ):
             raise ArtifactError(f"Profile {number} of the speedscope file has a malformed sample.")
+        try:
+            value = float(weight)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise ArtifactError(f"Profile {number} of the speedscope file has a weight that is not a number.")
         key = tuple(sample)
         stack = cache.get(key)
         if stack is None:
             stack = cache[key] = (thread, *(_frame_at(frames, i) for i in sample))
-        stacks[stack] += float(weight)
+        stacks[stack] += value
+        checkpoint()
     return len(samples)
 
 
@@ -253,13 +393,38 @@ def parse_pyspy(
     source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BYTES, filename: str | None = None
 ) -> Profile:
     """Parse a py-spy raw or speedscope file (chosen by content). SVG flame graphs raise ArtifactError."""
-    data = load_bytes(source, max_bytes, what="py-spy profile")
-    head = data[:2048].lstrip().lower()
-    if head.startswith((b"<?xml", b"<svg", b"<!doctype svg")) or (filename or "").lower().endswith(".svg"):
-        raise ArtifactError(REJECTED_KINDS[SVG])
-    if head.startswith((b"{", b"[")):
-        return parse_speedscope(data)
-    return parse_pyspy_raw(decode_text(data))
+    with open_text(source, max_bytes, what="py-spy profile") as text:
+        head = text.read(2048)
+        lowered = head.lstrip().lower()
+        if lowered.startswith(("<?xml", "<svg", "<!doctype svg")) or (filename or "").lower().endswith(
+            ".svg"
+        ):
+            raise ArtifactError(REJECTED_KINDS[SVG])
+        if not lowered.startswith(("{", "[")):
+            return parse_pyspy_raw(iter_lines(_Prepend(head, text)))  # type: ignore[arg-type]
+    # speedscope JSON: msgspec decodes from the bytes without building the samples as Python lists.
+    return parse_speedscope(load_bytes(source, max_bytes, what="py-spy profile"))
+
+
+class _Prepend(io.TextIOBase):
+    """A text stream that first returns `head` (already read for sniffing), then the rest of `rest`."""
+
+    def __init__(self, head: str, rest: TextIO) -> None:
+        super().__init__()
+        self._head = io.StringIO(head)
+        self._rest = rest
+        self._head_done = False
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        limit = -1 if size is None else size
+        if not self._head_done:
+            line = self._head.readline(limit)
+            if line.endswith(("\n", "\r")) or (limit > 0 and len(line) >= limit):
+                return line
+            self._head_done = True
+            more = self._rest.readline(-1 if limit < 0 else limit - len(line))
+            return line + more
+        return self._rest.readline(limit)
 
 
 def frame_class(frame: Frame) -> str:
