@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,18 @@ def prometheus_server(tmp_path_factory):
         pytest.skip("prometheus is not installed (Debian package 'prometheus')")
     with PrometheusProcess(tmp_path_factory.mktemp("prom-empty")) as prom:
         yield prom
+
+
+#: The tests' fixed dates (job_body starts 2026-11-23) are this many days after this day.
+FIXED_DATES_FROM = date(2026, 11, 1)
+
+
+@pytest.fixture(autouse=True)
+def job_window_for_fixed_dates(settings):
+    """MAX_JOB_WINDOW_DAYS grows with the days since the tests' fixed dates, so a running test job of
+    2026-11-23 stays registrable as the calendar moves on, while a start a year before those dates (the
+    edge-validation case) stays refused: both ages grow by the same day count."""
+    settings.MAX_JOB_WINDOW_DAYS = 90 + max((date.today() - FIXED_DATES_FROM).days, 0)
 
 
 @pytest.fixture(autouse=True, scope="session")
