@@ -310,3 +310,11 @@ def test_capture_outlines_are_widened_to_a_pixel_and_left_out_of_other_windows()
     assert capture_shapes([CaptureMark(1000.0, 1002.0, "x")], (2000.0, 3000.0), 1000.0, 1000) == ([], [])
     _, labels = capture_shapes([CaptureMark(0.0, 10.0, "<b>x</b>")], None, 10.0, 10)
     assert "<b>" not in labels[0]["text"]
+
+
+def test_artifact_numbers_past_float_range_or_not_finite_render_as_text():
+    from jobs.views.artifacts import _num
+
+    assert _num(10**400) == "out of range"
+    assert _num(float("nan")) == "—" and _num(float("inf")) == "—"
+    assert _num(1234.5, "ms") == "1,234.5 ms"

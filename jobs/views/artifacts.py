@@ -52,7 +52,11 @@ def _num(value: Any, unit: str = "", digits: int = 1) -> str:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        return str(value)
+        return str(value)[:100]
+    except OverflowError:  # an integer past 1e308 stored by an older parser
+        return "out of range"
+    if not math.isfinite(number):
+        return "—"
     text = f"{number:,.{digits}f}"
     return f"{text} {unit}".strip() if unit != "%" else f"{text} %"
 
