@@ -186,6 +186,28 @@ def finding_views(findings: list[Finding], job_span_s: float) -> list[FindingVie
     return out
 
 
+#: At most this many windows per finding travel to the page (the charts redraw them at every zoom).
+MAX_PAGE_WINDOWS = 2000
+
+
+def finding_bands(findings: list[Finding], job_span_s: float) -> list[dict[str, Any]]:
+    """Every finding's windows (ms) for the page's script, which shades them again at each zoom's
+    resolution (jobs.charts.finding_shapes merges them at the whole job's). Findings over (nearly) the
+    whole job are flagged `whole` and not shaded, as on the server."""
+    from jobs.charts.common import BLACK, BLUE
+
+    out = []
+    for mark in finding_marks(findings):
+        windows = charts.merge_windows(mark.windows, 0.0, MAX_PAGE_WINDOWS)
+        out.append({
+            "code": mark.code, "number": mark.number, "colour": mark.colour,
+            "font": "#ffffff" if mark.colour in (BLUE, BLACK) else "#000000",
+            "whole": not windows or charts.covers_whole_span(mark.windows, job_span_s),
+            "windows": [[round(a * 1000), round(b * 1000)] for a, b in windows],
+        })  # fmt: skip
+    return out
+
+
 def _job_span_s(job: Job) -> float:
     end = job.ended_at or job.data_until or timezone.now()
     return max(0.0, (end - job.started_at).total_seconds())
@@ -401,6 +423,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "heatmap": figures["heatmap"],
         "artifacts": artifact_views.figures_of(artifacts),
         "refresh_url": reverse("job-figures", args=[job.external_id]),
+        "finding_bands": finding_bands(findings, _job_span_s(job)),
         "running": job.status == Job.Status.RUNNING,
         "refresh_s": REFRESH_S,
         "pending_artifacts": [

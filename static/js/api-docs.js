@@ -15,4 +15,14 @@
     }
     return setAttribute.call(this, name, value);
   };
+  // React may set the property instead of the attribute.
+  var src = Object.getOwnPropertyDescriptor(HTMLImageElement.prototype, "src");
+  if (src && src.set) {
+    Object.defineProperty(HTMLImageElement.prototype, "src", {
+      configurable: true,
+      enumerable: src.enumerable,
+      get: src.get,
+      set: function (value) { src.set.call(this, offOrigin(value) ? logo : value); }
+    });
+  }
 }());

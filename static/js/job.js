@@ -62,18 +62,168 @@
 
   function setRange(el, range) {
     if (!el || !el.layout) { return Promise.resolve(); }
-    return Plotly.relayout(el, { "xaxis.range": range });
+    // A copy: Plotly rewrites the array it is given (as date strings), which would corrupt ours.
+    return Plotly.relayout(el, { "xaxis.range": range.slice() });
   }
 
   function showWholeJob() {
     detailWindow = null;
+    ++requestSeq;  // a detail answer still on its way must not redraw (or say "zoomed") after this
+    if (detailTimer) { clearTimeout(detailTimer); detailTimer = null; }
     var jobs = [draw(ts, fullFigures.timeseries), draw(heat, fullFigures.heatmap)];
     return Promise.all(jobs).then(function () {
       if (fullRange) {
         syncing = true;
-        return Promise.all([setRange(ts, fullRange), setRange(heat, fullRange)]).then(function () { syncing = false; });
+        return Promise.all([setRange(ts, fullRange), setRange(heat, fullRange)]).then(function () {
+          syncing = false;
+          return redrawBands(fullRange);
+        });
       }
     });
+  }
+
+  // ---- finding bands, shaded again at every zoom at the zoom's own resolution ----------------------
+  var BAND_LIMIT = 240;  // rectangles in all (as jobs.charts.MAX_SHAPES)
+  var bands = page.finding_bands || [];
+
+  function mergeWindows(windows, gap, limit) {
+    var clean = windows.slice().sort(function (a, b) { return a[0] - b[0]; });
+    for (;;) {
+      var merged = [];
+      clean.forEach(function (w) {
+        var last = merged[merged.length - 1];
+        if (last && w[0] - last[1] <= gap) { last[1] = Math.max(last[1], w[1]); } else { merged.push([w[0], w[1]]); }
+      });
+      if (merged.length <= limit || !merged.length) { return merged; }
+      gap = Math.max(gap * 2, 1000);
+    }
+  }
+
+  function bandShapes(range) {
+    var span = range[1] - range[0];
+    var pixel = span / pointsBudget();
+    var per = Math.max(1, Math.floor(BAND_LIMIT / Math.max(1, bands.length)));
+    var shapes = [], labels = [];
+    bands.forEach(function (band) {
+      if (band.whole) { return; }
+      var inside = band.windows.filter(function (w) { return w[1] >= range[0] && w[0] <= range[1]; });
+      var merged = mergeWindows(inside, pixel, per);
+      merged.forEach(function (w) {
+        var x0 = w[0], x1 = w[1];
+        if (x1 - x0 < pixel) { var mid = (x0 + x1) / 2; x0 = mid - pixel / 2; x1 = mid + pixel / 2; }
+        shapes.push({ type: "rect", xref: "x", yref: "paper", x0: x0, x1: x1, y0: 0, y1: 1, fillcolor: band.colour,
+          opacity: 0.14, line: { width: 0 }, layer: "below", name: "finding:" + band.code });
+      });
+      if (merged.length) {
+        labels.push({ x: Math.max(merged[0][0], range[0]), xref: "x", y: 1.0, yref: "paper", yanchor: "bottom", yshift: 22,
+          xanchor: "left", text: "<b>" + band.number + "</b>", showarrow: false,
+          font: { color: band.font, size: 11 }, bgcolor: band.colour, borderpad: 2, name: "finding:" + band.code });
+      }
+    });
+    return { shapes: shapes, labels: labels };
+  }
+
+  function isBand(item) { return String(item.name || "").indexOf("finding:") === 0; }
+
+  function redrawBands(range) {
+    if (!ts || !ts.layout || !range || !bands.length) { return Promise.resolve(); }
+    var drawn = bandShapes(range);
+    var shapes = (ts.layout.shapes || []).filter(function (s) { return !isBand(s); }).concat(drawn.shapes);
+    var notes = (ts.layout.annotations || []).filter(function (a) { return !isBand(a); }).concat(drawn.labels);
+    syncing = true;
+    return Plotly.relayout(ts, { shapes: shapes, annotations: notes }).then(function () {
+      syncing = false;
+      ts.setAttribute("data-bands", String(drawn.shapes.length));
+    });
+  }
+
+  // ---- the time range in the address: ?from=&to= (UTC), ?last=1h|6h|24h, ?finding=CODE -------------
+  var LAST = { "1h": 3600e3, "6h": 6 * 3600e3, "24h": 24 * 3600e3 };
+  var nextParams = null;  // what the zoom about to happen should write (a preset or a finding)
+
+  function iso(ms) { return new Date(Math.round(ms / 1000) * 1000).toISOString().replace(".000Z", "Z"); }
+
+  function parseTime(text) {
+    if (!text) { return null; }
+    if (/^\d+(\.\d+)?$/.test(text)) { return Number(text) * 1000; }  // Unix seconds
+    var t = Date.parse(/Z|[+-]\d\d:?\d\d$/.test(text) ? text : text + "Z");  // no zone: UTC
+    return isNaN(t) ? null : t;
+  }
+
+  function writeUrl(params) {
+    if (!window.history || !window.history.replaceState) { return; }
+    var url = new URL(window.location.href);
+    ["from", "to", "last", "finding"].forEach(function (k) { url.searchParams.delete(k); });
+    Object.keys(params || {}).forEach(function (k) { url.searchParams.set(k, params[k]); });
+    window.history.replaceState(null, "", url.pathname + url.search + url.hash);
+  }
+
+  function clampRange(range) {
+    if (!fullRange) { return range; }
+    var a = Math.max(range[0], fullRange[0]), b = Math.min(range[1], fullRange[1]);
+    return b > a ? [a, b] : null;
+  }
+
+  function showRange(range, params) {
+    range = clampRange(range);
+    if (!range) { say("That range is outside the job."); return Promise.resolve(); }
+    nextParams = params;
+    syncing = true;
+    return Promise.all([setRange(ts, range), setRange(heat, range)]).then(function () {
+      syncing = false;
+      onZoom(range);
+    });
+  }
+
+  function fillCustom(range) {
+    var from = document.getElementById("range-from"), to = document.getElementById("range-to");
+    if (!from || !to) { return; }
+    from.value = range ? iso(range[0]).slice(0, 19) : "";
+    to.value = range ? iso(range[1]).slice(0, 19) : "";
+  }
+
+  function rangeFromUrl() {
+    var q = new URL(window.location.href).searchParams;
+    if (q.get("finding")) {
+      var btn = document.querySelector('button.zoom[data-code="' + CSS.escape(q.get("finding")) + '"]');
+      return btn ? { finding: btn } : null;
+    }
+    if (q.get("last") && LAST[q.get("last")] && fullRange) {
+      return { range: [fullRange[1] - LAST[q.get("last")], fullRange[1]], params: { last: q.get("last") } };
+    }
+    var a = parseTime(q.get("from")), b = parseTime(q.get("to"));
+    if (a !== null && b !== null && b > a) { return { range: [a, b], params: { from: iso(a), to: iso(b) } }; }
+    return null;
+  }
+
+  function applyUrlRange() {
+    var wanted = rangeFromUrl();
+    if (!wanted) { return Promise.resolve(); }
+    if (wanted.finding) { wanted.finding.click(); return Promise.resolve(); }
+    return showRange(wanted.range, wanted.params);
+  }
+
+  function initRangeTools() {
+    Array.prototype.forEach.call(document.querySelectorAll("#range-tools [data-range]"), function (btn) {
+      var kind = btn.getAttribute("data-range");
+      if (kind === "whole") { return; }  // the reset button (initFindingButtons)
+      btn.addEventListener("click", function () {
+        if (!fullRange) { return; }
+        showRange([fullRange[1] - LAST[kind], fullRange[1]], { last: kind }).then(function () {
+          say("Showing the last " + kind.replace("h", " h") + " of the job.");
+        });
+      });
+    });
+    var form = document.getElementById("custom-range");
+    if (form) {
+      form.addEventListener("submit", function (ev) {
+        ev.preventDefault();
+        var a = parseTime(document.getElementById("range-from").value);
+        var b = parseTime(document.getElementById("range-to").value);
+        if (a === null || b === null || b <= a) { say("Give a start and a later end (UTC)."); return; }
+        showRange([a, b], { from: iso(a), to: iso(b) });
+      });
+    }
   }
 
   function pointsBudget() {
@@ -102,6 +252,8 @@
       if (seq !== requestSeq) { return; }
       detailWindow = range;
       return Promise.all([draw(ts, body.timeseries), draw(heat, body.heatmap)]).then(function () {
+        return redrawBands(range);
+      }).then(function () {
         say("Showing full detail for the zoomed window.");
       });
     }).catch(function (err) { say("Could not load detail: " + err.message); });
@@ -109,19 +261,43 @@
 
   function onZoom(range) {
     if (detailTimer) { clearTimeout(detailTimer); }
-    if (range === "auto") { showWholeJob(); say(""); return; }
+    if (range === "auto") {
+      nextParams = null;
+      writeUrl(null);
+      fillCustom(null);
+      showWholeJob().then(function () { say("Showing the whole job."); });
+      return;
+    }
     if (!fullRange || !range || range[0] === null) { return; }
+    if (!nextParams && range[0] <= fullRange[0] + 1000 && range[1] >= fullRange[1] - 1000) {
+      // Double-click (Plotly resets to the initial range) or a zoom out to the whole job.
+      writeUrl(null);
+      fillCustom(null);
+      (detailWindow ? showWholeJob() : redrawBands(fullRange)).then(function () { say("Showing the whole job."); });
+      return;
+    }
+    writeUrl(nextParams || { from: iso(range[0]), to: iso(range[1]) });
+    nextParams = null;
+    fillCustom(range);
+    redrawBands(range);
     var share = (range[1] - range[0]) / (fullRange[1] - fullRange[0]);
     if (share < DETAIL_SHARE) {
       detailTimer = setTimeout(function () { loadDetail(range); }, 350);
     } else if (detailWindow) {
       // Zoomed back out past the detail window: the whole-job data is the right one again.
       var keep = range;
+      ++requestSeq;
       Promise.all([draw(ts, fullFigures.timeseries), draw(heat, fullFigures.heatmap)]).then(function () {
         detailWindow = null;
         syncing = true;
-        return Promise.all([setRange(ts, keep), setRange(heat, keep)]).then(function () { syncing = false; });
+        return Promise.all([setRange(ts, keep), setRange(heat, keep)]).then(function () {
+          syncing = false;
+          return redrawBands(keep);
+        });
       });
+      say("Zoomed in; the whole job's data is shown at this width.");
+    } else {
+      say("Zoomed in; the whole job's data is shown at this width.");
     }
   }
 
@@ -137,16 +313,9 @@
     });
   }
 
-  function zoomTo(startMs, endMs) {
+  function zoomTo(startMs, endMs, params) {
     var pad = Math.max((endMs - startMs) * 0.08, 120000);
-    var a = startMs - pad, b = endMs + pad;
-    if (fullRange) { a = Math.max(a, fullRange[0]); b = Math.min(b, fullRange[1]); }
-    var range = [a, b];
-    syncing = true;
-    return Promise.all([setRange(ts, range), setRange(heat, range)]).then(function () {
-      syncing = false;
-      onZoom(range);
-    });
+    return showRange([startMs - pad, endMs + pad], params);
   }
 
   function initFindingButtons() {
@@ -156,7 +325,7 @@
         Array.prototype.forEach.call(buttons, function (b) { b.setAttribute("aria-pressed", "false"); });
         btn.setAttribute("aria-pressed", "true");
         var start = Number(btn.getAttribute("data-start")), end = Number(btn.getAttribute("data-end"));
-        zoomTo(start, end).then(function () {
+        zoomTo(start, end, { finding: btn.getAttribute("data-code") }).then(function () {
           var item = btn.closest("li");
           var title = item ? item.querySelector("h3") : null;
           say("Charts zoomed to " + (title ? title.textContent.replace(/\s+/g, " ").trim() : "the finding") + ".");
@@ -169,6 +338,8 @@
     if (reset) {
       reset.addEventListener("click", function () {
         Array.prototype.forEach.call(buttons, function (b) { b.setAttribute("aria-pressed", "false"); });
+        writeUrl(null);
+        fillCustom(null);
         showWholeJob().then(function () { say("Showing the whole job."); });
       });
     }
@@ -224,7 +395,10 @@
         clearInterval(refreshTimer);
         say("The job has ended; reload the page for its final numbers and findings.");
       }
-      return Promise.all([draw(ts, body.timeseries), draw(heat, body.heatmap)]);
+      return Promise.all([draw(ts, body.timeseries), draw(heat, body.heatmap)]).then(function () {
+        var shown = ts && ts.layout && ts.layout.xaxis && ts.layout.xaxis.range;
+        return shown ? redrawBands([toMs(shown[0]), toMs(shown[1])]) : null;
+      });
     }).catch(function () { /* keep the last data; the next tick retries */ });
   }
 
@@ -250,16 +424,19 @@
     initFindingButtons();
     watchArtifacts();
     if (!Plotly) { say("The chart library did not load."); return; }
+    initRangeTools();
     Promise.all([draw(ts, page.timeseries), draw(heat, page.heatmap)]).then(function () {
       link(ts, heat);
       link(heat, ts);
+      return applyUrlRange();
+    }).then(function () {
       if (ts) { ts.setAttribute("data-ready", "1"); }
       document.body.setAttribute("data-charts-ready", "1");
     });
     initArtifacts();
     if (page.running) { refreshTimer = setInterval(refresh, (page.refresh_s || 60) * 1000); }
     // For the browser tests and for debugging from the console.
-    window.jobPage = { refresh: refresh, zoomTo: zoomTo, showWholeJob: showWholeJob };
+    window.jobPage = { refresh: refresh, zoomTo: zoomTo, showWholeJob: showWholeJob, showRange: showRange };
   }
 
   if (document.readyState === "loading") {
