@@ -8,13 +8,18 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from jobs.models import (
+    AlertDelivery,
+    AlertIncident,
+    AlertSubscription,
     ApiToken,
     Artifact,
     Baseline,
     Finding,
     GpuModel,
+    IdlePolicy,
     Job,
     Membership,
+    PolicyAction,
     PriceEntry,
     ReportDelivery,
     Team,
@@ -126,3 +131,39 @@ class ApiTokenAdmin(admin.ModelAdmin):
 class ReportDeliveryAdmin(admin.ModelAdmin):
     list_display = ["team", "week_start", "status", "attempts", "sent_at"]
     list_filter = ["status", "team"]
+
+
+@admin.register(AlertIncident)
+class AlertIncidentAdmin(admin.ModelAdmin):
+    list_display = ["rule", "job", "team", "started_at", "opened_at", "resolved_at"]
+    list_filter = ["rule", "team"]
+    search_fields = ["job__external_id", "title"]
+    raw_id_fields = ["job", "finding"]
+
+
+@admin.register(AlertSubscription)
+class AlertSubscriptionAdmin(admin.ModelAdmin):
+    """Webhook URLs and secrets are stored encrypted and never shown: edit them on the team's alerts page."""
+
+    list_display = ["channel", "team", "user", "email", "url_hint", "enabled"]
+    list_filter = ["channel", "enabled"]
+    exclude = ["url_encrypted", "secret_encrypted"]
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["incident", "event", "channel", "status", "attempts", "sent_at"]
+    list_filter = ["status", "channel", "event"]
+    readonly_fields = ["claim_token"]
+
+
+@admin.register(IdlePolicy)
+class IdlePolicyAdmin(admin.ModelAdmin):
+    list_display = ["team", "enabled", "dry_run", "warn_after_minutes", "grace_minutes"]
+
+
+@admin.register(PolicyAction)
+class PolicyActionAdmin(admin.ModelAdmin):
+    list_display = ["at", "team", "job", "kind", "outcome", "actor", "target"]
+    list_filter = ["kind", "outcome", "team"]
+    raw_id_fields = ["job", "incident"]
