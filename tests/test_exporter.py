@@ -33,10 +33,26 @@ def test_metrics_lists_recent_jobs_with_escaped_labels(client, jobs):
     response = client.get("/metrics")
     assert response.status_code == 200
     text = response.content.decode()
-    assert 'job="evil\\"} 1\\nx"' in text
+    assert 'job_id="evil\\"} 1\\nx"' in text
     assert "efficiency_job_mfu_ratio{" in text and " 0.31\n" in text
     assert 'code="false_saturation",severity="warning"} 1' in text
-    assert 'job="old"' not in text
+    assert 'job_id="old"' not in text
+
+
+@pytest.mark.django_db
+def test_series_labels_are_stable_and_status_is_on_the_info_metric(client, jobs):
+    """`job` is Prometheus' target label (it would become exported_job); a status change must not start
+    new series, so status, model and GPU model live on efficiency_job_info only."""
+    text = client.get("/metrics").content.decode()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert samples
+    for line in samples:
+        labels = line[line.index("{") + 1 : line.rindex("}")]
+        assert not labels.startswith("job=") and ',job="' not in labels, line
+        if line.startswith("efficiency_job_info{"):
+            assert 'status="running"' in line and 'model="llama-7b"' in line and line.endswith(" 1")
+        else:
+            assert "status=" not in labels and "model=" not in labels, line
 
 
 @pytest.mark.django_db

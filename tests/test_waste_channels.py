@@ -123,11 +123,11 @@ def test_metrics_export_omits_unknown_waste_and_exports_its_lower_bound(jobs, se
     Job.objects.update(ended_at=timezone.now())  # recent enough to be exported
     text = exporter.render()
     lines = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if not line.startswith("#")}
-    b = [k for k in lines if 'job="B-2"' in k]
+    b = [k for k in lines if 'job_id="B-2"' in k]
     assert not any(k.startswith("efficiency_job_waste_usd_per_day{") for k in b)
     assert any(k.startswith("efficiency_job_waste_lower_bound_usd_per_day{") and lines[k] == "48" for k in b)
     assert any(k.startswith("efficiency_job_waste_known{") and lines[k] == "0" for k in b)
-    a = [k for k in lines if 'job="A-1"' in k]
+    a = [k for k in lines if 'job_id="A-1"' in k]
     assert any(k.startswith("efficiency_job_waste_usd_per_day{") and lines[k] == "160" for k in a)
 
 

@@ -2,6 +2,12 @@
 
 Only running jobs and jobs that ended in the last week are exported, so the number of series stays
 bounded however long the job history grows.
+
+Labels: every series carries `job_id` (the scheduler's id; not `job`, which is Prometheus' own target
+label and would be renamed `exported_job` on scrape) and `team`, which never change during a job. What
+does change or only describes the job (`status`, `model`, `gpu_model`, `name`) is on one info metric,
+`efficiency_job_info{...} 1`, joined in queries with `* on (job_id) group_left (status) efficiency_job_info`:
+a job finishing does not start new series. The dashboard and rules in efficiency/deploy/ read these names.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.models import Finding, Job
 
 RECENT = timedelta(days=7)
+INFO = "efficiency_job_info"
 _GAUGES = (
     ("efficiency_job_mfu_ratio", "mfu", "Model FLOPs utilization of the job ({convention}), 0-1."),
     ("efficiency_job_hfu_ratio", "hfu", "Hardware FLOPs utilization incl. recomputation, 0-1."),
@@ -77,14 +84,17 @@ def render() -> str:
         .select_related("team", "gpu_model")
         .order_by("external_id")
     )
-    labels = {
-        j.pk: (
-            f'job="{escape(j.external_id)}",team="{escape(j.team.slug)}",model="{escape(j.model_name)}",'
-            f'gpu_model="{escape(j.gpu_model.name if j.gpu_model else "unknown")}",status="{j.status}"'
+    labels = {j.pk: f'job_id="{escape(j.external_id)}",team="{escape(j.team.slug)}"' for j in jobs}
+    lines: list[str] = [
+        f"# HELP {INFO} The job's descriptive labels (status, model, GPU model, name); value 1.",
+        f"# TYPE {INFO} gauge",
+    ]
+    for j in jobs:
+        lines.append(
+            f'{INFO}{{{labels[j.pk]},status="{j.status}",model="{escape(j.model_name)}",'
+            f'gpu_model="{escape(j.gpu_model.name if j.gpu_model else "unknown")}",'
+            f'name="{escape(j.name)}"}} 1'
         )
-        for j in jobs
-    }
-    lines: list[str] = []
     convention = CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION]
     for name, field, help_text in _GAUGES:
         lines += [f"# HELP {name} {help_text.format(convention=convention)}", f"# TYPE {name} gauge"]
