@@ -157,6 +157,30 @@ def _big_dstat(target: int) -> bytes:
     return b"\n".join([*head, *rows]) + b"\n"
 
 
+def _big_pyspy_raw(target: int) -> bytes:
+    # A real raw profile is one line per distinct stack over a bounded set of functions, and stacks share
+    # their callers: walk a fixed call graph (3,000 functions, 3 callees each) to random depths.
+    rng = random.Random(4)
+    pool = [f"fn_{i} (pkg/mod_{i % 97}.py:{i % 400 + 1})" for i in range(3000)]
+    seen: set[str] = set()
+    lines = []
+    size = 0
+    while size < target:
+        node = 0
+        stack = ['process 4242:"python train.py"', 'thread (0x7F00): "MainThread"']
+        for _ in range(rng.randint(4, 40)):
+            node = (node * 31 + rng.randrange(3) + 1) % len(pool)
+            stack.append(pool[node])
+        text = ";".join(stack)
+        if text in seen:
+            continue
+        seen.add(text)
+        line = f"{text} {rng.randint(1, 500)}"
+        lines.append(line)
+        size += len(line) + 1
+    return ("\n".join(lines) + "\n").encode()
+
+
 def memory_inputs(target: int) -> dict[str, tuple[str, bytes | Path]]:
     inputs: dict[str, tuple[str, bytes | Path]] = {}
     k = fz.SAMPLES / "kineto" / "hta_v100_2rank_rank1.json.gz"
@@ -167,7 +191,7 @@ def memory_inputs(target: int) -> dict[str, tuple[str, bytes | Path]]:
         inputs["nsys_sqlite"] = ("nsys_sqlite", n)
     inputs["nsys_stats"] = ("nsys_stats_csv", _scaled_text(_clean_numbers(fz.gen_nsys_stats), target, 1))
     inputs["ncu"] = ("ncu_csv", _scaled_text(_clean_numbers(fz.gen_ncu), target, 2))
-    inputs["pyspy_raw"] = ("pyspy_raw", _scaled_text(_clean_numbers(fz.gen_pyspy_raw), target, 3))
+    inputs["pyspy_raw"] = ("pyspy_raw", _big_pyspy_raw(target))
     if (fz.SAMPLES / "pyspy").is_dir():
         inputs["speedscope"] = ("pyspy_speedscope", _big_speedscope(target))
     if (fz.SAMPLES / "nvidia-smi").is_dir():
@@ -176,12 +200,22 @@ def memory_inputs(target: int) -> dict[str, tuple[str, bytes | Path]]:
     return inputs
 
 
+def _peak_rss_bytes() -> int:
+    # VmHWM, not getrusage's ru_maxrss: a spawned child's ru_maxrss starts at the parent's peak (Linux
+    # carries it across the fork and exec), which would hide the parse behind the benchmark's own size.
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _measure(path: str, kind: str, conn: Connection) -> None:
+def _measure(path: str, kind: str, traced: bool, conn: Connection) -> None:
     import tracemalloc
 
     _setup()
@@ -190,7 +224,8 @@ def _measure(path: str, kind: str, conn: Connection) -> None:
 
     # Imported before the baseline: numpy's and the parsers' own code is not the parse's memory.
     rss0 = _rss_bytes()
-    tracemalloc.start()
+    if traced:
+        tracemalloc.start()
     start = time.perf_counter()
     try:
         analyze_file(path, kind)
@@ -198,13 +233,23 @@ def _measure(path: str, kind: str, conn: Connection) -> None:
     except Exception as exc:  # reported, not raised: the figure is still interesting
         status = f"{type(exc).__name__}: {str(exc)[:120]}"
     seconds = time.perf_counter() - start
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    conn.send((peak, max(0, maxrss - rss0), seconds, status))
+    peak = tracemalloc.get_traced_memory()[1] if traced else 0
+    conn.send((peak, max(0, _peak_rss_bytes() - rss0), seconds, status))
+
+
+def _child(path: Path, kind: str, traced: bool) -> tuple[int, int, float, str]:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_measure, args=(str(path), kind, traced, child))
+    proc.start()
+    result: tuple[int, int, float, str] = parent.recv()
+    proc.join()
+    return result
 
 
 def measure_memory(name: str, kind: str, source: bytes | Path, tmp: Path) -> dict[str, Any]:
+    """Peak memory of one parse: tracemalloc's peak (Python and numpy allocations) in one fresh process,
+    the growth of peak RSS (everything: SQLite, allocator slack) in another, without tracemalloc."""
     if isinstance(source, Path):
         path = source
         raw = source.read_bytes()
@@ -213,12 +258,8 @@ def measure_memory(name: str, kind: str, source: bytes | Path, tmp: Path) -> dic
         path = tmp / f"mem-{name}"
         path.write_bytes(source)
         size = len(source)
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_measure, args=(str(path), kind, child))
-    proc.start()
-    peak, rss, seconds, status = parent.recv()
-    proc.join()
+    peak, _, _, status = _child(path, kind, True)
+    _, rss, seconds, _ = _child(path, kind, False)
     return {"bytes": size, "traced_x": peak / size, "rss_x": rss / size, "seconds": seconds, "status": status}
 
 

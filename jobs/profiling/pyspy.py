@@ -12,6 +12,7 @@ import math
 import re
 import sys
 import warnings
+from array import array
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ _FRAMEWORK_PACKAGES = frozenset(
 _STDLIB = frozenset(sys.stdlib_module_names)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Frame:
     """One frame: function, file and line (0 when unknown); kind is "python", "process" or "thread".
 
@@ -119,13 +120,16 @@ def _short(path: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 2 else path
 
 
-def _parse_frame(text: str) -> Frame:
+def _parse_frame(text: str, names: dict[str, str] | None = None) -> Frame:
     if _PROCESS.match(text):
         return Frame(text, "", 0, "process")
     if _THREAD.match(text):
         return Frame(text, "", 0, "thread")
     if m := _FRAME.match(text):
-        return Frame(m.group("func"), m.group("file"), int(m.group("line") or 0))
+        func, file = m.group("func"), m.group("file")
+        if names is not None:  # one string per distinct function and file, not one per line number
+            func, file = names.setdefault(func, func), names.setdefault(file, file)
+        return Frame(func, file, int(m.group("line") or 0))
     return Frame(text, "", 0)
 
 
@@ -137,6 +141,7 @@ def parse_pyspy_raw(text: str | Iterable[str]) -> Profile:
     """
     stacks: defaultdict[tuple[Frame, ...], float] = defaultdict(float)
     frames: dict[str, Frame] = {}
+    names: dict[str, str] = {}
     bad = good = 0
     for line in text.splitlines() if isinstance(text, str) else text:
         if not line.strip():
@@ -159,7 +164,7 @@ def parse_pyspy_raw(text: str | Iterable[str]) -> Profile:
         for part in parts:
             frame = frames.get(part)
             if frame is None:
-                frame = frames[part] = _parse_frame(part[:MAX_NAME_CHARS])
+                frame = frames[part] = _parse_frame(part[:MAX_NAME_CHARS], names)
             stack.append(frame)
         stacks[tuple(stack)] += count
     if good == 0 or bad > good:
@@ -492,14 +497,18 @@ def _icicle(profile: Profile, max_nodes: int) -> dict[str, Any]:
         for frame in stack:
             if frame not in key_id:
                 key_id[frame] = merged.setdefault(frame.key, len(merged))
-    node_of: dict[tuple[int, int], int] = {}
-    value, depth, parent = [0.0], [0], [0]
+    # Typed arrays and integer edge keys: a profile with millions of tree nodes stays a few dozen bytes
+    # per node (Python lists of floats and tuple keys took ~10x the file).
+    node_of: dict[int, int] = {}
+    stride = len(merged) + 1
+    value, depth, parent = array("d", [0.0]), array("q", [0]), array("q", [0])
     frame_of: list[Frame | None] = [None]
     for stack, weight in profile.stacks.items():
         node = 0
         value[0] += weight
+        checkpoint()
         for frame in stack:
-            edge = (node, key_id[frame])
+            edge = node * stride + key_id[frame]
             child = node_of.get(edge)
             if child is None:
                 child = node_of[edge] = len(value)
@@ -509,9 +518,11 @@ def _icicle(profile: Profile, max_nodes: int) -> dict[str, Any]:
                 frame_of.append(frame)
             value[child] += weight
             node = child
+    del node_of
     total = len(value)
-    value_a, parent_a = np.asarray(value), np.asarray(parent)
-    order = np.lexsort((np.arange(total), np.asarray(depth), -value_a))
+    value_a = np.frombuffer(value, dtype=np.float64)
+    parent_a = np.frombuffer(parent, dtype=np.int64)
+    order = np.lexsort((np.arange(total), np.frombuffer(depth, dtype=np.int64), -value_a))
     child_count = np.bincount(parent_a[1:], minlength=total)
     child_value = np.bincount(parent_a[1:], weights=value_a[1:], minlength=total)
     budget = max(2, max_nodes)
