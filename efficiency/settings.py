@@ -173,6 +173,8 @@ DISCOVERY_TEAM = env_str("DISCOVERY_TEAM", "unassigned")
 DISCOVERY_JOB_KIND = env_choice("DISCOVERY_JOB_KIND", "training", ("training", "fine_tuning", "inference"))
 # Bearer token Prometheus must send to scrape /metrics; empty leaves /metrics open (set it in production).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Grafana with efficiency/deploy/grafana-dashboard.json imported: job pages link to it (empty: no link).
+GRAFANA_URL = env_url("GRAFANA_URL", "", schemes=("http", "https")) if env_str("GRAFANA_URL", "") else ""
 # Demo only: where `load_demo` keeps the running demo jobs; enables the simulated dcgm-exporter endpoint.
 DEMO_STATE_DIR = env_str("DEMO_STATE_DIR", "")
 ENERGY_USD_PER_KWH = env_float("ENERGY_USD_PER_KWH", 0.0, min_value=0.0, max_value=10.0)

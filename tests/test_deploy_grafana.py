@@ -121,3 +121,24 @@ def test_dashboard_queries_are_valid_promql_over_exported_metrics(tmp_path):
     path.write_text(json.dumps(rules))  # JSON is YAML
     result = _run("check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.django_db
+def test_job_page_links_to_grafana_when_grafana_url_is_set(client, settings, make_team, make_user):
+    from datetime import UTC, datetime
+    from html import unescape
+
+    from jobs.models import Job
+
+    team = make_team("llm")
+    client.force_login(make_user("alice", teams=[team]))
+    start = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    Job.objects.create(team=team, external_id="g-1", gpu_count=8, started_at=start)
+    settings.GRAFANA_URL = ""
+    assert "grafana-link" not in client.get("/jobs/g-1/").content.decode()
+    settings.GRAFANA_URL = "https://grafana.example.com/"
+    html = unescape(client.get("/jobs/g-1/").content.decode())
+    assert (
+        'href="https://grafana.example.com/d/efficiency/efficiency?var-job_id=g-1&from=1796025600000&to=now"'
+        in html
+    )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import orjson
 from django.conf import settings
@@ -473,8 +474,24 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "readiness": _readiness(job),
         "resolution": resolution(figures["archive_step_s"]),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
+        "grafana_url": grafana_link(job),
     }
     return render(request, "jobs/job_detail.html", context)
+
+
+GRAFANA_DASHBOARD_PATH = "/d/efficiency/efficiency"  # uid of efficiency/deploy/grafana-dashboard.json
+
+
+def grafana_link(job: Job) -> str:
+    """The job on the shipped Grafana dashboard over its window, when GRAFANA_URL is set ('' otherwise)."""
+    base = settings.GRAFANA_URL
+    if not base:
+        return ""
+    end = str(round(job.ended_at.timestamp() * 1000)) if job.ended_at else "now"
+    query = urlencode(
+        {"var-job_id": job.external_id, "from": round(job.started_at.timestamp() * 1000), "to": end}
+    )
+    return f"{base.rstrip('/')}{GRAFANA_DASHBOARD_PATH}?{query}"
 
 
 def resolution(archive_step_s: float | None) -> Resolution:
