@@ -720,3 +720,65 @@ def test_storable_helper_finds_each_problem() -> None:
     )
     assert storable_problems({"ok": [1, 2.5, "x", None, True, 2**53, -(2**53)]}) == []
     assert storable_problems({"big": 2**53 + 1}) != []
+
+
+def test_guard_turns_an_unexpected_exception_into_a_parser_bug() -> None:
+    from jobs.profiling.errors import ArtifactError, ParserBug
+    from jobs.profiling.guard import guarded
+
+    @guarded("test file")
+    def broken(source: bytes) -> dict[str, Any]:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    with pytest.raises(ParserBug, match=r"OverflowError at test_parser_fuzz\.py:\d+") as caught:
+        broken(b"x")
+    assert isinstance(caught.value, ArtifactError)
+
+
+def test_guard_cleans_a_result_and_says_so() -> None:
+    from jobs.profiling.guard import guarded
+    from jobs.profiling.safe_json import storable_problems
+
+    @guarded("test file")
+    def parse(source: bytes) -> dict[str, Any]:
+        return {"mean": float("nan"), "count": 10**23, "name": "a\x00b", "warnings": []}
+
+    result = parse(b"x")
+    assert storable_problems(result) == []
+    assert result["mean"] is None and result["count"] is None and result["name"] == "ab"
+    assert "3 value(s)" in result["warnings"][0]
+
+
+def test_time_budget_stops_the_parse_with_the_budget_in_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.profiling import guard
+    from jobs.profiling.errors import ArtifactError
+
+    monkeypatch.setattr(guard, "BASE_SECONDS", 0.0)
+    monkeypatch.setattr(guard, "SECONDS_PER_MIB", 0.0)
+
+    @guard.guarded("slow file")
+    def slow(source: bytes) -> dict[str, Any]:
+        while True:
+            guard.checkpoint()
+
+    with pytest.raises(ArtifactError, match=r"longer than its budget of 0 s"):
+        slow(b"x")
+
+
+def test_memory_budget_stops_the_parse_with_the_budget_in_the_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs.profiling import guard
+    from jobs.profiling.errors import ArtifactError
+
+    monkeypatch.setattr(guard, "BASE_MEMORY_BYTES", 1024**2)
+    monkeypatch.setattr(guard, "MEMORY_PER_INPUT_BYTE", 4.0)
+
+    @guard.guarded("big file")
+    def greedy(source: bytes) -> dict[str, Any]:
+        held = b"x" * (64 * 1024**2)  # touched pages: resident
+        guard.check_now()
+        return {"n": len(held)}
+
+    with pytest.raises(ArtifactError, match=r"memory budget of 1 MiB \(1 MiB \+ 4x"):
+        greedy(b"x" * 10)
