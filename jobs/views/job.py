@@ -470,7 +470,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "in_baseline": comparison is not None and job.pk in comparison.run_ids,
         "can_write": can_write,
         "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
-        "promote_blockers": promote_blockers(job) if can_write else [],
+        "promote_blockers": _health_blockers(findings) if can_write else [],
         "readiness": _readiness(job),
         "resolution": resolution(figures["archive_step_s"]),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
@@ -604,14 +604,14 @@ HEALTH_FINDING_CODES = ("gpu_errors", "throttling", "straggler")
 PROMOTE_REASON_MAX = 500
 
 
+def _health_blockers(findings: Sequence[Finding]) -> list[Finding]:
+    blocking = (Finding.Severity.WARNING, Finding.Severity.CRITICAL)
+    return [f for f in findings if f.code in HEALTH_FINDING_CODES and f.severity in blocking]
+
+
 def promote_blockers(job: Job) -> list[Finding]:
     """The job's hardware/health findings at warning or worse, which stop a plain promote."""
-    return list(
-        job.findings.filter(
-            code__in=HEALTH_FINDING_CODES,
-            severity__in=[Finding.Severity.WARNING, Finding.Severity.CRITICAL],
-        )
-    )
+    return _health_blockers(list(job.findings.all()))
 
 
 @require_POST

@@ -203,6 +203,34 @@
     return showRange(wanted.range, wanted.params);
   }
 
+  function currentRange() {
+    var r = ts && ts._fullLayout && ts._fullLayout.xaxis && ts._fullLayout.xaxis.range;
+    return r ? [toMs(r[0]), toMs(r[1])] : (fullRange ? fullRange.slice() : null);
+  }
+
+  function initKeyboard() {
+    if (!ts) { return; }
+    ts.addEventListener("keydown", function (ev) {
+      var r = currentRange();
+      if (!r || !fullRange) { return; }
+      var span = r[1] - r[0], mid = (r[0] + r[1]) / 2, next = null;
+      if (ev.key === "+" || ev.key === "=") { next = [mid - span / 4, mid + span / 4]; }
+      else if (ev.key === "-" || ev.key === "_") { next = [mid - span, mid + span]; }
+      else if (ev.key === "ArrowLeft") { next = [r[0] - span / 4, r[1] - span / 4]; }
+      else if (ev.key === "ArrowRight") { next = [r[0] + span / 4, r[1] + span / 4]; }
+      else if (ev.key === "0" || ev.key === "Home") {
+        ev.preventDefault();
+        writeUrl(null);
+        showWholeJob().then(function () { say("Showing the whole job."); });
+        return;
+      } else { return; }
+      ev.preventDefault();
+      if (next[0] < fullRange[0]) { next = [fullRange[0], fullRange[0] + (next[1] - next[0])]; }
+      if (next[1] > fullRange[1]) { next = [fullRange[1] - (next[1] - next[0]), fullRange[1]]; }
+      showRange(next, null);
+    });
+  }
+
   function initRangeTools() {
     Array.prototype.forEach.call(document.querySelectorAll("#range-tools [data-range]"), function (btn) {
       var kind = btn.getAttribute("data-range");
@@ -425,6 +453,7 @@
     watchArtifacts();
     if (!Plotly) { say("The chart library did not load."); return; }
     initRangeTools();
+    initKeyboard();
     Promise.all([draw(ts, page.timeseries), draw(heat, page.heatmap)]).then(function () {
       link(ts, heat);
       link(heat, ts);

@@ -238,3 +238,37 @@ def _in_viewport(page, selector: str) -> bool:
         " return r.top >= 0 && r.bottom <= window.innerHeight; }",
         selector,
     )
+
+
+@db
+def test_phone_dark_mode_and_keyboard_zoom(browser, live_server, member, job):
+    from tests.browser.conftest import _CSP_LISTENER, Watched
+
+    context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark")
+    context.add_init_script(_CSP_LISTENER)
+    try:
+        watched = Watched(context.new_page())
+        page = watched.page
+        page.set_default_timeout(20_000)
+        log_in(watched, live_server.url, member.username)
+        # The job's name stays in view on a 390 px screen even when the table scrolls sideways.
+        page.locator(".table-wrap").first.evaluate("el => el.scrollLeft = 400")
+        name = page.locator("#jobs tbody tr td:first-child a").first.bounding_box()
+        assert name is not None and name["x"] >= 0 and name["x"] + 20 <= 390
+        bg = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+        assert bg == "rgb(13, 17, 23)", bg  # dark mode follows the system setting
+        watched.shot("ux-phone-dark-job-list", full_page=False)
+        # Keyboard: Tab to the chart, "+" zooms in and writes the range to the address.
+        open_job(watched, live_server, job)
+        whole = x_range(page, "timeseries")
+        page.locator("#timeseries").focus()
+        page.keyboard.press("+")
+        page.wait_for_function("new URL(location.href).searchParams.get('from') !== null")
+        zoomed = x_range(page, "timeseries")
+        assert zoomed[1] - zoomed[0] == pytest.approx((whole[1] - whole[0]) / 2, rel=0.02)
+        page.keyboard.press("0")
+        page.wait_for_selector("#zoom-status:has-text('whole job')")
+        watched.shot("ux-phone-dark-job", full_page=False)
+        watched.assert_clean()
+    finally:
+        context.close()
