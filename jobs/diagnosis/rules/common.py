@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
+from jobs.diagnosis import detectors as D
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import Evidence
 from jobs.diagnosis.features import Features
@@ -51,3 +54,29 @@ def mean_over(series: np.ndarray | None, mask: np.ndarray | None = None) -> floa
     s = series if mask is None else series[mask]
     s = s[np.isfinite(s)]
     return float(s.mean()) if s.size else None
+
+
+class IdleGaps(NamedTuple):
+    """Short stalls of the job's mean utilisation (see `short_idle_gaps`)."""
+
+    runs: list[D.Run]
+    share: float  # of the known samples
+    mask: np.ndarray  # samples inside a gap
+    known: np.ndarray  # samples with a value
+
+
+def short_idle_gaps(f: Features) -> IdleGaps | None:
+    """Stalls of the job's mean utilisation: runs at ~0 % shorter than an idle stretch (longer ones are
+    idle_gpus), at least `STALL_MIN_GAPS` of them, with the share of known samples they cover. None
+    without utilisation or with too few gaps."""
+    if f.util is None:
+        return None
+    long_run = max(int(T.IDLE_MIN_STRETCH_S // f.step), 2)
+    rs = [r for r in D.idle_gaps(f.util, threshold=T.STALL_UTIL_MAX) if r[1] - r[0] < long_run]
+    known = np.isfinite(f.util)
+    if len(rs) < T.STALL_MIN_GAPS or not known.any():
+        return None
+    mask = np.zeros(f.util.size, dtype=bool)
+    for a, b in rs:
+        mask[a:b] = True
+    return IdleGaps(rs, float(mask[known].mean()), mask, known)

@@ -25,7 +25,7 @@ from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
-from jobs.diagnosis.rules.common import pct, util_level
+from jobs.diagnosis.rules.common import pct, short_idle_gaps, util_level
 from jobs.diagnosis.rules.data_pipeline_stall import links_busy_in
 
 CODE = "communication_wait"
@@ -198,25 +198,20 @@ def _warn_if_enough(f: Features, cycles: float) -> Severity:
 
 def _drop_pattern(f: Features) -> tuple[list[D.Run], float, int] | None:
     """Synchronised, regular drops of the job's mean utilisation while the links stay busy."""
-    if f.util is None:
+    gaps = short_idle_gaps(f)
+    if gaps is None:
         return None
-    long_run = max(int(T.IDLE_MIN_STRETCH_S // f.step), 2)
-    rs = [r for r in D.idle_gaps(f.util, threshold=T.STALL_UTIL_MAX) if r[1] - r[0] < long_run]
-    known = np.isfinite(f.util)
-    if len(rs) < T.STALL_MIN_GAPS or not known.any():
-        return None
-    mask = np.zeros(f.util.size, dtype=bool)
-    for a, b in rs:
-        mask[a:b] = True
-    share = float(mask[known].mean())
+    rs, share, mask, known = gaps
+    util = f.util
+    assert util is not None  # short_idle_gaps returns None without utilisation
     cv = D.interval_cv([a for a, _ in rs])
-    period = D.find_periodicity(f.util, f.step)
+    period = D.find_periodicity(util, f.step)
     regular = (period is not None and period.swing >= T.SAWTOOTH_MIN_SWING) or (
         cv is not None and cv <= T.STALL_MAX_INTERVAL_CV
     )
     if share < T.STALL_MIN_IDLE_SHARE or not regular or not links_busy_in(f, mask):
         return None
-    lost = float(np.nansum(np.clip(1.0 - f.util[mask], 0.0, 1.0))) / max(int(known.sum()), 1)
+    lost = float(np.nansum(np.clip(1.0 - util[mask], 0.0, 1.0))) / max(int(known.sum()), 1)
     return rs, clamp01(lost), len(rs)
 
 

@@ -31,7 +31,7 @@ from jobs.diagnosis import thresholds as T
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
-from jobs.diagnosis.rules.common import pct
+from jobs.diagnosis.rules.common import pct, short_idle_gaps
 
 CODE = "data_pipeline_stall"
 RECOMMENDATION = (
@@ -168,20 +168,15 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
 
 
 def _gaps(f: Features) -> tuple[list[D.Run], float, D.Periodicity | None, float | None] | None:
-    if f.util is None:
+    found = short_idle_gaps(f)
+    if found is None:
         return None
-    long_run = max(int(T.IDLE_MIN_STRETCH_S // f.step), 2)
-    rs = [r for r in D.idle_gaps(f.util, threshold=T.STALL_UTIL_MAX) if r[1] - r[0] < long_run]
-    known = np.isfinite(f.util)
-    if len(rs) < T.STALL_MIN_GAPS or not known.any():
-        return None
-    in_gaps = np.zeros(f.util.size, dtype=bool)
-    for a, b in rs:
-        in_gaps[a:b] = True
-    share = float(in_gaps[known].mean())
+    rs, share, in_gaps, known = found
+    util = f.util
+    assert util is not None  # short_idle_gaps returns None without utilisation
     if share < T.STALL_MIN_IDLE_SHARE:
         return None
-    period = D.find_periodicity(f.util, f.step)
+    period = D.find_periodicity(util, f.step)
     cv = D.interval_cv([a for a, _ in rs])
     regular = (period is not None and period.swing >= T.SAWTOOTH_MIN_SWING) or (
         cv is not None and cv <= T.STALL_MAX_INTERVAL_CV
@@ -193,7 +188,7 @@ def _gaps(f: Features) -> tuple[list[D.Run], float, D.Periodicity | None, float 
         # The collective moves data in the troughs (or the links carry collective-sized traffic on
         # average, which an input-starved job does not): communication_wait.
         return None
-    lost = float(np.nansum(np.clip(1.0 - f.util[in_gaps], 0.0, 1.0))) / max(int(known.sum()), 1)
+    lost = float(np.nansum(np.clip(1.0 - util[in_gaps], 0.0, 1.0))) / max(int(known.sum()), 1)
     return rs, clamp01(lost), period, cv
 
 
