@@ -5,10 +5,10 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 
+from jobs.api.root import ApiRootView
 from jobs.demo import live_exporter_view
 from jobs.outputs.exporter import metrics_view
 from jobs.views import healthz
-from jobs.views.api_root import ApiRootView
 
 admin.site.site_header = "efficiency administration"
 admin.site.site_title = "efficiency admin"
