@@ -181,16 +181,96 @@ def _big_pyspy_raw(target: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def memory_inputs(target: int) -> dict[str, tuple[str, bytes | Path]]:
+def _big_ncu(target: int) -> bytes:
+    # `ncu --csv --page details`: one row per metric, 36 metrics per launch, unique launch ids.
+    rng = random.Random(2)
+    cols = (
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+        '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+    )
+    sol = "GPU Speed Of Light Throughput"
+    metrics = [
+        (sol, "Duration", "usecond"),
+        (sol, "Compute (SM) Throughput", "%"),
+        (sol, "Memory Throughput", "%"),
+        (sol, "DRAM Throughput", "%"),
+        (sol, "Elapsed Cycles", "cycle"),
+        (sol, "SM Frequency", "cycle/nsecond"),
+        *[("Occupancy", f"Metric {i}", "%") for i in range(30)],
+    ]
+    names = [
+        "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, T2, T3)",
+        "reduce_kernel",
+    ]
+    lines = ["==PROF== Connected to process 5120 (/usr/bin/python3)", cols]
+    size, kid = 0, 0
+    while size < target:
+        name = rng.choice(names)
+        for section, metric, unit in metrics:
+            line = (
+                f'"{kid}","5120","python3","node","{name}","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0",'
+                f'"{section}","{metric}","{unit}","{rng.uniform(0, 100):.2f}"'
+            )
+            lines.append(line)
+            size += len(line) + 1
+        kid += 1
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _big_nsys(seed: Path, target: int, tmp: Path) -> Path:
+    # The real 2x H100 export with its event tables repeated (shifted in time) until the file is `target`.
+    import shutil
+    import sqlite3
+
+    out = tmp / "big-nsys.sqlite"
+    shutil.copyfile(seed, out)
+    os.chmod(out, 0o644)
+    con = sqlite3.connect(out)
+    tables = [
+        r[0]
+        for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        if r[0].startswith(("CUPTI_ACTIVITY_KIND_", "NVTX_EVENTS"))
+    ]
+    lo, hi = 2**62, 0
+    for table in tables:
+        cols = [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]
+        if "start" in cols and "end" in cols:
+            a, b = con.execute(f'SELECT min(start), max("end") FROM "{table}"').fetchone()
+            if a is not None and b is not None:
+                lo, hi = min(lo, a), max(hi, b)
+    span = hi - lo + 1
+    k = 1
+    while out.stat().st_size < target and k < 1000:
+        for table in tables:
+            cols = [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]
+            if "start" not in cols:
+                continue
+            exprs = [
+                f'"{c}" + {k * span}' if c in ("start", "end") else ("NULL" if c == "id" else f'"{c}"')
+                for c in cols
+            ]
+            con.execute(
+                f'INSERT INTO "{table}" ({", ".join(chr(34) + c + chr(34) for c in cols)}) '
+                f'SELECT {", ".join(exprs)} FROM "{table}" WHERE start <= {hi}'
+            )
+        con.commit()
+        k += 1
+    con.execute("VACUUM")
+    con.close()
+    return out
+
+
+def memory_inputs(target: int, tmp: Path) -> dict[str, tuple[str, bytes | Path]]:
     inputs: dict[str, tuple[str, bytes | Path]] = {}
     k = fz.SAMPLES / "kineto" / "hta_v100_2rank_rank1.json.gz"
     if k.exists():
         inputs["kineto"] = ("kineto", k)
     n = fz.SAMPLES / "nsys" / "nsysai_h100_2gpu_train_300ms.sqlite"
     if n.exists():
-        inputs["nsys_sqlite"] = ("nsys_sqlite", n)
+        inputs["nsys_sqlite"] = ("nsys_sqlite", _big_nsys(n, target, tmp))
     inputs["nsys_stats"] = ("nsys_stats_csv", _scaled_text(_clean_numbers(fz.gen_nsys_stats), target, 1))
-    inputs["ncu"] = ("ncu_csv", _scaled_text(_clean_numbers(fz.gen_ncu), target, 2))
+    inputs["ncu"] = ("ncu_csv", _big_ncu(target))
     inputs["pyspy_raw"] = ("pyspy_raw", _big_pyspy_raw(target))
     if (fz.SAMPLES / "pyspy").is_dir():
         inputs["speedscope"] = ("pyspy_speedscope", _big_speedscope(target))
@@ -283,7 +363,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fuzz-bench-") as tmpdir:
         tmp = Path(tmpdir)
         if not args.no_memory:
-            for name, (kind, source) in memory_inputs(int(args.memory_mb * 1e6)).items():
+            for name, (kind, source) in memory_inputs(int(args.memory_mb * 1e6), tmp).items():
                 if name in wanted:
                     memory[name] = measure_memory(name, kind, source, tmp)
         results: dict[str, collections.Counter[str]] = {}
