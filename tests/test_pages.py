@@ -147,8 +147,9 @@ def test_job_page_query_count_is_fixed(client, member, finished, django_assert_n
     url = reverse("job-detail", args=[finished.external_id])
     client.get(url)  # warm caches (content types, sessions)
     # session, user, job, findings, artifacts, series means, per-GPU series, baseline (+ its runs when
-    # one exists), the user's teams for the write check, the runs to compare with (one UNION).
-    with django_assert_num_queries(10):
+    # one exists), the user's teams for the write check, the runs to compare with (one UNION), the job's
+    # open alert incidents.
+    with django_assert_num_queries(11):
         assert client.get(url).status_code == 200
 
 
