@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
-import re
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +30,7 @@ from jobs.models import Artifact, Job
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError
 from jobs.profiling.run_check import JobFacts, RunCheckResult, check_run
+from jobs.profiling.safe_json import clean_text, make_storable
 from jobs.registry import resolve_gpu_model
 
 log = logging.getLogger(__name__)
@@ -233,41 +232,11 @@ def profiler_comm_share_pct(analysis: dict[str, Any]) -> float | None:
     return _rank_median(analysis, "step_breakdown", "communication_pct")
 
 
-_LONE_SURROGATE_OR_NUL = re.compile(r"[\x00\ud800-\udfff]")
-_MAX_DEPTH = 64
-
-
-def sanitize_json(value: Any, _depth: int = 0) -> Any:
-    """A copy of `value` that Postgres' jsonb and every page encoder accept: NaN and infinities become
-    None (unknown), NUL characters are dropped and lone surrogates become U+FFFD in strings and keys,
-    integers past 64 bits become floats (None past 1e308), tuples become lists. Raises ValueError for
-    nesting deeper than 64 levels or a value that is not JSON data."""
-    if _depth > _MAX_DEPTH:
-        raise ValueError(f"analysis nested deeper than {_MAX_DEPTH} levels")
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if -(2**63) <= value < 2**63:
-            return value
-        try:
-            return float(value)
-        except OverflowError:
-            return None
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, str):
-        return _clean_text(value)
-    if isinstance(value, dict):
-        return {_clean_text(str(k)): sanitize_json(v, _depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [sanitize_json(v, _depth + 1) for v in value]
-    raise ValueError(f"analysis holds a {type(value).__name__}, which is not JSON data")
-
-
-def _clean_text(text: str) -> str:
-    if _LONE_SURROGATE_OR_NUL.search(text) is None:
-        return text
-    return _LONE_SURROGATE_OR_NUL.sub(lambda m: "" if m.group() == "\x00" else "\ufffd", text)
+def sanitize_json(value: Any) -> Any:
+    """A copy of an analysis that Postgres' jsonb and every page encoder accept (the one definition:
+    `jobs.profiling.safe_json.make_storable`: NaN/Inf and integers past ±2^53 become None, NUL dropped,
+    lone surrogates U+FFFD, strings capped)."""
+    return make_storable(value)[0]
 
 
 def parse_artifact(artifact_id: int) -> Artifact | None:
@@ -397,7 +366,7 @@ def _failed(artifact: Artifact, reason: str) -> Artifact:
     log.warning("artifact %s (%s) failed to parse: %s", artifact.pk, artifact.original_name, reason)
     artifact.status, artifact.error, artifact.parsed_at = (
         Artifact.Status.FAILED,
-        _clean_text(reason)[:2000],
+        clean_text(reason, 2000),
         timezone.now(),
     )
     # An update, not save(): a stale in-memory analysis the database refused must not be written again.

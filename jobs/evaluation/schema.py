@@ -10,6 +10,8 @@ from typing import Any
 
 import msgspec
 
+from jobs.profiling.safe_json import make_storable
+
 SCHEMA_VERSION = 1
 #: Names under which the evaluation's derived series are archived next to the DCGM signals.
 DERIVED_THROUGHPUT = "tokens_per_second"
@@ -68,9 +70,10 @@ class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def encode(evaluation: Evaluation) -> dict[str, Any]:
-    """JSON-safe dict for the database (non-finite floats are refused by Postgres: they become None)."""
+    """JSON-safe dict for the database (jobs.profiling.safe_json.make_storable: non-finite floats become
+    None, NUL and lone surrogates from user input are cleaned; Postgres refuses them otherwise)."""
     out = msgspec.to_builtins(evaluation)
-    return _finite(out)
+    return make_storable(out)[0]
 
 
 def decode(payload: Any) -> Evaluation | None:
@@ -81,16 +84,3 @@ def decode(payload: Any) -> Evaluation | None:
         return msgspec.convert(payload, Evaluation)
     except msgspec.ValidationError:
         return None
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, str):
-        # Postgres refuses NUL in text, and a lone surrogate cannot be encoded: both come from user input.
-        return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
-    return value

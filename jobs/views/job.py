@@ -35,6 +35,7 @@ from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job
 from jobs.permissions import can_write_team
+from jobs.profiling.safe_json import make_storable
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.views import artifacts as artifact_views
@@ -62,30 +63,7 @@ def dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError):
-        return orjson.dumps(_json_safe(value))
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        if -(2**63) <= value < 2**64:
-            return value
-        try:
-            return float(value)
-        except OverflowError:
-            return None
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float | str):
-        return value
-    try:
-        orjson.dumps(value)
-    except (TypeError, orjson.JSONEncodeError):
-        return str(value)
-    return value
+        return orjson.dumps(make_storable(value)[0])
 
 
 def _json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
