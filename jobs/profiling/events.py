@@ -454,8 +454,8 @@ class ColumnBuilder:
             self._append_checked(values)
 
     def _append_checked(self, values: tuple[Any, ...]) -> None:
-        n = len(self)
         arrays = [self._arrays[name] for name in self._order]
+        n = min(len(arr) for arr in arrays)  # the columns before the failing one already took a value
         for arr in arrays:  # undo the partial row
             del arr[n:]
         for arr, value in zip(arrays, values, strict=True):

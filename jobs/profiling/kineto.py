@@ -449,7 +449,7 @@ def _build_trace(events: list[_Event], meta: _Document, rank_override: int | Non
             if kind == OpKind.MEMCPY:
                 cached = memcpy_cache.get(name)
                 if cached is None:
-                    cached = _memcpy_kinds(name, args.kind if args is not None else None)
+                    cached = _memcpy_kinds(name[:256], args.kind if args is not None else None)
                     memcpy_cache[name] = cached
                 copy_kind, src, dst = cached
             elif kind == OpKind.SYNC:

@@ -160,10 +160,11 @@ def _iter_tables(
         stripped = line.strip()
         if not stripped or stripped.startswith(("Generating SQLite", "NOTICE", "WARNING", "Exporting")):
             continue
-        if m := _PROCESSING.match(stripped):
+        # Banners are short: matching these patterns on a 300 kB line would backtrack quadratically.
+        if len(stripped) <= 2000 and (m := _PROCESSING.match(stripped)):
             report = m.group(1)
             continue
-        if m := _BANNER.match(stripped):
+        if len(stripped) <= 2000 and (m := _BANNER.match(stripped)):
             report = m.group(2)
             continue
         if (

@@ -782,3 +782,27 @@ def test_memory_budget_stops_the_parse_with_the_budget_in_the_message(
 
     with pytest.raises(ArtifactError, match=r"memory budget of 1 MiB \(1 MiB \+ 4x"):
         greedy(b"x" * 10)
+
+
+def test_a_cell_a_column_cannot_hold_keeps_the_columns_aligned() -> None:
+    from jobs.profiling.events import ColumnBuilder
+
+    builder = ColumnBuilder({"a": "q", "b": "i", "c": "b"})
+    builder.append_row(1, 2**40, 3)  # fails in the second column, after the first took its value
+    builder.append_row(2**70, 5, 6)
+    builder.append_row(1, 2, "x")
+    cols = {k: v.tolist() for k, v in builder.to_numpy().items()}
+    assert cols == {"a": [1, -1, 1], "b": [-1, 5, 2], "c": [3, 6, -1]}
+
+
+def test_a_huge_processing_line_does_not_backtrack_for_minutes() -> None:
+    from jobs.profiling.errors import ArtifactError
+    from jobs.profiling.nsys_stats import analyze_nsys_stats
+
+    text = (
+        b"Processing [report1.sqlite] with [" + b"A" * 300_000 + b"\nTime (%),Total Time (ns),Name\n1,2,k\n"
+    )
+    start = time.perf_counter()
+    with contextlib.suppress(ArtifactError):
+        analyze_nsys_stats(text)
+    assert time.perf_counter() - start < 5
