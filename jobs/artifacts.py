@@ -28,7 +28,7 @@ from jobs.enqueue import enqueue
 from jobs.evaluation.refresh import reevaluate
 from jobs.models import Artifact, Job
 from jobs.profiling.detect import detect_kind, read_head
-from jobs.profiling.errors import ArtifactError
+from jobs.profiling.errors import ArtifactError, ParserBug
 from jobs.profiling.run_check import JobFacts, RunCheckResult, check_run
 from jobs.profiling.safe_json import clean_text, make_storable
 from jobs.registry import resolve_gpu_model
@@ -273,6 +273,9 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
                 blob_path(artifact.sha256), artifact.kind, rank=artifact.rank, filename=artifact.original_name
             )
         )
+    except ParserBug as exc:  # always a bug in our parser, not in the file: logged with its traceback
+        log.error("artifact %s: parser bug: %s", artifact.pk, exc, exc_info=exc)
+        return _failed(artifact, str(exc))
     except ArtifactError as exc:
         return _failed(artifact, str(exc))
     except FileNotFoundError:

@@ -207,3 +207,20 @@ def test_an_upload_whose_parse_cannot_be_queued_fails_instead_of_waiting_forever
     assert response.status_code == 201
     artifact = Artifact.objects.get()
     assert artifact.status == "failed" and "could not be queued" in artifact.error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_parser_bug_fails_the_artifact_and_is_logged_as_an_error(llm, monkeypatch, caplog):
+    from jobs.profiling.errors import ParserBug
+
+    artifact = _stored()
+
+    def broken(*args, **kwargs):
+        raise ParserBug("internal error in the kineto parser (IndexError at events.py:12)")
+
+    monkeypatch.setattr(artifacts, "analyze_file", broken)
+    with caplog.at_level("ERROR", logger="jobs.artifacts"):
+        artifacts.parse_artifact(artifact.pk)
+    artifact.refresh_from_db()
+    assert artifact.status == "failed" and "IndexError at events.py:12" in artifact.error
+    assert any(r.levelname == "ERROR" and "parser bug" in r.getMessage() for r in caplog.records)
