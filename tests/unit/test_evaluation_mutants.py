@@ -179,6 +179,7 @@ def test_per_gpu_rows_two_steps_late_fall_back_to_the_cross_gpu_bound() -> None:
 
 
 def test_encode_replaces_a_lone_surrogate() -> None:
-    # A lone surrogate cannot be stored as UTF-8: encoding with "replace" turns it into "?".
+    # A lone surrogate cannot be stored as UTF-8: the one sanitiser (safe_json.make_storable) turns it
+    # into U+FFFD, the Unicode replacement character.
     payload = encode(Evaluation(duration_s=1.0, gpu_hours=1.0, notes=["a\ud800b"]))
-    assert payload["notes"] == ["a?b"]
+    assert payload["notes"] == ["a\ufffdb"]
