@@ -114,11 +114,11 @@ class _Blocking:
     item_index: npt.NDArray[np.int64]
 
 
-def _host_mem_by_correlation(rank: RankTrace) -> dict[int, int]:
-    """Host memory kind (MemKind) of each memcpy's host side, by correlation id."""
+def _memcpys(rank: RankTrace) -> list[tuple[int, int, int | None]]:
+    """(correlation id, copy kind, host side's MemKind or None) of each correlated memcpy."""
     gpu = rank.gpu
     sel = (gpu.kind == OpKind.MEMCPY) & (gpu.correlation >= 0)
-    out: dict[int, int] = {}
+    out: list[tuple[int, int, int | None]] = []
     for corr, ck, src, dst in zip(
         gpu.correlation[sel].tolist(),
         gpu.copy_kind[sel].tolist(),
@@ -126,11 +126,13 @@ def _host_mem_by_correlation(rank: RankTrace) -> dict[int, int]:
         gpu.dst_kind[sel].tolist(),
         strict=True,
     ):
-        if ck in _HOST_SRC:
-            out[corr] = src
-        elif ck in _HOST_DST:
-            out[corr] = dst
+        out.append((corr, ck, src if ck in _HOST_SRC else dst if ck in _HOST_DST else None))
     return out
+
+
+def _host_mem_by_correlation(rank: RankTrace) -> dict[int, int]:
+    """Host memory kind (MemKind) of each memcpy's host side, by correlation id."""
+    return {corr: host for corr, _, host in _memcpys(rank) if host is not None}
 
 
 def _blocking(trace: Trace, rank: RankTrace) -> tuple[_Blocking, dict[str, int]]:
@@ -470,17 +472,8 @@ def _sites(trace: Trace, rank: RankTrace, blocking: _Blocking, window_ns: int) -
 
 def _copy_labels(rank: RankTrace) -> dict[int, str]:
     """Suffixes such as " (DtoH, pageable)" for copy calls, by correlation id."""
-    gpu = rank.gpu
-    sel = (gpu.kind == OpKind.MEMCPY) & (gpu.correlation >= 0)
     out: dict[int, str] = {}
-    for corr, ck, src, dst in zip(
-        gpu.correlation[sel].tolist(),
-        gpu.copy_kind[sel].tolist(),
-        gpu.src_kind[sel].tolist(),
-        gpu.dst_kind[sel].tolist(),
-        strict=True,
-    ):
-        host = src if ck in _HOST_SRC else dst if ck in _HOST_DST else None
+    for corr, ck, host in _memcpys(rank):
         mem = (
             f", {MEM_KIND_LABELS.get(host, '?').lower()}"
             if host is not None and host != MemKind.UNKNOWN
