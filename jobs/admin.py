@@ -21,6 +21,7 @@ from jobs.models import (
     Membership,
     PolicyAction,
     PriceEntry,
+    PromotionOverride,
     ReportDelivery,
     Team,
 )
@@ -34,7 +35,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "created_at"]
+    list_display = ["name", "slug", "monthly_budget_usd", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]
@@ -107,6 +108,14 @@ class FindingAdmin(admin.ModelAdmin):
 class BaselineAdmin(admin.ModelAdmin):
     list_display = ["model_name", "fingerprint", "team", "created_at", "retired_at"]
     list_filter = ["team"]
+
+
+@admin.register(PromotionOverride)
+class PromotionOverrideAdmin(admin.ModelAdmin):
+    """Runs promoted despite hardware/health findings, with the reason given (read-only audit trail)."""
+
+    list_display = ["job", "baseline", "user", "reason", "created_at"]
+    readonly_fields = ["baseline", "job", "user", "finding_codes", "reason", "created_at"]
 
 
 @admin.register(ApiToken)

@@ -30,6 +30,14 @@ class Team(models.Model):
         blank=True,
         help_text="Addresses outside the team that get the weekly email.",
     )
+    monthly_budget_usd = models.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Optional GPU spend budget per calendar month, US dollars ($ this month); empty: none.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -401,6 +409,24 @@ class Baseline(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_name} [{self.fingerprint[:8]}]"
+
+
+class PromotionOverride(models.Model):
+    """A run promoted to a baseline although it had warning-or-worse hardware/health findings: who, when,
+    which findings (their codes) and the reason they gave. The audit trail of "promote anyway"."""
+
+    baseline = models.ForeignKey(Baseline, on_delete=models.CASCADE, related_name="overrides")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="promotion_overrides")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    finding_codes = ArrayField(models.CharField(max_length=64), default=list)
+    reason = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.job} into {self.baseline}: {self.reason[:40]}"
 
 
 class ArtifactQuerySet(models.QuerySet["Artifact"]):

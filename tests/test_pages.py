@@ -13,7 +13,7 @@ import pytest
 from django.urls import reverse
 
 from jobs.evaluation import baselines
-from jobs.models import Baseline, Finding, Job
+from jobs.models import Baseline, Finding, Job, PromotionOverride
 from tests.browser import data
 
 pytestmark = [pytest.mark.prometheus]
@@ -320,8 +320,13 @@ def test_promote_creates_and_extends_the_baseline_and_the_page_compares(client, 
         finished.tokens_per_second / 16
     )
     assert baseline.stats["sm_active"]["n"] == 1 and baseline.team == finished.team
+    # The override is stored with who, which findings and why.
+    override = PromotionOverride.objects.get(baseline=baseline, job=finished)
+    assert override.reason == "throttled 30 min of 3 h" and override.user == member
+    assert override.finding_codes == ["straggler", "throttling"]  # the fixture's warnings of health kinds
     client.post(url, {"promote_anyway": "1", "reason": "again"})  # idempotent
     assert baseline.runs.count() == 1
+    assert list(PromotionOverride.objects.values_list("reason", flat=True)) == ["throttled 30 min of 3 h"]
 
     html = unescape(client.get(reverse("job-detail", args=[finished.external_id])).content.decode())
     section = html[html.index('id="baseline"') : html.index('id="artifacts"')]

@@ -33,7 +33,7 @@ from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.ingest import NO_GPUS_MATCHED
 from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
-from jobs.models import Artifact, Finding, Job
+from jobs.models import Artifact, Finding, Job, PromotionOverride
 from jobs.permissions import can_write_team
 from jobs.profiling.safe_json import make_storable
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
@@ -618,6 +618,16 @@ def job_promote_baseline(request: HttpRequest, external_id: str) -> HttpResponse
     else:
         runs = baseline.runs.count()
         if blockers:
+            # The first override of a run is the record; promoting the same run again changes nothing.
+            PromotionOverride.objects.get_or_create(
+                baseline=baseline,
+                job=job,
+                defaults={
+                    "user": request.user if request.user.is_authenticated else None,
+                    "finding_codes": sorted({f.code for f in blockers}),
+                    "reason": reason,
+                },
+            )
             logger.warning(
                 "job %s promoted to baseline %s despite %s by %s: %s",
                 job.external_id,
