@@ -153,6 +153,11 @@ PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
 # dcgm-exporter's scrape interval: coverage = samples / (window / interval), and rate() windows hold >= 2
 # intervals. 30 s as in efficiency/deploy/prometheus.yml (Prometheus' own default is 1 m; sampling.md).
 PROMETHEUS_SCRAPE_INTERVAL_S = env_float("PROMETHEUS_SCRAPE_INTERVAL_S", 30.0, min_value=1.0, max_value=600)
+# A poll never advances a job's data_until past now minus this lag (samples still in flight: remote write,
+# a replica behind), so late data is re-read by the next poll. Default two scrape intervals (#13 item 6).
+PROMETHEUS_INGESTION_LAG_S = env_float(
+    "PROMETHEUS_INGESTION_LAG_S", 2 * PROMETHEUS_SCRAPE_INTERVAL_S, min_value=0.0, max_value=3600
+)
 
 # Organisation defaults (editable per job / baseline; see reference/formulas.md).
 # Reference MFU per dtype family, each a fraction of THAT dtype's dense peak (an FP8 job is measured against
