@@ -109,7 +109,7 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "var" / "staticfiles")))
-STORAGES = {
+STORAGES: dict[str, dict[str, object]] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
         "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
@@ -118,6 +118,28 @@ STORAGES = {
     },
 }
 MEDIA_ROOT = Path(env_str("MEDIA_ROOT", str(BASE_DIR / "var" / "media")))
+# Artifact blobs (content-addressed: artifacts/ab/cd/<sha256>) live in STORAGES["artifacts"]: the local
+# filesystem under MEDIA_ROOT by default, or an S3-compatible object store (AWS S3, MinIO, Ceph RGW...) so
+# that workers on other machines can parse them. Empty keys/region: boto3's own chain (IAM role, AWS_* vars).
+ARTIFACT_STORAGE = env_choice("ARTIFACT_STORAGE", "local", ("local", "s3"))
+if ARTIFACT_STORAGE == "s3":
+    STORAGES["artifacts"] = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": env_str("ARTIFACT_S3_BUCKET"),
+            "endpoint_url": env_str("ARTIFACT_S3_ENDPOINT_URL", "") or None,
+            "access_key": env_str("ARTIFACT_S3_ACCESS_KEY_ID", "") or None,
+            "secret_key": env_str("ARTIFACT_S3_SECRET_ACCESS_KEY", "") or None,
+            "region_name": env_str("ARTIFACT_S3_REGION", "") or None,
+            "location": env_str("ARTIFACT_S3_PREFIX", ""),
+            # Blobs are named by their sha256: the same name is the same bytes, so overwriting is safe.
+            "file_overwrite": True,
+            # Reads through storage.open() spool to disk past 16 MiB instead of holding a trace in memory.
+            "max_memory_size": 16 * 1024 * 1024,
+        },
+    }
+else:
+    STORAGES["artifacts"] = {"BACKEND": "django.core.files.storage.FileSystemStorage"}  # at MEDIA_ROOT
 MEDIA_URL = "/media/"  # never routed: artifacts are served through a view, as attachments
 
 # Uploads: artifacts can be large traces; Django streams anything above the memory limit to disk.
@@ -247,11 +269,36 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
-# Named queues; a worker started without -Q consumes all of them. Alert deliveries have their own queue so
-# a slow webhook never delays polling.
+# Named queues (README "Workers and queues"); a worker started without -Q consumes all of them. Each kind
+# of work has its own so that a 15-minute parse or a slow webhook never delays the one-minute polls.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_QUEUES = (Queue("celery"), Queue("notify"))
-CELERY_TASK_ROUTES = {"jobs.tasks.deliver_alert": {"queue": "notify"}}
+CELERY_TASK_QUEUES = tuple(Queue(name) for name in ("celery", "poll", "parse", "notify", "reports"))
+# Any task not listed here (a new one) goes to the default queue.
+CELERY_TASK_ROUTES = {
+    "jobs.tasks.poll_running_jobs": {"queue": "poll"},
+    "jobs.tasks.poll_job": {"queue": "poll"},
+    "jobs.tasks.finalize_ended_jobs": {"queue": "poll"},
+    "jobs.tasks.finalize_job": {"queue": "poll"},
+    "jobs.tasks.discover_jobs": {"queue": "poll"},
+    "jobs.tasks.reevaluate_jobs": {"queue": "poll"},
+    "jobs.tasks.parse_artifact": {"queue": "parse"},
+    "jobs.tasks.sweep_stuck_artifacts": {"queue": "parse"},
+    "jobs.tasks.deliver_alert": {"queue": "notify"},
+    "jobs.tasks.sweep_alerts": {"queue": "notify"},
+    "jobs.tasks.apply_idle_policy": {"queue": "notify"},
+    "jobs.tasks.send_weekly_reports": {"queue": "reports"},
+}
+# Beat keeps its schedule in Redis and holds a Redis lock (celery-redbeat), so a second beat started by
+# mistake (or as a standby) waits instead of sending every periodic task twice. The lock expires
+# REDBEAT_LOCK_TIMEOUT_S after the holder stops renewing it (it renews every tick, at most 5 s apart).
+CELERY_BEAT_SCHEDULER = "redbeat.RedBeatScheduler"
+CELERY_BEAT_MAX_LOOP_INTERVAL = 5
+CELERY_REDBEAT_REDIS_URL = env_url(
+    "REDBEAT_REDIS_URL", REDIS_URL, schemes=("redis", "rediss", "unix", "redis-sentinel", "redis-cluster")
+)
+CELERY_REDBEAT_REDIS_OPTIONS: dict[str, object] = {}
+CELERY_REDBEAT_KEY_PREFIX = env_str("REDBEAT_KEY_PREFIX", "efficiency:redbeat:")
+CELERY_REDBEAT_LOCK_TIMEOUT = env_int("REDBEAT_LOCK_TIMEOUT_S", 60, min_value=15, max_value=3600)
 WEEKLY_REPORT_CRON = env_str("WEEKLY_REPORT_CRON", "0 8 * * 1")
 
 # Email
