@@ -20,6 +20,7 @@ from efficiency.env import (
     env_url,
     parse_database_url,
 )
+from efficiency.sso_config import load_sso_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -100,6 +101,11 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "job-list"
 LOGOUT_REDIRECT_URL = "login"
+# Single sign-on (OpenID Connect through mozilla-django-oidc, jobs.sso; README "Single sign-on"): off unless
+# OIDC_ENABLED=true, and then complete or the process does not start. SsoBackend declines every login
+# while SSO is off; local accounts always log in through ModelBackend.
+SSO = load_sso_config()
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "jobs.sso.SsoBackend"]
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")

@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 from jobs.api.root import ApiRootView
 from jobs.demo import live_exporter_view
 from jobs.outputs.exporter import metrics_view
+from jobs.sso import LocalAndSsoLogoutView
 from jobs.views import healthz
 
 admin.site.site_header = "efficiency administration"
@@ -18,7 +19,10 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("simulated/dcgm-exporter/metrics", live_exporter_view, name="demo-exporter"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Ends the local session, and the provider's too after an SSO login when OIDC_END_SESSION_ENDPOINT is set.
+    path("logout/", LocalAndSsoLogoutView.as_view(), name="logout"),
+    # OpenID Connect login (jobs.sso): 404 unless OIDC_ENABLED=true.
+    path("oidc/", include("jobs.sso")),
     path("admin/", admin.site.urls),
     path("api/v1/", ApiRootView.as_view(), name="api-root"),  # before the router's root, which it replaces
     path("api/v1/", include("jobs.api.urls")),

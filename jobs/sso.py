@@ -1,0 +1,384 @@
+"""Single sign-on with OpenID Connect (mozilla-django-oidc): the backend, the views mounted under /oidc/.
+
+Off unless ``OIDC_ENABLED=true`` (``settings.SSO``, from efficiency.sso_config): the backend then declines
+every login and the /oidc/ views answer 404, so local accounts work exactly as without SSO.
+
+On each SSO login the backend
+- verifies the ID token fully (signature against the provider's JWKS, issuer, audience = our client id,
+  expiry, nonce; mozilla-django-oidc itself skips the audience and issuer checks, so we do them here);
+- finds the account by verified email, or creates one named by ``OIDC_USERNAME_CLAIM`` (default
+  ``preferred_username``, falling back to the email); it never takes over a local account by user name;
+- sets ``is_staff`` from ``OIDC_STAFF_GROUP`` (when configured; superusers keep staff);
+- syncs team memberships from the groups claim (``efficiency.sso_config.teams_from_groups``).
+
+Which memberships SSO manages, without a migration: a membership SSO created is marked by putting the
+user in the auth group ``oidc-managed:<team slug>`` (shown on the user's admin page). At each login SSO
+adds the memberships the groups grant, updates the role of those it manages, and deletes only those it
+manages that the groups no longer grant. A membership an admin created (no marker) is never changed or
+removed by SSO, even when the user is in or leaves the matching provider group.
+
+A refused login (bad signature, wrong audience or issuer, expired token, wrong nonce, unverified email,
+a user name held by another account, the provider's own error) logs in nobody: the login page shows why.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+from urllib.parse import urlencode
+
+import jwt
+import requests
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_not_required
+from django.contrib.auth.models import Group, User
+from django.contrib.auth.views import LogoutView
+from django.core.exceptions import SuspiciousOperation
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.encoding import smart_str
+from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+from mozilla_django_oidc.utils import import_from_settings
+from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
+
+from efficiency.sso_config import SsoConfig, teams_from_groups
+from jobs.models import Membership, Team
+
+log = logging.getLogger(__name__)
+
+MANAGED_GROUP_PREFIX = "oidc-managed:"
+# A provider that sends thousands of groups is misconfigured (or hostile); the mapping reads this many.
+MAX_GROUPS = 1000
+# Clock skew tolerated on exp/iat/nbf between us and the provider.
+LEEWAY_S = 60
+
+# Why the last SSO attempt of a request was refused, for the login page's message (the backend has the
+# request; the callback view, which shows the message, does not see the backend's exceptions).
+_REFUSALS: weakref.WeakKeyDictionary[HttpRequest, str] = weakref.WeakKeyDictionary()
+
+
+class SsoRefused(Exception):
+    """An SSO login that must not succeed; the message is shown to the person trying to log in."""
+
+
+def sso_config() -> SsoConfig:
+    """The SSO configuration in force (``settings.SSO``)."""
+    config: SsoConfig = settings.SSO
+    return config
+
+
+def _oidc_setting(attr: str, *default: Any) -> Any:
+    """mozilla-django-oidc's settings, derived from settings.SSO so there is one source of truth."""
+    sso = sso_config()
+    derived: dict[str, Any] = {
+        "OIDC_RP_CLIENT_ID": sso.client_id,
+        "OIDC_RP_CLIENT_SECRET": sso.client_secret,
+        "OIDC_OP_AUTHORIZATION_ENDPOINT": sso.authorization_endpoint,
+        "OIDC_OP_TOKEN_ENDPOINT": sso.token_endpoint,
+        "OIDC_OP_USER_ENDPOINT": sso.userinfo_endpoint,
+        "OIDC_OP_JWKS_ENDPOINT": sso.jwks_endpoint or None,
+        "OIDC_RP_SIGN_ALGO": sso.sign_algorithm,
+        "OIDC_RP_SCOPES": sso.scopes,
+        "OIDC_TIMEOUT": sso.timeout_s,
+        "OIDC_VERIFY_SSL": sso.verify_tls,
+        "OIDC_USE_NONCE": True,
+        "OIDC_USE_PKCE": True,
+        "OIDC_CREATE_USER": True,
+        # Kept in the (server-side) session only to send as id_token_hint at RP-initiated logout.
+        "OIDC_STORE_ID_TOKEN": bool(sso.end_session_endpoint),
+        "OIDC_STORE_ACCESS_TOKEN": False,
+        "OIDC_AUTHENTICATION_CALLBACK_URL": "oidc_authentication_callback",
+        "OIDC_ALLOW_UNSECURED_JWT": False,
+    }
+    if attr in derived:
+        return derived[attr]
+    return import_from_settings(attr, *default)
+
+
+def _refuse(request: HttpRequest | None, reason: str) -> None:
+    if request is not None:
+        _REFUSALS[request] = reason
+    log.warning("SSO login refused: %s", reason)
+
+
+def _groups(claims: dict[str, Any], claim: str) -> list[str]:
+    value = claims.get(claim)
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        return []
+    return [g for g in value[:MAX_GROUPS] if isinstance(g, str)]
+
+
+def _verified(value: object) -> bool:
+    # Some providers (e.g. AWS Cognito) send the boolean as a string.
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+class SsoBackend(OIDCAuthenticationBackend):
+    """OIDC authorization-code login that maps the provider's groups to teams; inert when SSO is off."""
+
+    get_settings = staticmethod(_oidc_setting)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The project uses Django's own User (no AUTH_USER_MODEL swap); typed as such below.
+        self.UserModel = User
+        self.config = sso_config()
+        if self.config.enabled:
+            super().__init__(*args, **kwargs)
+
+    def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> User | None:
+        """The user of a valid callback (code + state), or None; a refusal's reason goes to the page."""
+        if not self.config.enabled or request is None:
+            return None
+        try:
+            user: User | None = super().authenticate(request, **kwargs)
+        except SsoRefused as exc:
+            _refuse(request, str(exc))
+            return None
+        except requests.RequestException as exc:
+            # The response body may echo what we sent; the class and status say enough.
+            status = getattr(exc.response, "status_code", None)
+            _refuse(
+                request,
+                f"the provider could not be reached or refused the code ({type(exc).__name__}"
+                + (f", HTTP {status})" if status else ")"),
+            )
+            return None
+        except SuspiciousOperation as exc:
+            _refuse(request, f"the provider's answer was not acceptable ({exc})")
+            return None
+        return user
+
+    def verify_token(self, token: str, **kwargs: Any) -> dict[str, Any]:
+        """The ID token's claims after checking signature, issuer, audience, expiry and nonce."""
+        if not isinstance(token, str) or not token:
+            raise SsoRefused("the provider returned no ID token")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.DecodeError:
+            raise SsoRefused("the ID token is not a JWT") from None
+        algorithm = header.get("alg")
+        if algorithm != self.config.sign_algorithm:
+            raise SsoRefused(
+                f"the ID token is signed with {algorithm!r}, not the configured {self.config.sign_algorithm}"
+            )
+        if algorithm == "HS256":
+            key: Any = self.config.client_secret
+        else:
+            key = self.retrieve_matching_jwk(token)
+        try:
+            payload: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                audience=self.config.client_id,
+                issuer=self.config.issuer,
+                leeway=LEEWAY_S,
+                options={"require": ["exp", "iat", "iss", "aud", "sub"]},
+            )
+        except jwt.InvalidSignatureError:
+            raise SsoRefused("the ID token's signature does not verify against the provider's keys") from None
+        except jwt.ExpiredSignatureError:
+            raise SsoRefused("the ID token has expired") from None
+        except jwt.InvalidAudienceError:
+            raise SsoRefused("the ID token was issued for another client (audience)") from None
+        except jwt.InvalidIssuerError:
+            raise SsoRefused("the ID token was issued by another provider (issuer)") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise SsoRefused(f"the ID token lacks the {exc.claim!r} claim") from None
+        except jwt.InvalidTokenError as exc:
+            raise SsoRefused(f"the ID token is invalid ({exc})") from None
+        if "nonce" in kwargs and payload.get("nonce") != kwargs["nonce"]:
+            raise SsoRefused("the ID token's nonce does not match this login (a replayed or mixed-up login)")
+        return payload
+
+    def retrieve_matching_jwk(self, token: str) -> Any:
+        """The provider's signing key for this token (the library's lookup, with a clear refusal)."""
+        try:
+            return super().retrieve_matching_jwk(token)
+        except (SuspiciousOperation, KeyError):
+            raise SsoRefused("the ID token's key id is not among the provider's published keys") from None
+
+    def get_userinfo(self, access_token: str, id_token: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The ID token's claims completed by the userinfo endpoint's (which win where both have one)."""
+        userinfo: dict[str, Any] = super().get_userinfo(access_token, id_token, payload)
+        if smart_str(userinfo.get("sub")) != smart_str(payload.get("sub")):
+            # OIDC Core 5.3.2: a userinfo answer for another subject must not be used.
+            raise SsoRefused("the provider's userinfo is for another subject than the ID token")
+        return {**payload, **userinfo}
+
+    def verify_claims(self, claims: dict[str, Any]) -> bool:
+        """An email, verified unless OIDC_REQUIRE_VERIFIED_EMAIL=false, and a user name to use."""
+        email = claims.get("email")
+        if not isinstance(email, str) or "@" not in email:
+            raise SsoRefused("the provider sent no email address (is the email scope granted?)")
+        if self.config.require_verified_email and not _verified(claims.get("email_verified")):
+            raise SsoRefused(f"the provider has not verified the email address {email}")
+        return True
+
+    def filter_users_by_claims(self, claims: dict[str, Any]) -> QuerySet[User]:
+        """Accounts with the (verified) email address, the one link between SSO and local accounts."""
+        users: QuerySet[User] = self.UserModel.objects.filter(email__iexact=claims["email"])
+        return users
+
+    def get_username(self, claims: dict[str, Any]) -> str:
+        """The username claim (default preferred_username), or the email when it is absent."""
+        value = claims.get(self.config.username_claim)
+        name = value if isinstance(value, str) and value.strip() else claims["email"]
+        return str(name).strip()[:150]
+
+    def create_user(self, claims: dict[str, Any]) -> User:
+        """A new account with no usable password (it logs in through SSO only), then synced."""
+        username = self.get_username(claims)
+        if self.UserModel.objects.filter(username__iexact=username).exists():
+            # Taking over a local account by name would let anyone the provider calls "admin" be ours.
+            raise SsoRefused(
+                f"the user name {username!r} belongs to another account with a different email; an admin can "
+                f"set that account's email to {claims['email']} to link it"
+            )
+        user = self.UserModel.objects.create_user(username, email=claims["email"])
+        user.set_unusable_password()
+        user.save()
+        log.info("SSO created user %s", username)
+        return self.update_user(user, claims)
+
+    def update_user(self, user: User, claims: dict[str, Any]) -> User:
+        """Names, email, staff flag and team memberships from the claims, on every login."""
+        groups = _groups(claims, self.config.groups_claim)
+        user.email = claims["email"]
+        for field, claim in (("first_name", "given_name"), ("last_name", "family_name")):
+            value = claims.get(claim)
+            if isinstance(value, str):
+                setattr(user, field, value[:150])
+        if self.config.staff_group:
+            # Authoritative when configured; a superuser keeps staff, or the admin locks itself out.
+            user.is_staff = self.config.staff_group in groups or user.is_superuser
+        user.save()
+        sync_memberships(user, teams_from_groups(groups, self.config), create_teams=self.config.create_teams)
+        return user
+
+
+@transaction.atomic
+def sync_memberships(user: User, granted: dict[str, str], *, create_teams: bool) -> None:
+    """Make the user's SSO-managed memberships equal to `granted` ({team slug: role}).
+
+    Memberships without the ``oidc-managed:<slug>`` marker were made by an admin and are left alone.
+    """
+    managed = {
+        g.name.removeprefix(MANAGED_GROUP_PREFIX): g
+        for g in Group.objects.filter(user=user, name__startswith=MANAGED_GROUP_PREFIX)
+    }
+    existing = {m.team.slug: m for m in Membership.objects.filter(user=user).select_related("team")}
+    for slug, role in granted.items():
+        membership = existing.get(slug)
+        if membership is not None:
+            if slug in managed and membership.role != role:
+                membership.role = role
+                membership.save(update_fields=["role"])
+            continue
+        team = Team.objects.filter(slug=slug).first()
+        if team is None:
+            if not create_teams:
+                log.info("SSO: group grants team %r, which does not exist (OIDC_CREATE_TEAMS=false)", slug)
+                continue
+            team = Team.objects.create(slug=slug, name=slug)
+        Membership.objects.create(team=team, user=user, role=role)
+        marker = managed.get(slug) or Group.objects.get_or_create(name=MANAGED_GROUP_PREFIX + slug)[0]
+        marker.user_set.add(user)
+        managed[slug] = marker
+    for slug, marker in managed.items():
+        if slug in granted:
+            continue
+        # Managed by SSO and no longer granted: the membership goes (if an admin has not removed it).
+        Membership.objects.filter(user=user, team__slug=slug).delete()
+        marker.user_set.remove(user)
+
+
+def _enabled_or_404() -> None:
+    if not sso_config().enabled:
+        raise Http404("Single sign-on is not enabled")
+
+
+class SsoLoginView(OIDCAuthenticationRequestView):
+    """Starts the login: redirects to the provider's authorization endpoint (state, nonce, PKCE)."""
+
+    get_settings = staticmethod(_oidc_setting)
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        """404 while SSO is off."""
+        _enabled_or_404()
+        response: HttpResponseBase = super().dispatch(request, *args, **kwargs)
+        return response
+
+
+class SsoCallbackView(OIDCAuthenticationCallbackView):
+    """The provider redirects here with a code; logs the user in or shows on the login page why not."""
+
+    get_settings = staticmethod(_oidc_setting)
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        """404 while SSO is off."""
+        _enabled_or_404()
+        response: HttpResponseBase = super().dispatch(request, *args, **kwargs)
+        return response
+
+    def get(self, request: HttpRequest) -> HttpResponseBase:
+        """The library's callback; an unknown state (a replayed or foreign callback) is a refusal too."""
+        if request.GET.get("error"):
+            description = request.GET.get("error_description", "")[:200]
+            _REFUSALS[request] = f"the provider answered {request.GET['error'][:64]!r} {description}".strip()
+        elif "code" in request.GET and "state" in request.GET and "oidc_states" not in request.session:
+            _REFUSALS[request] = "this login was not started in this browser session, or it expired"
+        try:
+            response: HttpResponseBase = super().get(request)
+        except SuspiciousOperation:
+            _REFUSALS[request] = "this login's state is unknown (already used, or not started here)"
+            return self.login_failure()
+        return response
+
+    def login_failure(self) -> HttpResponseBase:
+        """Back to the login page with the reason (local login still works there)."""
+        reason = _REFUSALS.pop(self.request, None)
+        if reason is None and getattr(self, "user", None) is not None and not self.user.is_active:
+            reason = "this account is disabled"
+        name = sso_config().provider_name
+        messages.error(
+            self.request, f"Sign-in with {name} failed: {reason or 'the login was not completed'}."
+        )
+        return HttpResponseRedirect(reverse("login"))
+
+
+class LocalAndSsoLogoutView(LogoutView):
+    """Ends the local session; after an SSO login with OIDC_END_SESSION_ENDPOINT set, also the provider's.
+
+    The provider is told through RP-initiated logout (id_token_hint, post_logout_redirect_uri = our login
+    page, which must be registered with the provider). Without the endpoint only the local session ends
+    and a new "Sign in with ..." may pass straight through while the provider's session lasts.
+    """
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        """Local logout, then the provider's end-session endpoint when there is one to tell."""
+        id_token = request.session.get("oidc_id_token")
+        response: HttpResponse = super().post(request, *args, **kwargs)
+        config = sso_config()
+        if config.enabled and config.end_session_endpoint and isinstance(id_token, str):
+            query = urlencode(
+                {
+                    "id_token_hint": id_token,
+                    "client_id": config.client_id,
+                    "post_logout_redirect_uri": request.build_absolute_uri(reverse("login")),
+                }
+            )
+            return HttpResponseRedirect(f"{config.end_session_endpoint}?{query}")
+        return response
+
+
+urlpatterns = [
+    path("authenticate/", login_not_required(SsoLoginView.as_view()), name="oidc_authentication_init"),
+    path("callback/", login_not_required(SsoCallbackView.as_view()), name="oidc_authentication_callback"),
+]

@@ -1,0 +1,415 @@
+"""OIDC login (jobs.sso) against a real local provider (tests/oidc_provider.py), driven end to end:
+Django's test client for our side, requests for the browser's hop through the provider."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import requests
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+
+from efficiency.env import EnvError
+from efficiency.sso_config import SsoConfig, TeamGrant, load_sso_config, parse_team_map, teams_from_groups
+from jobs.models import Membership
+from tests.oidc_provider import OidcProvider
+
+STAFF_GROUP = "efficiency-admins"
+
+
+@pytest.fixture(scope="module")
+def provider():
+    """One provider (RSA key generation is the slow part) for the module; each test resets its user."""
+    served = OidcProvider().start()
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def sso(provider, settings):
+    """SSO enabled against the local provider: explicit map, prefix rule, staff group, RP logout."""
+    provider.tamper = None
+    provider.user = _claims(groups=[])
+    endpoints = provider.endpoints()
+    settings.SSO = SsoConfig(
+        enabled=True,
+        provider_name="TestIdP",
+        issuer=endpoints["issuer"],
+        authorization_endpoint=endpoints["authorization_endpoint"],
+        token_endpoint=endpoints["token_endpoint"],
+        userinfo_endpoint=endpoints["userinfo_endpoint"],
+        jwks_endpoint=endpoints["jwks_uri"],
+        end_session_endpoint=endpoints["end_session_endpoint"],
+        client_id=provider.client_id,
+        client_secret=provider.client_secret,
+        team_map={"ml-infra": TeamGrant("infra", "lead"), "llm-team": TeamGrant("llm", "member")},
+        group_prefix="team-",
+        staff_group=STAFF_GROUP,
+        timeout_s=5.0,
+    )
+    return settings.SSO
+
+
+def _claims(
+    groups: list[str], username: str = "alice", email: str = "alice@corp.example", verified: bool = True
+) -> dict[str, object]:
+    return {
+        "sub": f"sub-{username}",
+        "preferred_username": username,
+        "email": email,
+        "email_verified": verified,
+        "given_name": "Alice",
+        "family_name": "Liddell",
+        "groups": groups,
+    }
+
+
+def _sso_login(client, start: str = "/oidc/authenticate/"):
+    """Login button -> provider /authorize -> our callback; the callback's response."""
+    response = client.get(start)
+    assert response.status_code == 302
+    assert response["Location"].startswith(client_provider_prefix(response["Location"]))
+    at_provider = requests.get(response["Location"], allow_redirects=False, timeout=5)
+    assert at_provider.status_code == 302, at_provider.text
+    back = urlsplit(at_provider.headers["Location"])
+    assert (back.netloc, back.path) == ("testserver", "/oidc/callback/")
+    return client.get(f"{back.path}?{back.query}")
+
+
+def client_provider_prefix(location: str) -> str:
+    """The provider's authorization endpoint (what the login redirect must point at)."""
+    parts = urlsplit(location)
+    assert parts.path == "/authorize", location
+    return f"{parts.scheme}://{parts.netloc}/authorize?"
+
+
+def _teams(user) -> dict[str, str]:
+    return {m.team.slug: m.role for m in Membership.objects.filter(user=user).select_related("team")}
+
+
+def _logged_in_user(client):
+    user_id = client.session.get("_auth_user_id")
+    return None if user_id is None else get_user_model().objects.get(pk=user_id)
+
+
+@pytest.mark.django_db
+def test_sso_login_creates_the_user_with_teams_and_staff_from_the_groups_claim(
+    client, provider, sso, make_team
+):
+    for slug in ("infra", "llm", "gpu"):
+        make_team(slug)
+    provider.user = _claims(groups=["ml-infra", "team-gpu", STAFF_GROUP, "unrelated", "team-nonexistent"])
+
+    response = _sso_login(client)
+
+    assert response.status_code == 302 and response["Location"] == "/"
+    user = _logged_in_user(client)
+    assert user is not None and user.username == "alice"
+    assert (user.email, user.first_name, user.last_name) == ("alice@corp.example", "Alice", "Liddell")
+    assert user.is_staff and not user.is_superuser
+    assert not user.has_usable_password()
+    # ml-infra maps to infra as lead; team-gpu by the prefix rule as member; no team is created for
+    # team-nonexistent (OIDC_CREATE_TEAMS is off); llm-team was not in the claim.
+    assert _teams(user) == {"infra": "lead", "gpu": "member"}
+    # The authorization-code exchange used PKCE and our client credentials.
+    assert provider.last_token_request["code_verifier"]
+    assert provider.last_token_request["client_id"] == provider.client_id
+    assert client.get("/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_later_login_with_changed_groups_updates_only_the_memberships_sso_made(
+    client, provider, sso, make_team
+):
+    infra, llm, ops = make_team("infra"), make_team("llm"), make_team("ops")
+    provider.user = _claims(groups=["ml-infra", "llm-team", STAFF_GROUP])
+    _sso_login(client)
+    user = _logged_in_user(client)
+    assert _teams(user) == {"infra": "lead", "llm": "member"}
+    # An admin adds alice to ops by hand, as lead.
+    Membership.objects.create(team=ops, user=user, role="lead")
+
+    client.logout()
+    # She left ml-infra and the staff group, and joined team-ops (which would make her a member).
+    provider.user = _claims(groups=["llm-team", "team-ops"])
+    _sso_login(client)
+    user.refresh_from_db()
+    assert _logged_in_user(client) == user
+    # infra (made by SSO) goes; llm stays; ops (made by an admin) keeps the admin's role.
+    assert _teams(user) == {"llm": "member", "ops": "lead"}
+    assert not user.is_staff
+
+    client.logout()
+    provider.user = _claims(groups=[])
+    _sso_login(client)
+    # No group at all: SSO's llm goes, the admin's ops stays.
+    assert _teams(user) == {"ops": "lead"}
+    assert not Group.objects.filter(user=user).exists()
+    assert {infra.slug, llm.slug} == {"infra", "llm"}
+
+
+@pytest.mark.django_db
+def test_a_role_change_in_the_mapping_updates_the_sso_membership(client, provider, sso, make_team, settings):
+    make_team("llm")
+    provider.user = _claims(groups=["llm-team"])
+    _sso_login(client)
+    user = _logged_in_user(client)
+    assert _teams(user) == {"llm": "member"}
+    settings.SSO = replace(sso, team_map={"llm-team": TeamGrant("llm", "lead")})
+    client.logout()
+    _sso_login(client)
+    assert _teams(user) == {"llm": "lead"}
+
+
+@pytest.mark.django_db
+def test_missing_teams_are_created_when_oidc_create_teams_is_on(client, provider, sso, settings):
+    settings.SSO = replace(sso, create_teams=True)
+    provider.user = _claims(groups=["team-newteam"])
+    _sso_login(client)
+    assert _teams(_logged_in_user(client)) == {"newteam": "member"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        ("bad_signature", "signature does not verify"),
+        ("wrong_audience", "issued for another client (audience)"),
+        ("wrong_issuer", "issued by another provider (issuer)"),
+        ("expired", "has expired"),
+        ("bad_nonce", "nonce does not match"),
+        ("unknown_kid", "key id is not among the provider's published keys"),
+    ],
+)
+def test_a_bad_id_token_logs_nobody_in_and_the_login_page_says_why(client, provider, sso, tamper, reason):
+    provider.user = _claims(groups=["llm-team"])
+    provider.tamper = tamper
+
+    response = _sso_login(client)
+
+    assert response.status_code == 302 and response["Location"] == "/login/"
+    assert _logged_in_user(client) is None
+    assert not get_user_model().objects.filter(username="alice").exists()
+    page = client.get("/login/").content.decode()
+    assert "Sign-in with TestIdP failed" in page
+    assert reason in page.replace("&#x27;", "'")
+
+
+@pytest.mark.django_db
+def test_an_unverified_email_is_refused(client, provider, sso):
+    provider.user = _claims(groups=[], verified=False)
+    _sso_login(client)
+    assert _logged_in_user(client) is None
+    assert "has not verified the email address alice@corp.example" in client.get("/login/").content.decode()
+
+
+@pytest.mark.django_db
+def test_a_local_account_with_the_same_user_name_is_not_taken_over(client, provider, sso, make_user):
+    make_user("alice")  # alice@example.com, a different address from the provider's
+    provider.user = _claims(groups=[STAFF_GROUP])
+    _sso_login(client)
+    assert _logged_in_user(client) is None
+    assert get_user_model().objects.get(username="alice").is_staff is False
+    page = client.get("/login/").content.decode().replace("&#x27;", "'")
+    assert "the user name 'alice' belongs to another account" in page
+
+
+@pytest.mark.django_db
+def test_a_local_account_with_the_verified_email_is_linked_and_keeps_its_password(
+    client, provider, sso, make_user, make_team
+):
+    make_team("llm")
+    local = make_user("asmith", password="pw-correct-horse")  # email asmith@example.com
+    provider.user = _claims(groups=["llm-team"], username="alice.smith", email="ASmith@example.com")
+    _sso_login(client)
+    assert _logged_in_user(client) == local
+    local.refresh_from_db()
+    assert local.username == "asmith" and local.check_password("pw-correct-horse")
+    assert _teams(local) == {"llm": "member"}
+
+
+@pytest.mark.django_db
+def test_the_login_next_page_is_kept_through_the_provider(client, provider, sso):
+    response = _sso_login(client, start="/oidc/authenticate/?next=/teams/")
+    assert response["Location"] == "/teams/"
+    # A foreign next is dropped (open-redirect guard) and the default page is used.
+    client.logout()
+    response = _sso_login(client, start="/oidc/authenticate/?next=https://evil.example/")
+    assert response["Location"] == "/"
+
+
+@pytest.mark.django_db
+def test_a_replayed_callback_is_refused(client, provider, sso):
+    response = client.get("/oidc/authenticate/")
+    at_provider = requests.get(response["Location"], allow_redirects=False, timeout=5)
+    callback = urlsplit(at_provider.headers["Location"])
+    assert client.get(f"{callback.path}?{callback.query}")["Location"] == "/"
+    client.logout()
+    # The same code and state again, in a fresh session and in the same one.
+    for attempt in (client.get(f"{callback.path}?{callback.query}"),):
+        assert attempt["Location"] == "/login/"
+    assert _logged_in_user(client) is None
+    assert "not started in this browser session" in client.get("/login/").content.decode()
+
+
+@pytest.mark.django_db
+def test_the_providers_error_answer_is_shown(client, sso):
+    client.get("/oidc/authenticate/")
+    state = next(iter(client.session["oidc_states"]))
+    response = client.get(f"/oidc/callback/?error=access_denied&error_description=not+allowed&state={state}")
+    assert response["Location"] == "/login/"
+    page = client.get("/login/").content.decode()
+    assert "access_denied" in page and "not allowed" in page
+
+
+@pytest.mark.django_db
+def test_logout_ends_the_local_session_and_the_providers(client, provider, sso):
+    _sso_login(client)
+    id_token = client.session["oidc_id_token"]
+    response = client.post("/logout/")
+    assert _logged_in_user(client) is None
+    location = urlsplit(response["Location"])
+    assert (
+        f"{location.scheme}://{location.netloc}{location.path}"
+        == provider.endpoints()["end_session_endpoint"]
+    )
+    query = parse_qs(location.query)
+    assert query["id_token_hint"] == [id_token]
+    assert query["post_logout_redirect_uri"] == ["http://testserver/login/"]
+    assert requests.get(response["Location"], timeout=5).status_code == 200
+
+
+@pytest.mark.django_db
+def test_logout_of_a_local_login_stays_local_even_with_sso_on(client, sso, make_user):
+    make_user("bob")
+    assert client.post("/login/", {"username": "bob", "password": "pw-correct-horse"}).status_code == 302
+    response = client.post("/logout/")
+    assert response["Location"] == "/login/"
+    assert _logged_in_user(client) is None
+
+
+@pytest.mark.django_db
+def test_the_login_page_offers_the_provider_and_the_password_form(client, sso):
+    page = client.get("/login/?next=/teams/").content.decode()
+    assert "Sign in with TestIdP" in page
+    assert 'href="/oidc/authenticate/?next=/teams/"' in page
+    assert 'name="password"' in page
+
+
+@pytest.mark.django_db
+def test_with_sso_off_the_oidc_urls_404_and_local_login_works(client, make_user):
+    assert client.get("/oidc/authenticate/").status_code == 404
+    assert client.get("/oidc/callback/?code=x&state=y").status_code == 404
+    page = client.get("/login/").content.decode()
+    assert "Sign in with" not in page
+    make_user("bob")
+    assert client.post("/login/", {"username": "bob", "password": "pw-correct-horse"}).status_code == 302
+    assert client.get("/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_local_password_login_still_works_with_sso_on(client, sso, make_user):
+    make_user("bob")
+    assert client.post("/login/", {"username": "bob", "password": "pw-correct-horse"}).status_code == 302
+    assert client.get("/").status_code == 200
+
+
+def test_the_sso_backend_is_installed_beside_the_local_one(settings):
+    assert "django.contrib.auth.backends.ModelBackend" in settings.AUTHENTICATION_BACKENDS
+    assert "jobs.sso.SsoBackend" in settings.AUTHENTICATION_BACKENDS
+
+
+# -- configuration (pure) -------------------------------------------------------------------------------
+
+_COMPLETE = {
+    "OIDC_ENABLED": "true",
+    "OIDC_ISSUER": "https://idp.example/realms/corp",
+    "OIDC_AUTHORIZATION_ENDPOINT": "https://idp.example/realms/corp/protocol/openid-connect/auth",
+    "OIDC_TOKEN_ENDPOINT": "https://idp.example/realms/corp/protocol/openid-connect/token",
+    "OIDC_USERINFO_ENDPOINT": "https://idp.example/realms/corp/protocol/openid-connect/userinfo",
+    "OIDC_JWKS_ENDPOINT": "https://idp.example/realms/corp/protocol/openid-connect/certs",
+    "OIDC_CLIENT_ID": "efficiency",
+    "OIDC_CLIENT_SECRET": "s3cret-value",
+    "OIDC_TEAM_MAP": "ml-infra=infra:lead, llm-team=llm",
+    "OIDC_GROUP_PREFIX": "team-",
+    "OIDC_STAFF_GROUP": "efficiency-admins",
+}
+
+
+def test_sso_is_off_by_default():
+    assert load_sso_config({}).enabled is False
+
+
+def test_a_complete_configuration_loads_and_never_shows_the_secret():
+    config = load_sso_config(_COMPLETE)
+    assert config.enabled and config.sign_algorithm == "RS256" and config.groups_claim == "groups"
+    assert config.team_map == {"ml-infra": TeamGrant("infra", "lead"), "llm-team": TeamGrant("llm", "member")}
+    assert "s3cret-value" not in repr(config)
+
+
+def test_enabled_but_incomplete_fails_naming_every_missing_variable():
+    env = {k: v for k, v in _COMPLETE.items() if k not in ("OIDC_TOKEN_ENDPOINT", "OIDC_JWKS_ENDPOINT")}
+    env.pop("OIDC_CLIENT_SECRET")
+    with pytest.raises(EnvError) as error:
+        load_sso_config(env)
+    message = str(error.value)
+    for name in ("OIDC_TOKEN_ENDPOINT", "OIDC_JWKS_ENDPOINT", "OIDC_CLIENT_SECRET"):
+        assert name in message
+
+
+def test_hs256_needs_no_jwks_endpoint():
+    env = {k: v for k, v in _COMPLETE.items() if k != "OIDC_JWKS_ENDPOINT"}
+    assert load_sso_config({**env, "OIDC_SIGN_ALGORITHM": "HS256"}).jwks_endpoint == ""
+
+
+def test_the_client_secret_can_come_from_a_file(tmp_path: Path):
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("from-a-file\n")
+    env = {k: v for k, v in _COMPLETE.items() if k != "OIDC_CLIENT_SECRET"}
+    assert (
+        load_sso_config({**env, "OIDC_CLIENT_SECRET_FILE": str(secret_file)}).client_secret == "from-a-file"
+    )
+    with pytest.raises(EnvError, match="not both"):
+        load_sso_config({**_COMPLETE, "OIDC_CLIENT_SECRET_FILE": str(secret_file)})
+    with pytest.raises(EnvError, match="cannot be read"):
+        load_sso_config({**env, "OIDC_CLIENT_SECRET_FILE": str(tmp_path / "absent")})
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("ml-infra", "is not group=team-slug"),
+        ("ml-infra=infra:admin", "must be one of: member, lead"),
+        ("ml-infra=not a slug", "is not a team slug"),
+        ("a=x,a=y", "mapped twice"),
+    ],
+)
+def test_a_malformed_team_map_fails_loudly(value, fragment):
+    with pytest.raises(EnvError, match=fragment):
+        parse_team_map("OIDC_TEAM_MAP", value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("OIDC_SIGN_ALGORITHM", "none"), ("OIDC_SCOPES", "email profile"), ("OIDC_ISSUER", "idp.example")],
+)
+def test_bad_values_fail_loudly(name, value):
+    with pytest.raises(EnvError, match=name):
+        load_sso_config({**_COMPLETE, name: value})
+
+
+def test_groups_map_to_teams_by_the_explicit_map_then_the_prefix_with_the_higher_role_winning():
+    config = SsoConfig(
+        enabled=True,
+        team_map={"ml-infra": TeamGrant("infra", "lead"), "infra-readers": TeamGrant("infra", "member")},
+        group_prefix="team-",
+    )
+    groups = ["infra-readers", "ml-infra", "team-llm", "team-", "team-bad slug", "other"]
+    # infra: member and lead -> lead; team-llm -> llm member; "team-" and "team-bad slug" are no slugs.
+    assert teams_from_groups(groups, config) == {"infra": "lead", "llm": "member"}
+    # The explicit map wins over the prefix for the same group.
+    config = replace(config, team_map={"team-llm": TeamGrant("llm", "lead")})
+    assert teams_from_groups(["team-llm"], config) == {"llm": "lead"}
