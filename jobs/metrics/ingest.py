@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -27,10 +30,10 @@ from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
 from jobs.evaluation.store import store
 from jobs.findings import run_diagnosis
-from jobs.metrics import archive
+from jobs.metrics import archive, cluster
 from jobs.metrics.discovery import discover
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
-from jobs.metrics.promql import Selector
+from jobs.metrics.promql import GpuRef, Selector
 from jobs.metrics.signals import SIGNALS, JobSignals, fetch_job_signals, window_total_query
 from jobs.models import Job, JobSeries
 
@@ -123,25 +126,22 @@ def _set_energy(job: Job, energy_j: float | None) -> None:
 
 
 def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | None = None) -> Job:
-    """Archive a running job's new data (idempotent) and recompute its summary; records failures."""
+    """Archive a running job's new data (idempotent) and recompute its summary; records failures.
+
+    The per-job path: `poll_cycle` reads all groupable jobs at once and uses this for the others."""
     client = client or prometheus_client()
     now = now or timezone.now()
-    end = min(job.ended_at or now, now).timestamp()
-    resume = (job.data_until or job.started_at).timestamp()
-    start = max(_aligned(resume, POLL_STEP_S), _aligned(job.started_at.timestamp(), POLL_STEP_S))
-    gpu_start = max(
-        _aligned(resume, POLL_PER_GPU_STEP_S), _aligned(job.started_at.timestamp(), POLL_PER_GPU_STEP_S)
-    )
-    if end <= start:
+    win = poll_window(job, now)
+    if win.end <= win.start:
         return job
     try:
         selector = job_selector(job)
         scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
-        sigs = fetch_job_signals(client, selector, start, end, POLL_STEP_S, scrape_interval_s=scrape)
+        sigs = fetch_job_signals(client, selector, win.start, win.end, POLL_STEP_S, scrape_interval_s=scrape)
         # Per-GPU chunks are longer than aggregate ones: read them from their own chunk start so each
         # archived row is rewritten whole (one per-GPU query per present signal).
         wide = fetch_job_signals(
-            client, selector, gpu_start, end, POLL_PER_GPU_STEP_S,
+            client, selector, win.gpu_start, win.end, POLL_PER_GPU_STEP_S,
             keys=list(sigs.signals), per_gpu_step=POLL_PER_GPU_STEP_S, aggregates=False,
             scrape_interval_s=scrape,
         )  # fmt: skip
@@ -150,12 +150,32 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
                 sigs.signals[key].gpus = series.gpus
                 sigs.signals[key].gpu_timestamps = series.gpu_timestamps
                 sigs.signals[key].per_gpu = series.per_gpu
-        energy_j = _energy_total(client, selector, job.started_at.timestamp(), end)
-    except (PrometheusError, ValueError) as exc:
+        energy_j = _energy_total(client, selector, job.started_at.timestamp(), win.end)
+    except (PrometheusError, ValueError, TypeError, AttributeError) as exc:
+        # TypeError/AttributeError: a selector stored before today's validation (not a mapping, a list
+        # of GPUs that are not mappings); the job shows why instead of failing every poll.
         return _mark_stale(job, exc, now)
+    return store_poll(job, sigs, win.end, now, client, energy_j=energy_j)
+
+
+_KEEP = object()  # store_poll: keep the job's energy from the last read
+
+
+def store_poll(
+    job: Job,
+    sigs: JobSignals,
+    end: float,
+    now: datetime,
+    client: PrometheusClient | None,
+    *,
+    energy_j: object = _KEEP,
+) -> Job:
+    """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
+    settled (`settled_data_until`); then the diagnosis (when due) and the alert rules."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
-        _set_energy(job, energy_j)
+        if energy_j is not _KEEP:
+            _set_energy(job, energy_j if isinstance(energy_j, float) else None)
         _record_missing(job, sigs)
         archive.upsert(archive.rows_for(job, sigs, {}))
         # GPU_UTIL per GPU for the exact idle share; the other per-GPU rows are the bulk of the archive.
@@ -163,7 +183,7 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
         derived = update_summary(job, archived, client)
         if archived is not None:
             archive.upsert(archive.derived_rows(job, archived, derived))
-        job.data_until = archive.utc(end)
+        job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
         job.last_polled_at = now
         job.ingest_error = ""
         job.save()
@@ -174,6 +194,25 @@ def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | N
     except Exception:  # alerting must never fail a poll
         log.exception("job %s: alert rules failed", job.external_id)
     return job
+
+
+#: Data still incomplete after this long is taken as lost (a node that went away), not late: otherwise one
+#: dead GPU would hold `data_until` back for the rest of the job.
+INCOMPLETE_GIVE_UP_S = 1800.0
+
+
+def settled_data_until(sigs: JobSignals, end: float, now: datetime, previous: datetime) -> float:
+    """How far a poll may advance `data_until` (#13 item 6): no further than now minus
+    PROMETHEUS_INGESTION_LAG_S (samples still in flight), the job's end, and the last grid time for
+    which every present signal has data across the job's GPUs (`cluster.settled_until`), so late or
+    partial data is re-read by the next poll. Data incomplete for INCOMPLETE_GIVE_UP_S is given up on.
+    Never before the previous value: the re-read window only grows back to the chunk holding it."""
+    lag = float(settings.PROMETHEUS_INGESTION_LAG_S)
+    limit = min(end, now.timestamp() - lag)
+    settled = cluster.settled_until(sigs)
+    if settled is not None:
+        limit = min(limit, max(settled, now.timestamp() - INCOMPLETE_GIVE_UP_S))
+    return max(limit, min(previous.timestamp(), end))
 
 
 def _diagnosis_due(job: Job, now: datetime) -> bool:
@@ -261,15 +300,133 @@ def ended_jobs(grace: timedelta = timedelta(minutes=2)) -> QuerySet[Job]:
 
 
 def ingest_once(client: PrometheusClient | None = None) -> dict[str, Any]:
-    """Discover unregistered jobs (when configured), poll every running job and finalize every ended one,
-    synchronously (the `ingest --once` command)."""
+    """Discover unregistered jobs (when configured), poll every running job (one cycle) and finalize every
+    ended one, synchronously (the `ingest --once` command)."""
     client = client or prometheus_client()
     report: dict[str, Any] = {"polled": [], "finalized": [], "stale": []}
     report["discovered"] = discover(client)["created"]
-    for job in running_jobs():
-        job = poll_job(job, client)
-        report["stale" if job.ingest_error else "polled"].append(job.external_id)
+    cycle = poll_cycle(client)
+    report["polled"] += cycle["polled"]
+    report["stale"] += cycle["stale_jobs"]
     for job in ended_jobs():
         job = finalize_job(job, client)
         report["stale" if job.ingest_error else "finalized"].append(job.external_id)
     return report
+
+
+# ------------------------------------------------------------------------------------------ poll cycle
+
+#: The Django cache key of the last cycle's figures (read by /metrics): finished_at (Unix s), duration_s,
+#: requests (to Prometheus), jobs (polled), stale (jobs left with an ingest error).
+POLL_CYCLE_CACHE_KEY = "efficiency:poll_cycle"
+_PER_GPU_CACHE_KEY = "efficiency:poll_cycle_per_gpu_at"
+_LOCK_KEY = "efficiency:poll_cycle_lock"
+_LOCK_S = 600  # a cycle that died holding the lock blocks the next ones at most this long
+
+
+def per_gpu_due(now: datetime) -> bool:
+    """Whether this cycle reads per-GPU rows: once per POLL_PER_GPU_STEP_S (every 5th one-minute cycle),
+    when `now` has passed a multiple of that step since the last per-GPU read."""
+    last = cache.get(_PER_GPU_CACHE_KEY)
+    step = POLL_PER_GPU_STEP_S
+    return last is None or math.floor(now.timestamp() / step) > math.floor(float(last) / step)
+
+
+def _target(job: Job, now: datetime) -> cluster.Target | None:
+    """The cycle's view of a job (None when its window is empty); raises on a selector it cannot use."""
+    win = poll_window(job, now)
+    if win.end <= win.start:
+        return None
+    if job.gpus:
+        refs = [GpuRef.coerce(g) for g in job.gpus]
+        job_selector(job)  # validates (the same errors as a per-job poll)
+        pairs = tuple(sorted({(r.hostname, str(r.gpu)) for r in refs}))
+        return cluster.Target(job.pk, win.start, win.end, win.gpu_start, gpus=pairs)
+    job_selector(job)
+    return cluster.Target(job.pk, win.start, win.end, win.gpu_start, labels=dict(job.selector))
+
+
+def poll_cycle(client: PrometheusClient | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """One poll of every running job: the groupable ones read cluster-wide (`jobs.metrics.cluster`, a
+    fixed number of queries per signal), the others per job; each job archived and evaluated as
+    `poll_job` does. One bad job (a stored selector that cannot be queried, an evaluation error) gets an
+    `ingest_error` and never stops the cycle. Writes the cycle's figures to the cache
+    (POLL_CYCLE_CACHE_KEY). A second cycle while one runs returns at once (`skipped`)."""
+    if not cache.add(_LOCK_KEY, 1, timeout=_LOCK_S):
+        return {"skipped": True, "polled": [], "stale_jobs": [], "jobs": 0}
+    try:
+        return _poll_cycle(client or prometheus_client(), now or timezone.now())
+    finally:
+        cache.delete(_LOCK_KEY)
+
+
+def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
+    t0 = time.monotonic()
+    requests0 = client.requests
+    jobs = {job.pk: job for job in running_jobs()}
+    targets: list[cluster.Target] = []
+    fallback: list[int] = []
+    done: dict[int, Job] = {}
+    for job in jobs.values():
+        try:
+            target = _target(job, now)
+        except Exception as exc:  # a stored selector the builder refuses: that job only
+            done[job.pk] = _mark_stale(job, exc, now)
+            continue
+        if target is not None:
+            targets.append(target)
+        else:
+            done[job.pk] = job
+    # Jobs far behind (a long outage, a reset resume point) would widen every group's window: per job.
+    newest = max((t.start for t in targets), default=0.0)
+    span = POLL_STEP_S * archive.CHUNK_POINTS
+    behind = {t.key for t in targets if t.start < newest - span}
+    fallback += sorted(behind)
+    grouped = [t for t in targets if t.key not in behind]
+    with_gpu = per_gpu_due(now)
+    scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
+    try:
+        result = cluster.read_cycle(
+            client, grouped, step=POLL_STEP_S, per_gpu_step=POLL_PER_GPU_STEP_S if with_gpu else None,
+            scrape_interval_s=scrape,
+        )  # fmt: skip
+    except PrometheusError as exc:  # discovery failed: Prometheus is down for everyone
+        for t in grouped:
+            done[t.key] = _mark_stale(jobs[t.key], exc, now)
+        result = cluster.CycleResult()
+    fallback += result.fallback
+    by_key = {t.key: t for t in grouped}
+    for key, reason in result.errors.items():
+        done[key] = _mark_stale(jobs[key], RuntimeError(reason), now)
+    for key, sigs in result.signals.items():
+        job = jobs[key]
+        try:
+            energy: object = _KEEP
+            if with_gpu or job.data_until is None:
+                # Energy over the whole job: one instant query per job (each job has its own window), so
+                # only on per-GPU cycles (and a job's first ones); between them the last value is kept.
+                energy = _energy_total(client, job_selector(job), job.started_at.timestamp(), by_key[key].end)
+            done[key] = store_poll(job, sigs, by_key[key].end, now, client, energy_j=energy)
+        except Exception as exc:  # one job's failure must not stop the cycle
+            log.exception("job %s: poll failed", job.external_id)
+            done[key] = _mark_stale(job, exc, now)
+    for key in fallback:
+        try:
+            done[key] = poll_job(jobs[key], client, now)
+        except Exception as exc:
+            log.exception("job %s: poll failed", jobs[key].external_id)
+            done[key] = _mark_stale(jobs[key], exc, now)
+    if with_gpu and result.signals:
+        cache.set(_PER_GPU_CACHE_KEY, now.timestamp(), None)
+    stale = sorted(j.external_id for j in done.values() if j.ingest_error)
+    polled = sorted(j.external_id for j in done.values() if not j.ingest_error)
+    stats = {
+        "finished_at": time.time(),
+        "duration_s": time.monotonic() - t0,
+        "requests": client.requests - requests0,
+        "jobs": len(jobs),
+        "stale": len(stale),
+    }
+    cache.set(POLL_CYCLE_CACHE_KEY, stats, None)
+    return {**stats, "polled": polled, "stale_jobs": stale, "per_gpu": with_gpu, "grouped": len(grouped),
+            "per_job": len(fallback)}  # fmt: skip

@@ -1,0 +1,415 @@
+"""The cluster-wide poll cycle: each signal is read once for all running jobs, then split per job.
+
+Pure (numpy and the Prometheus client; no Django). `jobs.metrics.ingest.poll_cycle` builds a `Target` per
+running job, calls `read_cycle`, and archives each job's `JobSignals` exactly as a per-job poll would.
+
+Why: a per-job poll sends ~44 requests per job (presence look-up, one aggregate and one per-GPU query per
+signal, each OR-ing every label spelling and metric name), so 1,000 GPUs took 75-89 s per cycle with
+5,500 requests. Here one cycle sends
+
+- 2 discovery requests: which DCGM metric names (`X` or DCGM 4.6's `X_RATIO`) and which label names
+  (`Hostname`/`hostname`/`exported_*`, `hpc_job`/`exported_hpc_job`) exist in the window, so every query
+  names only the spelling that exists (the OR of all alternatives made one aggregate query 2.6-3x more
+  expensive in Prometheus);
+- per present signal and group, one aggregate query: jobs selected by exact label values (`hpc_job`, or
+  `namespace` + `pod`) are one group per label-name set, aggregated on the server `avg/min/max/count by
+  (<job labels>)`; jobs with explicit GPU lists are one group read per GPU (`Hostname`, `gpu`) and
+  aggregated here (a GPU carries no job label to group by);
+- on per-GPU cycles (every POLL_PER_GPU_STEP_S), one per-GPU query per present signal and group.
+
+So requests per cycle grow with the number of signals, not of jobs. Selectors that cannot be grouped
+(regex values, a label stored under two spellings at once, nothing to match) are returned as `fallback`
+for the per-job path. The per-job numbers are the same as the per-job queries': the same `*_over_time`
+windows on the same grid (a grid point's value depends only on its time, so one grid serves every job
+whose start lies on it), the same stats (SAMPLED included), the same missing rules.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from jobs.metrics.promql import (
+    HOST_LABEL_SPELLINGS,
+    Matcher,
+    Selector,
+    label_spellings,
+    promql_string,
+    regex_any,
+)
+from jobs.metrics.sampling import DEFAULT_SCRAPE_INTERVAL_S, lattice_point, step_window_s
+from jobs.metrics.sampling import rate_window_s as _rate_window
+from jobs.metrics.signals import (
+    COUNT,
+    DCGM_NAME_REGEX,
+    MAX,
+    MEAN,
+    MIN,
+    NONZERO,
+    SAMPLED,
+    SIGNALS,
+    THROTTLE_BITS,
+    GpuKey,
+    JobSignals,
+    Signal,
+    SignalSeries,
+    aggregate_query,
+    base_vector,
+    grid,
+    missing_reason,
+    per_gpu_matrix,
+    per_gpu_query,
+    stats_from_series,
+)
+
+_VALUE, _SAMPLES = "value", "samples"  # stat tags of the per-GPU aggregate read (explicit GPU lists)
+
+
+class CycleClient(Protocol):
+    """What a cycle needs from a client (PrometheusClient satisfies it)."""
+
+    def range(self, query: str, start: Any, end: Any, step: float | None = None) -> Sequence[Any]: ...
+
+    def label_values(
+        self, label: str, match: Sequence[str] = (), start: Any = None, end: Any = None
+    ) -> list[str]: ...
+
+    def label_names(self, match: Sequence[str] = (), start: Any = None, end: Any = None) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """Which DCGM metric names and which label names Prometheus holds in the cycle's window."""
+
+    metrics: frozenset[str]
+    labels: frozenset[str]
+
+    def names(self, signal: Signal) -> tuple[str, ...]:
+        """The signal's metric names that exist (preferred first); empty when it is not collected."""
+        return tuple(m for m in signal.metrics if m in self.metrics)
+
+    @property
+    def host_labels(self) -> tuple[str, ...]:
+        """The host-label spellings that exist, in `HOST_LABEL_SPELLINGS` order."""
+        return tuple(n for n in HOST_LABEL_SPELLINGS if n in self.labels)
+
+
+def discover(client: CycleClient, start: float, end: float) -> Discovery:
+    """Two requests: DCGM metric names and the label names on DCGM series in [start, end]."""
+    match = [f"{{__name__=~{promql_string(DCGM_NAME_REGEX)}}}"]
+    names = client.label_values("__name__", match, start, end)
+    labels = client.label_names(match, start, end)
+    return Discovery(frozenset(names), frozenset(labels))
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One running job as the cycle sees it: how it is selected and which window it needs.
+
+    `start`/`end`: the aggregate grid (start on the step's grid); `gpu_start`: where its per-GPU rows are
+    read from. Exactly one of `labels` (a label selector, as stored) and `gpus` ((host, gpu) pairs).
+    """
+
+    key: int
+    start: float
+    end: float
+    gpu_start: float
+    labels: Mapping[str, Any] | None = None
+    gpus: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class _Group:
+    """Jobs read by the same queries: label groups by their (spelled) label names, or explicit GPUs."""
+
+    labels: tuple[str, ...]  # label names to aggregate by; () = the explicit-GPU group
+    selector: Selector
+    members: list[tuple[Target, tuple[str, ...]]] = field(default_factory=list)  # (target, label values)
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """Per job key: its signals, or an error (the group's query failed), or fallback to a per-job poll."""
+
+    signals: dict[int, JobSignals] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    fallback: list[int] = field(default_factory=list)
+    queries: int = 0
+
+
+def plan(targets: Iterable[Target], discovery: Discovery) -> tuple[list[_Group], list[int]]:
+    """Groups of targets read together, and the keys that need a per-job poll."""
+    by_labels: dict[tuple[str, ...], list[tuple[Target, tuple[str, ...]]]] = defaultdict(list)
+    explicit: list[Target] = []
+    fallback: list[int] = []
+    for t in targets:
+        if t.gpus:
+            if discovery.host_labels:
+                explicit.append(t)
+            else:
+                fallback.append(t.key)
+            continue
+        spelled = _spelled(t.labels or {}, discovery)
+        if spelled is None:
+            fallback.append(t.key)
+            continue
+        names = tuple(sorted(spelled))
+        by_labels[names].append((t, tuple(spelled[n] for n in names)))
+    groups: list[_Group] = []
+    for names, members in sorted(by_labels.items()):
+        matchers = [_any(n, [values[i] for _, values in members]) for i, n in enumerate(names)]
+        groups.append(_Group(names, Selector([matchers]), members))
+    if explicit:
+        refs = sorted({pair for t in explicit for pair in t.gpus})
+        union = Selector.from_gpus([{"hostname": h, "gpu": g} for h, g in refs]).restricted(discovery.labels)
+        if union is None:  # pragma: no cover - host_labels was non-empty
+            fallback += [t.key for t in explicit]
+        else:
+            groups.append(_Group((), union, [(t, ()) for t in explicit]))
+    return groups, fallback
+
+
+def _spelled(labels: Mapping[str, Any], discovery: Discovery) -> dict[str, str] | None:
+    """{spelling that exists: exact value} for a groupable label selector, else None (regex values, no
+    or several spellings of one label present, or anything the selector builder would refuse)."""
+    if not isinstance(labels, Mapping) or not labels:
+        return None
+    out: dict[str, str] = {}
+    for name, value in labels.items():
+        if not isinstance(value, str) or not value:
+            return None
+        try:
+            spellings = [s for s in label_spellings(name) if s in discovery.labels]
+        except ValueError:
+            return None
+        if len(spellings) != 1 or spellings[0] in out:
+            return None
+        out[spellings[0]] = value
+    return out
+
+
+def _any(name: str, values: Sequence[str]) -> Matcher:
+    uniq = sorted(set(values))
+    return Matcher(name, "=", uniq[0]) if len(uniq) == 1 else Matcher(name, "=~", regex_any(uniq))
+
+
+def read_cycle(
+    client: CycleClient,
+    targets: Sequence[Target],
+    *,
+    step: float,
+    per_gpu_step: float | None,
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
+    discovery: Discovery | None = None,
+) -> CycleResult:
+    """Read every target's signals with a fixed number of queries per signal (see the module docstring).
+
+    `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Prometheus errors
+    bubble up from discovery; a failed group query marks that group's jobs (`errors`), not the others.
+    """
+    result = CycleResult()
+    if not targets:
+        return result
+    if discovery is None:
+        lo = min(t.start for t in targets)
+        hi = max(t.end for t in targets)
+        discovery = discover(client, lo, hi)
+        result.queries += 2
+    groups, result.fallback = plan(targets, discovery)
+    for group in groups:
+        try:
+            result.queries += _read_group(
+                client, group, discovery, result, step, per_gpu_step, scrape_interval_s
+            )
+        except Exception as exc:  # one failed group must not stop the cycle
+            reason = f"{type(exc).__name__}: {exc}"
+            for t, _ in group.members:
+                result.errors[t.key] = reason
+                result.signals.pop(t.key, None)
+    return result
+
+
+def _read_group(
+    client: CycleClient,
+    group: _Group,
+    discovery: Discovery,
+    result: CycleResult,
+    step: float,
+    per_gpu_step: float | None,
+    scrape: float,
+) -> int:
+    queries = 0
+    g0 = min(t.start for t, _ in group.members)
+    g1 = max(t.end for t, _ in group.members)
+    window = max(_rate_window(step, scrape), step)
+    grids = {t.key: grid(t.start, t.end, step) for t, _ in group.members}
+    out = {t.key: JobSignals(t.start, t.end, step, grids[t.key]) for t, _ in group.members}
+    for sig in SIGNALS.values():
+        names = discovery.names(sig)
+        if not names:
+            for t, _ in group.members:
+                out[t.key].missing[sig.key] = missing_reason(sig, False)
+            continue
+        if group.labels:
+            query = aggregate_query(
+                sig, group.selector, window, step_s=step, scrape_interval_s=scrape,
+                by=group.labels, metrics=names,
+            )  # fmt: skip
+        else:
+            query = _per_series_query(sig, group.selector, window, step, names)
+        series = client.range(query, g0, g1, step)
+        queries += 1
+        split = _split(series, group)
+        for t, _ in group.members:
+            ts = grids[t.key]
+            mine = split.get(t.key, [])
+            if group.labels:
+                stats = stats_from_series(mine, ts)
+                if NONZERO in sig.stats:
+                    # The per-job query's `or vector(0)`: no GPU with a code is 0, on every grid point.
+                    stats[NONZERO] = np.nan_to_num(stats.get(NONZERO, np.full(ts.size, np.nan)), nan=0.0)
+            else:
+                stats = _stats_from_gpu_series(sig, mine, ts, scrape / step)
+            if COUNT not in stats or np.isnan(stats[COUNT]).all():
+                out[t.key].missing[sig.key] = missing_reason(sig, False)
+                continue
+            out[t.key].signals[sig.key] = SignalSeries(sig.key, sig.unit, ts, stats)
+        if per_gpu_step:
+            queries += _read_per_gpu(client, sig, names, group, discovery, out, g1, per_gpu_step, scrape)
+    result.signals.update(out)
+    return queries
+
+
+def _read_per_gpu(
+    client: CycleClient,
+    sig: Signal,
+    names: tuple[str, ...],
+    group: _Group,
+    discovery: Discovery,
+    out: dict[int, JobSignals],
+    g1: float,
+    per_gpu_step: float,
+    scrape: float,
+) -> int:
+    wanting = [(t, v) for t, v in group.members if sig.key in out[t.key].signals]
+    if not wanting:
+        return 0
+    lo = min(lattice_point(t.gpu_start, per_gpu_step) for t, _ in wanting)
+    hi = max(g1, lo)
+    gwindow = max(_rate_window(per_gpu_step, scrape), per_gpu_step)
+    by = (*group.labels, *discovery.host_labels)
+    query = per_gpu_query(sig, group.selector, gwindow, step_s=per_gpu_step, by=by, metrics=names)
+    split = _split(client.range(query, lo, hi, per_gpu_step), group)
+    for t, _ in wanting:
+        g0 = lattice_point(t.gpu_start, per_gpu_step)
+        gts = grid(g0, max(t.end, g0), per_gpu_step)
+        series = out[t.key].signals[sig.key]
+        series.gpus, series.per_gpu = per_gpu_matrix(split.get(t.key, []), gts)
+        series.gpu_timestamps = gts
+    return 1
+
+
+def _split(series: Sequence[Any], group: _Group) -> dict[int, list[Any]]:
+    """Result series per job key: by label values for label groups, by (host, gpu) for explicit GPUs."""
+    out: dict[int, list[Any]] = defaultdict(list)
+    if group.labels:
+        owners: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for t, values in group.members:
+            owners[values].append(t.key)
+        for s in series:
+            for key in owners.get(tuple(s.labels.get(n, "") for n in group.labels), ()):
+                out[key].append(s)
+        return out
+    gpu_owners: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for t, _ in group.members:
+        for pair in t.gpus:
+            gpu_owners[pair].append(t.key)
+    for s in series:
+        k = GpuKey(*_gpu_key(s.labels))
+        for key in gpu_owners.get((k.hostname, k.gpu), ()):
+            out[key].append(s)
+    return out
+
+
+def _gpu_key(labels: Mapping[str, str]) -> tuple[str, str]:
+    host = next((labels[n] for n in HOST_LABEL_SPELLINGS if labels.get(n)), "")
+    return host, labels.get("gpu", "")
+
+
+def _per_series_query(
+    sig: Signal, selector: Selector, window: float, step: float, names: Sequence[str]
+) -> str:
+    """Every selected series' step value and its raw sample count, tagged `stat` value/samples, for the
+    cross-GPU stats to be taken here (the explicit-GPU group has no job label to aggregate by)."""
+    base = base_vector(sig, selector, window, step_s=step, metrics=names)
+    counted = selector.select_range(names, "count_over_time", step_window_s(step))
+    return (
+        f'label_replace({base}, "stat", "{_VALUE}", "", "") or '
+        f'label_replace(({counted}), "stat", "{_SAMPLES}", "", "")'
+    )
+
+
+def _stats_from_gpu_series(
+    sig: Signal, series: Sequence[Any], ts: np.ndarray, ratio: float
+) -> dict[str, np.ndarray]:
+    """The stats `aggregate_query` computes in Prometheus, from per-series values and sample counts:
+    mean/min/max/count over the series reporting at each point (NaN where none), NONZERO 0 where none
+    has a code (`or vector(0)`), the share of reporting series with each throttle bit, SAMPLED = all
+    samples x scrape / step (NaN where no series has a sample)."""
+    values = [s.on_grid(ts) for s in series if s.labels.get("stat") == _VALUE]
+    counts = [s.on_grid(ts) for s in series if s.labels.get("stat") == _SAMPLES]
+    v = np.vstack(values) if values else np.full((0, ts.size), np.nan)
+    ok = np.isfinite(v)
+    n = ok.sum(axis=0).astype(np.float64)
+    have = n > 0
+    count = np.where(have, n, np.nan)
+    out: dict[str, np.ndarray] = {}
+    filled = np.where(ok, v, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for stat in sig.stats:
+            if stat == COUNT:
+                out[COUNT] = count
+            elif stat == MEAN:
+                out[MEAN] = np.where(have, filled.sum(axis=0) / np.where(have, n, 1.0), np.nan)
+            elif stat == MIN:
+                out[MIN] = np.where(have, np.where(ok, v, np.inf).min(axis=0, initial=np.inf), np.nan)
+            elif stat == MAX:
+                out[MAX] = np.where(have, np.where(ok, v, -np.inf).max(axis=0, initial=-np.inf), np.nan)
+            elif stat == NONZERO:
+                out[NONZERO] = (ok & (filled != 0)).sum(axis=0).astype(np.float64)
+            else:
+                bit = THROTTLE_BITS[stat]
+                set_bit = np.where(ok, np.mod(np.floor(filled / bit), 2), 0.0)
+                out[stat] = np.where(have, set_bit.sum(axis=0) / np.where(have, n, 1.0), np.nan)
+    c = np.vstack(counts) if counts else np.full((0, ts.size), np.nan)
+    cok = np.isfinite(c)
+    out[SAMPLED] = np.where(cok.any(axis=0), np.where(cok, c, 0.0).sum(axis=0) * ratio, np.nan)
+    return out
+
+
+def settled_until(sigs: JobSignals) -> float | None:
+    """The last grid time up to which every present signal has data across the job's GPUs: from the job's
+    first data point on, every point has each signal's full GPU count (its most GPUs in the window).
+    None when no signal has any data. A point where some GPU has no sample yet (a late scrape, a replica
+    behind) ends the settled run, so the next poll re-reads from there.
+    """
+    counts = [np.asarray(s.count, dtype=np.float64) for s in sigs.signals.values() if s.count is not None]
+    counts = [c for c in counts if c.size == sigs.timestamps.size and np.isfinite(c).any()]
+    if not counts:
+        return None
+    ts = sigs.timestamps
+    full = np.ones(ts.size, dtype=bool)
+    seen = np.zeros(ts.size, dtype=bool)
+    for c in counts:
+        ok = np.isfinite(c)
+        full &= ok & (np.where(ok, c, -1.0) >= np.nanmax(c))
+        seen |= ok
+    full[: int(np.argmax(seen))] = True  # grid points before the job's first sample are not late data
+    bad = np.flatnonzero(~full)
+    if bad.size == 0:
+        return float(ts[-1])
+    return float(ts[bad[0] - 1]) if bad[0] > 0 else None
