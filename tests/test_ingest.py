@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
+from django.conf import settings
 
 from jobs.metrics import ingest
 from jobs.metrics.archive import load_job_signals
@@ -80,7 +81,8 @@ def test_poll_archives_signals_and_computes_mfu_close_to_the_simulated_truth(pro
     job = _register(sims["1001"], make_team("llm"), ended=False)
     job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
     assert job.ingest_error == ""
-    assert job.data_until == START + timedelta(hours=1)
+    # Not past now minus the ingestion lag (2 x the 30 s scrape interval): later samples may be in flight.
+    assert job.data_until == START + timedelta(hours=1) - timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
     signals = set(JobSeries.objects.filter(job=job).values_list("signal", flat=True))
     assert {
         "gpu_util",
@@ -138,7 +140,7 @@ def test_prometheus_down_keeps_the_archive_and_the_next_poll_fills_the_gap(prom,
     down = PrometheusClient(f"http://127.0.0.1:{_closed_port()}", timeout_s=1, retries=0)
     job = ingest.poll_job(job, down, now=START + timedelta(minutes=60))
     assert "could not read Prometheus" in job.ingest_error
-    assert job.data_until == START + timedelta(minutes=30)
+    assert job.data_until == START + timedelta(minutes=30) - timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
     _assert_same(_snapshot(job), kept)
     job = ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=90))
     assert job.ingest_error == ""

@@ -272,6 +272,8 @@ class PrometheusClient:
         self._owns_session = session is None
         self._sleep = sleep
         self.last_warnings: list[str] = []
+        #: HTTP requests sent (retries included): the poll cycle reports requests per cycle from it.
+        self.requests = 0
 
     # --- public API -------------------------------------------------------------------------------
 
@@ -357,6 +359,18 @@ class PrometheusClient:
         env = self._decode(resp, _LIST_ENVELOPE)
         return list(env.data)
 
+    def label_names(
+        self, match: Sequence[str] = (), start: Timestamp | None = None, end: Timestamp | None = None
+    ) -> list[str]:
+        """Label names (`/api/v1/labels`) on series matching any of `match` in [start, end]."""
+        params: list[tuple[str, str]] = [("match[]", m) for m in match]
+        if start is not None:
+            params.append(("start", _fmt_ts(to_unix(start))))
+        if end is not None:
+            params.append(("end", _fmt_ts(to_unix(end))))
+        resp = self._send("GET", "/api/v1/labels", params=params)
+        return list(self._decode(resp, _LIST_ENVELOPE).data)
+
     def ping(self) -> Health:
         """One quick health probe, never raising: buildinfo (gives the version), else /-/ready."""
         t0 = time.monotonic()
@@ -408,6 +422,7 @@ class PrometheusClient:
         for attempt in range(self.retries + 1):
             if attempt:
                 self._sleep(self.backoff_s * 2 ** (attempt - 1))
+            self.requests += 1
             try:
                 resp = self.session.request(method, url, data=data, params=params, timeout=self.timeout_s)
             except (

@@ -257,6 +257,18 @@ class Selector:
         return cls([list(combo) for combo in itertools.product(*per_label)])
 
     @property
+    def matchers(self) -> tuple[tuple[Matcher, ...], ...]:
+        """The alternatives as matcher tuples (the poll cycle groups jobs by their label names)."""
+        return self._alternatives
+
+    def restricted(self, labels: Iterable[str]) -> Selector | None:
+        """Only the alternatives whose label names all exist in `labels` (the cycle's discovery of which
+        spellings Prometheus holds); None when none is left: the selector cannot match any series."""
+        present = set(labels)
+        kept = [alt for alt in self._alternatives if all(m.name in present for m in alt)]
+        return Selector(kept) if kept else None
+
+    @property
     def alternatives(self) -> tuple[str, ...]:
         """Rendered matcher lists, e.g. ('Hostname="a",gpu="0"', 'hostname="a",gpu="0"', ...)."""
         return tuple(",".join(m.render() for m in alt) for alt in self._alternatives)
