@@ -7,7 +7,7 @@ VAR := var
 WEB_ADDR ?= 127.0.0.1:8000
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: demo test stop services venv migrate lint typecheck format bench help
+.PHONY: demo test stop services venv migrate lint typecheck format bench help plotly-bundle
 
 help:
 	@echo "make demo    install, start Postgres/Redis/Prometheus, load demo data, run web + worker + beat"
@@ -15,6 +15,7 @@ help:
 	@echo "make stop    stop everything make demo started"
 	@echo "make lint    ruff check and format check"
 	@echo "make typecheck  mypy (django-stubs, DRF stubs) on jobs/ and efficiency/"
+	@echo "make plotly-bundle  rebuild static/vendor/plotly.min.js (partial plotly.js; needs node/npm)"
 
 $(PY):
 	@$(PYTHON) -c "import ensurepip, venv" 2>/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-dev >/dev/null; }
@@ -91,3 +92,7 @@ format: venv
 
 bench: venv services
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# static/vendor/plotly.min.js: plotly.js with only the trace types jobs/charts/ draws (static/vendor/README.md).
+plotly-bundle:
+	tools/plotly-bundle/build.sh

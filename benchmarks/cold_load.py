@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -35,10 +36,56 @@ from benchmarks.pages import _fill_series, _make_job  # noqa: E402  (sets Django
 
 CHROMIUM = os.environ.get("CHROMIUM_BIN", "/usr/bin/chromium")
 
+# Marks on the browser clock: when window.Plotly is assigned (the bundle parsed and evaluated) and when the
+# page sets body[data-charts-ready]. Installed before any page script runs; changes nothing on the page.
+_MARKS_JS = """
+(() => {
+  Object.defineProperty(window, "Plotly", {
+    configurable: true,
+    set(v) {
+      window.__plotlyAt = performance.now();
+      Object.defineProperty(window, "Plotly", {value: v, writable: true, configurable: true});
+    },
+    get() { return undefined; },
+  });
+  new MutationObserver((_, obs) => {
+    if (document.body && document.body.hasAttribute("data-charts-ready")) {
+      window.__chartsReadyAt = performance.now();
+      obs.disconnect();
+    }
+  }).observe(document, {attributes: true, subtree: true, attributeFilter: ["data-charts-ready"]});
+})();
+"""
+
+
+def _print_profile(profile: dict[str, Any], top: int = 18) -> None:
+    """Self time per function (and per script) of a CDP CPU profile, largest first."""
+    nodes = {n["id"]: n for n in profile["nodes"]}
+    deltas = profile.get("timeDeltas", [])
+    self_us: dict[int, float] = {}
+    for node_id, dt in zip(profile.get("samples", []), [*deltas[1:], 0], strict=False):
+        self_us[node_id] = self_us.get(node_id, 0.0) + dt
+    by_fn: dict[str, float] = {}
+    by_url: dict[str, float] = {}
+    for node_id, us in self_us.items():
+        frame = nodes[node_id]["callFrame"]
+        url = frame.get("url", "").rsplit("/", 1)[-1] or "(native)"
+        name = f"{frame.get('functionName') or '(anonymous)'} {url}:{frame.get('lineNumber', 0)}"
+        by_fn[name] = by_fn.get(name, 0.0) + us
+        by_url[url] = by_url.get(url, 0.0) + us
+    print("    CPU profile, self time by script: " + ", ".join(
+        f"{u} {t / 1000:.0f} ms" for u, t in sorted(by_url.items(), key=lambda kv: -kv[1])[:8]
+    ))  # fmt: skip
+    for name, us in sorted(by_fn.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"      {us / 1000:7.0f} ms  {name}")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--profile", action="store_true", help="CPU-profile the last run, print top functions"
+    )
     args = parser.parse_args()
 
     from django.conf import settings
@@ -95,7 +142,15 @@ def main() -> None:
             for run in range(args.runs + 1):  # the first run warms the server process, not the browser
                 context = browser.new_context(viewport={"width": 1366, "height": 768})
                 context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": base}])
+                context.add_init_script(_MARKS_JS)
                 page = context.new_page()
+                cdp = context.new_cdp_session(page)
+                cdp.send("Performance.enable")
+                profiling = args.profile and run == args.runs
+                if profiling:
+                    cdp.send("Profiler.enable")
+                    cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+                    cdp.send("Profiler.start")
                 sizes: dict[str, int] = {}
                 page.on(
                     "response",
@@ -111,9 +166,14 @@ def main() -> None:
                     "(() => { const n = performance.getEntriesByType('navigation')[0];"
                     " const p = performance.getEntriesByType('resource')"
                     ".find(r => r.name.includes('plotly'));"
+                    " const d = document.getElementById('job-data');"
                     " return [n.responseEnd, n.domContentLoadedEventEnd, p ? p.responseEnd : 0,"
-                    " performance.now()]; })()"
+                    " window.__chartsReadyAt || performance.now(), window.__plotlyAt || 0,"
+                    " d ? d.textContent.length : 0, n.decodedBodySize]; })()"
                 )
+                metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                if profiling:
+                    _print_profile(cdp.send("Profiler.stop")["profile"])
                 plotly = next((u for u in sizes if "plotly" in u), "")
                 if run:
                     times.append(elapsed)
@@ -121,8 +181,13 @@ def main() -> None:
                 print(
                     f"{label}: {elapsed * 1000:.0f} ms to charts drawn; {sum(sizes.values()) / 1e6:.2f} MB "
                     f"transferred in {len(sizes)} responses (plotly {sizes.get(plotly, 0) / 1e6:.2f} MB); "
-                    f"HTML received {nav[0]:.0f} ms, plotly received {nav[2]:.0f} ms, DOMContentLoaded "
-                    f"{nav[1]:.0f} ms, charts drawn by {nav[3]:.0f} ms (browser clock)"
+                    f"HTML received {nav[0]:.0f} ms, plotly received {nav[2]:.0f} ms, plotly evaluated "
+                    f"{nav[4]:.0f} ms, DOMContentLoaded {nav[1]:.0f} ms, charts drawn by {nav[3]:.0f} ms "
+                    f"(browser clock)\n    HTML {nav[6] / 1e6:.2f} MB decoded, of it figure JSON "
+                    f"{nav[5] / 1e6:.2f} MB; main thread: script {metrics['ScriptDuration'] * 1000:.0f} ms, "
+                    f"layout {metrics['LayoutDuration'] * 1000:.0f} ms, style "
+                    f"{metrics['RecalcStyleDuration'] * 1000:.0f} ms, all tasks "
+                    f"{metrics['TaskDuration'] * 1000:.0f} ms"
                 )
                 context.close()
             browser.close()

@@ -382,5 +382,4 @@ LOGGING = {
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "efficiency.staticfinders.PlotlyFinder",
 ]
