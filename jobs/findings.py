@@ -72,6 +72,7 @@ def build_input(job: Job) -> DiagnosisInput:
         idle_share=evaluated.idle_share if evaluated is not None else None,
         sample_interval_s=interval,
         material_waste_usd_per_day=settings.UNEXPLAINED_WASTE_MIN_USD_PER_DAY,
+        sharing=evaluated.sharing if evaluated is not None else None,
     )
 
 

@@ -1,16 +1,23 @@
-"""Shared GPUs (jobs.alerts.sharing): time-sliced and MIG GPUs detected on simulated exporter data through
-a real Prometheus, and each GPU's cost attributed per share (the shares sum to the GPU's cost)."""
+"""Shared GPUs (jobs.alerts.sharing): time-sliced and MIG GPUs detected on simulated exporter data (MIG
+instances labelled GPU_I_ID / GPU_I_PROFILE, without GPU_UTIL, as dcgm-exporter emits them) through a real
+Prometheus; each GPU's cost attributed per share through the one evaluation (the jobs' stored costs of a
+GPU sum to the GPU's cost); the shared_gpu finding on the job page, the job list and the API."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 
 from jobs.alerts import sharing
 from jobs.alerts.sharing import Usage, attribute, mig_fraction
+from jobs.evaluation.refresh import reevaluate
 from jobs.metrics import ingest
 from jobs.metrics.prometheus import PrometheusClient
+from jobs.models import Finding, Job
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -50,15 +57,26 @@ def test_mig_slices_get_their_fraction_and_free_slices_stay_unallocated():
 
 @pytest.fixture(scope="module")
 def sims():
-    mig_a = simulate(SimSpec(gpus=1, job_id="6001", duration_s=2 * HOUR, seed=11, hosts=("node-m",)))
-    mig_b = simulate(SimSpec(gpus=1, job_id="6002", duration_s=2 * HOUR, seed=12, hosts=("node-m",)))
-    for sim, (instance, profile) in ((mig_a, ("1", "3g.40gb")), (mig_b, ("2", "4g.40gb"))):
-        sim.gpus[0].labels.update({"GPU_I_ID": instance, "GPU_I_PROFILE": profile})
+    # 6001 / 6002: two MIG instances (3g.40gb, 4g.40gb) of one H100 on node-m, 2 h each.
+    mig_a = simulate(
+        SimSpec(
+            gpus=1, job_id="6001", duration_s=2 * HOUR, seed=11, hosts=("node-m",), mig=(("1", "3g.40gb"),)
+        )
+    )
+    mig_b = simulate(
+        SimSpec(
+            gpus=1, job_id="6002", duration_s=2 * HOUR, seed=12, hosts=("node-m",), mig=(("2", "4g.40gb"),)
+        )
+    )
+    # 6003 holds node-t/0 and node-t/1 for 2 h; 6004 time-slices node-t/0 in the second hour.
     sliced_a = simulate(SimSpec(gpus=2, job_id="6003", duration_s=2 * HOUR, seed=13, hosts=("node-t",)))
-    sliced_b = simulate(SimSpec(gpus=1, job_id="6004", duration_s=HOUR, seed=14, hosts=("node-t",),
-                                start=DEFAULT_START + HOUR))  # fmt: skip
+    sliced_b = simulate(
+        SimSpec(
+            gpus=1, job_id="6004", duration_s=HOUR, seed=14, hosts=("node-t",), start=DEFAULT_START + HOUR
+        )
+    )
     alone = simulate(SimSpec(gpus=1, job_id="6005", duration_s=2 * HOUR, seed=15, hosts=("node-z",)))
-    return {s.spec.job_id: s for s in (mig_a, mig_b, sliced_a, sliced_b, alone)}
+    return {s.spec.job_id: s for s in (mig_a, mig_b, sliced_a, sliced_b, alone)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -72,38 +90,108 @@ def prom(sims, tmp_path_factory):
         yield server
 
 
-@pytest.mark.prometheus
-@pytest.mark.django_db
-def test_mig_and_time_sliced_gpus_on_simulated_exporter_data(prom, sims, make_team, catalog):
+NOW = START + timedelta(hours=3)
+PRICE = 6.88  # H100 on demand, USD per GPU-hour (the seeded price book)
+
+
+@pytest.fixture
+def jobs(prom, sims, make_team, catalog):
     team = make_team("llm")
     client = PrometheusClient(prom.url, timeout_s=10, retries=0)
-    jobs = {}
+    out = {}
     for job_id, sim in sims.items():
         body = registration_body(sim, team=team, ended=True)
         if job_id in ("6001", "6002"):  # MIG jobs are matched by label, as a device plugin would
             body.pop("gpus")
             body["selector"] = {"hpc_job": job_id}
-        jobs[job_id] = register_job(body).job
-        ingest.finalize_job(jobs[job_id], client, now=START + timedelta(hours=3))
-    now = START + timedelta(hours=3)
+        out[job_id] = register_job(body).job
+        ingest.finalize_job(out[job_id], client, now=NOW)
+    return out, client
 
-    mig = sharing.shared_gpus(jobs["6001"], client, now)
+
+@pytest.mark.prometheus
+@pytest.mark.django_db
+def test_mig_and_time_sliced_gpus_on_simulated_exporter_data(jobs):
+    jobs, client = jobs
+    mig = sharing.shared_gpus(jobs["6001"], client, NOW)
     assert [(s.gpu, s.other_job, s.mig) for s in mig.shared] == [("node-m/0", "6002", True)]
+    assert mig.mig == {"node-m/0": ("1", "3g.40gb")}  # from GR_ENGINE_ACTIVE: MIG series have no GPU_UTIL
     assert mig.share == pytest.approx(3 / 7)
-    price = 6.88  # H100 on demand, USD per GPU-hour (the seeded price book)
-    cost = mig.attribution.cost_usd(price)
-    assert cost["6001"] == pytest.approx(2 * price * 3 / 7) and cost["6002"] == pytest.approx(
-        2 * price * 4 / 7
-    )
-    assert sum(cost.values()) == pytest.approx(2 * price)  # the GPU's cost for its 2 hours, once
-    payload = sharing.finding_payload(mig)
-    assert payload is not None and payload["code"] == "shared_gpu" and "MIG" in payload["title"]
+    cost = mig.attribution.cost_usd(PRICE)
+    assert cost["6001"] == pytest.approx(2 * PRICE * 3 / 7)
+    assert cost["6002"] == pytest.approx(2 * PRICE * 4 / 7)
+    assert sum(cost.values()) == pytest.approx(2 * PRICE)  # the GPU's cost for its 2 hours, once
 
-    sliced = sharing.shared_gpus(jobs["6003"], client, now)
+    sliced = sharing.shared_gpus(jobs["6003"], client, NOW)
     assert {(s.gpu, s.other_job) for s in sliced.shared} == {("node-t/0", "6004")}
     # 6003 holds node-t/0 and node-t/1 for 2 h; 6004 shares node-t/0 in the second hour: 6003's share is
     # (1 h + 0.5 h + 2 h) / 4 GPU-hours.
     assert sliced.share == pytest.approx(3.5 / 4)
-    total = sum(sliced.attribution.cost_usd(price).values())
-    assert total == pytest.approx(4 * price)  # 4 GPU-hours on node-t, once
-    assert sharing.finding_payload(sharing.shared_gpus(jobs["6005"], client, now)) is None
+    assert sum(sliced.attribution.cost_usd(PRICE).values()) == pytest.approx(4 * PRICE)
+    assert sharing.summarise(sharing.shared_gpus(jobs["6005"], client, NOW), 1, None) is None
+
+
+@pytest.mark.prometheus
+@pytest.mark.django_db
+def test_the_overlapping_jobs_other_keys_are_read_in_one_query(jobs):
+    jobs, _ = jobs
+    with CaptureQueriesContext(connection) as queries:
+        report = sharing.shared_gpus(jobs["6003"], None, NOW)
+    # The overlapping jobs, then the archived GPU keys of all of them (6001/6002 are matched by label).
+    assert len(queries) == 2, [q["sql"][:120] for q in queries]
+    assert report.share == pytest.approx(3.5 / 4)
+
+
+@pytest.mark.prometheus
+@pytest.mark.django_db
+def test_stored_costs_are_the_jobs_shares_and_sum_to_each_gpus_cost(jobs):
+    jobs, _ = jobs
+    # 6003 was finalized before 6004 was registered: its next evaluation (from the archive) sees 6004.
+    for job_id in ("6003", "6004"):
+        reevaluate(jobs[job_id].pk)
+    stored = {j.external_id: j for j in Job.objects.filter(external_id__in=list(jobs))}
+    # MIG node-m/0, 2 h: 6001 holds 3/7, 6002 4/7 of $13.76.
+    assert stored["6001"].cost_usd == pytest.approx(2 * PRICE * 3 / 7, rel=1e-6)
+    assert stored["6002"].cost_usd == pytest.approx(2 * PRICE * 4 / 7, rel=1e-6)
+    assert stored["6001"].cost_usd + stored["6002"].cost_usd == pytest.approx(2 * PRICE, rel=1e-6)
+    # node-t: 6003 3.5 GPU-h, 6004 0.5 GPU-h (half of node-t/0 for 1 h): 4 GPU-h in all, $27.52.
+    assert stored["6003"].cost_usd == pytest.approx(3.5 * PRICE, rel=1e-6)
+    assert stored["6004"].cost_usd == pytest.approx(0.5 * PRICE, rel=1e-6)
+    assert stored["6003"].cost_usd + stored["6004"].cost_usd == pytest.approx(4 * PRICE, rel=1e-6)
+    assert stored["6005"].cost_usd == pytest.approx(2 * PRICE, rel=1e-6)  # alone: the whole GPU
+    ev = stored["6001"].evaluated
+    assert ev is not None and ev.sharing is not None
+    assert ev.sharing.label == "0.43 of 1 GPU, MIG 3g.40gb"
+    assert ev.gpu_hours == pytest.approx(2 * 3 / 7)
+    # MFU against the slice: 48 of 132 SMs. The same tokens/s against the whole GPU would read lower.
+    assert ev.sharing.peak_equivalents == pytest.approx(48 / 132)
+    assert stored["6003"].evaluated.sharing.gpu_equivalents == pytest.approx(2 * 3.5 / 4)
+    assert stored["6005"].evaluated.sharing is None
+
+
+@pytest.mark.prometheus
+@pytest.mark.django_db
+def test_the_shared_gpu_finding_is_stored_and_shown_on_the_page_list_and_api(
+    jobs, make_user, client, api_client_for
+):
+    jobs, _ = jobs
+    for job_id in ("6003", "6004"):
+        reevaluate(jobs[job_id].pk)
+    found = Finding.objects.get(job=jobs["6003"], code="shared_gpu")
+    assert found.severity == "warning" and "thinned out" in found.title
+    labels = {e["label"]: e["value"] for e in found.evidence}
+    assert labels["time-sliced GPUs"] == "node-t/0" and labels["other jobs on them"] == "6004"
+    mig = Finding.objects.get(job=jobs["6001"], code="shared_gpu")
+    assert mig.severity == "info" and "3g.40gb" in mig.title
+    assert not Finding.objects.filter(job=jobs["6005"], code="shared_gpu").exists()
+
+    user = make_user("alice", teams=[jobs["6003"].team])
+    client.force_login(user)
+    page = client.get(reverse("job-detail", args=["6003"]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "thinned out" in html and "time-sliced" in html
+    assert client.get(reverse("job-list")).status_code == 200
+    api = api_client_for(user).get("/api/v1/jobs/6003/")
+    assert api.status_code == 200
+    assert "shared_gpu" in [f["code"] for f in api.json()["findings"]]

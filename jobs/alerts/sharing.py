@@ -1,47 +1,55 @@
 """Shared GPUs: which of a job's GPUs other jobs also used in its window, and each job's share of each GPU.
 
-Detection (the seed's causes 4 and 7: a scheduler giving one GPU to several jobs, MIG slices):
+Detection (the seed's causes 4 and 7: "a GPU shared by several tasks competing for time slices ...
+utilisation is thinned out"; MIG slices, a scheduler giving one GPU to several jobs):
 - the same physical GPU (host/index, or UUID) in another job's explicit mapping, or among the GPUs its label
   selector matched (the archived per-GPU keys), in an overlapping window: time-slicing (or a double booking);
-- MIG: dcgm-exporter labels each instance's series with `GPU_I_ID` and `GPU_I_PROFILE` (e.g. `3g.40gb`); a
-  job on a slice uses that slice's share of the GPU (compute slices / 7 on A100/H100), not all of it.
+- MIG: dcgm-exporter labels each instance's series with `GPU_I_ID` and `GPU_I_PROFILE` (e.g. `3g.40gb`,
+  reference/dcgm.md "Labels"); `gpu`/`UUID` stay the parent GPU's. A job on a slice is billed for its
+  compute slices / 7 of the GPU and its MFU is against the slice's SMs (jobs.evaluation.catalog.mig_slice).
+  dcgm-exporter reports no DCGM_FI_DEV_GPU_UTIL for MIG instances (NVIDIA/dcgm-exporter #216, #50: use
+  DCGM_FI_PROF_GR_ENGINE_ACTIVE), so instances are looked up on either metric.
 
 Attribution (pure, `attribute`): per GPU, the timeline is cut where the set of users changes; in each
 segment a MIG instance's slice fraction goes to its users (split evenly when several share one instance),
 whole-GPU users split the GPU evenly (time-slicing), and what no one holds is `unallocated`. So per GPU and
 segment, the shares plus the unallocated part sum to 1: a GPU's cost is split, never counted once per job.
+`summarise` turns a job's attribution into the `GpuSharing` the evaluation charges (GPU equivalents for
+cost, peak equivalents for MFU) and the diagnosis explains (the `shared_gpu` finding).
 
-What the diagnosis needs to show a `shared_gpu` finding (jobs/diagnosis is another engineer's): the
-`SharingReport` of `shared_gpus(job)` (which GPUs, with whom, when, the job's share) and `finding_payload`
-(code, title, evidence, recommendation in the Finding's shape); utilisation of a shared GPU is the GPU's,
-thinned by the other users, so idle/MFU rules should read it against the job's share.
+What this cannot see, and at what resolution:
+- several processes of *different* owners on one GPU outside any registered job (a notebook, an unregistered
+  pod), and MPS clients: dcgm-exporter exports per-GPU (or per-MIG-instance) fields, not per process, and
+  its default counters have no process count (reference/dcgm.md). Only registered jobs' GPU claims are
+  compared, so unregistered sharing is invisible here; a GPU busier than the job's own work suggests
+  it but cannot be told apart from the job's own kernels.
+- the split of a time-sliced GPU is assumed even while its users overlap (the device plugin's time-slicing
+  gives each context equal slices when all are busy). When the other job idles, this job can use more than
+  its share: its MFU against its share then reads high. No per-process utilisation exists to do better.
+- windows are the jobs' registered start/end (seconds); a job whose selector matched a GPU for only part
+  of its window is counted as holding it for the whole window.
+- a job evaluated before an overlapping job was registered keeps its earlier (unshared) cost until it is
+  evaluated again (the next poll, or `manage.py reevaluate` for finished jobs).
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
-from typing import Any
 
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.evaluation.catalog import GpuSpec, mig_slice
+from jobs.evaluation.schema import GpuSharing, SharedWith
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import Selector
 from jobs.models import Job, JobSeries
 
 CODE = "shared_gpu"
-MIG_SLICES = 7  # compute slices of an A100 / H100 / H200 in MIG mode
-_PROFILE = re.compile(r"(?:^|\.)(\d+)g\.")
-RECOMMENDATION = (
-    "These GPUs were also used by other jobs (or are MIG slices) in this job's window: utilisation is "
-    "thinned out and the job's cost is its share, not the whole GPU. Check the scheduler's GPU binding "
-    "(CUDA_VISIBLE_DEVICES, the device plugin's time-slicing or MPS settings) or request whole GPUs."
-)
 
 
 # ------------------------------------------------------------------------------------------------- pure
@@ -59,14 +67,12 @@ class Usage:
     profile: str = ""
 
 
-def mig_fraction(profile: str, slices: int = MIG_SLICES) -> float | None:
-    """Share of the GPU's compute a MIG profile holds: `3g.40gb` -> 3/7 (also `1c.3g.40gb`); None when the
-    profile is unknown or not MIG."""
-    match = _PROFILE.search(profile or "")
-    if match is None:
-        return None
-    n = int(match.group(1))
-    return n / slices if 0 < n <= slices else None
+def mig_fraction(profile: str) -> float | None:
+    """Share of the GPU a MIG profile is billed for: its GPU instance's compute slices / 7 (`3g.40gb` and
+    `1c.3g.40gb` -> 3/7; compute instances of one GPU instance share its GPU_I_ID and so split it). None
+    when the profile is unknown or not MIG. One definition: jobs.evaluation.catalog.mig_slice."""
+    piece = mig_slice(None, profile)
+    return piece.cost_fraction if piece is not None else None
 
 
 @dataclass
@@ -149,13 +155,18 @@ class SharedGpu:
 
 @dataclass
 class SharingReport:
+    """The job's shared GPUs, the attribution of every GPU-second on them, the job's share, and the MIG
+    instances seen ({gpu: (GPU_I_ID, GPU_I_PROFILE)}) for the job itself."""
+
     job: str
     shared: list[SharedGpu]
     attribution: Attribution
     share: float | None
+    mig: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def is_shared(self) -> bool:
+        """True when another job used one of the GPUs, or the job held only part of them (a MIG slice)."""
         return bool(self.shared) or (self.share is not None and self.share < 0.999)
 
 
@@ -163,9 +174,12 @@ def _window(job: Job, now: datetime) -> tuple[float, float]:
     return job.started_at.timestamp(), (job.ended_at or now).timestamp()
 
 
-def gpu_keys(job: Job) -> list[str]:
-    """The physical GPUs of a job: its explicit mapping (host/index or UUID), else the GPUs its selector
-    matched as archived (per-GPU keys)."""
+#: The per-GPU archive rows that name a job's GPUs: utilisation, or GR_ENGINE_ACTIVE where GPU_UTIL is
+#: absent (MIG instances).
+_KEY_SIGNALS = ("gpu_util", "gr_engine_active")
+
+
+def _mapped_keys(job: Job) -> list[str]:
     keys = []
     for ref in job.gpus or []:
         if isinstance(ref, dict):
@@ -173,15 +187,38 @@ def gpu_keys(job: Job) -> list[str]:
                 keys.append(f"{ref['hostname']}/{ref['gpu']}")
             elif ref.get("uuid"):
                 keys.append(str(ref["uuid"]))
-    if keys:
-        return keys
-    return sorted(
-        set(
-            JobSeries.objects.filter(job=job, signal="gpu_util", stat="gpu")
+    return keys
+
+
+def gpu_keys_of(jobs: Sequence[Job]) -> dict[int, list[str]]:
+    """{job pk: its physical GPUs}: the explicit mapping (host/index or UUID), else the GPUs its selector
+    matched as archived (per-GPU keys). One query for all the jobs that have no explicit mapping."""
+    out: dict[int, list[str]] = {}
+    archived: list[int] = []
+    for job in jobs:
+        keys = _mapped_keys(job)
+        if keys:
+            out[job.pk] = keys
+        else:
+            archived.append(job.pk)
+    if archived:
+        found: dict[int, set[str]] = defaultdict(set)
+        rows = (
+            JobSeries.objects.filter(job_id__in=archived, signal__in=_KEY_SIGNALS, stat="gpu")
             .exclude(gpu_key="")
-            .values_list("gpu_key", flat=True)
+            .values_list("job_id", "gpu_key")
+            .distinct()
         )
-    )
+        for pk, key in rows:
+            found[pk].add(key)
+        for pk in archived:
+            out[pk] = sorted(found.get(pk, set()))
+    return out
+
+
+def gpu_keys(job: Job) -> list[str]:
+    """The physical GPUs of one job (see `gpu_keys_of`)."""
+    return gpu_keys_of([job])[job.pk]
 
 
 def _selector(job: Job) -> Selector | None:
@@ -193,13 +230,16 @@ def _selector(job: Job) -> Selector | None:
 
 
 def mig_instances(client: PrometheusClient, job: Job, now: datetime) -> dict[str, tuple[str, str]]:
-    """{host/index: (GPU_I_ID, GPU_I_PROFILE)} of the job's MIG instances ({} without MIG)."""
+    """{host/index: (GPU_I_ID, GPU_I_PROFILE)} of the job's MIG instances ({} without MIG, or when
+    Prometheus cannot answer). One instant query over the job's window."""
     selector = _selector(job)
     if selector is None:
         return {}
     start, end = _window(job, now)
     window = max(int(end - start), 60)
-    inner = selector.select_range("DCGM_FI_DEV_GPU_UTIL", "last_over_time", window)
+    inner = selector.select_range(
+        ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"], "last_over_time", window
+    )
     query = f"count by (Hostname, hostname, gpu, GPU_I_ID, GPU_I_PROFILE) ({inner})"
     try:
         samples = client.instant(query, end)
@@ -216,46 +256,60 @@ def mig_instances(client: PrometheusClient, job: Job, now: datetime) -> dict[str
     return out
 
 
-def _usages(job: Job, now: datetime, mig: dict[str, tuple[str, str]]) -> list[Usage]:
+def stored_mig(job: Job) -> dict[str, tuple[str, str]]:
+    """The MIG instances the job's last evaluation saw (when there is no Prometheus to ask)."""
+    evaluated = job.evaluated
+    sharing = evaluated.sharing if evaluated is not None else None
+    if sharing is None:
+        return {}
+    return {gpu: (pair[0], pair[1]) for gpu, pair in sharing.mig.items() if len(pair) == 2}
+
+
+def _usages(job: Job, keys: list[str], now: datetime, mig: dict[str, tuple[str, str]]) -> list[Usage]:
     start, end = _window(job, now)
     out = []
-    for key in gpu_keys(job):
+    for key in keys:
         instance, profile = mig.get(key, ("", ""))
         out.append(Usage(key, job.external_id, start, end, instance, profile))
     return out
 
 
+#: At most this many overlapping jobs are compared (a guard against a runaway query on a huge cluster).
+MAX_OTHERS = 500
+
+
 def shared_gpus(
     job: Job, client: PrometheusClient | None = None, now: datetime | None = None
 ) -> SharingReport:
-    """The job's GPUs also used by other jobs in overlapping windows, and its share of them."""
+    """The job's GPUs also used by other jobs in overlapping windows, and its share of them.
+
+    Queries: one for the overlapping jobs, one for all their archived GPU keys; MIG instances from
+    Prometheus for this job (with a client), else from stored evaluations (the other jobs', always: each
+    was evaluated with its own instances, so they are not asked again)."""
     now = now or timezone.now()
     start, end = _window(job, now)
-    mine = set(gpu_keys(job))
-    others = (
+    others = list(
         Job.objects.exclude(pk=job.pk)
         .filter(started_at__lt=job.ended_at or now)
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=job.started_at))
+        .only("pk", "external_id", "started_at", "ended_at", "gpus", "selector", "evaluation")
+        .order_by("started_at", "pk")[:MAX_OTHERS]
     )
-    migs: dict[int, dict[str, tuple[str, str]]] = {}
-
-    def mig_of(j: Job) -> dict[str, tuple[str, str]]:
-        if client is None:
-            return {}
-        if j.pk not in migs:
-            migs[j.pk] = mig_instances(client, j, now)
-        return migs[j.pk]
-
-    usages = _usages(job, now, mig_of(job))
+    keys = gpu_keys_of([job, *others])
+    mine = set(keys[job.pk])
+    own_mig = mig_instances(client, job, now) if client is not None else stored_mig(job)
+    usages = _usages(job, keys[job.pk], now, own_mig)
     shared: list[SharedGpu] = []
-    for other in others[:500]:
-        common = mine & set(gpu_keys(other))
+    for other in others:
+        common = mine & set(keys[other.pk])
         if not common:
             continue
         o_start, o_end = _window(other, now)
         lo, hi = max(start, o_start), min(end, o_end)
-        other_mig = mig_of(other)
-        usages += [u for u in _usages(other, now, other_mig) if u.gpu in common]
+        other_mig = stored_mig(other)
+        if not other_mig and client is not None and any(g in own_mig for g in common):
+            other_mig = mig_instances(client, other, now)  # a MIG neighbour not evaluated yet
+        usages += [u for u in _usages(other, sorted(common), now, other_mig)]
         for gpu in sorted(common):
             shared.append(
                 SharedGpu(
@@ -263,44 +317,66 @@ def shared_gpus(
                     other.external_id,
                     datetime.fromtimestamp(lo, tz=now.tzinfo),
                     datetime.fromtimestamp(hi, tz=now.tzinfo),
-                    gpu in other_mig or gpu in mig_of(job),
+                    gpu in other_mig or gpu in own_mig,
                 )
             )
     attribution = attribute(usages)
-    return SharingReport(job.external_id, shared, attribution, attribution.job_share(job.external_id))
+    share = attribution.job_share(job.external_id)
+    return SharingReport(job.external_id, shared, attribution, share, own_mig)
 
 
-def finding_payload(report: SharingReport) -> dict[str, Any] | None:
-    """A `shared_gpu` finding in jobs.models.Finding's shape, for the diagnosis (None = not shared)."""
-    if not report.is_shared:
+def summarise(report: SharingReport, gpu_count: int, spec: GpuSpec | None) -> GpuSharing | None:
+    """What the evaluation charges and the diagnosis explains; None when the job's GPUs were its own.
+
+    GPU equivalents = GPUs x share (attributed GPU-time / held GPU-time). Peak equivalents weight each GPU's
+    attributed time by peak share / cost share: 1 on a time-sliced GPU, a slice's SMs / 7ths on MIG
+    (catalog.mig_slice: on an H100 a 3g slice is billed 3/7 and peaks at 48/132 of the GPU).
+    """
+    if not report.is_shared or report.share is None:
         return None
-    gpus = sorted({s.gpu for s in report.shared})
-    others = sorted({s.other_job for s in report.shared})
-    mig = any(s.mig for s in report.shared)
-    share = report.share
-    evidence: list[dict[str, Any]] = [
-        {"label": "GPUs shared", "value": len(gpus), "unit": "GPUs"},
-        {"label": "other jobs on them", "value": ", ".join(others[:10]), "unit": ""},
-    ]
-    if share is not None:
-        evidence.append(
-            {"label": "this job's share of its GPU-time", "value": round(share * 100, 1), "unit": "%"}
-        )
-    title = (
-        f"{len(gpus)} GPU(s) shared with {len(others)} other job(s)"
-        + (" as MIG slices" if mig else " (time-sliced)")
-        + (f": this job holds {share:.0%} of them" if share is not None else "")
+    att = report.attribution
+    job = report.job
+    held = sum(v for (j, _), v in att.held.items() if j == job)
+    peak_time = 0.0
+    profiles: list[str] = []
+    sources: list[str] = []
+    for (j, gpu), seconds in att.shares.items():
+        if j != job:
+            continue
+        ratio = 1.0
+        instance = report.mig.get(gpu)
+        piece = mig_slice(spec, instance[1]) if instance is not None else None
+        if piece is not None and piece.cost_fraction > 0:
+            ratio = piece.peak_fraction / piece.cost_fraction
+            profiles.append(piece.profile)
+            sources.append(piece.source)
+        peak_time += seconds * ratio
+    count = max(gpu_count, 1)
+    gpu_eq = count * report.share
+    peak_eq = count * peak_time / held if held > 0 else gpu_eq
+    kinds = sorted(set(profiles))
+    label = f"{gpu_eq:.2f} of {count} GPU{'s' if count != 1 else ''}"
+    if kinds:
+        label += ", MIG " + ", ".join(kinds)
+    if report.shared and any(not s.mig for s in report.shared):
+        others = sorted({s.other_job for s in report.shared if not s.mig})
+        label += ", time-sliced with " + ", ".join(others[:5])
+    return GpuSharing(
+        share=report.share,
+        gpu_equivalents=gpu_eq,
+        peak_equivalents=peak_eq,
+        label=label,
+        mig={gpu: list(pair) for gpu, pair in sorted(report.mig.items())},
+        shared=[
+            SharedWith(
+                gpu=s.gpu, other_job=s.other_job, start=s.start.timestamp(), end=s.end.timestamp(), mig=s.mig
+            )
+            for s in report.shared
+        ],
+        peak_source="; ".join(sorted(set(sources))),
     )
-    return {
-        "code": CODE,
-        "severity": "warning",
-        "confidence": 0.9 if mig or report.shared else 0.6,
-        "title": title,
-        "evidence": evidence,
-        "recommendation": RECOMMENDATION,
-        "waste_per_day_usd": None,
-    }
 
 
 def describe(shared: Sequence[SharedGpu]) -> list[str]:
+    """One line per shared GPU: which GPU, with whom, when (UTC)."""
     return [f"{s.gpu} with {s.other_job} {s.start:%Y-%m-%d %H:%M}-{s.end:%H:%M}" for s in shared]

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from jobs.diagnosis import thresholds as T
+from jobs.evaluation.schema import GpuSharing
 from jobs.metrics.signals import JobSignals
 
 CODES: tuple[str, ...] = (
@@ -27,6 +28,7 @@ CODES: tuple[str, ...] = (
     "host_sync",
     "straggler",
     "idle_gpus",
+    "shared_gpu",
     "memory_headroom",
     "baseline_regression",
     "gpu_errors",
@@ -162,6 +164,10 @@ class DiagnosisInput:
     #: Waste/day (USD) at or above which a job whose waste no cause explains gets `unexplained_waste`
     #: (setting; the Django side fills it).
     material_waste_usd_per_day: float = 50.0
+    #: The job's share of GPUs other jobs also used (time-slicing) or of MIG slices, as the evaluation
+    #: attributed it (jobs.alerts.sharing; None = its GPUs were its own or sharing was not checked). Cost,
+    #: waste and MFU passed in are already per share; the shared_gpu rule explains it.
+    sharing: GpuSharing | None = None
 
 
 def severity_at_least(findings: Iterable[Finding], level: Severity) -> list[Finding]:

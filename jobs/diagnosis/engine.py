@@ -28,7 +28,7 @@ import logging
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import SYMPTOM_CODES, DiagnosisInput, Evidence, Finding, Severity
 from jobs.diagnosis.features import Features
-from jobs.diagnosis.rules import RULES
+from jobs.diagnosis.rules import RULES, shared_gpu
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ def diagnose(inp: DiagnosisInput, *, codes: tuple[str, ...] | None = None) -> li
         if finding is not None:
             findings.append(finding)
     gate_short_jobs(findings, features)
+    shared_gpu.qualify(findings, inp)
     relate_symptoms(findings)
     catch_all = [f for f in findings if f.code == UNEXPLAINED]
     findings = [f for f in findings if f.code != UNEXPLAINED]

@@ -279,6 +279,103 @@ def match_gpu_name(name: str | None) -> GpuSpec | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------ MIG slices
+
+#: Compute slices of a GPU in MIG mode (A100 / H100 / H200 / B200: "Max Number of Instances" 7, NVIDIA
+#: MIG user guide, "Supported GPUs"); a profile `<n>g.<mem>gb` holds n of them ("Fraction of SMs" n/7 in
+#: the guide's "Supported MIG Profiles" tables).
+MIG_COMPUTE_SLICES = 7
+#: SMs per compute slice where a reading of them exists. A100: 14 (a 1g/2g/3g slice of an A100 80GB reports
+#: 14/28/42 multiprocessors, NJIT ARCS "MIG Profile Comparison"; 7 x 14 = 98 of the 108 SMs are usable in
+#: MIG mode). H100 / H200 (GH100): 16 (gpu-feature-discovery labels a H100 NVL 1g.12gb slice
+#: `nvidia.com/gpu.multiprocessors: 16`, NVIDIA/dcgm-exporter issue #397), 7 x 16 = 112 of 132. Larger
+#: H100 profiles are taken as n x 16: no reading of their SM counts is in reference/, so that is an
+#: approximation (it can be low if NVIDIA gives a 3g/4g/7g profile extra SMs).
+MIG_SMS_PER_SLICE: MappingProxyType[str, int] = MappingProxyType(
+    {
+        "A100 SXM 40GB": 14,
+        "A100 SXM 80GB": 14,
+        "A100 PCIe 40GB": 14,
+        "A100 PCIe 80GB": 14,
+        "H100 SXM": 16,
+        "H100 PCIe": 16,
+        "H100 NVL": 16,
+        "H200 SXM": 16,
+        "H200 NVL": 16,
+    }
+)
+_MIG_PROFILE = re.compile(r"(?:^|[\s.\-_])(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:\+me)?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class MigSlice:
+    """A MIG profile on a GPU: the share of the GPU it is billed for (its compute slices / 7) and the share
+    of the GPU's dense peak it can reach (its SMs / the GPU's SMs), with where that share comes from.
+
+    The two differ: a 1g slice of an H100 holds 1/7 of the compute slices (what the GPU's price is split
+    by) but 16 of 132 SMs (what bounds its FLOP/s), because 20 SMs are not usable in MIG mode.
+    """
+
+    profile: str
+    compute_slices: int
+    cost_fraction: float
+    peak_fraction: float
+    source: str
+
+
+def mig_profile(name: str | None) -> str | None:
+    """The MIG profile in a device or resource name ("3g.40gb" from "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb",
+    "nvidia.com/mig-1g.10gb", "MIG 1c.3g.40gb"), or None."""
+    if not name or not isinstance(name, str):
+        return None
+    match = _MIG_PROFILE.search(name.strip())
+    if match is None:
+        return None
+    ci, gi, mem = match.groups()
+    return f"{ci}c.{gi}g.{mem}gb" if ci else f"{gi}g.{mem}gb"
+
+
+def mig_slice(spec: GpuSpec | None, profile: str) -> MigSlice | None:
+    """The slice `profile` ("3g.40gb"; "1c.3g.40gb" = one compute instance of a 3g GPU instance) of `spec`.
+
+    Peak share = n x SMs per slice / the GPU's SMs where both are known (MIG_SMS_PER_SLICE), else n / 7 (the
+    guide's "Fraction of SMs", which counts only the SMs usable in MIG mode, so it reads high by up to
+    20/132 on an H100). A compute instance `<c>c.` of a larger GPU instance holds c of its slices' SMs;
+    it is still billed for the GPU instance's share split among its compute instances by the caller.
+    None when the profile is not MIG or holds more slices than the GPU has.
+    """
+    match = _MIG_PROFILE.search(profile or "")
+    if match is None:
+        return None
+    ci, gi = match.group(1), int(match.group(2))
+    compute = int(ci) if ci else gi
+    if not 0 < gi <= MIG_COMPUTE_SLICES or not 0 < compute <= gi:
+        return None
+    per_slice = MIG_SMS_PER_SLICE.get(spec.name) if spec is not None else None
+    if per_slice is not None and spec is not None and spec.sm_count:
+        peak = min(compute * per_slice / spec.sm_count, 1.0)
+        source = f"{compute} x {per_slice} SMs of {spec.sm_count} (catalog MIG_SMS_PER_SLICE)"
+    else:
+        peak = compute / MIG_COMPUTE_SLICES
+        source = f"{compute}/{MIG_COMPUTE_SLICES} compute slices (approximation: SMs per slice unknown)"
+    return MigSlice(mig_profile(profile) or profile, compute, gi / MIG_COMPUTE_SLICES, peak, source)
+
+
+def match_mig_name(name: str | None) -> tuple[GpuSpec, MigSlice] | None:
+    """The parent GPU and the slice of a MIG device name ("NVIDIA-H100-80GB-HBM3-MIG-3g.40gb"); None when
+    the name is not a MIG name or its parent GPU is unknown. `match_gpu_name` refuses these names, so a
+    slice is never mistaken for a whole GPU."""
+    profile = mig_profile(name)
+    if profile is None or name is None:
+        return None
+    parent_name = re.split(r"[\s\-_]mig[\s\-_]", name, flags=re.IGNORECASE)[0]
+    spec = match_gpu_name(parent_name)
+    if spec is None:
+        return None
+    piece = mig_slice(spec, profile)
+    return (spec, piece) if piece is not None else None
+
+
 # ---------------------------------------------------------------------------------------------- dtypes
 
 _DTYPE_ALIASES: dict[str, str] = {

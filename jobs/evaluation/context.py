@@ -8,6 +8,7 @@ from datetime import datetime
 import numpy as np
 
 from jobs.evaluation.kpis import ModelShape
+from jobs.evaluation.schema import GpuSharing
 from jobs.metrics.signals import JobSignals
 
 
@@ -36,3 +37,5 @@ class EvaluationContext:
     flops_convention: str
     energy_j: float | None
     usd_per_kwh: float
+    #: The job's share of GPUs other jobs also used, or of MIG slices (None = its GPUs were its own).
+    sharing: GpuSharing | None = None

@@ -65,8 +65,15 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         gpu_util_min=stat("gpu_util", "min"),
         gpu_util_max=stat("gpu_util", "max"),
         flops_convention=ctx.flops_convention,
+        gpu_equivalents=ctx.sharing.gpu_equivalents if ctx.sharing is not None else None,
+        peak_equivalents=ctx.sharing.peak_equivalents if ctx.sharing is not None else None,
     )
     notes = list(k.notes)
+    if ctx.sharing is not None:
+        notes.append(
+            f"shared GPUs: charged for {ctx.sharing.label}; MFU against {ctx.sharing.peak_equivalents:.2f} "
+            "GPU peaks" + (f" ({ctx.sharing.peak_source})" if ctx.sharing.peak_source else "")
+        )
     if not ctx.gpu_known:
         notes.insert(0, f"unknown GPU model {ctx.gpu_name!r}: an admin can add it to the GPU catalog")
     fb = stat("fb_used", "max")
@@ -119,6 +126,7 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         price_note=k.variants.get("cost", ""),
         variants=dict(k.variants),
         notes=notes,
+        sharing=ctx.sharing,
     )
     derived: dict[str, np.ndarray] = {}
     if ctx.tokens_per_second is not None:

@@ -258,20 +258,30 @@ def compute_kpis(
     gpu_util_min: np.ndarray | None = None,
     gpu_util_max: np.ndarray | None = None,
     flops_convention: str = "palm",
+    gpu_equivalents: float | None = None,
+    peak_equivalents: float | None = None,
 ) -> Kpis:
-    """All of a job's summary numbers over [start, end]; see reference/formulas.md for the definitions."""
+    """All of a job's summary numbers over [start, end]; see reference/formulas.md for the definitions.
+
+    Shared GPUs (jobs.alerts.sharing): `gpu_equivalents` is what the job is charged for (GPUs x its share
+    of their time; a MIG slice's compute slices / 7), used for GPU-hours, cost, energy and so waste;
+    `peak_equivalents` is how many whole-GPU dense peaks it could reach (MFU's capacity; a MIG slice's SMs
+    / the GPU's SMs). Both default to `gpu_count` (the job's GPUs were its own).
+    """
     duration = max((end - start).total_seconds(), 0.0)
-    k = Kpis(duration_s=duration, gpu_hours=gpu_count * duration / 3600.0)
+    billed = float(gpu_count) if gpu_equivalents is None else max(float(gpu_equivalents), 0.0)
+    peak_gpus = billed if peak_equivalents is None else max(float(peak_equivalents), 0.0)
+    k = Kpis(duration_s=duration, gpu_hours=billed * duration / 3600.0)
     k.gpu_util_mean = time_mean(gpu_util)
     k.sm_active_mean = time_mean(sm_active)
     k.tensor_active_mean = time_mean(tensor_active)
     k.reference_mfu, k.reference_source = reference_mfu, reference_source
 
     _throughput_and_mfu(
-        k, shape, peak_flops_per_gpu, gpu_count, grid_step_s, tokens_per_second, throughput_source,
+        k, shape, peak_flops_per_gpu, peak_gpus, grid_step_s, tokens_per_second, throughput_source,
         flops_convention,
     )  # fmt: skip
-    _cost(k, start, end, gpu_count, prices, price_label)
+    _cost(k, start, end, billed, prices, price_label, gpu_count)
     if gpu_util_per_gpu is not None and np.isfinite(gpu_util_per_gpu).any():
         k.idle_share, k.idle_share_exact = idle_share_per_gpu(gpu_util_per_gpu), True
         k.variants["idle"] = f"share of observed GPU samples with GPU_UTIL ≤ {IDLE_UTIL_MAX:.0%}"
@@ -300,7 +310,9 @@ def compute_kpis(
     if k.mfu is not None and k.tensor_active_mean is not None:
         clock = time_mean(sm_clock)
         k.cross_check = cross_check_mfu(k.mfu, k.tensor_active_mean, clock, peak_clock_mhz)
-    _energy(k, gpu_count, energy_increase_j, power_w, power_times, usd_per_kwh)
+    # The energy counter and board power are the whole GPU's: a shared GPU's energy is split like its cost.
+    share = billed / gpu_count if gpu_count > 0 else 1.0
+    _energy(k, billed, energy_increase_j, power_w, power_times, usd_per_kwh, share)
     return k
 
 
@@ -313,7 +325,7 @@ def _throughput_and_mfu(
     k: Kpis,
     shape: ModelShape,
     peak: float | None,
-    gpu_count: int,
+    gpu_count: float,
     step_s: float,
     tps: np.ndarray | None,
     source: str,
@@ -360,8 +372,15 @@ def _throughput_and_mfu(
 
 
 def _cost(
-    k: Kpis, start: datetime, end: datetime, gpu_count: int, prices: list[tuple[datetime, float]], label: str
+    k: Kpis,
+    start: datetime,
+    end: datetime,
+    gpu_count: float,
+    prices: list[tuple[datetime, float]],
+    label: str,
+    held: int | None = None,
 ) -> None:
+    """Cost of `gpu_count` GPU equivalents (the job's share of `held` GPUs when they were shared)."""
     if not prices:
         k.notes.append(f"no price in the price book for {label}")
         return
@@ -376,19 +395,24 @@ def _cost(
         k.cost_usd = costs.window_cost(usable, start, end, gpu_count).usd
     current = max((p for p in usable if p[0] <= end), default=usable[0])
     k.cost_per_day_usd = costs.cost_per_day(gpu_count, current[1])
-    k.variants["cost"] = f"{gpu_count} GPUs × ${current[1]:.2f}/GPU-h ({label}) × 24 h"
+    if held is None or abs(gpu_count - held) < 1e-9:
+        gpus = f"{held if held is not None else gpu_count:g} GPUs"
+    else:
+        gpus = f"{gpu_count:.2f} GPU equivalents (this job's share of {held} shared GPUs)"
+    k.variants["cost"] = f"{gpus} × ${current[1]:.2f}/GPU-h ({label}) × 24 h"
 
 
 def _energy(
     k: Kpis,
-    gpu_count: int,
+    gpu_count: float,
     increase_j: float | None,
     power_w: np.ndarray | None,
     power_times: np.ndarray | None,
     usd_per_kwh: float,
+    share: float = 1.0,
 ) -> None:
     if increase_j is not None and math.isfinite(increase_j) and increase_j > 0:
-        k.energy_kwh = increase_j / costs.J_PER_KWH
+        k.energy_kwh = increase_j / costs.J_PER_KWH * share
         k.variants["energy"] = "increase of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION over the job"
     elif power_w is not None and power_times is not None and not np.isnan(power_w).all():
         estimate = costs.energy_kwh_from_power(

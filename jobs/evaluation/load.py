@@ -9,10 +9,12 @@ import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
+from jobs.alerts.sharing import shared_gpus, summarise
 from jobs.evaluation.baselines import active_baseline
+from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
 from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
-from jobs.evaluation.schema import DERIVED_THROUGHPUT
+from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.signals import JobSignals, grid
 from jobs.models import Job, PriceEntry
@@ -83,6 +85,13 @@ def reference_mfu(job: Job) -> float:
     return target_mfu(job.dtype, settings.TARGET_MFU, settings.TARGET_MFU_FP8)[0]
 
 
+def sharing_for(job: Job, client: PrometheusClient | None, now: datetime) -> GpuSharing | None:
+    """The job's share of GPUs other jobs also used, or of its MIG slices (jobs.alerts.sharing); None when
+    its GPUs were its own. Without a client the MIG instances come from the last stored evaluation."""
+    spec = gpu_by_name(job.gpu_model.name) if job.gpu_model is not None else None
+    return summarise(shared_gpus(job, client, now), job.gpu_count, spec)
+
+
 def load_context(
     job: Job, sigs: JobSignals | None, client: PrometheusClient | None, now: datetime | None = None
 ) -> EvaluationContext:
@@ -123,4 +132,5 @@ def load_context(
         flops_convention=settings.MFU_FLOPS_CONVENTION,
         energy_j=job.energy_j,
         usd_per_kwh=settings.ENERGY_USD_PER_KWH,
+        sharing=sharing_for(job, client, now),
     )

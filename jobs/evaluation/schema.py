@@ -37,6 +37,35 @@ class WasteSplit(msgspec.Struct, frozen=True, kw_only=True):
     unknown_reason: str = ""
 
 
+class SharedWith(msgspec.Struct, frozen=True, kw_only=True):
+    """Another job on one of this job's physical GPUs ("host/index" or UUID) over [start, end] (unix s)."""
+
+    gpu: str
+    other_job: str
+    start: float
+    end: float
+    mig: bool = False
+
+
+class GpuSharing(msgspec.Struct, frozen=True, kw_only=True):
+    """How much of its GPUs a job held when they were shared (time-slicing) or sliced (MIG).
+
+    `share` = the job's attributed GPU-time / the GPU-time it held (jobs.alerts.sharing.attribute);
+    `gpu_equivalents` = GPUs x share: what cost, GPU-hours, energy and waste are charged for;
+    `peak_equivalents` = whole-GPU dense peaks the job could reach (MFU's capacity): the same as
+    `gpu_equivalents` on time-sliced GPUs, a MIG slice's SMs / the GPU's SMs on a slice (catalog.mig_slice).
+    `mig` maps each MIG GPU of the job to [GPU_I_ID, GPU_I_PROFILE] as dcgm-exporter labelled its series.
+    """
+
+    share: float
+    gpu_equivalents: float
+    peak_equivalents: float
+    label: str = ""
+    mig: dict[str, list[str]] = {}
+    shared: list[SharedWith] = []
+    peak_source: str = ""
+
+
 class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
     """Every number of one job and the definition behind it. None = cannot be computed (see `notes`)."""
 
@@ -67,6 +96,8 @@ class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
     price_note: str = ""
     variants: dict[str, str] = {}
     notes: list[str] = []
+    #: None = the job's GPUs were its own (or sharing could not be checked); see GpuSharing.
+    sharing: GpuSharing | None = None
 
 
 def encode(evaluation: Evaluation) -> dict[str, Any]:

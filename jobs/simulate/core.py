@@ -67,6 +67,11 @@ class SimSpec:
     #: the scenario's sample-grid profile; the grid step becomes the exporter's scrape interval.
     workload: Workload | None = None
     exporter: Exporter | None = None
+    #: MIG: (GPU_I_ID, GPU_I_PROFILE) per GPU of the job, e.g. (("1", "3g.40gb"),), labelled on its series
+    #: the way dcgm-exporter labels a MIG instance's (reference/dcgm.md "Labels": `gpu`/`UUID` stay the
+    #: parent GPU's). Such an instance has no DCGM_FI_DEV_GPU_UTIL (NVIDIA/dcgm-exporter #216, #50: use
+    #: GR_ENGINE_ACTIVE), so its GPU_UTIL row is left empty. The throughput is not scaled to the slice.
+    mig: tuple[tuple[str, str], ...] = ()
 
     def shape(self) -> dict[str, int]:
         """n_layers, hidden, n_heads, head_dim, seq_len of the simulated model (given or derived)."""
@@ -193,6 +198,8 @@ def _gpus(spec: SimSpec) -> list[SimGpu]:
             spec.host_label: host,
             "DCGM_FI_DRIVER_VERSION": spec.driver_version,
         }
+        if n < len(spec.mig):
+            labels |= {"GPU_I_ID": spec.mig[n][0], "GPU_I_PROFILE": spec.mig[n][1]}
         if spec.job_id is not None and spec.job_labels == "hpc_job":
             labels["hpc_job"] = spec.job_id
         elif spec.job_id is not None and spec.job_labels == "kubernetes":
@@ -238,6 +245,10 @@ def simulate(spec: SimSpec) -> SimResult:
             arr[per_gpu] = np.nan
     for key in _disabled_keys(spec.disabled):
         fields.pop(key, None)
+    if spec.mig and "gpu_util" in fields:
+        fields["gpu_util"][: len(spec.mig)] = np.nan  # not reported for MIG instances
+        if np.isnan(fields["gpu_util"]).all():
+            fields.pop("gpu_util")
     truth: dict[str, Any] = {
         "scenario": spec.scenario,
         "code": SCENARIOS[spec.scenario].code if spec.workload is None else spec.workload.code,
