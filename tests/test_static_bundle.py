@@ -1,4 +1,4 @@
-"""The vendored partial plotly.js bundle (static/vendor/plotly.min.js) can draw every figure the pages build."""
+"""The vendored partial plotly.js bundle (static/vendor/plotly.min.js) draws every figure the pages build."""
 
 from __future__ import annotations
 
