@@ -32,6 +32,7 @@ import jwt
 import requests
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import Group, User
 from django.contrib.auth.views import LogoutView
@@ -220,6 +221,12 @@ class SsoBackend(OIDCAuthenticationBackend):
         if self.config.require_verified_email and not _verified(claims.get("email_verified")):
             raise SsoRefused(f"the provider has not verified the email address {email}")
         return True
+
+    def get_user(self, user_id: int) -> User | None:
+        """The session's user, unless deactivated (the library's version skips Django's is_active check,
+        which would keep a disabled SSO user's open sessions working)."""
+        user: User | None = ModelBackend.get_user(self, user_id)
+        return user
 
     def filter_users_by_claims(self, claims: dict[str, Any]) -> QuerySet[User]:
         """Accounts with the (verified) email address, the one link between SSO and local accounts."""

@@ -246,13 +246,33 @@ def test_a_replayed_callback_is_refused(client, provider, sso):
     response = client.get("/oidc/authenticate/")
     at_provider = requests.get(response["Location"], allow_redirects=False, timeout=5)
     callback = urlsplit(at_provider.headers["Location"])
-    assert client.get(f"{callback.path}?{callback.query}")["Location"] == "/"
+    replay = f"{callback.path}?{callback.query}"
+    assert client.get(replay)["Location"] == "/"
     client.logout()
-    # The same code and state again, in a fresh session and in the same one.
-    for attempt in (client.get(f"{callback.path}?{callback.query}"),):
-        assert attempt["Location"] == "/login/"
+    # The same code and state again: in a session that started another login (its state is not this one)...
+    client.get("/oidc/authenticate/")
+    assert client.get(replay)["Location"] == "/login/"
+    assert _logged_in_user(client) is None
+    assert "state is unknown (already used" in client.get("/login/").content.decode().replace("&#x27;", "'")
+    # ...and in a fresh session that started none.
+    client.logout()
+    assert client.get(replay)["Location"] == "/login/"
     assert _logged_in_user(client) is None
     assert "not started in this browser session" in client.get("/login/").content.decode()
+
+
+@pytest.mark.django_db
+def test_a_deactivated_user_can_neither_log_in_nor_keep_a_session(client, provider, sso):
+    _sso_login(client)
+    user = _logged_in_user(client)
+    assert client.get("/").status_code == 200
+    user.is_active = False
+    user.save()
+    # The open session ends at the next request (Django's is_active check, kept by SsoBackend.get_user).
+    assert client.get("/")["Location"].startswith("/login/")
+    assert _sso_login(client)["Location"] == "/login/"
+    assert client.get("/")["Location"].startswith("/login/")
+    assert "this account is disabled" in client.get("/login/").content.decode()
 
 
 @pytest.mark.django_db
