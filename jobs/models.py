@@ -354,7 +354,10 @@ class JobSeries(models.Model):
     """An archived chunk of one signal for one job, so pages work after Prometheus drops the data.
 
     `stat` is mean/min/max across the job's GPUs, or `gpu` with `gpu_key` naming one GPU (heatmaps).
-    Values are ratios 0-1 for utilisation signals; NaN marks a missing sample (never 0).
+    Compact (jobs.metrics.archive): the chunk starting at `start` (a multiple of 240 x step) holds the
+    grid points start + step, ..., start + 240 x step as little-endian float32 `values`, no timestamps.
+    Values are ratios 0-1 for utilisation signals; NaN marks a missing sample (never 0). One line may
+    be archived at several steps (polled, finalized, downsampled tiers): the step is part of the key.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="series")
@@ -362,23 +365,33 @@ class JobSeries(models.Model):
     stat = models.CharField(max_length=32)
     gpu_key = models.CharField(max_length=200, blank=True)
     step_seconds = models.PositiveIntegerField()
-    start = models.DateTimeField()
-    end = models.DateTimeField()
-    timestamps = ArrayField(models.FloatField(), help_text="Unix seconds")
-    values = ArrayField(models.FloatField(null=True))
+    start = models.DateTimeField(help_text="chunk start: a multiple of 240 x step (exclusive)")
+    end = models.DateTimeField(help_text="time of the chunk's last value")
+    values = models.BinaryField(
+        help_text="little-endian float32; value i is the grid point start + (i + 1) x step; NaN = no sample"
+    )
 
     class Meta:
         verbose_name_plural = "job series"
         indexes = [models.Index(fields=["job", "signal", "stat", "start"])]
         constraints = [
             models.UniqueConstraint(
-                fields=["job", "signal", "stat", "gpu_key", "start"], name="series_chunk_unique"
+                fields=["job", "signal", "stat", "gpu_key", "step_seconds", "start"],
+                name="series_chunk_unique",
             )
         ]
 
     def __str__(self) -> str:
         gpu = f"/{self.gpu_key}" if self.gpu_key else ""
         return f"{self.signal}/{self.stat}{gpu} from {self.start:%Y-%m-%d %H:%M}"
+
+    def points(self) -> tuple[list[float], list[float]]:
+        """The chunk's grid points (Unix s) and values (float, NaN = no sample), decoded."""
+        import numpy as np  # only here: the model module stays light for everything else
+
+        vals = np.frombuffer(bytes(self.values), dtype="<f4").astype(np.float64)
+        times = self.start.timestamp() + self.step_seconds * np.arange(1, vals.size + 1, dtype=np.float64)
+        return times.tolist(), vals.tolist()
 
 
 class Baseline(models.Model):

@@ -60,7 +60,7 @@ def _closed_port() -> int:
 
 def _snapshot(job: Job) -> dict:
     return {
-        (r.signal, r.stat, r.gpu_key, r.start): (tuple(r.timestamps), tuple(r.values))
+        (r.signal, r.stat, r.gpu_key, r.step_seconds, r.start): tuple(map(tuple, r.points()))
         for r in JobSeries.objects.filter(job=job)
     }
 
@@ -152,7 +152,7 @@ def test_prometheus_down_keeps_the_archive_and_the_next_poll_fills_the_gap(prom,
 
 
 @pytest.mark.django_db
-def test_finalize_replaces_the_archive_and_is_idempotent(prom, sims, make_team):
+def test_finalize_merges_into_the_archive_and_is_idempotent(prom, sims, make_team):
     job = _register(sims["1001"], make_team("llm"), ended=True)
     client = _client(prom)
     job = ingest.finalize_job(job, client, now=START + timedelta(hours=3))

@@ -1,88 +1,99 @@
-"""The archive of a job's series in Postgres: aligned chunks written whole, read back as JobSignals.
+"""The archive of a job's series in Postgres: compact float32 chunks, merged on write, read as JobSignals.
 
-Chunk boundaries are aligned to multiples of (step x CHUNK_POINTS) on the Unix clock, so any re-read of a
-window rewrites exactly the same rows: repeated or overlapping polls never duplicate data.
+Layout (jobs.models.JobSeries): one row per (job, signal, stat, GPU, step, chunk). A chunk of step s
+starts at C, a multiple of CHUNK_POINTS x s on the Unix clock, and holds the grid points C + s, ...,
+C + CHUNK_POINTS x s: a point p stands for the window (p - s, p] (jobs.metrics.sampling), so a chunk owns
+the windows (C, C + CHUNK_POINTS x s]. Values are little-endian float32 (no per-value timestamps: they
+were 59 % of the old rows), NaN for a gap, trailing gaps trimmed. float32 keeps ~7 significant digits:
+far finer than any DCGM reading (percentages, W, MHz, bytes/s rates).
+
+Writes merge (`upsert`): a window's points go into the existing chunk at their offsets, the window need not
+be chunk-aligned, points outside it are kept and a NaN never overwrites a value, so a poll can write only
+its new window and finalize can add to what polling archived without deleting what Prometheus no longer
+holds. Rows travel by COPY into a temporary staging table plus one INSERT ... ON CONFLICT DO UPDATE; the
+merge itself is numpy on the chunks it touches, under a per-job advisory lock.
+
+Tiers: every write also refreshes downsampled copies of the windows it touched (AGG_TIERS for the cross-GPU
+stats, GPU_TIERS for per-GPU rows), each from the next finer level. Pages read the coarsest level that still
+gives their pixel budget (`max_points`), so a page's work does not grow with the job's GPU-hours; per-GPU
+rows finer than the first GPU tier are dropped after ARCHIVE_RAW_RETENTION_DAYS (`prune_raw`) while the
+tiers stay forever.
 
 One reader for everyone (ingestion, the evaluation, the diagnosis, the pages): `load_job_signals` (the
 cross-GPU stats on one grid, optionally per-GPU rows and a zoom window) and `load_per_gpu` (one signal's
-per-GPU matrix for a heatmap) share one fetch and one placement.
-
-Speed: Postgres turning float8[] into text and psycopg parsing it back costs more than everything else on
-a page (a running 7-day, 256-GPU job has ~0.5 M per-GPU samples). So values travel in Postgres' binary
-array format (`array_send`, NULL replaced by NaN so every element has the same width) and are decoded with
-one numpy call; timestamps are not read at all: each chunk is written as a contiguous run of its step
-ending at `end`, so its times follow from `end` and the count (a chunk that does not fit its aligned
-`start` has its timestamps read after all).
+per-GPU matrix for a heatmap) share one fetch and one placement; values are decoded with one numpy call.
 """
 
 from __future__ import annotations
 
-import math
-import struct
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs.evaluation.schema import DERIVED_MFU, DERIVED_THROUGHPUT
 from jobs.metrics.sampling import grid_columns, lattice_point
-from jobs.metrics.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
+from jobs.metrics.signals import COUNT, MAX, MIN, SAMPLED, SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 from jobs.models import Job, JobSeries
 
 CHUNK_POINTS = 240  # points per archived row: 2 h at the 30 s poll step
 THROUGHPUT = DERIVED_THROUGHPUT
 MFU = DERIVED_MFU
 _UNITS = {THROUGHPUT: "tokens/s", MFU: "ratio"}
-_FLOAT8_OID = 701
-_HEADER = struct.Struct(">iiiii")  # ndim, has-nulls flag, element type oid, size, lower bound
-_HEADER_BYTES = _HEADER.size
-_ELEMENT = np.dtype([("length", ">i4"), ("value", ">f8")])
+_F4 = np.dtype("<f4")
+_EPS = 1e-6  # in steps: float noise of millisecond timestamps
+GPU_STAT = "gpu"
+
+#: Downsampled levels of the cross-GPU stats (s): 300 s keeps a week within ~2,000 points per line, 3600 s
+#: a quarter. Each divides a 240-point chunk of the level below (30 s x 240 = 7,200 s; 300 s x 240 =
+#: 72,000 s), so every coarse window is computed from one finer chunk.
+AGG_TIERS = (300, 3600)
+#: Downsampled levels of per-GPU rows (s), kept forever; the polled 300 s rows are kept for
+#: ARCHIVE_RAW_RETENTION_DAYS. 1800 divides 300 s x 240, 21,600 divides 1800 s x 240.
+GPU_TIERS = (1800, 21600)
 
 
 def utc(ts: float) -> datetime:
+    """A Unix time as an aware UTC datetime."""
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
-def _chunk_rows(
+@dataclass(frozen=True, slots=True)
+class Points:
+    """One line to archive: (signal, stat, GPU) of one job at `step`, samples at `times` (NaN = none)."""
+
+    job_id: int
+    signal: str
+    stat: str
+    gpu_key: str
+    step: int
+    times: np.ndarray
+    values: np.ndarray
+
+
+def _line(
     job: Job, signal: str, stat: str, gpu_key: str, step: int, ts: np.ndarray, values: np.ndarray
-) -> list[JobSeries]:
-    rows: list[JobSeries] = []
-    if ts.size == 0:
-        return rows
-    span = step * CHUNK_POINTS
-    chunk_ids = np.floor(ts / span).astype(np.int64)
-    for chunk in np.unique(chunk_ids):
-        mask = chunk_ids == chunk
-        vals = values[mask]
-        if np.isnan(vals).all():
-            continue
-        t = ts[mask]
-        rows.append(
-            JobSeries(
-                job=job,
-                signal=signal,
-                stat=stat,
-                gpu_key=gpu_key,
-                step_seconds=step,
-                start=utc(float(chunk * span)),
-                end=utc(float(t[-1])),
-                timestamps=t.tolist(),
-                values=[None if math.isnan(v) else float(v) for v in vals],
-            )
-        )
-    return rows
+) -> list[Points]:
+    if ts.size == 0 or step <= 0:
+        return []
+    v = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(v).any():
+        return []
+    return [Points(job.pk, signal, stat, gpu_key, int(step), np.asarray(ts, dtype=np.float64), v)]
 
 
-def rows_for(job: Job, sigs: JobSignals, extra: dict[str, np.ndarray]) -> list[JobSeries]:
+def rows_for(job: Job, sigs: JobSignals, extra: dict[str, np.ndarray]) -> list[Points]:
+    """The lines of `sigs` (cross-GPU stats, per-GPU rows) and of `extra` (derived means) to `upsert`."""
     step = int(sigs.step)
-    rows: list[JobSeries] = []
+    rows: list[Points] = []
     for key, series in sigs.signals.items():
         for stat, values in series.stats.items():
-            rows += _chunk_rows(job, key, stat, "", step, series.timestamps, values)
+            rows += _line(job, key, stat, "", step, series.timestamps, values)
         if (
             series.per_gpu is not None
             and series.gpu_timestamps is not None
@@ -90,25 +101,227 @@ def rows_for(job: Job, sigs: JobSignals, extra: dict[str, np.ndarray]) -> list[J
         ):
             gstep = round(series.gpu_timestamps[1] - series.gpu_timestamps[0])
             for gpu, row in zip(series.gpus, series.per_gpu, strict=True):
-                rows += _chunk_rows(job, key, "gpu", str(gpu), gstep, series.gpu_timestamps, row)
+                rows += _line(job, key, GPU_STAT, str(gpu), gstep, series.gpu_timestamps, row)
     for name, values in extra.items():
-        rows += _chunk_rows(job, name, "mean", "", step, sigs.timestamps, values)
+        rows += _line(job, name, "mean", "", step, sigs.timestamps, values)
     return rows
 
 
-def derived_rows(job: Job, sigs: JobSignals, derived: dict[str, np.ndarray]) -> list[JobSeries]:
+def derived_rows(job: Job, sigs: JobSignals, derived: dict[str, np.ndarray]) -> list[Points]:
     """Rows of the evaluation's derived series (throughput, MFU) on the grid of `sigs`, not its signals."""
     return rows_for(job, JobSignals(sigs.start, sigs.end, sigs.step, sigs.timestamps), derived)
 
 
-def upsert(rows: list[JobSeries]) -> None:
-    JobSeries.objects.bulk_create(
-        rows,
-        batch_size=500,
-        update_conflicts=True,
-        unique_fields=["job", "signal", "stat", "gpu_key", "start"],
-        update_fields=["step_seconds", "end", "timestamps", "values"],
+# ---------------------------------------------------------------------------------------------- writing
+
+_Key = tuple[int, str, str, str, int, int]  # job, signal, stat, GPU, step, chunk start (Unix s)
+
+
+def _chunked(rows: Iterable[Points]) -> tuple[dict[_Key, np.ndarray], dict[_Key, np.ndarray]]:
+    """New chunk values (float32, CHUNK_POINTS long, NaN where the write has nothing) and, per chunk, the
+    mask of points the write brings. A sample goes to the grid point closing its window; two samples of
+    one point are averaged (`place_on_grid`'s rule)."""
+    out: dict[_Key, np.ndarray] = {}
+    written: dict[_Key, np.ndarray] = {}
+    for r in rows:
+        ok = np.isfinite(r.values)
+        k = np.ceil(r.times[ok] / r.step - _EPS).astype(np.int64)
+        v = r.values[ok]
+        if k.size == 0:
+            continue
+        chunk = (k - 1) // CHUNK_POINTS
+        c0 = int(chunk.min())
+        cell = (chunk - c0) * CHUNK_POINTS + (k - 1) % CHUNK_POINTS
+        size = (int(chunk.max()) - c0 + 1) * CHUNK_POINTS
+        sums = np.bincount(cell, weights=v, minlength=size)
+        counts = np.bincount(cell, minlength=size)
+        flat = np.full(size, np.nan)
+        np.divide(sums, counts, out=flat, where=counts > 0)
+        means = flat.reshape(-1, CHUNK_POINTS)
+        has = counts.reshape(-1, CHUNK_POINTS) > 0
+        for i in np.flatnonzero(has.any(axis=1)):
+            key = (r.job_id, r.signal, r.stat, r.gpu_key, r.step, (c0 + int(i)) * CHUNK_POINTS * r.step)
+            arr = means[i].astype(_F4)
+            if key in out:  # the same line twice in one write: the later values win where they exist
+                arr = np.where(has[i], arr, out[key])
+                written[key] = written[key] | has[i]
+            else:
+                written[key] = has[i]
+            out[key] = arr
+    return out, written
+
+
+def decode(blob: bytes | memoryview) -> np.ndarray:
+    """A chunk's stored values (little-endian float32 bytes) as float64, NaN for gaps."""
+    return np.frombuffer(blob, dtype=_F4).astype(np.float64)
+
+
+def _existing(keys: list[_Key]) -> dict[_Key, np.ndarray]:
+    """The stored values of the chunks `keys` name (one query), padded to CHUNK_POINTS."""
+    if not keys:
+        return {}
+    table = connection.ops.quote_name(JobSeries._meta.db_table)
+    cols = list(zip(*keys, strict=True))
+    sql = (
+        f"SELECT s.job_id, s.signal, s.stat, s.gpu_key, s.step_seconds, "
+        f'extract(epoch from s.start)::bigint, s."values" FROM {table} s JOIN unnest('
+        f"%s::bigint[], %s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) "
+        f"AS k(job_id, signal, stat, gpu_key, step, start) ON s.job_id = k.job_id AND s.signal = k.signal "
+        f"AND s.stat = k.stat AND s.gpu_key = k.gpu_key AND s.step_seconds = k.step "
+        f"AND s.start = to_timestamp(k.start)"
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [list(c) for c in cols])
+        found = cursor.fetchall()
+    out: dict[_Key, np.ndarray] = {}
+    for job_id, signal, stat, gpu_key, step, start, blob in found:
+        arr = np.full(CHUNK_POINTS, np.nan, dtype=_F4)
+        old = np.frombuffer(bytes(blob), dtype=_F4)[:CHUNK_POINTS]
+        arr[: old.size] = old
+        out[(job_id, signal, stat, gpu_key, step, int(start))] = arr
+    return out
+
+
+_STAGE = "archive_stage"
+_COLUMNS = 'job_id, signal, stat, gpu_key, step_seconds, start, "end", "values"'
+
+
+def _store(chunks: dict[_Key, np.ndarray]) -> int:
+    """COPY the merged chunks into a staging table and upsert them with one statement; returns rows."""
+    rows = []
+    for (job_id, signal, stat, gpu_key, step, start), arr in chunks.items():
+        filled = np.flatnonzero(np.isfinite(arr))
+        if filled.size == 0:
+            continue
+        last = int(filled[-1])
+        data = np.where(np.isfinite(arr[: last + 1]), arr[: last + 1], np.float32("nan")).astype(_F4)
+        rows.append(
+            (job_id, signal, stat, gpu_key, step, utc(start), utc(start + (last + 1) * step), data.tobytes())
+        )
+    if not rows:
+        return 0
+    table = connection.ops.quote_name(JobSeries._meta.db_table)
+    with connection.cursor() as cursor:
+        # ON COMMIT DELETE ROWS: the table stays per connection, its rows never outlive the transaction.
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE} (job_id bigint, signal text, stat text, gpu_key text, "
+            f'step_seconds int, start timestamptz, "end" timestamptz, "values" bytea) ON COMMIT DELETE ROWS'
+        )
+        cursor.execute(f"TRUNCATE {_STAGE}")
+        with cursor.cursor.copy(f"COPY {_STAGE} ({_COLUMNS}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute(
+            f"INSERT INTO {table} ({_COLUMNS}) SELECT {_COLUMNS} FROM {_STAGE} "
+            f"ON CONFLICT (job_id, signal, stat, gpu_key, step_seconds, start) "
+            f'DO UPDATE SET "end" = EXCLUDED."end", "values" = EXCLUDED."values"'
+        )
+    return len(rows)
+
+
+def _reduce(stat: str, values: np.ndarray, starts: np.ndarray, ratio: float) -> np.ndarray:
+    """One coarse value per group of fine values (groups begin at `starts`; NaN = no sample) with the
+    stat's own rule, so a coarse level answers the question its stat asks: min of minima, max of maxima,
+    the most GPUs reporting; `sampled` (GPUs' worth of the window covered) is the sum over the fine
+    windows divided by how many fit in a coarse one (a missing fine window covers nothing), which keeps
+    `coverage_from_stats` exact; means (cross-GPU means, per-GPU values, derived series) average the fine
+    windows that have a value, as `avg_over_time` over the coarse window would. NaN where a group has
+    no value."""
+    finite = np.isfinite(values)
+    n = np.add.reduceat(finite.astype(np.int64), starts)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if stat == MIN:
+            out = np.fmin.reduceat(values, starts)
+        elif stat in (MAX, COUNT):
+            out = np.fmax.reduceat(values, starts)
+        else:
+            total = np.add.reduceat(np.where(finite, values, 0.0), starts)
+            out = total / ratio if stat == SAMPLED else total / np.maximum(n, 1)
+    return np.where(n > 0, out, np.nan)
+
+
+def _tier_above(stat: str, step: int) -> int | None:
+    """The next downsampled level above `step` for this stat, when its windows tile a chunk of `step`."""
+    ladder = GPU_TIERS if stat == GPU_STAT else AGG_TIERS
+    coarse = next((t for t in ladder if t > step), None)
+    if coarse is None or (CHUNK_POINTS * step) % coarse:
+        return None
+    return coarse
+
+
+def _coarser(merged: dict[_Key, np.ndarray], written: dict[_Key, np.ndarray]) -> list[Points]:
+    """The next tier's values for the coarse windows a write touched, from the merged fine chunks. Each
+    coarse window (P - T, P] lies inside one fine chunk (`_tier_above`), so it is computed whole."""
+    out: list[Points] = []
+    for key, arr in merged.items():
+        job_id, signal, stat, gpu_key, step, start = key
+        coarse = _tier_above(stat, step)
+        if coarse is None or not written[key].any():
+            continue
+        times = start + step * np.arange(1, CHUNK_POINTS + 1, dtype=np.float64)
+        bucket = np.ceil(times / coarse - _EPS).astype(np.int64)  # the coarse point closing each window
+        starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        values = _reduce(stat, arr.astype(np.float64), starts, coarse / step)
+        touched = np.isin(bucket[starts], bucket[written[key]])
+        points = (bucket[starts][touched] * coarse).astype(np.float64)
+        out.append(Points(job_id, signal, stat, gpu_key, coarse, points, values[touched]))
+    return out
+
+
+def upsert(rows: Sequence[Points]) -> int:
+    """Merge `rows` into the archive and refresh the downsampled tiers of the windows they touch.
+
+    Each point goes into its chunk at its offset; the chunk's other points are kept and a NaN (no sample)
+    never overwrites a stored value, so overlapping, repeated, partial or out-of-order writes of any
+    window converge to the union of what was read. Idempotent. Returns the rows written (all levels).
+    """
+    rows = [r for r in rows if r.times.size]
+    if not rows:
+        return 0
+    written = 0
+    with transaction.atomic():
+        for job_id in sorted({r.job_id for r in rows}):
+            # Two writers of one job (a poll and a finalize, two workers) must not merge the same chunk
+            # from the same old value: one waits for the other's commit.
+            cursor_lock(job_id)
+        level: list[Points] = list(rows)
+        while level:
+            new, mask = _chunked(level)
+            old = _existing(list(new))
+            merged = {}
+            for key, arr in new.items():
+                prev = old.get(key)
+                merged[key] = arr if prev is None else np.where(np.isnan(arr), prev, arr).astype(_F4)
+            written += _store(merged)
+            level = _coarser(merged, mask)
+    return written
+
+
+def cursor_lock(job_id: int) -> None:
+    """Take the job's archive lock for the rest of the transaction (pg_advisory_xact_lock)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, job_id % 2**31])
+
+
+_LOCK_CLASS = zlib.crc32(b"jobs.archive") % 2**31
+
+
+def prune_raw(now: datetime, retention_days: int) -> int:
+    """Delete per-GPU chunks finer than the first GPU tier whose last value is older than the retention,
+    where that tier holds the same GPU's window (so a downsampled copy always stays). Returns rows deleted.
+    """
+    table = connection.ops.quote_name(JobSeries._meta.db_table)
+    tier = GPU_TIERS[0]
+    cutoff = now - timedelta(days=retention_days)
+    sql = (
+        f'DELETE FROM {table} s WHERE s.stat = %s AND s.step_seconds < %s AND s."end" < %s AND EXISTS ('
+        f"SELECT 1 FROM {table} t WHERE t.job_id = s.job_id AND t.signal = s.signal AND t.stat = s.stat "
+        f"AND t.gpu_key = s.gpu_key AND t.step_seconds = %s AND t.start <= s.start "
+        f'AND t.start + make_interval(secs => %s) >= s."end")'
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [GPU_STAT, tier, cutoff, tier, float(CHUNK_POINTS * tier)])
+        return int(cursor.rowcount)
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -116,9 +329,8 @@ def upsert(rows: list[JobSeries]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One archived row as read: its keys, step, first sample time, sample count and binary values."""
+    """One archived row as read: its keys, step, first grid point, value count and stored values."""
 
-    pk: int
     signal: str
     stat: str
     gpu_key: str
@@ -126,34 +338,11 @@ class Chunk:
     first: float
     count: int
     blob: bytes
-    aligned_start: float
 
     @property
     def last(self) -> float:
-        """Time of the chunk's last sample."""
+        """Time of the chunk's last value."""
         return self.first + (self.count - 1) * self.step
-
-    @property
-    def plausible(self) -> bool:
-        """Whether the derived first time fits the chunk's aligned start (else its timestamps are read)."""
-        offset = self.first - self.aligned_start
-        return offset >= -1e-6 and abs(offset / self.step - round(offset / self.step)) < 1e-6
-
-
-def decode_float8_array(data: bytes | memoryview) -> np.ndarray:
-    """Postgres' binary float8[] (array_send of a 1-D array without NULLs) as a float64 numpy array."""
-    buf = bytes(data)
-    size = _array_size(buf)
-    return np.frombuffer(buf, dtype=_ELEMENT, offset=_HEADER_BYTES, count=size)["value"].astype(np.float64)
-
-
-def _array_size(buf: bytes) -> int:
-    if len(buf) < _HEADER_BYTES:  # an empty array: a 12-byte header without dimensions
-        return 0
-    ndim, flags, oid, size, _ = _HEADER.unpack_from(buf, 0)
-    if ndim != 1 or flags != 0 or oid != _FLOAT8_OID or len(buf) != _HEADER_BYTES + size * _ELEMENT.itemsize:
-        raise ValueError("expected a 1-D float8 array without NULLs")
-    return size
 
 
 def _fetch(
@@ -163,8 +352,10 @@ def _fetch(
     signals: Iterable[str] | None = None,
     stats: Iterable[str] | None = None,
     window: tuple[float, float] | None = None,
+    steps: tuple[float, float | None] | None = None,
 ) -> list[Chunk]:
-    """The job's aggregate (or per-GPU) chunks, optionally of some signals/stats and overlapping a window."""
+    """The job's aggregate (or per-GPU) chunks, optionally of some signals/stats, overlapping a window and
+    with a step in [steps[0], steps[1]] (an open upper end when None)."""
     where = "job_id = %s AND " + ("stat = 'gpu'" if per_gpu else "stat <> 'gpu'")
     params: list[Any] = [job.pk]
     if signals is not None:
@@ -174,60 +365,92 @@ def _fetch(
         where += " AND stat = ANY(%s)"
         params.append(list(stats))
     if window is not None:
-        # Chunks start at an aligned time and end at their last sample: overlap test on both ends.
-        where += ' AND start <= %s AND "end" >= %s'
+        # A chunk owns (start, end]: overlap test on both ends.
+        where += ' AND start < %s AND "end" >= %s'
         params += [utc(window[1]), utc(window[0])]
+    if steps is not None:
+        where += " AND step_seconds >= %s"
+        params.append(steps[0])
+        if steps[1] is not None:
+            where += " AND step_seconds <= %s"
+            params.append(steps[1])
     table = connection.ops.quote_name(JobSeries._meta.db_table)
     sql = (
-        f"SELECT id, signal, stat, gpu_key, step_seconds, extract(epoch from start), "
-        f'extract(epoch from "end"), array_send(array_replace("values", NULL, \'NaN\'::float8)) '
+        f'SELECT signal, stat, gpu_key, step_seconds, extract(epoch from start), "values" '
         f"FROM {table} WHERE {where}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     chunks = []
-    for pk, signal, stat, gpu_key, step, start, end, blob in rows:
-        count = _array_size(blob)
+    for signal, stat, gpu_key, step, start, blob in rows:
+        data = bytes(blob)
+        count = len(data) // _F4.itemsize
         if count:
-            first = float(end) - (count - 1) * step
-            chunks.append(Chunk(pk, signal, stat, gpu_key, step, first, count, blob, float(start)))
+            chunks.append(Chunk(signal, stat, gpu_key, step, float(start) + step, count, data))
     return chunks
 
 
-def _one_step(chunks: list[Chunk]) -> tuple[int, list[Chunk]]:
-    """The most common step and the chunks of that step: rows of another step would leave holes between
-    their columns or pile several samples into one."""
-    step = Counter(c.step for c in chunks).most_common(1)[0][0]
-    return step, [c for c in chunks if c.step == step]
+def _decoded(chunks: list[Chunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All chunks' values and times at once (one join, one decode) and each chunk's value count."""
+    counts = np.fromiter((c.count for c in chunks), dtype=np.int64, count=len(chunks))
+    values = decode(b"".join(c.blob for c in chunks))
+    begins = np.cumsum(counts) - counts
+    position = np.arange(values.size, dtype=np.int64) - np.repeat(begins, counts)
+    firsts = np.fromiter((c.first for c in chunks), dtype=np.float64, count=len(chunks))
+    steps = np.fromiter((c.step for c in chunks), dtype=np.float64, count=len(chunks))
+    times = np.repeat(firsts, counts) + np.repeat(steps, counts) * position
+    return values, times, counts
+
+
+#: A finer level is read when it has values in at least this share of the windows (of the coarsest level
+#: present) that the best-covering level has: the polled rows hold the job's full resolution, but where
+#: polling missed a stretch that finalize (at its own, coarser step) filled, or where per-GPU rows past
+#: their retention are gone, the complete level wins.
+_COVERAGE_SLACK = 0.95
+
+
+def _one_step(chunks: list[Chunk], window: tuple[float, float] | None = None) -> tuple[int, list[Chunk]]:
+    """The step to read and its chunks: the finest step with values in (almost) as many windows of the
+    coarsest step (within `window`) as the best-covering one. Rows of several steps would leave holes
+    between their columns or pile several samples into one."""
+    by_step: dict[int, list[Chunk]] = defaultdict(list)
+    for c in chunks:
+        by_step[c.step].append(c)
+    if len(by_step) == 1:
+        step = next(iter(by_step))
+        return step, by_step[step]
+    coarsest = max(by_step)
+    covered = {}
+    for step, cs in by_step.items():
+        values, times, _ = _decoded(cs)
+        ok = np.isfinite(values)
+        if window is not None:
+            ok &= (times > window[0]) & (times - step < window[1])
+        covered[step] = np.unique(np.ceil(times[ok] / coarsest - _EPS)).size
+    best = max(covered.values())
+    step = min(s for s, c in covered.items() if c >= _COVERAGE_SLACK * best)
+    return step, by_step[step]
+
+
+def _first(chunks: list[Chunk]) -> float:
+    """Time of the earliest value (a chunk starts on the clock, its leading points may be gaps)."""
+    values, times, _ = _decoded(chunks)
+    finite = np.isfinite(values)
+    return float(times[finite].min()) if finite.any() else min(c.first for c in chunks)
 
 
 def _place(
     rows: int, cols: int, origin: float, step: float, chunks: list[Chunk], line_of: list[int]
 ) -> np.ndarray:
     """All chunks into a (lines x time) matrix on the grid origin + k*step, at once: one decode and one
-    scatter (per-chunk numpy calls would cost more than the query on a 256-GPU week). Each sample goes to
-    the point closing its window (`grid_columns`); two samples in one cell are averaged (`place_on_grid`'s
+    scatter (per-chunk numpy calls would cost more than the query on a 256-GPU week). Each value goes to
+    the point closing its window (`grid_columns`); two values in one cell are averaged (`place_on_grid`'s
     rule), so the result never depends on the order rows were read in."""
     out = np.full((rows, cols), np.nan)
     if not chunks or cols == 0:
         return out
-    counts = np.fromiter((c.count for c in chunks), dtype=np.int64, count=len(chunks))
-    joined = b"".join(memoryview(c.blob)[_HEADER_BYTES:] for c in chunks)
-    values = np.frombuffer(joined, dtype=_ELEMENT)["value"].astype(np.float64)
-    begins = np.cumsum(counts) - counts
-    position = np.arange(values.size, dtype=np.int64) - np.repeat(begins, counts)
-    firsts = np.fromiter((c.first for c in chunks), dtype=np.float64, count=len(chunks))
-    steps = np.fromiter((c.step for c in chunks), dtype=np.float64, count=len(chunks))
-    times = np.repeat(firsts, counts) + np.repeat(steps, counts) * position
-    odd = [c.pk for c in chunks if not c.plausible]
-    if odd:  # some other writer: read those chunks' timestamps (one more query, only then)
-        stored = dict(JobSeries.objects.filter(pk__in=odd).values_list("pk", "timestamps"))
-        for i, c in enumerate(chunks):
-            if c.pk in stored:
-                times[begins[i] : begins[i] + counts[i]] = np.asarray(stored[c.pk], dtype=np.float64)[
-                    : counts[i]
-                ]
+    values, times, counts = _decoded(chunks)
     col = grid_columns(times, origin, step)
     line = np.repeat(np.asarray(line_of, dtype=np.int64), counts)
     ok = (col >= 0) & (col < cols) & np.isfinite(values)
@@ -238,8 +461,49 @@ def _place(
     return out
 
 
+def _level(
+    ladder: tuple[int, ...], span_s: float, max_points: int | None
+) -> tuple[float, float | None] | None:
+    """Steps to read for a span drawn with at most `max_points` points: from the finest step that fits
+    up to the first tier that fits (a finalized job's own step may lie between), or everything (None)
+    when no budget is given."""
+    if max_points is None or not span_s > 0:
+        return None
+    finest = span_s / max_points
+    tier = next((t for t in ladder if t >= finest), None)
+    return finest, tier
+
+
 def _unit(signal: str) -> str:
     return SIGNALS[signal].unit if signal in SIGNALS else _UNITS.get(signal, "ratio")
+
+
+def _span_s(job: Job, window: tuple[float, float] | None) -> float:
+    """Seconds a read covers: the zoom window, else the job from its start to its end or latest data."""
+    if window is not None:
+        return window[1] - window[0]
+    last = job.ended_at or job.data_until or job.last_polled_at
+    return (last - job.started_at).total_seconds() if last is not None else 0.0
+
+
+def _fetch_level(
+    job: Job,
+    ladder: tuple[int, ...],
+    max_points: int | None,
+    *,
+    per_gpu: bool,
+    signals: Iterable[str] | None = None,
+    stats: Iterable[str] | None = None,
+    window: tuple[float, float] | None = None,
+) -> list[Chunk]:
+    """`_fetch` limited to the level a budget of `max_points` needs; everything when the archive has no
+    such level yet (rows written before the tiers existed) or no budget is given."""
+    wanted = None if signals is None else list(signals)
+    steps = _level(ladder, _span_s(job, window), max_points)
+    chunks = _fetch(job, per_gpu=per_gpu, signals=wanted, stats=stats, window=window, steps=steps)
+    if not chunks and steps is not None:
+        chunks = _fetch(job, per_gpu=per_gpu, signals=wanted, stats=stats, window=window)
+    return chunks
 
 
 def load_job_signals(
@@ -249,21 +513,24 @@ def load_job_signals(
     signals: Iterable[str] | None = None,
     stats: Iterable[str] | None = None,
     window: tuple[float, float] | None = None,
+    max_points: int | None = None,
+    max_gpu_points: int | None = None,
 ) -> JobSignals | None:
     """The archived signals of a job as a JobSignals on one grid (None when nothing is archived).
 
     `per_gpu=False` skips the per-GPU rows, by far the bulk of a large job's archive; a list of signal keys
     loads per-GPU rows of those signals only (the evaluation after each poll needs GPU_UTIL per GPU for the
     exact idle share, nothing else). `signals`/`stats` limit what is read (a page draws the means of a few
-    signals) and `window` (Unix seconds) the chunks to those overlapping a zoom. One query for the
-    aggregates, one for the per-GPU rows.
+    signals) and `window` (Unix seconds) the chunks to those overlapping a zoom. `max_points` /
+    `max_gpu_points` read the coarsest archived level that still gives that many points over the window
+    (the downsampled tiers): the cost then depends on the budget, not on the job's length. One query for
+    the aggregates, one for the per-GPU rows (two when a level is not archived yet).
     """
-    wanted = None if signals is None else list(signals)
-    agg = _fetch(job, per_gpu=False, signals=wanted, stats=stats, window=window)
+    agg = _fetch_level(job, AGG_TIERS, max_points, per_gpu=False, signals=signals, stats=stats, window=window)
     if not agg:
         return None
-    step, agg = _one_step(agg)
-    start = min(c.first for c in agg)
+    step, agg = _one_step(agg, window)
+    start = _first(agg)
     end = max(c.last for c in agg)
     ts = grid(start, end, step)
     result = JobSignals(start, end, step, ts)
@@ -278,7 +545,7 @@ def load_job_signals(
     if per_gpu is not False:
         names = set(by_signal) if per_gpu is True else set(by_signal) & set(per_gpu)
         if names:
-            _attach_per_gpu(job, result, sorted(names), start, end, window)
+            _attach_per_gpu(job, result, sorted(names), start, end, window, max_gpu_points)
     result.missing = dict(job.missing_reasons or {})
     return result
 
@@ -290,12 +557,13 @@ def _attach_per_gpu(
     start: float,
     end: float,
     window: tuple[float, float] | None,
+    max_points: int | None,
 ) -> None:
-    chunks = _fetch(job, per_gpu=True, signals=names, window=window)
+    chunks = _fetch_level(job, GPU_TIERS, max_points, per_gpu=True, signals=names, window=window)
     grouped: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
         grouped[c.signal].append(c)
-    chosen = {signal: _one_step(cs) for signal, cs in grouped.items()}
+    chosen = {signal: _one_step(cs, window) for signal, cs in grouped.items()}
     gpu_last = max([end, *(c.last for _, cs in chosen.values() for c in cs)])
     for signal, (gstep, cs) in chosen.items():
         # The per-GPU grid lies on multiples of its step (as fetch_job_signals reads it) from the one
@@ -312,16 +580,18 @@ def _attach_per_gpu(
         series.gpu_timestamps = gts
 
 
-def load_per_gpu(job: Job, signal: str, window: tuple[float, float] | None = None) -> SignalSeries | None:
+def load_per_gpu(
+    job: Job, signal: str, window: tuple[float, float] | None = None, max_points: int | None = None
+) -> SignalSeries | None:
     """One signal per GPU as a (GPUs x time) matrix on its own grid (a heatmap), or None when not archived.
-    One query."""
-    chunks = _fetch(job, per_gpu=True, signals=[signal], window=window)
+    `max_points` (columns) reads the coarsest GPU tier that still gives them. One query."""
+    chunks = _fetch_level(job, GPU_TIERS, max_points, per_gpu=True, signals=[signal], window=window)
     if not chunks:
         return None
-    step, chunks = _one_step(chunks)
+    step, chunks = _one_step(chunks, window)
     # Multiples of the step on the Unix clock, through the point closing the last sample's window: the
     # grid fetch_job_signals reads per-GPU rows on, so every sample keeps its own column.
-    start = lattice_point(min(c.first for c in chunks), step)
+    start = lattice_point(_first(chunks), step)
     end = lattice_point(max(c.last for c in chunks), step)
     gts = grid(start, end, step)
     keys = sorted({c.gpu_key for c in chunks}, key=_gpu_sort_key)
@@ -334,10 +604,16 @@ def load_per_gpu(job: Job, signal: str, window: tuple[float, float] | None = Non
 
 
 def load_means(
-    job: Job, signals: Iterable[str], window: tuple[float, float] | None = None
+    job: Job,
+    signals: Iterable[str],
+    window: tuple[float, float] | None = None,
+    max_points: int | None = None,
 ) -> JobSignals | None:
-    """Cross-GPU means of `signals` on one time grid (what a page draws), or None when nothing is archived."""
-    return load_job_signals(job, per_gpu=False, signals=signals, stats=["mean"], window=window)
+    """Cross-GPU means of `signals` on one time grid (what a page draws), or None when nothing is archived.
+    `max_points`: read the coarsest level that still gives that many points (see `load_job_signals`)."""
+    return load_job_signals(
+        job, per_gpu=False, signals=signals, stats=["mean"], window=window, max_points=max_points
+    )
 
 
 def _gpu_key(key: str) -> GpuKey:

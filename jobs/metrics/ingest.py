@@ -2,8 +2,8 @@
 
 - poll (running jobs, every minute): re-reads from the start of the archive chunk that holds the last
   archived point, so a chunk row is always rewritten whole; overlapping or repeated polls store the same rows.
-- finalize (ended jobs): reads the whole window at a resolution suited to its length and replaces the
-  archive in one transaction, so a job page keeps working after Prometheus dropped the data.
+- finalize (ended jobs): reads the whole window at a resolution suited to its length and merges it into
+  the archive (never deletes: what Prometheus no longer holds stays as polling archived it).
 - Prometheus down: the job keeps its archive, `ingest_error` says why, and the next successful poll
   resumes from the last archived point, which fills the gap.
 - After each poll and finalize the job's diagnosis runs again (findings updated in place).
@@ -238,7 +238,7 @@ def _mark_stale(job: Job, exc: Exception, now: datetime) -> Job:
 
 
 def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime | None = None) -> Job:
-    """Replace an ended job's archive with its whole window at a resolution suited to its length."""
+    """Merge an ended job's whole window, at a resolution suited to its length, into its archive."""
     client = client or prometheus_client()
     now = now or timezone.now()
     if job.ended_at is None:
@@ -262,11 +262,15 @@ def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime
     else:
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job.pk)
-            JobSeries.objects.filter(job=job).delete()
             _set_energy(job, energy_j)
             _record_missing(job, sigs)
-            derived = update_summary(job, sigs, client)
-            archive.upsert(archive.rows_for(job, sigs, derived))
+            # Merge, never replace (#13.6): chunks Prometheus no longer holds (a job longer than its
+            # retention) stay as polling archived them, and the summary is of the merged archive.
+            archive.upsert(archive.rows_for(job, sigs, {}))
+            merged = archive.load_job_signals(job, per_gpu=("gpu_util",))
+            derived = update_summary(job, merged, client)
+            if merged is not None:
+                archive.upsert(archive.derived_rows(job, merged, derived))
             job.data_until = job.ended_at
             job = _finish(job, now)
     run_diagnosis(job)
