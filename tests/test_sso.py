@@ -276,6 +276,29 @@ def test_a_deactivated_user_can_neither_log_in_nor_keep_a_session(client, provid
 
 
 @pytest.mark.django_db
+def test_a_wrong_client_secret_is_refused_without_showing_it(client, provider, sso, settings, caplog):
+    settings.SSO = replace(sso, client_secret="not-the-secret")
+    _sso_login(client)
+    assert _logged_in_user(client) is None
+    page = client.get("/login/").content.decode()
+    assert "refused the code (HTTPError, HTTP 401)" in page
+    assert "not-the-secret" not in page and "not-the-secret" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_an_unreachable_provider_is_a_clear_refusal_and_local_login_still_works(
+    client, provider, sso, settings, make_user
+):
+    # Nothing listens on port 9 of loopback (discard): the code exchange fails to connect.
+    settings.SSO = replace(sso, token_endpoint="http://127.0.0.1:9/token")
+    _sso_login(client)
+    assert _logged_in_user(client) is None
+    assert "could not be reached" in client.get("/login/").content.decode()
+    make_user("bob")
+    assert client.post("/login/", {"username": "bob", "password": "pw-correct-horse"}).status_code == 302
+
+
+@pytest.mark.django_db
 def test_the_providers_error_answer_is_shown(client, sso):
     client.get("/oidc/authenticate/")
     state = next(iter(client.session["oidc_states"]))
