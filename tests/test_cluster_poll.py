@@ -124,8 +124,10 @@ def test_cluster_wide_results_per_job_equal_the_per_job_queries(prom, sims):
         for t in targets:
             sel = _selector(t)
             agg = fetch_job_signals(client, sel, t.start, t.end, STEP, scrape_interval_s=30.0)
-            wide = fetch_job_signals(client, sel, t.gpu_start, t.end, GPU_STEP, keys=list(agg.signals),
-                                     per_gpu_step=GPU_STEP, aggregates=False, scrape_interval_s=30.0)  # fmt: skip
+            wide = fetch_job_signals(
+                client, sel, t.gpu_start, t.end, GPU_STEP, keys=list(agg.signals),
+                per_gpu_step=GPU_STEP, aggregates=False, scrape_interval_s=30.0,
+            )  # fmt: skip
             got = result.signals[t.key]
             _assert_equal_signals(got, agg, per_gpu=False)
             wide.missing = got.missing  # the per-GPU read was asked for the present keys only
@@ -187,6 +189,11 @@ def test_settled_until_stops_at_the_first_point_a_gpu_is_missing():
     assert cluster.settled_until(sigs) == 180.0  # point 6 (t = 180) is the last with all 4 GPUs so far
     util[7] = 4
     assert cluster.settled_until(sigs) == 270.0  # point 10 has no GPU_UTIL yet
+    # A rate has no value at the job's first point (two samples needed): its own first point counts.
+    power[2] = np.nan
+    assert cluster.settled_until(sigs) == 270.0
+    util[2] = 3
+    assert cluster.settled_until(sigs) == 30.0  # nothing settled: the point before the job's first one
     assert cluster.settled_until(JobSignals(0.0, 300.0, 30.0, ts)) is None
 
 

@@ -82,7 +82,8 @@ def test_poll_archives_signals_and_computes_mfu_close_to_the_simulated_truth(pro
     job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
     assert job.ingest_error == ""
     # Not past now minus the ingestion lag (2 x the 30 s scrape interval): later samples may be in flight.
-    assert job.data_until == START + timedelta(hours=1) - timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
+    lag = timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
+    assert job.data_until == START + timedelta(hours=1) - lag
     signals = set(JobSeries.objects.filter(job=job).values_list("signal", flat=True))
     assert {
         "gpu_util",
@@ -140,7 +141,8 @@ def test_prometheus_down_keeps_the_archive_and_the_next_poll_fills_the_gap(prom,
     down = PrometheusClient(f"http://127.0.0.1:{_closed_port()}", timeout_s=1, retries=0)
     job = ingest.poll_job(job, down, now=START + timedelta(minutes=60))
     assert "could not read Prometheus" in job.ingest_error
-    assert job.data_until == START + timedelta(minutes=30) - timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
+    lag = timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
+    assert job.data_until == START + timedelta(minutes=30) - lag
     _assert_same(_snapshot(job), kept)
     job = ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=90))
     assert job.ingest_error == ""

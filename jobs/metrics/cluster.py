@@ -392,24 +392,26 @@ def _stats_from_gpu_series(
 
 
 def settled_until(sigs: JobSignals) -> float | None:
-    """The last grid time up to which every present signal has data across the job's GPUs: from the job's
-    first data point on, every point has each signal's full GPU count (its most GPUs in the window).
-    None when no signal has any data. A point where some GPU has no sample yet (a late scrape, a replica
-    behind) ends the settled run, so the next poll re-reads from there.
+    """The last grid time up to which every present signal has data across the job's GPUs: from each
+    signal's first data point on (a rate has none at the job's first point), every point has that
+    signal's full GPU count (its most GPUs in the window). The window's first point when nothing is
+    settled yet; None when no signal has any data. A point where some GPU has no sample yet (a late
+    scrape, a replica behind) ends the settled run, so the next poll re-reads from there.
     """
-    counts = [np.asarray(s.count, dtype=np.float64) for s in sigs.signals.values() if s.count is not None]
-    counts = [c for c in counts if c.size == sigs.timestamps.size and np.isfinite(c).any()]
-    if not counts:
-        return None
     ts = sigs.timestamps
     full = np.ones(ts.size, dtype=bool)
-    seen = np.zeros(ts.size, dtype=bool)
-    for c in counts:
+    any_data = False
+    for s in sigs.signals.values():
+        c = None if s.count is None else np.asarray(s.count, dtype=np.float64)
+        if c is None or c.size != ts.size or not np.isfinite(c).any():
+            continue
+        any_data = True
         ok = np.isfinite(c)
-        full &= ok & (np.where(ok, c, -1.0) >= np.nanmax(c))
-        seen |= ok
-    full[: int(np.argmax(seen))] = True  # grid points before the job's first sample are not late data
+        first = int(np.argmax(ok))  # points before the signal's first sample are not late data
+        full[first:] &= (ok & (np.where(ok, c, -1.0) >= np.nanmax(c)))[first:]
+    if not any_data:
+        return None
     bad = np.flatnonzero(~full)
     if bad.size == 0:
         return float(ts[-1])
-    return float(ts[bad[0] - 1]) if bad[0] > 0 else None
+    return float(ts[max(int(bad[0]) - 1, 0)])
