@@ -26,8 +26,9 @@ What this cannot see, and at what resolution:
 - the split of a time-sliced GPU is assumed even while its users overlap (the device plugin's time-slicing
   gives each context equal slices when all are busy). When the other job idles, this job can use more than
   its share: its MFU against its share then reads high. No per-process utilisation exists to do better.
-- windows are the jobs' registered start/end (seconds); a job whose selector matched a GPU for only part
-  of its window is counted as holding it for the whole window.
+- windows are the jobs' registered start/end (seconds), a running neighbour's up to its last archived
+  sample; a job whose selector matched a GPU for only part of its window is counted as holding it for
+  the whole window. A neighbour without any archived data (never seen by the exporter) is not counted.
 - a job evaluated before an overlapping job was registered keeps its earlier (unshared) cost until it is
   evaluated again (the next poll, or `manage.py reevaluate` for finished jobs).
 """
@@ -174,6 +175,13 @@ def _window(job: Job, now: datetime) -> tuple[float, float]:
     return job.started_at.timestamp(), (job.ended_at or now).timestamp()
 
 
+def _observed_window(job: Job, now: datetime) -> tuple[float, float]:
+    """Another job's claim on its GPUs: from its start to its end, or, while it runs, to its last archived
+    sample (`data_until`): a job whose end never arrived must not hold its GPUs forever."""
+    end = job.ended_at or job.data_until or now
+    return job.started_at.timestamp(), min(end, now).timestamp()
+
+
 #: The per-GPU archive rows that name a job's GPUs: utilisation, or GR_ENGINE_ACTIVE where GPU_UTIL is
 #: absent (MIG instances).
 _KEY_SIGNALS = ("gpu_util", "gr_engine_active")
@@ -265,8 +273,10 @@ def stored_mig(job: Job) -> dict[str, tuple[str, str]]:
     return {gpu: (pair[0], pair[1]) for gpu, pair in sharing.mig.items() if len(pair) == 2}
 
 
-def _usages(job: Job, keys: list[str], now: datetime, mig: dict[str, tuple[str, str]]) -> list[Usage]:
-    start, end = _window(job, now)
+def _usages(
+    job: Job, keys: list[str], now: datetime, mig: dict[str, tuple[str, str]], *, other: bool = False
+) -> list[Usage]:
+    start, end = _observed_window(job, now) if other else _window(job, now)
     out = []
     for key in keys:
         instance, profile = mig.get(key, ("", ""))
@@ -288,11 +298,13 @@ def shared_gpus(
     was evaluated with its own instances, so they are not asked again)."""
     now = now or timezone.now()
     start, end = _window(job, now)
+    # Only jobs the exporter was seen for (`data_until` set) count: a registration alone is a claim that
+    # may never have run (a job with no metrics at all); its use of the GPU is unknown, not a share.
     others = list(
         Job.objects.exclude(pk=job.pk)
-        .filter(started_at__lt=job.ended_at or now)
-        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=job.started_at))
-        .only("pk", "external_id", "started_at", "ended_at", "gpus", "selector", "evaluation")
+        .filter(started_at__lt=job.ended_at or now, data_until__isnull=False)
+        .filter(Q(ended_at__gt=job.started_at) | Q(ended_at__isnull=True, data_until__gt=job.started_at))
+        .only("pk", "external_id", "started_at", "ended_at", "data_until", "gpus", "selector", "evaluation")
         .order_by("started_at", "pk")[:MAX_OTHERS]
     )
     keys = gpu_keys_of([job, *others])
@@ -304,12 +316,14 @@ def shared_gpus(
         common = mine & set(keys[other.pk])
         if not common:
             continue
-        o_start, o_end = _window(other, now)
+        o_start, o_end = _observed_window(other, now)
         lo, hi = max(start, o_start), min(end, o_end)
+        if hi <= lo:
+            continue
         other_mig = stored_mig(other)
         if not other_mig and client is not None and any(g in own_mig for g in common):
             other_mig = mig_instances(client, other, now)  # a MIG neighbour not evaluated yet
-        usages += [u for u in _usages(other, sorted(common), now, other_mig)]
+        usages += _usages(other, sorted(common), now, other_mig, other=True)
         for gpu in sorted(common):
             shared.append(
                 SharedGpu(
