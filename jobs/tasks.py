@@ -23,18 +23,11 @@ from jobs.outputs.leaderboard import parse_iso_week
 
 log = logging.getLogger(__name__)
 
-# A job's poll that waited this long in the `poll` queue is dropped: the next minute's poll reads the same
-# window again (polls are idempotent), so a backlog never grows past one cycle.
-POLL_EXPIRES_S = 55
-
-
 @shared_task(acks_late=True, ignore_result=True)
 def poll_running_jobs() -> int:
-    """Fan out one poll per running job; each expires before the next cycle's poll of the same job."""
-    ids = list(ingest.running_jobs().values_list("id", flat=True))
-    for job_id in ids:
-        poll_job.apply_async((job_id,), expires=POLL_EXPIRES_S)
-    return len(ids)
+    """One cluster-wide poll cycle (`ingest.poll_cycle`: each signal read once for all groupable jobs,
+    per job only for selectors that cannot be grouped; a cycle already running makes this a no-op)."""
+    return int(ingest.poll_cycle()["jobs"])
 
 
 @shared_task(acks_late=True, ignore_result=True)

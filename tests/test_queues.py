@@ -78,15 +78,14 @@ def test_a_queued_task_message_is_published_on_its_queue(task_name, args):
     assert [name for name, message in found.items() if message is not None] == [queue]
 
 
-def test_a_fanned_out_poll_expires_before_the_next_cycle(monkeypatch):
+def test_the_poll_task_runs_one_cluster_wide_cycle_not_a_fan_out(monkeypatch):
     from jobs import tasks
 
-    sent: list[dict] = []
-    monkeypatch.setattr(tasks.ingest, "running_jobs", lambda: _Ids([7, 8]))
-    monkeypatch.setattr(tasks.poll_job, "apply_async", lambda args, **options: sent.append(options))
+    cycles: list[int] = []
+    monkeypatch.setattr(tasks.ingest, "poll_cycle", lambda: cycles.append(1) or {"jobs": 2})
+    monkeypatch.setattr(tasks.poll_job, "apply_async", lambda *a, **k: pytest.fail("fanned out"))
     assert tasks.poll_running_jobs() == 2
-    assert [o["expires"] for o in sent] == [tasks.POLL_EXPIRES_S] * 2
-    assert 0 < tasks.POLL_EXPIRES_S < 60  # the cycle is one minute
+    assert cycles == [1]
 
 
 class _Ids:
