@@ -20,3 +20,8 @@ class JobsConfig(AppConfig):
 
         post_save.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-save")
         post_delete.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-delete")
+        # Deleting an artifact (or its job) deletes its blob unless another artifact has the same bytes.
+        from jobs.artifacts import artifact_deleted
+        from jobs.models import Artifact
+
+        post_delete.connect(artifact_deleted, sender=Artifact, dispatch_uid="artifact-blob-on-delete")

@@ -1,9 +1,12 @@
 """Profiling artifacts: content-addressed storage of uploads, kind detection, parsing into analyses.
 
-Uploads are untrusted. They are streamed to disk with a size limit while hashing, stored once per
-sha256 under MEDIA_ROOT/artifacts/, never served inline (SVG and HTML are refused outright), and
-parsed by a worker with decompression and time limits inside the parsers. A failed parse stores a
-reason for the user and leaves everything else as it was.
+Uploads are untrusted. They are streamed to a local spool file with a size limit while hashing, stored
+once per sha256 as `artifacts/ab/cd/<sha256>` in the Django storage `storages["artifacts"]` (the local
+filesystem under MEDIA_ROOT by default, an S3-compatible object store with ARTIFACT_STORAGE=s3), never
+served inline (SVG and HTML are refused outright), and parsed by a worker with decompression and time
+limits inside the parsers; a worker on another machine downloads the blob to a temporary file first. A
+failed parse stores a reason for the user and leaves everything else as it was. A blob is deleted with the
+last artifact that references its sha256.
 """
 
 from __future__ import annotations
@@ -11,14 +14,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.core.files import File
+from django.core.files.storage import Storage, storages
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
@@ -39,6 +47,8 @@ _CHUNK = 1024 * 1024
 # Seconds between the soft time limit (the parse records why it stopped) and the hard one (the worker
 # child is killed); the sweep waits for both.
 PARSE_HARD_LIMIT_GRACE_S = 60
+# First key of the advisory locks on blobs (pg_advisory_xact_lock(space, sha256 prefix)): "blob".
+_BLOB_LOCK_SPACE = 0x626C6F62
 REJECTED_KINDS = {
     "svg": "SVG flame graphs are not accepted (they carry scripts and cannot be analysed); "
     "upload py-spy's raw output (--format raw) or speedscope JSON (--format speedscope) instead",
@@ -50,14 +60,114 @@ class UploadError(ValueError):
     """An upload that is refused; the message is shown to the uploader."""
 
 
+def artifact_storage() -> Storage:
+    """The Django storage that holds artifact blobs (settings.STORAGES["artifacts"], looked up per call so
+    a settings override in tests takes effect)."""
+    return storages["artifacts"]
+
+
 def storage_root() -> Path:
-    """Where artifact blobs live (read from settings at call time)."""
+    """The local directory of the blobs with the default storage, and of the upload spool (`tmp/`) with
+    every storage: an upload is hashed on local disk before it gets its content-addressed name."""
     return Path(settings.MEDIA_ROOT) / "artifacts"
 
 
+def blob_name(sha256: str) -> str:
+    """The content-addressed name of a blob in the artifact storage: artifacts/ab/cd/abcd...."""
+    return f"artifacts/{sha256[:2]}/{sha256[2:4]}/{sha256}"
+
+
+def _local_path(storage: Storage, name: str) -> Path | None:
+    try:
+        return Path(storage.path(name))
+    except NotImplementedError:  # object stores have no local path
+        return None
+
+
 def blob_path(sha256: str) -> Path:
-    """The content-addressed path of a blob: artifacts/ab/cd/abcd...."""
-    return storage_root() / sha256[:2] / sha256[2:4] / sha256
+    """The local path of a blob; NotImplementedError with a storage that has none (use `local_copy`)."""
+    return Path(artifact_storage().path(blob_name(sha256)))
+
+
+def _lock_blob(sha256: str) -> None:
+    """Serialise, until the transaction ends, the uploads and deletions of one sha256 (a Postgres advisory
+    lock): a blob is never deleted between an upload finding it stored and that upload's artifact commit."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_BLOB_LOCK_SPACE, int(sha256[:7], 16)])
+
+
+def _put_blob(spooled: Path, sha256: str) -> None:
+    """Store the spooled upload as its blob unless the blob is already there (same name, same bytes)."""
+    storage, name = artifact_storage(), blob_name(sha256)
+    local = _local_path(storage, name)
+    if local is not None:
+        if not local.exists():
+            local.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(spooled, local)  # same filesystem as the spool: atomic, no copy
+        return
+    if storage.exists(name):
+        return
+    with spooled.open("rb") as source:  # the backend streams it (S3: multipart upload), never all in memory
+        saved = storage.save(name, File(source, name=sha256))
+    if saved != name:  # a backend that renames instead of overwriting lost a race with the same bytes
+        storage.delete(saved)
+
+
+@contextmanager
+def local_copy(sha256: str) -> Iterator[Path]:
+    """A local path to the blob for a parser: the blob itself on the filesystem storage, else a temporary
+    file the blob is streamed into, deleted on exit. FileNotFoundError when the blob is missing; any other
+    storage failure (object store unreachable, access denied) becomes an OSError with the reason."""
+    storage, name = artifact_storage(), blob_name(sha256)
+    local = _local_path(storage, name)
+    if local is not None:
+        if not local.is_file():
+            raise FileNotFoundError(str(local))
+        yield local
+        return
+    fd, temp_name = tempfile.mkstemp(prefix="artifact-", dir=settings.FILE_UPLOAD_TEMP_DIR)
+    temp = Path(temp_name)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as out, storage.open(name, "rb") as source:
+                obj = getattr(source, "obj", None)
+                if obj is not None and hasattr(obj, "download_fileobj"):
+                    # django-storages' S3File: boto3 streams the object straight into the file (ranged GETs
+                    # in parallel) instead of spooling it into the S3File's buffer first.
+                    obj.download_fileobj(out)
+                else:
+                    shutil.copyfileobj(source, out, _CHUNK)
+        except OSError:  # FileNotFoundError included: the parse says "missing"
+            raise
+        except Exception as exc:  # botocore's errors and other backends' own exceptions
+            raise OSError(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        yield temp
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def delete_blob_if_unreferenced(sha256: str) -> bool:
+    """Delete the blob of `sha256` when no artifact references it any more; True when it was deleted."""
+    with transaction.atomic():
+        _lock_blob(sha256)
+        if Artifact.objects.filter(sha256=sha256).exists():
+            return False
+        artifact_storage().delete(blob_name(sha256))
+    return True
+
+
+def artifact_deleted(sender: type[Artifact], instance: Artifact, **_: Any) -> None:
+    """post_delete receiver of Artifact (a job's deletion cascades here too): once the deletion commits,
+    delete the blob unless another artifact (another job's upload of the same bytes) still uses it."""
+    sha256 = instance.sha256
+
+    def delete() -> None:
+        try:
+            delete_blob_if_unreferenced(sha256)
+        except Exception:  # storage down: the blob stays as an orphan, the deletion itself stands
+            log.exception("blob %s of a deleted artifact could not be deleted", sha256)
+
+    transaction.on_commit(delete)
 
 
 def _stream_to_temp(stream: BinaryIO, max_bytes: int) -> tuple[Path, str, int]:
@@ -114,35 +224,34 @@ def store_upload(
         if size == 0:
             raise UploadError("the file is empty")
         final_kind = _detect(name, temp, given=kind)
-        target = blob_path(sha256)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            temp.unlink()
-        else:
-            os.replace(temp, target)
-    except BaseException:
+        if _local_path(artifact_storage(), blob_name(sha256)) is None:
+            _put_blob(temp, sha256)  # the slow upload to an object store, outside the transaction
+        with transaction.atomic():
+            # Under the blob's lock: store it (again, if the last artifact using it was deleted meanwhile:
+            # one HEAD request otherwise) and reference it in the same transaction.
+            _lock_blob(sha256)
+            _put_blob(temp, sha256)
+            artifact, created = Artifact.objects.get_or_create(
+                job=job,
+                sha256=sha256,
+                defaults={
+                    "kind": final_kind,
+                    "rank": rank,
+                    "original_name": name,
+                    "size_bytes": size,
+                    "uploaded_by": user if getattr(user, "is_authenticated", False) else None,
+                },
+            )
+            requeue = created or artifact.status == Artifact.Status.FAILED or (kind and kind != artifact.kind)
+            if not created and requeue:
+                artifact.kind = final_kind
+                artifact.status, artifact.error = Artifact.Status.QUEUED, ""
+                artifact.parse_attempts, artifact.parse_started_at = 0, None
+                artifact.save(update_fields=["kind", "status", "error", "parse_attempts", "parse_started_at"])
+            if requeue and parse:
+                transaction.on_commit(lambda: _enqueue(artifact.pk))
+    finally:
         temp.unlink(missing_ok=True)
-        raise
-    with transaction.atomic():
-        artifact, created = Artifact.objects.get_or_create(
-            job=job,
-            sha256=sha256,
-            defaults={
-                "kind": final_kind,
-                "rank": rank,
-                "original_name": name,
-                "size_bytes": size,
-                "uploaded_by": user if getattr(user, "is_authenticated", False) else None,
-            },
-        )
-        requeue = created or artifact.status == Artifact.Status.FAILED or (kind and kind != artifact.kind)
-        if not created and requeue:
-            artifact.kind = final_kind
-            artifact.status, artifact.error = Artifact.Status.QUEUED, ""
-            artifact.parse_attempts, artifact.parse_started_at = 0, None
-            artifact.save(update_fields=["kind", "status", "error", "parse_attempts", "parse_started_at"])
-        if requeue and parse:
-            transaction.on_commit(lambda: _enqueue(artifact.pk))
     return artifact
 
 
@@ -268,11 +377,11 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
             "re-parse it to try again",
         )
     try:
-        analysis = sanitize_json(
-            analyze_file(
-                blob_path(artifact.sha256), artifact.kind, rank=artifact.rank, filename=artifact.original_name
+        # A worker without the blob on its disk parses a temporary copy, deleted as soon as the parse ends.
+        with local_copy(artifact.sha256) as path:
+            analysis = sanitize_json(
+                analyze_file(path, artifact.kind, rank=artifact.rank, filename=artifact.original_name)
             )
-        )
     except ParserBug as exc:  # always a bug in our parser, not in the file: logged with its traceback
         log.error("artifact %s: parser bug: %s", artifact.pk, exc, exc_info=exc)
         return _failed(artifact, str(exc))
