@@ -44,6 +44,8 @@ class OidcProvider:
     user: dict[str, Any] = field(default_factory=dict)
     tamper: str | None = None
     kid: str = "test-key-1"
+    # Changes to /userinfo's answer (a None value drops the claim), e.g. groups only in the ID token.
+    userinfo_overrides: dict[str, Any] = field(default_factory=dict)
     # Test inspection: the last token request's form.
     last_token_request: dict[str, str] = field(default_factory=dict)
 
@@ -122,7 +124,8 @@ class OidcProvider:
             if claims is None:
                 self._json(req, 401, {"error": "invalid_token"})
             else:
-                self._json(req, 200, claims)
+                answer = {**claims, **self.userinfo_overrides}
+                self._json(req, 200, {k: v for k, v in answer.items() if v is not None})
         elif route == ("GET", "/logout"):
             self._json(req, 200, {"logged_out": True})
         else:

@@ -3,6 +3,9 @@ Django's test client for our side, requests for the browser's hop through the pr
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -32,6 +35,7 @@ def provider():
 def sso(provider, settings):
     """SSO enabled against the local provider: explicit map, prefix rule, staff group, RP logout."""
     provider.tamper = None
+    provider.userinfo_overrides = {}
     provider.user = _claims(groups=[])
     endpoints = provider.endpoints()
     settings.SSO = SsoConfig(
@@ -196,6 +200,39 @@ def test_a_bad_id_token_logs_nobody_in_and_the_login_page_says_why(client, provi
     page = client.get("/login/").content.decode()
     assert "Sign-in with TestIdP failed" in page
     assert reason in page.replace("&#x27;", "'")
+
+
+@pytest.mark.django_db
+def test_groups_in_the_id_token_alone_are_used(client, provider, sso, make_team):
+    make_team("llm")
+    provider.user = _claims(groups=["llm-team"])
+    provider.userinfo_overrides = {"groups": None}
+    _sso_login(client)
+    assert _teams(_logged_in_user(client)) == {"llm": "member"}
+
+
+@pytest.mark.django_db
+def test_userinfo_for_another_subject_is_refused(client, provider, sso):
+    provider.userinfo_overrides = {"sub": "someone-else"}
+    _sso_login(client)
+    assert _logged_in_user(client) is None
+    assert "userinfo is for another subject" in client.get("/login/").content.decode()
+
+
+def test_the_service_does_not_start_with_sso_enabled_but_incomplete():
+    env = {**os.environ, "OIDC_ENABLED": "true", "OIDC_ISSUER": "https://idp.example"}
+    env.pop("OIDC_CLIENT_ID", None)
+    result = subprocess.run(
+        [sys.executable, "-c", "import efficiency.settings"],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "OIDC_ENABLED=true but these are not set" in result.stderr
+    assert "OIDC_CLIENT_ID" in result.stderr and "OIDC_TOKEN_ENDPOINT" in result.stderr
 
 
 @pytest.mark.django_db
