@@ -125,6 +125,27 @@ def _set_energy(job: Job, energy_j: float | None) -> None:
     job.energy_j = energy_j
 
 
+@dataclass(frozen=True, slots=True)
+class PollWindow:
+    """What a poll of one job reads: the aggregate grid from `start`, per-GPU rows from `gpu_start`,
+    through `end` (the job's end or now)."""
+
+    start: float
+    gpu_start: float
+    end: float
+
+
+def poll_window(job: Job, now: datetime) -> PollWindow:
+    """The window a poll re-reads: from the start of the archive chunk holding `data_until`, so each
+    chunk row is rewritten whole (aggregate and per-GPU chunks have their own lengths)."""
+    end = min(job.ended_at or now, now).timestamp()
+    resume = (job.data_until or job.started_at).timestamp()
+    first = job.started_at.timestamp()
+    start = max(_aligned(resume, POLL_STEP_S), _aligned(first, POLL_STEP_S))
+    gpu_start = max(_aligned(resume, POLL_PER_GPU_STEP_S), _aligned(first, POLL_PER_GPU_STEP_S))
+    return PollWindow(start, gpu_start, end)
+
+
 def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | None = None) -> Job:
     """Archive a running job's new data (idempotent) and recompute its summary; records failures.
 
@@ -196,22 +217,25 @@ def store_poll(
     return job
 
 
-#: Data still incomplete after this long is taken as lost (a node that went away), not late: otherwise one
-#: dead GPU would hold `data_until` back for the rest of the job.
-INCOMPLETE_GIVE_UP_S = 1800.0
+#: Data still incomplete this many ingestion lags after its time is taken as lost (a failed scrape, a node
+#: that went away), not late: otherwise one missed scrape would hold `data_until` back, and the
+#: ingestion-stale alert (ALERT_STALE_MINUTES, 10 by default) would fire on a healthy job.
+INCOMPLETE_GIVE_UP_LAGS = 5.0
 
 
 def settled_data_until(sigs: JobSignals, end: float, now: datetime, previous: datetime) -> float:
     """How far a poll may advance `data_until` (#13 item 6): no further than now minus
     PROMETHEUS_INGESTION_LAG_S (samples still in flight), the job's end, and the last grid time for
     which every present signal has data across the job's GPUs (`cluster.settled_until`), so late or
-    partial data is re-read by the next poll. Data incomplete for INCOMPLETE_GIVE_UP_S is given up on.
+    partial data is re-read by the next poll. Data incomplete for INCOMPLETE_GIVE_UP_LAGS lags (5 min by
+    default) is given up on.
     Never before the previous value: the re-read window only grows back to the chunk holding it."""
     lag = float(settings.PROMETHEUS_INGESTION_LAG_S)
     limit = min(end, now.timestamp() - lag)
     settled = cluster.settled_until(sigs)
     if settled is not None:
-        limit = min(limit, max(settled, now.timestamp() - INCOMPLETE_GIVE_UP_S))
+        give_up = now.timestamp() - INCOMPLETE_GIVE_UP_LAGS * max(lag, float(POLL_STEP_S))
+        limit = min(limit, max(settled, give_up))
     return max(limit, min(previous.timestamp(), end))
 
 
