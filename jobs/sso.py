@@ -156,7 +156,12 @@ class SsoBackend(OIDCAuthenticationBackend):
         return user
 
     def verify_token(self, token: str, **kwargs: Any) -> dict[str, Any]:
-        """The ID token's claims after checking signature, issuer, audience, expiry and nonce."""
+        """The ID token's claims after checking signature, issuer, audience, expiry and nonce.
+
+        The library also verifies a signed userinfo answer (application/jwt) here, without a nonce: that
+        one is checked for signature, issuer and audience only (OIDC Core 5.3.2 requires no exp or nonce).
+        """
+        id_token = "nonce" in kwargs
         if not isinstance(token, str) or not token:
             raise SsoRefused("the provider returned no ID token")
         try:
@@ -180,7 +185,9 @@ class SsoBackend(OIDCAuthenticationBackend):
                 audience=self.config.client_id,
                 issuer=self.config.issuer,
                 leeway=LEEWAY_S,
-                options={"require": ["exp", "iat", "iss", "aud", "sub"]},
+                options={
+                    "require": ["exp", "iat", "iss", "aud", "sub"] if id_token else ["iss", "aud", "sub"]
+                },
             )
         except jwt.InvalidSignatureError:
             raise SsoRefused("the ID token's signature does not verify against the provider's keys") from None
@@ -194,7 +201,7 @@ class SsoBackend(OIDCAuthenticationBackend):
             raise SsoRefused(f"the ID token lacks the {exc.claim!r} claim") from None
         except jwt.InvalidTokenError as exc:
             raise SsoRefused(f"the ID token is invalid ({exc})") from None
-        if "nonce" in kwargs and payload.get("nonce") != kwargs["nonce"]:
+        if id_token and (not kwargs["nonce"] or payload.get("nonce") != kwargs["nonce"]):
             raise SsoRefused("the ID token's nonce does not match this login (a replayed or mixed-up login)")
         return payload
 

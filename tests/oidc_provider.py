@@ -46,6 +46,8 @@ class OidcProvider:
     kid: str = "test-key-1"
     # Changes to /userinfo's answer (a None value drops the claim), e.g. groups only in the ID token.
     userinfo_overrides: dict[str, Any] = field(default_factory=dict)
+    # Answer /userinfo as a signed JWT (application/jwt, OIDC Core 5.3.2) instead of JSON.
+    userinfo_as_jwt: bool = False
     # Test inspection: the last token request's form.
     last_token_request: dict[str, str] = field(default_factory=dict)
 
@@ -125,16 +127,23 @@ class OidcProvider:
                 self._json(req, 401, {"error": "invalid_token"})
             else:
                 answer = {**claims, **self.userinfo_overrides}
-                self._json(req, 200, {k: v for k, v in answer.items() if v is not None})
+                answer = {k: v for k, v in answer.items() if v is not None}
+                if self.userinfo_as_jwt:
+                    signed = {**answer, "iss": self.issuer, "aud": self.client_id}
+                    self._send(req, 200, "application/jwt", self._sign(signed, self.key, self.kid).encode())
+                else:
+                    self._json(req, 200, answer)
         elif route == ("GET", "/logout"):
             self._json(req, 200, {"logged_out": True})
         else:
             self._json(req, 404, {"error": "not_found"})
 
     def _json(self, req: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
+        self._send(req, status, "application/json", json.dumps(body).encode())
+
+    def _send(self, req: BaseHTTPRequestHandler, status: int, content_type: str, data: bytes) -> None:
         req.send_response(status)
-        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Type", content_type)
         req.send_header("Content-Length", str(len(data)))
         req.end_headers()
         req.wfile.write(data)
@@ -221,6 +230,9 @@ class OidcProvider:
             payload["nonce"] = "not-the-nonce-we-were-sent"
         key = self.other_key if tamper == "bad_signature" else self.key
         kid = "no-such-key" if tamper == "unknown_kid" else self.kid
+        return self._sign(payload, key, kid)
+
+    def _sign(self, payload: dict[str, Any], key: rsa.RSAPrivateKey, kid: str) -> str:
         return jwt.encode(payload, key, algorithm="RS256", headers={"kid": kid})
 
     def _jwk(self) -> dict[str, Any]:

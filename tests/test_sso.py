@@ -36,6 +36,7 @@ def sso(provider, settings):
     """SSO enabled against the local provider: explicit map, prefix rule, staff group, RP logout."""
     provider.tamper = None
     provider.userinfo_overrides = {}
+    provider.userinfo_as_jwt = False
     provider.user = _claims(groups=[])
     endpoints = provider.endpoints()
     settings.SSO = SsoConfig(
@@ -207,6 +208,17 @@ def test_groups_in_the_id_token_alone_are_used(client, provider, sso, make_team)
     make_team("llm")
     provider.user = _claims(groups=["llm-team"])
     provider.userinfo_overrides = {"groups": None}
+    _sso_login(client)
+    assert _teams(_logged_in_user(client)) == {"llm": "member"}
+
+
+@pytest.mark.django_db
+def test_a_signed_userinfo_answer_is_verified_and_used(client, provider, sso, make_team):
+    make_team("llm")
+    # The group is only in the userinfo answer, so the team proves that answer was verified and read.
+    provider.user = _claims(groups=[])
+    provider.userinfo_overrides = {"groups": ["llm-team"]}
+    provider.userinfo_as_jwt = True
     _sso_login(client)
     assert _teams(_logged_in_user(client)) == {"llm": "member"}
 
