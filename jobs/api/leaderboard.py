@@ -3,6 +3,7 @@ jobs.outputs.leaderboard)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -16,6 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.evaluation.kpis import CONVENTION_LABELS
+from jobs.models import Team
+from jobs.outputs.budget import budget_use
 from jobs.outputs.leaderboard import Period, TeamRow, iso_week, month, parse_iso_week, parse_month, team_rows
 
 _ROW_FIELDS: dict[str, serializers.Field] = {
@@ -35,6 +38,14 @@ _ROW_FIELDS: dict[str, serializers.Field] = {
     "jobs_mfu_fallback": serializers.IntegerField(help_text="jobs whose MFU used 6N (shape missing)"),
     "jobs_low_coverage": serializers.IntegerField(
         help_text="jobs with GPU_UTIL samples for < 90 % of their window (or unknown coverage)"
+    ),
+    "monthly_budget_usd": serializers.FloatField(
+        allow_null=True, help_text="the team's budget, USD per calendar month (UTC); null: none set"
+    ),
+    "budget_used_share": serializers.FloatField(
+        allow_null=True,
+        help_text="period=month only: cost_usd / monthly_budget_usd (a lower bound when cost_is_lower_bound);"
+        " null for a week, without a budget or with a $0 budget",
     ),
 }
 _RESPONSE = inline_serializer(
@@ -68,8 +79,10 @@ def _period(params: Any) -> Period:
     raise ValidationError({"period": "period must be 'week' or 'month'"})
 
 
-def row_json(row: TeamRow) -> dict[str, Any]:
-    """One team row; unknown totals are null next to their lower bound and reason (never 0)."""
+def row_json(row: TeamRow, budget_usd: Decimal | None = None, is_month: bool = False) -> dict[str, Any]:
+    """One team row; unknown totals are null next to their lower bound and reason (never 0). The budget's
+    share is the month's cost over the team's monthly budget (jobs.outputs.budget), for a month only."""
+    use = budget_use(row.cost, budget_usd) if is_month else None
     return {
         "team": row.team_slug,
         "team_name": row.team_name,
@@ -86,6 +99,8 @@ def row_json(row: TeamRow) -> dict[str, Any]:
         "jobs_mfu_unknown": row.jobs_mfu_unknown,
         "jobs_mfu_fallback": row.jobs_mfu_fallback,
         "jobs_low_coverage": row.jobs_low_coverage,
+        "monthly_budget_usd": float(budget_usd) if budget_usd is not None else None,
+        "budget_used_share": use.share if use is not None else None,
     }
 
 
@@ -103,14 +118,20 @@ class LeaderboardView(APIView):
         responses={200: _RESPONSE},
     )
     def get(self, request: Request) -> Response:
-        """The period's rows, exactly as the leaderboard page and the weekly email compute them."""
+        """The period's rows, exactly as the leaderboard page and the weekly email compute them, with each
+        team's monthly budget (and, for a month, the share of it used)."""
         period = _period(request.query_params)
+        rows = team_rows(period)
+        budgets = dict(
+            Team.objects.filter(pk__in=[r.team_id for r in rows]).values_list("pk", "monthly_budget_usd")
+        )
+        is_month = "-W" not in period.label
         return Response(
             {
                 "period": period.label,
                 "start": period.start,
                 "end": period.end,
                 "mfu_convention": CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION],
-                "teams": [row_json(r) for r in team_rows(period)],
+                "teams": [row_json(r, budgets.get(r.team_id), is_month) for r in rows],
             }
         )

@@ -446,6 +446,10 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "comparison": comparison,
         "mfu_vs_baseline": mfu_row,
         "in_baseline": comparison is not None and job.pk in comparison.run_ids,
+        # Runs promoted into the baseline despite hardware/health findings (one query, only with a baseline).
+        "baseline_overrides": (
+            list(comparison.baseline.overrides.select_related("user", "job")) if comparison else []
+        ),
         "can_write": can_write,
         "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
         "promote_blockers": _health_blockers(findings) if can_write else [],

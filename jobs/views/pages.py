@@ -25,10 +25,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs.charts import sparkline_points
 from jobs.evaluation import baselines as baseline_ops
+from jobs.evaluation.costs import Amount
 from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.health import run_checks
 from jobs.metrics.signals import SIGNALS, readiness
-from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, Team
+from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, PromotionOverride, Team
+from jobs.outputs.budget import budget_use
 from jobs.outputs.leaderboard import (
     MAX_YEAR,
     MIN_YEAR,
@@ -339,10 +341,13 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     worst = worst_jobs(period, limit=5, team_id=team.pk)
     _attach_main_finding(worst)
     this_month = month(timezone.now().date())
+    month_row = period_rows([this_month])[0].get(team.pk)
     context = {
         "team": team,
         "month": this_month,
-        "month_row": period_rows([this_month])[0].get(team.pk),
+        "month_row": month_row,
+        # $ per calendar month against the month's spend as period_rows defines it (no job: $0 spent).
+        "budget": budget_use(month_row.cost if month_row else Amount(0.0), team.monthly_budget_usd),
         "members": team.memberships.select_related("user").order_by("user__username"),
         "period": period,
         "row": row,
@@ -351,11 +356,18 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "worst": worst,
         "jobs": team.jobs.select_related("gpu_model").order_by("-started_at")[:25],
         "baselines": team.baselines.filter(retired_at__isnull=True)
-        .annotate(n_runs=Count("runs"))
+        .annotate(n_runs=Count("runs", distinct=True), n_overrides=Count("overrides", distinct=True))
         .order_by("model_name"),
         "report_week": period.previous().label,
+        "can_edit_budget": request.user.has_perm("jobs.change_team"),
     }
     return render(request, "jobs/team_detail.html", context)
+
+
+# What the baselines page shows of a PromotionOverride (the job's JSON columns stay in the database).
+_OVERRIDE_FIELDS = (
+    "baseline_id", "reason", "finding_codes", "created_at", "user__username", "job__external_id", "job__name",
+)  # fmt: skip
 
 
 @require_GET
@@ -365,7 +377,12 @@ def baseline_list(request: HttpRequest) -> HttpResponse:
     qs = (
         Baseline.objects.select_related("team")
         .prefetch_related(
-            Prefetch("runs", queryset=Job.objects.only("id", "external_id", "name").order_by("started_at"))
+            Prefetch("runs", queryset=Job.objects.only("id", "external_id", "name").order_by("started_at")),
+            # Runs promoted "anyway" despite hardware/health findings: shown with who and why.
+            Prefetch(
+                "overrides",
+                queryset=PromotionOverride.objects.select_related("user", "job").only(*_OVERRIDE_FIELDS),
+            ),
         )
         .order_by("model_name", "-created_at")
     )

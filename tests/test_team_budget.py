@@ -1,0 +1,176 @@
+"""A team's month-to-date spend and waste against its monthly budget: the team page and the leaderboard API
+(jobs.outputs.budget over the month's TeamRow from jobs.outputs.leaderboard.period_rows)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
+from html import unescape
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs.evaluation.costs import Amount
+from jobs.models import Job
+from jobs.outputs.budget import budget_use
+
+# "Now" for these tests: 2026-11-20 12:00 UTC, so the month is November (from 2026-11-01 00:00 UTC).
+NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+
+
+def _at(month: int, day: int, hour: int) -> datetime:
+    return datetime(2026, month, day, hour, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def now(monkeypatch):
+    monkeypatch.setattr(timezone, "now", lambda: NOW)
+    return NOW
+
+
+@pytest.fixture
+def team(make_team):
+    return make_team("llm", "LLM pretraining")
+
+
+@pytest.fixture
+def member(make_user, team):
+    return make_user("alice", teams=[team])
+
+
+def _job(team, external_id: str, start: datetime, end: datetime, **kw) -> Job:
+    hours = (end - start).total_seconds() / 3600
+    fields = dict(
+        team=team, external_id=external_id, name=external_id, started_at=start, ended_at=end, gpu_count=8,
+        gpu_hours=8 * hours, mfu=0.3, cost_per_day_usd=480.0, waste_per_day_usd=160.0,
+        waste_lower_bound_per_day_usd=160.0, status=Job.Status.FINALIZED,
+    )  # fmt: skip
+    fields.update(kw)
+    return Job.objects.create(**fields)
+
+
+@pytest.fixture
+def november_jobs(team, now):
+    """Inside November: job a, 12 h at $480/day cost and $160/day waste = $240 and $80; job b, 12 h from
+    Oct 31 18:00, of which 6 h in November at $240/day and $48/day = $60 and $12; job c only in October
+    (not counted). Month to date: $240 + $60 = $300 spent, $80 + $12 = $92 wasted."""
+    return [
+        _job(team, "a", _at(11, 10, 0), _at(11, 10, 12)),
+        _job(
+            team,
+            "b",
+            _at(10, 31, 18),
+            _at(11, 1, 6),
+            cost_per_day_usd=240.0,
+            waste_per_day_usd=48.0,
+            waste_lower_bound_per_day_usd=48.0,
+        ),
+        _job(team, "c", _at(10, 10, 0), _at(10, 11, 0), cost_per_day_usd=1000.0, waste_per_day_usd=500.0),
+    ]
+
+
+def _text(response) -> str:
+    """The page's text without tags, whitespace collapsed."""
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", response.content.decode())).split())
+
+
+# ------------------------------------------------------------------------------------------- pure
+
+
+def test_budget_share_is_spend_over_budget_with_what_is_left():
+    use = budget_use(Amount(300.0), Decimal("1000.00"))
+    assert use is not None
+    assert use.share == pytest.approx(0.3) and use.share_text == "30.0 %"
+    assert use.remaining_usd == pytest.approx(700.0) and not use.over and use.over_by_usd is None
+
+
+def test_budget_share_of_a_lower_bound_spend_is_a_lower_bound():
+    use = budget_use(Amount(300.0, lower_bound=True, reason="no price for 1 of 3 jobs"), Decimal("1000"))
+    assert use is not None and use.share_is_lower_bound
+    assert use.share_text == "at least 30.0 %"
+
+
+def test_budget_over_when_the_spend_exceeds_it_and_unknown_spend_has_no_share():
+    over = budget_use(Amount(300.0), Decimal("250"))
+    assert over is not None and over.over and over.over_by_usd == pytest.approx(50.0)
+    assert over.share_text == "120.0 %"  # 300 / 250
+    unknown = budget_use(Amount(None, reason="no price"), Decimal("250"))
+    assert unknown is not None and unknown.share is None and unknown.share_text == "unknown"
+    assert not unknown.over
+    zero = budget_use(Amount(300.0), Decimal("0"))
+    assert zero is not None and zero.share is None and zero.over  # $0 allowed, $300 spent
+
+
+def test_no_budget_means_no_budget_use():
+    assert budget_use(Amount(300.0), None) is None
+
+
+# ------------------------------------------------------------------------------------------- page
+
+
+def test_team_page_shows_month_to_date_spend_waste_and_budget_share(client, member, team, november_jobs):
+    team.monthly_budget_usd = Decimal("1000.00")
+    team.save()
+    client.force_login(member)
+    text = _text(client.get(reverse("team-detail", args=[team.slug])))
+    assert "Spend · 2026-11 to date" in text and "$300 this month" in text
+    assert "Waste · 2026-11 to date" in text and "$92.00 this month" in text
+    assert "30.0 % used" in text  # $300 of $1,000
+    assert "of the team's budget of $1,000 per calendar month (UTC); $700 left" in text
+
+
+def test_team_page_budget_share_is_a_lower_bound_when_a_job_has_no_price(client, member, team, november_jobs):
+    # A third November job without a price: the spend is at least $300, so at least 30 % is used and at
+    # most $700 is left; never a $0.00 cost for it.
+    _job(team, "d", _at(11, 12, 0), _at(11, 12, 6), cost_per_day_usd=None, waste_per_day_usd=None)
+    team.monthly_budget_usd = Decimal("1000")
+    team.save()
+    client.force_login(member)
+    text = _text(client.get(reverse("team-detail", args=[team.slug])))
+    assert "at least 30.0 % used" in text
+    assert "at least $300 this month" in text and "at most $700 left" in text
+    assert "no price for 1 of 3 jobs" in text
+
+
+def test_team_page_says_over_budget(client, member, team, november_jobs):
+    team.monthly_budget_usd = Decimal("250")
+    team.save()
+    client.force_login(member)
+    response = client.get(reverse("team-detail", args=[team.slug]))
+    text = _text(response)
+    assert "120.0 % used" in text and "over by $50.00" in text  # $300 - $250
+    assert 'class="kpi budget over"' in response.content.decode()
+
+
+def test_team_page_without_a_budget_says_so_and_links_staff_to_the_admin(
+    client, member, team, make_user, now
+):
+    client.force_login(member)
+    text = _text(client.get(reverse("team-detail", args=[team.slug])))
+    assert "no budget" in text and "set the budget" not in text  # a member is not staff
+    staff = make_user("root", teams=[team])
+    staff.is_staff = staff.is_superuser = True
+    staff.save()
+    client.force_login(staff)
+    html = client.get(reverse("team-detail", args=[team.slug])).content.decode()
+    assert reverse("admin:jobs_team_change", args=[team.pk]) in html
+
+
+# ------------------------------------------------------------------------------------------- API
+
+
+def test_leaderboard_api_month_carries_the_budget_and_its_share(client, member, team, november_jobs):
+    team.monthly_budget_usd = Decimal("1000")
+    team.save()
+    client.force_login(member)
+    body = client.get("/api/v1/leaderboard/?period=month&month=2026-11").json()
+    (row,) = body["teams"]
+    assert row["cost_usd"] == pytest.approx(300.0)
+    assert row["monthly_budget_usd"] == pytest.approx(1000.0)
+    assert row["budget_used_share"] == pytest.approx(0.3)
+    week = client.get("/api/v1/leaderboard/?period=week&week=2026-W46").json()  # Nov 9-15: job a only
+    (row,) = week["teams"]
+    assert row["cost_usd"] == pytest.approx(240.0)
+    assert row["monthly_budget_usd"] == pytest.approx(1000.0) and row["budget_used_share"] is None
