@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRY = REPO / "tools" / "plotly-bundle" / "entry.js"
+ENTRY = REPO / "static" / "vendor" / "plotly-bundle" / "entry.js"
 BUNDLE = REPO / "static" / "vendor" / "plotly.min.js"
 # "type" values in jobs/charts/ that are not trace types: axis types and shape types.
 _NOT_TRACES = {"linear", "log", "date", "category", "multicategory", "rect", "line", "circle", "path"}
@@ -31,7 +31,7 @@ def test_vendored_bundle_is_the_plotly_js_version_of_the_pinned_python_package_a
     head = BUNDLE.read_text(encoding="utf-8")[:400]
     version = re.search(r"plotly\.js v(\d+\.\d+\.\d+) partial bundle", head)
     assert version, head[:200]
-    lock = (REPO / "tools" / "plotly-bundle" / "package-lock.json").read_text()
+    lock = (REPO / "static" / "vendor" / "plotly-bundle" / "package-lock.json").read_text()
     assert f'"node_modules/plotly.js": {{\n      "version": "{version[1]}"' in lock
     # plotly 7.1.0 (pyproject.toml) ships plotly.js 4.1.1: the figures' schema is that version's.
     assert version[1] == "4.1.1"
