@@ -95,4 +95,4 @@ bench: venv services
 
 # static/vendor/plotly.min.js: plotly.js with only the trace types jobs/charts/ draws (static/vendor/README.md).
 plotly-bundle:
-	tools/plotly-bundle/build.sh
+	static/vendor/plotly-bundle/build.sh
