@@ -18,13 +18,17 @@ shapes, call stacks, memory events' args) while parsing. On the 54 MB V100 sampl
 
 from __future__ import annotations
 
+import functools
 import io
+import itertools
 import math
+import operator
 import re
 import zlib
-from array import array
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Union
 
 import msgspec
 import numpy as np
@@ -37,7 +41,6 @@ from jobs.profiling.events import (
     RUNTIME_COLUMNS,
     Annotations,
     AnnotationSource,
-    ColumnBuilder,
     CopyKind,
     CpuOps,
     DeviceInfo,
@@ -53,7 +56,7 @@ from jobs.profiling.events import (
     Trace,
     class_of_names,
 )
-from jobs.profiling.guard import checkpoint, grow_input, guarded
+from jobs.profiling.guard import check_now, grow_input, guarded
 
 #: Default ceiling on the decompressed JSON size.
 DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
@@ -62,9 +65,11 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 20
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     # Loosely typed on purpose: producers disagree on types (ROCm writes stream "0x0", some tools
-    # write numbers as strings); `_as_int`/`_as_float` normalise.
+    # write numbers as strings); `_ints`/`_floats` normalise. gc=False: a decoded trace holds hundreds of
+    # thousands of these and nothing in them can form a reference cycle, so the cyclic GC need not track
+    # them (tracking made decoding 2-3.5x slower: every allocation burst triggered collections).
     stream: Any = None
     device: Any = None
     correlation: Any = None
@@ -76,7 +81,7 @@ class _Args(msgspec.Struct):
     kind: Any = None
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     ph: Any = None
     cat: Any = None
     name: Any = None
@@ -87,7 +92,30 @@ class _Event(msgspec.Struct):
     args: _Args | None = None
 
 
-class _Document(msgspec.Struct):
+class _Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """A complete ("X") event in the fast decoder: the only phase the analyses read."""
+
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+# Every other phase of the Chrome trace event format decodes to an empty struct: their fields (flow ids,
+# instant scopes, metadata args) are skipped by the decoder without building Python objects. A phase not
+# listed here (or a missing/non-string ph) fails the fast decoder, which then falls back to `_Event`.
+_OTHER_PHASES = tuple("BEiICbnestfPONDMVvRc()")  # one character each
+_Skipped = tuple(
+    msgspec.defstruct(f"_Phase{i}", [], tag_field="ph", tag=ph, gc=False)
+    for i, ph in enumerate(_OTHER_PHASES)
+)
+_FastEvent: Any = Union[(_Complete, *_Skipped)]  # built at runtime from the phase list
+
+
+class _Document(msgspec.Struct, gc=False):
     traceEvents: list[_Event] | None = None  # Kineto's camelCase keys, verbatim
     deviceProperties: Any = None
     computeProperties: Any = None
@@ -98,7 +126,22 @@ class _Document(msgspec.Struct):
     traceName: Any = None
 
 
+class _FastDocument(msgspec.Struct, gc=False):
+    traceEvents: list[_FastEvent] | None = None
+    deviceProperties: Any = None
+    computeProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    schemaVersion: Any = None
+    traceName: Any = None
+
+
 _DECODER = msgspec.json.Decoder(type=_Document | list[_Event])
+_FAST_DOC_DECODER = msgspec.json.Decoder(type=_FastDocument)
+_FAST_LIST_DECODER = msgspec.json.Decoder(type=list[_FastEvent])
+_LENIENT_DOC_DECODER = msgspec.json.Decoder(type=_Document)
+_LENIENT_LIST_DECODER = msgspec.json.Decoder(type=list[_Event])
 
 # cat -> what we do with the complete ("X") event.
 (
@@ -260,29 +303,49 @@ def parse_kineto(
 
     `rank` overrides the rank when distributedInfo is missing or wrong (e.g. from the file name).
     Raises `ArtifactError` for anything that is not a readable Kineto trace.
+
+    The JSON is streamed: read (and gunzipped) piece by piece, cut between events into chunks of a few
+    MiB, each chunk decoded and turned into columns before the next is read, so neither the whole text
+    nor a list of every event is ever in memory. A file the chunking cannot follow (no top-level
+    traceEvents array, an unusual phase, invalid JSON) is decoded whole instead, which also gives the
+    error message for a broken file.
     """
-    data = read_trace_bytes(source, max_decompressed_bytes)
-    size = len(data)
+    opener: Callable[[], Iterator[bytes | bytearray | memoryview]]
+    if isinstance(source, str | Path):
+        opener = functools.partial(_pieces_of_path, Path(source), max_decompressed_bytes)
+    else:
+        # A file object can be read once only, and the whole-file fallback needs a second read.
+        buffer = (
+            source
+            if isinstance(source, bytes | bytearray | memoryview)
+            else read_trace_bytes(source, max_decompressed_bytes)
+        )
+        opener = functools.partial(_pieces_of_buffer, buffer, max_decompressed_bytes)
+    streamed = _parse_streamed(opener(), rank)
+    if streamed is not None:
+        return streamed
+    whole = b"".join(opener())
+    size = len(whole)
     grow_input(size)
-    events, meta = _decode(data)
-    # The JSON bytes are freed as soon as decoding is done, so the columns are built without the raw
-    # text still in memory.
-    del data
-    trace = _build_trace(events, meta, rank)
-    trace.input_bytes = size
-    return trace
+    builder = _TraceBuilder()
+    _decode_whole(whole, builder)
+    del whole
+    return builder.finish(rank, size)
 
 
 @guarded("Kineto trace", storable=False)
 def parse_kineto_json(data: bytes | bytearray | str, *, rank: int | None = None) -> Trace:
     """Parse already-decompressed Kineto JSON."""
-    events, meta = _decode(data)
-    trace = _build_trace(events, meta, rank)
-    trace.input_bytes = len(data)
-    return trace
+    if isinstance(data, bytes | bytearray):
+        streamed = _parse_streamed(iter((data,)), rank)
+        if streamed is not None:
+            return streamed
+    builder = _TraceBuilder()
+    _decode_whole(data, builder)
+    return builder.finish(rank, len(data))
 
 
-def _decode(data: bytes | bytearray | str) -> tuple[list[_Event], _Document]:
+def _decode_whole(data: bytes | bytearray | str, builder: _TraceBuilder) -> None:
     if not data or not (data.strip() if isinstance(data, str) else bytes(data[:4096]).strip()):
         raise ArtifactError("The trace is empty.")
     try:
@@ -293,12 +356,245 @@ def _decode(data: bytes | bytearray | str) -> tuple[list[_Event], _Document]:
         raise ArtifactError(f"The trace is not valid JSON: {exc}.") from exc
     if isinstance(doc, list):
         # Chrome's "JSON array format": events only, no metadata.
-        return doc, _Document(traceEvents=doc)
+        builder.add([ev for ev in doc if ev.ph == "X"])
+        builder.meta = _Document()
+        return
     if doc.traceEvents is None:
         raise ArtifactError(
             "The JSON has no traceEvents array, so it is not a PyTorch profiler (Kineto) trace."
         )
-    return doc.traceEvents, doc
+    events = doc.traceEvents
+    doc.traceEvents = None
+    builder.add([ev for ev in events if ev.ph == "X"])
+    builder.meta = doc
+
+
+# -- streaming ---------------------------------------------------------------------------------------
+
+#: Decoded chunk size: big enough that per-chunk overhead vanishes, small enough that one chunk's
+#: decoded events (about the size of its text) are a small share of the peak.
+_STREAM_CHUNK = 4 << 20
+_TRACE_EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+#: Between two events of the traceEvents array. A match inside a string or a nested value is harmless:
+#: both halves then fail to decode (unbalanced brackets or an unterminated string) and the whole file is
+#: decoded instead, so a wrong cut can never produce wrong events.
+_EVENT_BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
+_LEADING_WS_RE = re.compile(rb"\s*")
+#: The document's keys before traceEvents (deviceProperties, distributedInfo) are small; a prefix this
+#: long without the array is not a Kineto layout the stream can follow.
+_MAX_HEAD = 64 << 20
+
+
+class _NotStreamable(Exception):
+    """The chunked reading cannot follow this file; decode it whole."""
+
+
+def _parse_streamed(pieces: Iterator[bytes | bytearray | memoryview], rank: int | None) -> Trace | None:
+    """The trace from chunked decoding, or None when the file must be decoded whole."""
+    builder = _TraceBuilder()
+    try:
+        size = _stream_events(pieces, builder)
+    except (_NotStreamable, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return None
+    finally:
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
+    return builder.finish(rank, size)
+
+
+def _decode_chunk(text: bytes | bytearray, fast: msgspec.json.Decoder, lenient: msgspec.json.Decoder) -> Any:
+    try:
+        return fast.decode(text)
+    except msgspec.ValidationError:
+        # A phase outside the Chrome format or a non-string ph: the lenient schema reads it (and skips it).
+        return lenient.decode(text)
+
+
+def _x_events(events: list[Any]) -> list[Any]:
+    if (events and type(events[0]) is _Event) or any(type(ev) is _Event for ev in events[:1]):
+        return [ev for ev in events if ev.ph == "X"]
+    return [ev for ev in events if type(ev) is _Complete]
+
+
+def _stream_events(pieces: Iterator[bytes | bytearray | memoryview], builder: _TraceBuilder) -> int:
+    """Decode the trace chunk by chunk into `builder`; returns the JSON's size in bytes."""
+    buf = bytearray()
+    total = 0
+    head: bytes | None = None
+    list_mode = False
+    pos = 0  # start of the undecoded events in buf
+    exhausted = False
+
+    def more() -> bool:
+        nonlocal total, exhausted
+        piece = next(pieces, None)
+        if piece is None:
+            exhausted = True
+            return False
+        buf.extend(piece)
+        total += len(piece)
+        grow_input(total)
+        return True
+
+    # The head: everything up to and including the '[' that opens traceEvents.
+    while head is None:
+        first = _LEADING_WS_RE.match(buf).end()  # type: ignore[union-attr]
+        if first < len(buf) and buf[first : first + 1] == b"[":
+            list_mode = True  # Chrome's JSON array format: the array is the document
+            head = b""
+            pos = first + 1
+            break
+        m = _TRACE_EVENTS_KEY_RE.search(buf)
+        if m is not None:
+            head = bytes(buf[: m.end() - 1])
+            pos = m.end()
+            # The key must be the top-level one: the head plus an empty array must close as a document.
+            try:
+                probe = _LENIENT_DOC_DECODER.decode(head + b"[]}")
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise _NotStreamable from exc
+            if probe.traceEvents != []:
+                raise _NotStreamable
+            break
+        if len(buf) > _MAX_HEAD or not more():
+            raise _NotStreamable
+    list_decoders = (_FAST_LIST_DECODER, _LENIENT_LIST_DECODER)
+    while True:
+        check_now()
+        cut = None
+        if len(buf) - pos > _STREAM_CHUNK:
+            cut = _EVENT_BOUNDARY_RE.search(buf, pos + _STREAM_CHUNK)
+        if cut is None:
+            if not exhausted and more():
+                continue
+            break
+        chunk = bytearray(b"[")
+        chunk += memoryview(buf)[pos : cut.start() + 1]
+        chunk += b"]"
+        events = _decode_chunk(chunk, *list_decoders)
+        del chunk
+        builder.add(_x_events(events))
+        del events
+        del buf[: cut.end() - 1]  # keep the '{' that opens the next event; deleting a prefix is O(1)
+        pos = 0
+    # The last chunk closes the array and carries the keys after it (traceName, baseTimeNanoseconds).
+    tail = memoryview(buf)[pos:]
+    if not list_mode and _TRACE_EVENTS_KEY_RE.search(tail) is not None:
+        raise _NotStreamable  # a second traceEvents key: let the whole-file decoder decide
+    last = bytearray(head)
+    last += b"["
+    last += tail
+    tail.release()
+    buf.clear()
+    if list_mode:
+        builder.add(_x_events(_decode_chunk(last, *list_decoders)))
+        builder.meta = _Document()
+        return total
+    doc = _decode_chunk(last, _FAST_DOC_DECODER, _LENIENT_DOC_DECODER)
+    del last
+    if doc.traceEvents is None:
+        raise _NotStreamable
+    builder.add(_x_events(doc.traceEvents))
+    doc.traceEvents = None
+    builder.meta = doc
+    return total
+
+
+def _pieces_of_buffer(
+    data: bytes | bytearray | memoryview, limit: int
+) -> Iterator[bytes | bytearray | memoryview]:
+    view = memoryview(data)
+    if view[:2] == _GZIP_MAGIC:
+        yield from _gunzip_pieces(iter((view,)), limit)
+        return
+    if len(view) > limit:
+        raise ArtifactError(f"The trace is {len(view):,} bytes; the limit is {limit:,} bytes.")
+    for at in range(0, len(view), _STREAM_CHUNK):
+        yield view[at : at + _STREAM_CHUNK]
+
+
+def _pieces_of_path(path: Path, limit: int) -> Iterator[bytes | bytearray | memoryview]:
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise ArtifactError(f"The trace file cannot be read: {exc.strerror or exc}.") from exc
+    with handle:
+
+        def raw() -> Iterator[bytes]:
+            read = 0
+            while read <= limit:
+                try:
+                    piece = handle.read(min(_CHUNK * 4, limit + 1 - read))
+                except OSError as exc:
+                    raise ArtifactError(f"The trace file cannot be read: {exc.strerror or exc}.") from exc
+                if not piece:
+                    return
+                read += len(piece)
+                yield piece
+
+        stream = raw()
+        first = next(stream, b"")
+        if first[:2] == _GZIP_MAGIC:
+            yield from _gunzip_pieces(_prepend(first, stream), limit)
+            return
+        total = 0
+        for piece in _prepend(first, stream):
+            total += len(piece)
+            if total > limit:
+                raise ArtifactError(f"The trace is {total:,} bytes; the limit is {limit:,} bytes.")
+            yield piece
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from rest
+
+
+def _gunzip_pieces(compressed: Iterator[bytes | memoryview], limit: int) -> Iterator[bytes]:
+    """Decompress gzip (several members allowed) piece by piece, refusing more than `limit` bytes."""
+    out_total = 0
+    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    pending: bytes = b""
+    source_done = False
+    try:
+        while True:
+            if not pending and not source_done:
+                nxt = next(compressed, None)
+                if nxt is None:
+                    source_done = True
+                else:
+                    pending = bytes(nxt)
+            if decomp.eof:
+                rest = decomp.unused_data + pending
+                if not source_done:
+                    # Gather the rest to tell another member from trailing padding.
+                    rest += b"".join(bytes(p) for p in compressed)
+                    source_done = True
+                # Concatenated members are valid gzip; trailing zero padding is tolerated as gzip(1) does.
+                if not rest.strip(b"\0"):
+                    return
+                if rest[:2] != _GZIP_MAGIC:
+                    raise ArtifactError("The gzip trace has trailing garbage after the compressed data.")
+                decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                pending = rest
+                continue
+            # max_length bounds each step, so a bomb is caught one chunk past the limit.
+            chunk = decomp.decompress(pending, _CHUNK)
+            pending = decomp.unconsumed_tail
+            if not chunk and not pending and not decomp.eof and source_done:
+                raise ArtifactError("The gzip trace is truncated (the compressed stream ends early).")
+            out_total += len(chunk)
+            if out_total > limit:
+                raise ArtifactError(
+                    f"The gzip trace decompresses to more than the limit of {limit:,} bytes "
+                    "(a gzip bomb, or a trace too large to analyse)."
+                )
+            if chunk:
+                yield chunk
+    except zlib.error as exc:
+        raise ArtifactError(f"The trace is not a valid gzip file: {exc}.") from exc
 
 
 #: Integers from the trace (ids, sizes, counts) beyond this are not believable: "unknown".
@@ -397,174 +693,367 @@ def _stream_of(args: _Args | None, tid: Any) -> int:
     return stream
 
 
-def _build_trace(events: list[_Event], meta: _Document, rank_override: int | None) -> Trace:
-    strings = StringTable()
-    gpu = ColumnBuilder(GPU_COLUMNS)
-    runtime = ColumnBuilder(RUNTIME_COLUMNS)
-    cpu_ops = ColumnBuilder(CPU_OP_COLUMNS)
-    annots = ColumnBuilder(ANNOTATION_COLUMNS)
-    # Times stay float microseconds until the end, then convert in one vectorised pass.
-    times: dict[str, tuple[array[float], array[float]]] = {
-        k: (array("d"), array("d")) for k in ("gpu", "rt", "cpu", "ann")
-    }
-    memcpy_cache: dict[str, tuple[int, int, int]] = {}
-    cat_counts: dict[str, int] = {}
-    window: tuple[float, float] | None = None
-    skipped_without_time = 0
-    intern = strings.intern
-    nan = math.nan
+# -- columns -----------------------------------------------------------------------------------------
 
-    for ev in events:
-        if ev.ph != "X":
-            continue
-        cat = ev.cat if isinstance(ev.cat, str) else ""
-        cat_counts[cat] = cat_counts.get(cat, 0) + 1
-        role = _CAT_ROLE.get(cat)
-        if role is None:
-            continue
-        ts, dur = ev.ts, ev.dur
-        if (
-            ts is None
-            or dur is None
-            or not (-_MAX_TS_US < ts < _MAX_TS_US)  # also false for NaN and infinities
-            or not (dur < _MAX_DUR_US)
-            or dur != dur
-        ):
-            skipped_without_time += 1
-            continue
-        checkpoint()
-        if dur < 0:
-            dur = 0.0
-        name = ev.name if isinstance(ev.name, str) else ("" if ev.name is None else str(ev.name))
-        args = ev.args
-        if role in _GPU_KINDS:
-            kind = _GPU_KINDS[role]
-            copy_kind = src = dst = 0
-            sync_kind = 0
-            nbytes = -1
-            bps = occ = nan
-            grid = block = -1
-            if args is not None:
-                nbytes = _as_int(args.nbytes, -1)
-            if kind == OpKind.MEMCPY:
-                cached = memcpy_cache.get(name)
-                if cached is None:
-                    cached = _memcpy_kinds(name[:256], args.kind if args is not None else None)
-                    memcpy_cache[name] = cached
-                copy_kind, src, dst = cached
-            elif kind == OpKind.SYNC:
-                sync_kind = _SYNC_KIND_BY_NAME.get(name.lower(), SyncKind.UNKNOWN)
-            elif args is not None:
-                bps = _as_float(args.blocks_per_sm)
-                occ = _as_float(args.occupancy)
-                grid = _product(args.grid)
-                block = _product(args.block)
-            device = _as_int(args.device, -1) if args is not None and args.device is not None else -1
-            if device == -1:
-                device = _as_int(ev.pid, -1)
-            gpu.append_row(
-                0,
-                0,
-                device,
-                _stream_of(args, ev.tid),
-                kind,
-                0,
-                intern(name),
-                _as_int(args.correlation, -1) if args is not None else -1,
-                nbytes,
-                copy_kind,
-                src,
-                dst,
-                sync_kind,
-                bps,
-                occ,
-                grid,
-                block,
-            )
-            times["gpu"][0].append(ts)
-            times["gpu"][1].append(dur)
-        elif role in (_RUNTIME, _DRIVER):
-            runtime.append_row(
-                0,
-                0,
-                intern(name),
-                _as_int(args.correlation, -1) if args is not None else -1,
-                _as_int(ev.tid, -1),
-                RuntimeKind.DRIVER if role == _DRIVER else RuntimeKind.RUNTIME,
-            )
-            times["rt"][0].append(ts)
-            times["rt"][1].append(dur)
-        elif role == _CPU_OP and not _PROFILER_STEP_RE.match(name):
-            cpu_ops.append_row(0, 0, intern(name), _as_int(ev.tid, -1))
-            times["cpu"][0].append(ts)
-            times["cpu"][1].append(dur)
-        elif role in (_ANNOT_CPU, _ANNOT_GPU, _CPU_OP):
+_NONE_TYPE = type(None)
+_INT_TYPES = {int, _NONE_TYPE}
+_FLOAT_TYPES = {float, int, _NONE_TYPE}
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+#: Grid and block dimensions this small multiply exactly in int64 (3 x 20 bits), so the vectorised
+#: product needs no overflow check; anything else goes through `_product`.
+_MAX_FAST_DIM = 1 << 20
+
+
+def _ints(values: list[Any]) -> np.ndarray:
+    """`_as_int(v, -1)` for every value, vectorised when they are all plain ints (or None)."""
+    types = set(map(type, values))
+    if types <= _INT_TYPES:
+        if _NONE_TYPE in types:
+            values = [-1 if v is None else v for v in values]
+        try:
+            out = np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+        else:
+            out[(out > _MAX_INT) | (out < -_MAX_INT)] = -1
+            return out
+    return np.array([_as_int(v, -1) for v in values], dtype=np.int64)
+
+
+def _floats(values: list[Any]) -> np.ndarray:
+    """`_as_float` for every value (NaN for unknown), vectorised for plain numbers."""
+    if set(map(type, values)) <= _FLOAT_TYPES:
+        try:
+            out = np.array(values, dtype=np.float64)  # None becomes NaN
+        except OverflowError:
+            pass
+        else:
+            out[~np.isfinite(out)] = np.nan
+            return out
+    return np.array([_as_float(v) for v in values], dtype=np.float64)
+
+
+def _products(values: list[Any]) -> np.ndarray:
+    """`_product` (gridX*gridY*gridZ) for every value, vectorised for [x, y, z] lists of small ints."""
+    out = np.full(len(values), -1, dtype=np.int64)
+    triples = [i for i, v in enumerate(values) if type(v) is list and len(v) == 3]
+    rest = [i for i, v in enumerate(values) if v is not None and not (type(v) is list and len(v) == 3)]
+    if triples:
+        dims_list = [values[i] for i in triples] if len(triples) < len(values) else values
+        dims = None
+        if set(map(type, itertools.chain.from_iterable(dims_list))) == {int}:
+            try:
+                dims = np.array(dims_list, dtype=np.int64)
+            except OverflowError:
+                dims = None
+        if dims is None:
+            rest.extend(triples)
+        else:
+            fast = ((dims >= 0) & (dims <= _MAX_FAST_DIM)).all(axis=1)
+            at = np.array(triples, dtype=np.int64)
+            out[at[fast]] = dims[fast].prod(axis=1)
+            rest.extend(at[~fast].tolist())
+    for i in rest:
+        out[i] = _product(values[i])
+    return out
+
+
+def _names(events: list[Any]) -> list[str]:
+    names = [ev.name for ev in events]
+    if set(map(type, names)) <= {str}:
+        return names
+    return [n if isinstance(n, str) else ("" if n is None else str(n)) for n in names]
+
+
+def _fit(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    # What the column type cannot hold is unknown (-1), as ColumnBuilder does for a row.
+    values[(values < lo) | (values > hi)] = -1
+    return values
+
+
+_ROLE_GPU = np.array([_GPU_KERNEL, _GPU_MEMCPY, _GPU_MEMSET, _GPU_SYNC], dtype=np.int8)
+_ROLE_RUNTIME = np.array([_RUNTIME, _DRIVER], dtype=np.int8)
+_ROLE_ANNOTATION = np.array([_ANNOT_CPU, _ANNOT_GPU], dtype=np.int8)
+_OP_KIND_OF_ROLE = np.zeros(_TRACE + 1, dtype=np.int8)
+for _role, _kind in _GPU_KINDS.items():
+    _OP_KIND_OF_ROLE[_role] = _kind
+
+
+class _RoleOfCat(dict[str, int]):
+    def __missing__(self, key: str) -> int:
+        return -1
+
+
+_ROLE_OF_CAT = _RoleOfCat(_CAT_ROLE)
+#: Stands in for a missing args object, so attribute getters run in C (`map`) without a None test.
+_NO_ARGS = _Args()
+_CAT = operator.attrgetter("cat")
+_TS = operator.attrgetter("ts")
+_DUR = operator.attrgetter("dur")
+_TID = operator.attrgetter("tid")
+_DEVICE = operator.attrgetter("device")
+_STREAM = operator.attrgetter("stream")
+_CORRELATION = operator.attrgetter("correlation")
+_NBYTES = operator.attrgetter("nbytes")
+_BLOCKS_PER_SM = operator.attrgetter("blocks_per_sm")
+_OCCUPANCY = operator.attrgetter("occupancy")
+_GRID = operator.attrgetter("grid")
+_BLOCK = operator.attrgetter("block")
+
+
+def _ARGS(ev: Any) -> _Args:
+    args = ev.args
+    return _NO_ARGS if args is None else args
+
+
+def _pick(values: list[Any], rows: np.ndarray) -> list[Any]:
+    """values[rows] for a list (rows ascending positions), without a copy when every row is kept."""
+    if rows.size == len(values):
+        return values
+    return list(map(values.__getitem__, rows.tolist()))
+
+
+class _TraceBuilder:
+    """Turns complete events, one chunk at a time, into the columns of one rank.
+
+    Each chunk is handled with a few passes over its events (attribute lists, then numpy), not one
+    Python-level branchy loop per event; rows keep the file's order within each table, and names are
+    interned in file order, so the result does not depend on where the chunks were cut.
+    """
+
+    def __init__(self) -> None:
+        self.strings = StringTable()
+        self.parts: dict[str, list[dict[str, np.ndarray]]] = {"gpu": [], "rt": [], "cpu": [], "ann": []}
+        self.cat_counts: Counter[str] = Counter()
+        self.window: tuple[float, float] | None = None
+        self.skipped_without_time = 0
+        self.memcpy_cache: dict[str, tuple[int, int, int]] = {}
+        self.step_lut = np.zeros(0, dtype=bool)  # per string index: a ProfilerStep#N name
+        self.meta = _Document()
+
+    def add(self, events: list[Any]) -> None:
+        """Add a chunk of complete ("X") events (`_Complete` or `_Event`)."""
+        if not events:
+            return
+        cats = list(map(_CAT, events))
+        if not set(map(type, cats)) <= {str}:
+            cats = [c if isinstance(c, str) else "" for c in cats]
+        self.cat_counts.update(cats)
+        roles = np.array(list(map(_ROLE_OF_CAT.__getitem__, cats)), dtype=np.int8)
+        del cats
+        picked = np.flatnonzero(roles >= 0)
+        if picked.size == 0:
+            return
+        evs = _pick(events, picked)
+        roles = roles[picked]
+        ts = np.array(list(map(_TS, evs)), dtype=np.float64)  # None becomes NaN: skipped below
+        dur = np.array(list(map(_DUR, evs)), dtype=np.float64)
+        # NaN fails every comparison, so missing, NaN and infinite times are all skipped here.
+        usable = (ts > -_MAX_TS_US) & (ts < _MAX_TS_US) & (dur < _MAX_DUR_US)
+        if not usable.all():
+            self.skipped_without_time += int((~usable).sum())
+            keep = np.flatnonzero(usable)
+            evs = _pick(evs, keep)
+            roles, ts, dur = roles[keep], ts[keep], dur[keep]
+        if not evs:
+            return
+        check_now()
+        np.maximum(dur, 0.0, out=dur)
+        names = _names(evs)
+        is_span = roles == _TRACE
+        if is_span.any():
+            for i in np.flatnonzero(is_span).tolist():
+                if names[i].startswith("PyTorch Profiler"):
+                    self.window = (float(ts[i]), float(ts[i] + dur[i]))
+            rows = np.flatnonzero(~is_span)
+            evs, names = _pick(evs, rows), _pick(names, rows)
+            roles, ts, dur = roles[rows], ts[rows], dur[rows]
+        codes = self.strings.intern_many(names)
+        is_cpu_op = roles == _CPU_OP
+        is_step = np.zeros(len(roles), dtype=bool)
+        if is_cpu_op.any():
             # The 2021 schema records ProfilerStep#N as an "Operator"; it is an annotation either way.
-            source = AnnotationSource.GPU if role == _ANNOT_GPU else AnnotationSource.CPU
-            annots.append_row(0, 0, intern(name), source, _as_int(ev.tid, -1))
-            times["ann"][0].append(ts)
-            times["ann"][1].append(dur)
-        elif role == _TRACE and name.startswith("PyTorch Profiler"):
-            window = (ts, ts + dur)
+            # Decided once per distinct name, then looked up per row.
+            strings = self.strings
+            lut = self.step_lut
+            if len(lut) < len(strings):
+                grown = np.zeros(len(strings), dtype=bool)
+                grown[: len(lut)] = lut
+                for code in range(len(lut), len(strings)):
+                    grown[code] = _PROFILER_STEP_RE.match(strings[code]) is not None
+                self.step_lut = lut = grown
+            is_step = is_cpu_op & lut[codes]
+        groups = {
+            "gpu": np.isin(roles, _ROLE_GPU),
+            "rt": np.isin(roles, _ROLE_RUNTIME),
+            "cpu": is_cpu_op & ~is_step,
+            "ann": np.isin(roles, _ROLE_ANNOTATION) | is_step,
+        }
+        for table, mask in groups.items():
+            rows = np.flatnonzero(mask)
+            if rows.size == 0:
+                continue
+            sub = _pick(evs, rows)
+            cols: dict[str, np.ndarray] = {"_ts": ts[rows], "_dur": dur[rows], "name": codes[rows]}
+            if table == "gpu":
+                cols.update(self._gpu_columns(sub, roles[rows], _pick(names, rows)))
+            elif table == "rt":
+                cols["correlation"] = _ints(list(map(_CORRELATION, map(_ARGS, sub))))
+                cols["tid"] = _ints(list(map(_TID, sub)))
+                cols["kind"] = np.where(roles[rows] == _DRIVER, RuntimeKind.DRIVER, RuntimeKind.RUNTIME)
+            elif table == "cpu":
+                cols["tid"] = _ints(list(map(_TID, sub)))
+            else:
+                cols["source"] = np.where(
+                    roles[rows] == _ANNOT_GPU, AnnotationSource.GPU, AnnotationSource.CPU
+                )
+                cols["tid"] = _ints(list(map(_TID, sub)))
+            self.parts[table].append(cols)
 
-    gpu_cols = _with_times(gpu.to_numpy(), times["gpu"])
-    gpu_cols["kclass"] = class_of_names(strings, gpu_cols["kind"], gpu_cols["name"])
-    rank_trace = RankTrace(
-        rank=0,
-        gpu=GpuOps(**gpu_cols),
-        runtime=RuntimeCalls(**_with_times(runtime.to_numpy(), times["rt"])),
-        cpu_ops=CpuOps(**_with_times(cpu_ops.to_numpy(), times["cpu"])),
-        annotations=Annotations(**_with_times(annots.to_numpy(), times["ann"])),
-    )
-    warnings: list[str] = []
-    if skipped_without_time:
-        warnings.append(f"{skipped_without_time} complete events had no usable ts/dur and were skipped.")
+    def _gpu_columns(self, evs: list[Any], roles: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+        n = len(evs)
+        args = list(map(_ARGS, evs))
+        kind = _OP_KIND_OF_ROLE[roles]
+        device = _ints(list(map(_DEVICE, args)))
+        no_device = np.flatnonzero(device == -1)
+        if no_device.size:
+            device[no_device] = _ints([evs[i].pid for i in no_device.tolist()])
+        stream = _ints(list(map(_STREAM, args)))
+        for i in np.flatnonzero(stream == -1).tolist():
+            stream[i] = _stream_of(None, evs[i].tid)
+        stream[stream == _NO_STREAM_U32] = -1
+        copy_kind = np.zeros(n, dtype=np.int8)
+        src = np.zeros(n, dtype=np.int8)
+        dst = np.zeros(n, dtype=np.int8)
+        sync_kind = np.zeros(n, dtype=np.int8)
+        for i in np.flatnonzero(kind == OpKind.MEMCPY).tolist():
+            name = names[i]
+            cached = self.memcpy_cache.get(name)
+            if cached is None:
+                a = args[i]
+                cached = _memcpy_kinds(name[:256], a.kind if a is not None else None)
+                self.memcpy_cache[name] = cached
+            copy_kind[i], src[i], dst[i] = cached
+        for i in np.flatnonzero(kind == OpKind.SYNC).tolist():
+            sync_kind[i] = _SYNC_KIND_BY_NAME.get(names[i].lower(), SyncKind.UNKNOWN)
+        bps = np.full(n, np.nan)
+        occ = np.full(n, np.nan)
+        grid = np.full(n, -1, dtype=np.int64)
+        block = np.full(n, -1, dtype=np.int64)
+        # Launch geometry of kernels and memsets (an event without args keeps NaN/-1: the helpers map
+        # the placeholder's None to unknown).
+        launch = np.flatnonzero((kind == OpKind.KERNEL) | (kind == OpKind.MEMSET))
+        if launch.size:
+            la = _pick(args, launch)
+            bps[launch] = _floats(list(map(_BLOCKS_PER_SM, la)))
+            occ[launch] = _floats(list(map(_OCCUPANCY, la)))
+            grid[launch] = _products(list(map(_GRID, la)))
+            block[launch] = _products(list(map(_BLOCK, la)))
+        return {
+            "device": _fit(device, _I32_MIN, _I32_MAX).astype(np.int32),
+            "stream": stream,
+            "kind": kind,
+            "correlation": _ints(list(map(_CORRELATION, args))),
+            "bytes": _ints(list(map(_NBYTES, args))),
+            "copy_kind": copy_kind,
+            "src_kind": src,
+            "dst_kind": dst,
+            "sync_kind": sync_kind,
+            "blocks_per_sm": bps,
+            "occupancy_pct": occ,
+            "grid_blocks": grid,
+            "block_threads": block,
+        }
 
-    rank_trace.distributed = _distributed_info(meta.distributedInfo)
-    if rank_override is not None:
-        rank_trace.rank = rank_override
-    elif rank_trace.distributed is not None and rank_trace.distributed.rank is not None:
-        rank_trace.rank = rank_trace.distributed.rank
-    else:
-        warnings.append("The trace has no distributedInfo rank; it is treated as rank 0.")
-    rank_trace.devices = _device_info(meta.deviceProperties) or _device_info(meta.computeProperties)
-    rank_trace.unix_offset_ns = _unix_offset(meta.baseTimeNanoseconds, rank_trace)
-    clock = (
-        "unknown: no baseTimeNanoseconds and the timestamps are relative"
-        if rank_trace.unix_offset_ns is None
-        else "traceEvents ts are unix-epoch microseconds"
-        if rank_trace.unix_offset_ns == 0
-        else "baseTimeNanoseconds"
-    )
-    if window is not None:
-        w = _to_ns(np.array(window, dtype=np.float64))
-        rank_trace.window_ns = (int(w[0]), int(w[1]))
-    rank_trace.label = f"rank {rank_trace.rank}"
-    rank_trace.sub_us_timestamps = any(
-        len(ts) and bool(np.any(np.frombuffer(ts, dtype=np.float64) % 1.0)) for ts, _ in times.values()
-    )
+    def _table(self, table: str, columns: dict[str, str]) -> dict[str, np.ndarray]:
+        dtypes = {"q": np.int64, "i": np.int32, "b": np.int8, "d": np.float64}
+        parts = self.parts[table]
+        out: dict[str, np.ndarray] = {}
+        for name, code in columns.items():
+            if name in ("start_ns", "dur_ns", "kclass"):  # times below; kernel classes from all names
+                continue
+            dtype = dtypes[code]
+            out[name] = (
+                np.concatenate([p[name] for p in parts]).astype(dtype, copy=False)
+                if parts
+                else np.zeros(0, dtype=dtype)
+            )
+        ts = np.concatenate([p["_ts"] for p in parts]) if parts else np.zeros(0)
+        dur = np.concatenate([p["_dur"] for p in parts]) if parts else np.zeros(0)
+        self.parts[table] = []
+        out["start_ns"] = _to_ns(ts)
+        # Duration rounds on its own (it is small), so sub-microsecond digits survive exactly.
+        out["dur_ns"] = np.rint(dur * 1000.0).astype(np.int64)
+        out["_sub_us"] = np.array([bool(len(ts) and np.any(ts % 1.0))])
+        return {"start_ns": out.pop("start_ns"), "dur_ns": out.pop("dur_ns"), **out}
 
-    metadata: dict[str, Any] = {
-        "schema_version": meta.schemaVersion if isinstance(meta.schemaVersion, int | str) else None,
-        "display_time_unit": meta.displayTimeUnit if isinstance(meta.displayTimeUnit, str) else None,
-        # Categories come from the upload: keep the 50 most frequent so a hostile file cannot bloat results.
-        "event_counts_by_category": dict(sorted(cat_counts.items(), key=lambda kv: -kv[1])[:50]),
-        "format": "kineto-2021" if "Kernel" in cat_counts or "Operator" in cat_counts else "kineto",
-        "clock": clock,
-        "capture_window": "profiler span (cat Trace)" if window is not None else "event extent",
-    }
-    return Trace(source="kineto", strings=strings, ranks=[rank_trace], metadata=metadata, warnings=warnings)
-
-
-def _with_times(
-    cols: dict[str, np.ndarray], ts_dur: tuple[array[float], array[float]]
-) -> dict[str, np.ndarray]:
-    ts = np.frombuffer(ts_dur[0], dtype=np.float64) if len(ts_dur[0]) else np.zeros(0)
-    dur = np.frombuffer(ts_dur[1], dtype=np.float64) if len(ts_dur[1]) else np.zeros(0)
-    cols["start_ns"] = _to_ns(ts)
-    # Duration rounds on its own (it is small), so sub-microsecond digits survive exactly.
-    cols["dur_ns"] = np.rint(dur * 1000.0).astype(np.int64)
-    return cols
+    def finish(self, rank_override: int | None, input_bytes: int) -> Trace:
+        """The parsed trace, from the chunks added and the document's metadata (`self.meta`)."""
+        meta = self.meta
+        strings = self.strings
+        tables = {
+            key: self._table(key, columns)
+            for key, columns in (
+                ("gpu", GPU_COLUMNS),
+                ("rt", RUNTIME_COLUMNS),
+                ("cpu", CPU_OP_COLUMNS),
+                ("ann", ANNOTATION_COLUMNS),
+            )
+        }
+        sub_us = any(bool(t.pop("_sub_us")[0]) for t in tables.values())
+        gpu_cols = tables["gpu"]
+        gpu_cols["kclass"] = class_of_names(strings, gpu_cols["kind"], gpu_cols["name"])
+        gpu_cols = {name: gpu_cols[name] for name in GPU_COLUMNS}
+        rank_trace = RankTrace(
+            rank=0,
+            gpu=GpuOps(**gpu_cols),
+            runtime=RuntimeCalls(**{name: tables["rt"][name] for name in RUNTIME_COLUMNS}),
+            cpu_ops=CpuOps(**{name: tables["cpu"][name] for name in CPU_OP_COLUMNS}),
+            annotations=Annotations(**{name: tables["ann"][name] for name in ANNOTATION_COLUMNS}),
+        )
+        warnings: list[str] = []
+        if self.skipped_without_time:
+            warnings.append(
+                f"{self.skipped_without_time} complete events had no usable ts/dur and were skipped."
+            )
+        rank_trace.distributed = _distributed_info(meta.distributedInfo)
+        if rank_override is not None:
+            rank_trace.rank = rank_override
+        elif rank_trace.distributed is not None and rank_trace.distributed.rank is not None:
+            rank_trace.rank = rank_trace.distributed.rank
+        else:
+            warnings.append("The trace has no distributedInfo rank; it is treated as rank 0.")
+        rank_trace.devices = _device_info(meta.deviceProperties) or _device_info(meta.computeProperties)
+        rank_trace.unix_offset_ns = _unix_offset(meta.baseTimeNanoseconds, rank_trace)
+        clock = (
+            "unknown: no baseTimeNanoseconds and the timestamps are relative"
+            if rank_trace.unix_offset_ns is None
+            else "traceEvents ts are unix-epoch microseconds"
+            if rank_trace.unix_offset_ns == 0
+            else "baseTimeNanoseconds"
+        )
+        if self.window is not None:
+            w = _to_ns(np.array(self.window, dtype=np.float64))
+            rank_trace.window_ns = (int(w[0]), int(w[1]))
+        rank_trace.label = f"rank {rank_trace.rank}"
+        rank_trace.sub_us_timestamps = sub_us
+        cat_counts = self.cat_counts
+        metadata: dict[str, Any] = {
+            "schema_version": meta.schemaVersion if isinstance(meta.schemaVersion, int | str) else None,
+            "display_time_unit": meta.displayTimeUnit if isinstance(meta.displayTimeUnit, str) else None,
+            # Categories come from the upload: keep the 50 most frequent so a hostile file cannot bloat
+            # results.
+            "event_counts_by_category": dict(sorted(cat_counts.items(), key=lambda kv: -kv[1])[:50]),
+            "format": "kineto-2021" if "Kernel" in cat_counts or "Operator" in cat_counts else "kineto",
+            "clock": clock,
+            "capture_window": "profiler span (cat Trace)" if self.window is not None else "event extent",
+        }
+        trace = Trace(
+            source="kineto", strings=strings, ranks=[rank_trace], metadata=metadata, warnings=warnings
+        )
+        trace.input_bytes = input_bytes
+        return trace
 
 
 def _distributed_info(raw: Any) -> DistributedInfo | None:

@@ -1,0 +1,242 @@
+"""Kineto parse + analyse speed and peak memory against HolisticTraceAnalysis (HTA), on scaled real traces.
+
+Usage (from the repository root):
+
+    .venv/bin/python benchmarks/parse_speed.py [--sizes 25,50,100,200] [--repeat 3]
+        [--hta-python /tmp/hta-venv/bin/python] [--base ../shared/samples/kineto/hta_v100_2rank_rank1.json.gz]
+
+Traces of the given sizes (MB, 10^6 bytes) are made from a real sample by replicating its events with
+shifted timestamps, correlation ids, External ids and ProfilerStep numbers (whole copies, the last one cut
+by time), one event per line, and written to a temporary directory. For each size, in the same run:
+
+* ours: `parse_kineto` + `analyze_trace` (what the worker runs), in a fresh process per repetition;
+  wall seconds of the two calls and the peak resident memory growth over the process' RSS just before
+  parsing (VmHWM - VmRSS from /proc, so numpy buffers, the read buffers and the decoder's objects all
+  count; no tracemalloc, which slows parsing severalfold);
+* HTA: `TraceAnalysis` loading the trace plus its temporal and idle breakdowns, run by `--hta-python`
+  (a separate virtual environment: `python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install
+  holistictraceanalysis==0.5.0`), measured the same way. Without it only our numbers are printed.
+
+Prints min and median over the repetitions. The numbers depend on the machine and on its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_BASE = REPO.parent / "shared" / "samples" / "kineto" / "hta_v100_2rank_rank1.json.gz"
+
+#: Run in a child: read the peak RSS growth of one parse + analysis of argv[1].
+OURS_CHILD = r"""
+import sys, time, json
+sys.path.insert(0, sys.argv[2])
+from jobs.profiling.kineto import parse_kineto
+from jobs.profiling.trace_analysis import analyze_trace
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+base = status("VmRSS")
+t0 = time.perf_counter()
+result = analyze_trace(parse_kineto(sys.argv[1]))
+wall = time.perf_counter() - t0
+rank = result["ranks"][0]
+print(json.dumps({"wall_s": wall, "peak_bytes": status("VmHWM") - base,
+                  "idle_pct": rank["temporal_breakdown"]["idle_pct"], "gpu_ops": rank["counts"]["gpu_ops"]}))
+"""
+
+HTA_CHILD = r"""
+import sys, time, json, logging, warnings
+warnings.simplefilter("ignore")
+from hta.trace_analysis import TraceAnalysis
+from importlib.metadata import version
+logging.getLogger("hta").setLevel(logging.ERROR)
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+base = status("VmRSS")
+t0 = time.perf_counter()
+analysis = TraceAnalysis(trace_files={0: sys.argv[1]}, trace_dir="/")
+tb = analysis.get_temporal_breakdown(visualize=False).iloc[0]
+analysis.get_idle_time_breakdown(visualize=False)
+wall = time.perf_counter() - t0
+print(json.dumps({"wall_s": wall, "peak_bytes": status("VmHWM") - base,
+                  "idle_pct": 100.0 * tb["idle_time(us)"] / tb["kernel_time(us)"],
+                  "version": version("holistictraceanalysis")}))
+"""
+
+
+def _load(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    doc: dict[str, Any] = json.loads(raw)
+    return doc
+
+
+def make_trace(base: dict[str, Any], target_bytes: int, out: Path) -> int:
+    """Write a trace of about `target_bytes` replicating `base`'s events; returns the bytes written."""
+    events = [e for e in base["traceEvents"] if isinstance(e, dict)]
+    timed = sorted((e for e in events if isinstance(e.get("ts"), int | float)), key=lambda e: e["ts"])
+    untimed = [e for e in events if not isinstance(e.get("ts"), int | float)]
+    spans = [e for e in timed if e.get("cat") == "Trace"]
+    timed = [e for e in timed if e.get("cat") != "Trace"]
+    t_min = timed[0]["ts"]
+    t_max = max(e["ts"] + (e.get("dur") or 0) for e in timed)
+    period = (t_max - t_min) + 1000.0  # a millisecond between copies
+    ids = [
+        v
+        for e in timed
+        for v in (
+            (e.get("args") or {}).get("correlation"),
+            (e.get("args") or {}).get("External id"),
+            e.get("id"),
+        )
+        if isinstance(v, int) and not isinstance(v, bool)
+    ]
+    id_shift = (max(ids) + 1) if ids else 0
+    steps = [
+        int(e["name"].split("#")[1])
+        for e in timed
+        if isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#")
+    ]
+    step_shift = (max(steps) + 1) if steps else 0
+    head = {k: v for k, v in base.items() if k not in ("traceEvents", "traceName")}
+    written = 0
+    with out.open("w") as handle:
+        text = json.dumps(head)[:-1] + ', "traceEvents": [\n'
+        handle.write(text)
+        written += len(text)
+        first = True
+        copy = 0
+        end_ts = t_max
+        while written < target_bytes:
+            for e in timed:
+                e2 = dict(e)
+                e2["ts"] = e["ts"] + copy * period
+                args = e.get("args")
+                if isinstance(args, dict):
+                    args = dict(args)
+                    for key in ("correlation", "External id"):
+                        if isinstance(args.get(key), int):
+                            args[key] += copy * id_shift
+                    e2["args"] = args
+                if isinstance(e.get("id"), int):
+                    e2["id"] = e["id"] + copy * id_shift
+                if isinstance(e.get("name"), str) and e["name"].startswith("ProfilerStep#"):
+                    e2["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + copy * step_shift}"
+                line = ("" if first else ",\n") + json.dumps(e2)
+                first = False
+                handle.write(line)
+                written += len(line)
+                end_ts = max(end_ts, e2["ts"] + (e2.get("dur") or 0))
+                if written >= target_bytes:
+                    break
+            copy += 1
+        for e in untimed:
+            line = ",\n" + json.dumps(e)
+            handle.write(line)
+            written += len(line)
+        for e in spans:  # the profiler's span covers every copy
+            e2 = dict(e, dur=end_ts - e["ts"])
+            line = ",\n" + json.dumps(e2)
+            handle.write(line)
+            written += len(line)
+        tail = '\n], "traceName": "scaled"}\n'
+        handle.write(tail)
+        written += len(tail)
+    return written
+
+
+def _run(python: str, code: str, path: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [python, "-c", code, str(path), str(REPO)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{python} failed on {path.name}: {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the speed/memory table."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="25,50,100,200", help="trace sizes in MB (10^6 bytes)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--hta-repeat", type=int, default=1, help="HTA runs per size (it is slow)")
+    parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python")
+    parser.add_argument("--base", type=Path, default=DEFAULT_BASE)
+    parser.add_argument("--keep", type=Path, help="write the traces here instead of a temporary directory")
+    args = parser.parse_args(argv)
+    if not args.base.is_file():
+        print(f"{args.base} is absent: no sample trace to scale.")
+        return 0
+    hta = args.hta_python if args.hta_python and os.access(args.hta_python, os.X_OK) else None
+    base = _load(args.base)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for mb in sizes:
+            path = folder / f"scaled_{mb}mb.json"
+            size = make_trace(base, mb * 10**6, path)
+            ours = [_run(sys.executable, OURS_CHILD, path) for _ in range(args.repeat)]
+            theirs = [_run(hta, HTA_CHILD, path) for _ in range(args.hta_repeat)] if hta else []
+            rows.append((mb, size, ours, theirs))
+            _print_row(mb, size, ours, theirs)
+            if not args.keep:
+                path.unlink()
+    print()
+    print("wall: seconds of parse + analysis (HTA: TraceAnalysis load + temporal + idle breakdown);")
+    print("peak: resident memory growth during them (VmHWM - VmRSS before), as a multiple of the file;")
+    print("speedup: HTA's median wall / our median wall. min/median over the repetitions.")
+    return 0
+
+
+def _print_row(mb: int, size: int, ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
+    def stats(runs: list[dict[str, Any]], key: str) -> tuple[float, float]:
+        values = [float(r[key]) for r in runs]
+        return min(values), statistics.median(values)
+
+    if mb == 0:
+        return
+    ow_min, ow_med = stats(ours, "wall_s")
+    op_min, op_med = stats(ours, "peak_bytes")
+    line = (
+        f"{mb:>4} MB ({size / 1e6:6.1f} MB, {ours[0]['gpu_ops']:>8} GPU ops)"
+        f"  ours wall {ow_min:6.2f}/{ow_med:6.2f} s"
+        f"  peak {op_min / 2**20:7.1f}/{op_med / 2**20:7.1f} MiB ({op_med / size:4.2f}x)"
+    )
+    if theirs:
+        hw_min, hw_med = stats(theirs, "wall_s")
+        _, hp_med = stats(theirs, "peak_bytes")
+        line += (
+            f"  | HTA {theirs[0]['version']} wall {hw_min:6.2f}/{hw_med:6.2f} s"
+            f"  peak {hp_med / 2**20:7.1f} MiB ({hp_med / size:4.2f}x)  speedup {hw_med / ow_med:5.1f}x"
+            f"  idle% ours {ours[0]['idle_pct']:.3f} HTA {theirs[0]['idle_pct']:.3f}"
+        )
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
