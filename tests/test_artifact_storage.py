@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from jobs import artifacts
 from jobs.models import Artifact, Job
-from tests.conftest import job_body
+from tests.conftest import REPO_ROOT, job_body
 
 
 @pytest.fixture(scope="session")
@@ -180,3 +182,34 @@ def test_a_blob_larger_than_one_multipart_part_round_trips(backend, settings, ma
     if backend == "s3":
         assert not path.exists()  # the parse's temporary copy is gone
     assert artifacts.delete_blob_if_unreferenced(sha) and not _stored(sha)
+
+
+def _settings_in_subprocess(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = "import json, efficiency.settings as s; print(json.dumps(s.STORAGES['artifacts']))"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ARTIFACT_", "DJANGO_", "PYTEST"))}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env={**clean, **env}, capture_output=True, text=True
+    )
+
+
+def test_the_artifact_storage_is_configured_from_the_environment():
+    local = _settings_in_subprocess({})
+    assert json.loads(local.stdout) == {"BACKEND": "django.core.files.storage.FileSystemStorage"}
+    s3 = _settings_in_subprocess(
+        {
+            "ARTIFACT_STORAGE": "s3",
+            "ARTIFACT_S3_BUCKET": "traces",
+            "ARTIFACT_S3_ENDPOINT_URL": "https://minio.example.com:9000",
+            "ARTIFACT_S3_REGION": "eu-west-1",
+        }
+    )
+    stored = json.loads(s3.stdout)
+    assert stored["BACKEND"] == "storages.backends.s3.S3Storage"
+    assert stored["OPTIONS"]["bucket_name"] == "traces" and stored["OPTIONS"]["region_name"] == "eu-west-1"
+    assert stored["OPTIONS"]["endpoint_url"] == "https://minio.example.com:9000"
+    assert stored["OPTIONS"]["access_key"] is None  # boto3's own credential chain
+
+
+def test_s3_storage_without_a_bucket_stops_start_up_naming_the_variable():
+    result = _settings_in_subprocess({"ARTIFACT_STORAGE": "s3"})
+    assert result.returncode != 0 and "ARTIFACT_S3_BUCKET" in result.stderr
