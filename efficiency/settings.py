@@ -105,6 +105,8 @@ LOGOUT_REDIRECT_URL = "login"
 # OIDC_ENABLED=true, and then complete or the process does not start. SsoBackend declines every login
 # while SSO is off; local accounts always log in through ModelBackend.
 SSO = load_sso_config()
+# django-axes (below) neither counts nor locks the SSO callback: it is no password guess.
+AXES_WHITELIST_CALLABLE = "jobs.sso.not_a_password_login"
 AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "jobs.sso.SsoBackend"]
 
 LANGUAGE_CODE = "en-us"

@@ -313,6 +313,13 @@ def sync_memberships(user: User, granted: dict[str, str], *, create_teams: bool)
         marker.user_set.remove(user)
 
 
+def not_a_password_login(request: HttpRequest, credentials: dict[str, Any] | None = None) -> bool:
+    """django-axes' AXES_WHITELIST_CALLABLE: True for the SSO callback, which axes then neither counts nor
+    locks. It guesses no password (the provider throttles its own logins), and counting its failures per
+    address would let one client behind a shared NAT lock everyone there out of SSO."""
+    return request.path_info == reverse("oidc_authentication_callback")
+
+
 def _enabled_or_404() -> None:
     if not sso_config().enabled:
         raise Http404("Single sign-on is not enabled")

@@ -505,3 +505,20 @@ def test_groups_map_to_teams_by_the_explicit_map_then_the_prefix_with_the_higher
     # The explicit map wins over the prefix for the same group.
     config = replace(config, team_map={"team-llm": TeamGrant("llm", "lead")})
     assert teams_from_groups(["team-llm"], config) == {"llm": "lead"}
+
+
+@pytest.mark.django_db
+def test_failed_sso_logins_lock_out_neither_sso_nor_password_logins(
+    client, provider, sso, make_user, settings
+):
+    # The callback is no password guess (the provider throttles its own logins); counting its failures
+    # per address would let anyone behind a shared NAT lock everybody there out of SSO.
+    failure_limit = getattr(settings, "AXES_FAILURE_LIMIT", 5)
+    for _ in range(failure_limit + 1):
+        provider.tamper = "bad_nonce"
+        _sso_login(client)
+    assert _logged_in_user(client) is None
+    assert _sso_login(client)["Location"] == "/"
+    client.logout()
+    make_user("bob")
+    assert client.post("/login/", {"username": "bob", "password": "pw-correct-horse"}).status_code == 302
