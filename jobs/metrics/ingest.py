@@ -1,7 +1,8 @@
 """Ingestion: pull a job's DCGM signals from Prometheus, archive them in Postgres, re-evaluate the job.
 
-- poll (running jobs, every minute): re-reads from the start of the archive chunk that holds the last
-  archived point, so a chunk row is always rewritten whole; overlapping or repeated polls store the same rows.
+- poll (running jobs, every minute, `poll_cycle`: cluster-wide, see jobs.metrics.cluster): reads only the
+  new window, from just before `data_until`, and the archive merges it into its chunks; overlapping or
+  repeated polls store the same values. `data_until` advances only to settled data (#13 item 6).
 - finalize (ended jobs): reads the whole window at a resolution suited to its length and merges it into
   the archive (never deletes: what Prometheus no longer holds stays as polling archived it).
 - Prometheus down: the job keeps its archive, `ingest_error` says why, and the next successful poll
@@ -135,15 +136,28 @@ class PollWindow:
     end: float
 
 
+#: A poll re-reads from one step before `data_until`: the point closing the window that holds it.
+POLL_OVERLAP_S = POLL_STEP_S
+#: Per-GPU rows are read every POLL_PER_GPU_STEP_S (every 5th cycle) from this far before `data_until`,
+#: so a slow or skipped per-GPU cycle leaves no hole (the archive merges overlapping windows).
+PER_GPU_LOOKBACK_S = 3 * POLL_PER_GPU_STEP_S
+
+
 def poll_window(job: Job, now: datetime) -> PollWindow:
-    """The window a poll re-reads: from the start of the archive chunk holding `data_until`, so each
-    chunk row is rewritten whole (aggregate and per-GPU chunks have their own lengths)."""
+    """The window a poll reads: only what is new, from just before `data_until` (the archive merges a
+    window into its chunks, so nothing outside it is rewritten), the whole job on its first poll."""
     end = min(job.ended_at or now, now).timestamp()
-    resume = (job.data_until or job.started_at).timestamp()
     first = job.started_at.timestamp()
-    start = max(_aligned(resume, POLL_STEP_S), _aligned(first, POLL_STEP_S))
-    gpu_start = max(_aligned(resume, POLL_PER_GPU_STEP_S), _aligned(first, POLL_PER_GPU_STEP_S))
+    start, gpu_start = _floor(first, POLL_STEP_S), _floor(first, POLL_PER_GPU_STEP_S)
+    if job.data_until is not None:
+        resume = job.data_until.timestamp()
+        start = max(start, _floor(resume - POLL_OVERLAP_S, POLL_STEP_S))
+        gpu_start = max(gpu_start, _floor(resume - PER_GPU_LOOKBACK_S, POLL_PER_GPU_STEP_S))
     return PollWindow(start, gpu_start, end)
+
+
+def _floor(ts: float, step: float) -> float:
+    return math.floor(ts / step) * step
 
 
 def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | None = None) -> Job:
@@ -203,7 +217,7 @@ def store_poll(
         archived = archive.load_job_signals(job, per_gpu=("gpu_util",))
         derived = update_summary(job, archived, client)
         if archived is not None:
-            archive.upsert(archive.derived_rows(job, archived, derived))
+            archive.upsert(archive.derived_rows(*_new_part(job, archived, derived, sigs.start)))
         job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
         job.last_polled_at = now
         job.ingest_error = ""
@@ -215,6 +229,17 @@ def store_poll(
     except Exception:  # alerting must never fail a poll
         log.exception("job %s: alert rules failed", job.external_id)
     return job
+
+
+def _new_part(
+    job: Job, archived: JobSignals, derived: dict[str, np.ndarray], since: float
+) -> tuple[Job, JobSignals, dict[str, np.ndarray]]:
+    """The derived series (throughput, MFU) from `since` on: the archive merges them into their chunks,
+    so a poll writes only its own window of them, not the whole job's."""
+    keep = archived.timestamps >= since
+    ts = archived.timestamps[keep]
+    part = JobSignals(float(ts[0]) if ts.size else since, archived.end, archived.step, ts)
+    return job, part, {k: np.asarray(v)[keep] for k, v in derived.items() if np.size(v) == keep.size}
 
 
 #: Data still incomplete this many ingestion lags after its time is taken as lost (a failed scrape, a node
@@ -229,7 +254,7 @@ def settled_data_until(sigs: JobSignals, end: float, now: datetime, previous: da
     which every present signal has data across the job's GPUs (`cluster.settled_until`), so late or
     partial data is re-read by the next poll. Data incomplete for INCOMPLETE_GIVE_UP_LAGS lags (5 min by
     default) is given up on.
-    Never before the previous value: the re-read window only grows back to the chunk holding it."""
+    Never before the previous value."""
     lag = float(settings.PROMETHEUS_INGESTION_LAG_S)
     limit = min(end, now.timestamp() - lag)
     settled = cluster.settled_until(sigs)
