@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.evaluation.catalog import match_gpu_name
+from jobs.evaluation.catalog import match_gpu_name, match_mig_name, mig_profile
 from jobs.evaluation.robust import config_fingerprint
 from jobs.models import GpuModel, Job, ProgressSample
 
@@ -41,6 +41,11 @@ def resolve_gpu_model(reported: str) -> GpuModel | None:
             return gpu
     spec = match_gpu_name(name)
     if spec is None:
+        # A MIG device name ("NVIDIA-H100-80GB-HBM3-MIG-3g.40gb") is its parent GPU's model; the slice's
+        # share of cost and peak comes from the profile in the name (jobs.alerts.sharing).
+        mig = match_mig_name(name)
+        spec = mig[0] if mig is not None else None
+    if spec is None:
         return None
     return GpuModel.objects.filter(name=spec.name).first()
 
@@ -49,7 +54,10 @@ def config_fields(job: Job) -> dict[str, object]:
     """The config fields a baseline fingerprint covers (model name aside)."""
     par = job.parallelism or {}
     return dict(
-        gpu_model=job.gpu_model.name if job.gpu_model else job.gpu_model_name,
+        # A MIG slice is not its parent GPU: its runs compare with runs on the same profile only.
+        gpu_model=job.gpu_model.name
+        if job.gpu_model and mig_profile(job.gpu_model_name) is None
+        else job.gpu_model_name,
         gpu_count=job.gpu_count,
         dtype=job.dtype,
         tp=par.get("tp", 1),

@@ -195,3 +195,42 @@ def test_the_shared_gpu_finding_is_stored_and_shown_on_the_page_list_and_api(
     api = api_client_for(user).get("/api/v1/jobs/6003/")
     assert api.status_code == 200
     assert "shared_gpu" in [f["code"] for f in api.json()["findings"]]
+
+
+# 6N + 12·L·H·Q·T of job_body's model (N = 6.7e9, L = 32, H = 32, Q = 128, T = 4096).
+FLOPS_PER_TOKEN = 6 * 6.7e9 + 12 * 32 * 32 * 128 * 4096
+
+
+@pytest.mark.django_db
+def test_a_job_registered_on_a_mig_device_name_is_charged_and_measured_as_its_slice(make_team, catalog):
+    from django.utils import timezone
+
+    from jobs.api.serializers import JobRegisterSerializer
+    from jobs.models import ProgressSample
+    from tests.conftest import job_body
+
+    make_team("llm")
+    start = timezone.now() - timedelta(hours=3)
+    end = start + timedelta(hours=2)
+    body = JobRegisterSerializer(
+        data=job_body(
+            "6101", gpu_model="NVIDIA-H100-80GB-HBM3-MIG-3g.40gb", gpus=[{"hostname": "node-q", "gpu": "0"}],
+            started_at=start.isoformat(), ended_at=end.isoformat(),
+        )
+    )  # fmt: skip
+    body.is_valid(raise_exception=True)
+    job = register_job(body.validated_data).job
+    assert job.gpu_model is not None and job.gpu_model.name == "H100 SXM"  # the parent GPU's row
+    # Tokens for an MFU of 0.30 of the slice's peak (48 of 132 SMs of 989.5 TFLOP/s) over the 2 h.
+    tps = 0.30 * (48 / 132) * 989.5e12 / FLOPS_PER_TOKEN
+    ProgressSample.objects.create(job=job, timestamp=start, tokens=0)
+    ProgressSample.objects.create(job=job, timestamp=end, tokens=round(tps * 7200))
+    job = reevaluate(job.pk)
+    assert job.mfu == pytest.approx(0.30, rel=1e-4)
+    # Billed 3/7 of the H100: 2 h × $6.88 × 3/7 = $5.90; $/day 6.88 × 24 × 3/7 = $70.77.
+    assert job.cost_usd == pytest.approx(2 * PRICE * 3 / 7, rel=1e-6)
+    assert job.cost_per_day_usd == pytest.approx(PRICE * 24 * 3 / 7, rel=1e-6)
+    # Waste of the slice's cost against the slice's MFU: 70.77 × (1 − 0.30 / 0.45) = $23.59/day.
+    assert job.waste_per_day_usd == pytest.approx(PRICE * 24 * 3 / 7 * (1 - 0.30 / 0.45), rel=1e-3)
+    assert job.evaluated.sharing.label == "0.43 of 1 GPU, MIG 3g.40gb"
+    assert Finding.objects.get(job=job, code="shared_gpu").severity == "info"

@@ -44,7 +44,7 @@ from itertools import pairwise
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.evaluation.catalog import GpuSpec, mig_slice
+from jobs.evaluation.catalog import GpuSpec, mig_profile, mig_slice
 from jobs.evaluation.schema import GpuSharing, SharedWith
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import Selector
@@ -295,7 +295,9 @@ def shared_gpus(
 
     Queries: one for the overlapping jobs, one for all their archived GPU keys; MIG instances from
     Prometheus for this job (with a client), else from stored evaluations (the other jobs', always: each
-    was evaluated with its own instances, so they are not asked again)."""
+    was evaluated with its own instances, so they are not asked again). A job registered with a MIG device
+    name ("...-MIG-3g.40gb") and no instance labels seen holds that profile on each of its GPUs (on one
+    placeholder GPU when none is known yet)."""
     now = now or timezone.now()
     start, end = _window(job, now)
     # Only jobs the exporter was seen for (`data_until` set) count: a registration alone is a claim that
@@ -310,6 +312,13 @@ def shared_gpus(
     keys = gpu_keys_of([job, *others])
     mine = set(keys[job.pk])
     own_mig = mig_instances(client, job, now) if client is not None else stored_mig(job)
+    named = mig_profile(job.gpu_model_name)
+    if not own_mig and named is not None:
+        # The instance id is unknown: one per job, so two such jobs on a GPU are two slices, not one.
+        slots = keys[job.pk] or [f"{job.external_id}/mig"]
+        keys[job.pk] = slots
+        own_mig = {key: (f"job:{job.pk}", named) for key in slots}
+        mine = set(slots)
     usages = _usages(job, keys[job.pk], now, own_mig)
     shared: list[SharedGpu] = []
     for other in others:
