@@ -24,7 +24,6 @@ a user name held by another account, the provider's own error) logs in nobody: t
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 from urllib.parse import urlencode
 
@@ -57,9 +56,10 @@ MAX_GROUPS = 1000
 # Clock skew tolerated on exp/iat/nbf between us and the provider.
 LEEWAY_S = 60
 
-# Why the last SSO attempt of a request was refused, for the login page's message (the backend has the
-# request; the callback view, which shows the message, does not see the backend's exceptions).
-_REFUSALS: weakref.WeakKeyDictionary[HttpRequest, str] = weakref.WeakKeyDictionary()
+# Why this request's SSO attempt was refused, for the login page's message: the backend has the request,
+# the callback view (which shows the message) does not see the backend's exceptions. Kept in the request's
+# WSGI environ under a prefixed extension key (PEP 3333's convention), so it dies with the request.
+_REFUSAL_KEY = "efficiency.sso_refusal"
 
 
 class SsoRefused(Exception):
@@ -102,7 +102,7 @@ def _oidc_setting(attr: str, *default: Any) -> Any:
 
 def _refuse(request: HttpRequest | None, reason: str) -> None:
     if request is not None:
-        _REFUSALS[request] = reason
+        request.META[_REFUSAL_KEY] = reason
     log.warning("SSO login refused: %s", reason)
 
 
@@ -352,19 +352,21 @@ class SsoCallbackView(OIDCAuthenticationCallbackView):
         """The library's callback; an unknown state (a replayed or foreign callback) is a refusal too."""
         if request.GET.get("error"):
             description = request.GET.get("error_description", "")[:200]
-            _REFUSALS[request] = f"the provider answered {request.GET['error'][:64]!r} {description}".strip()
+            request.META[_REFUSAL_KEY] = (
+                f"the provider answered {request.GET['error'][:64]!r} {description}".strip()
+            )
         elif "code" in request.GET and "state" in request.GET and "oidc_states" not in request.session:
-            _REFUSALS[request] = "this login was not started in this browser session, or it expired"
+            request.META[_REFUSAL_KEY] = "this login was not started in this browser session, or it expired"
         try:
             response: HttpResponseBase = super().get(request)
         except SuspiciousOperation:
-            _REFUSALS[request] = "this login's state is unknown (already used, or not started here)"
+            request.META[_REFUSAL_KEY] = "this login's state is unknown (already used, or not started here)"
             return self.login_failure()
         return response
 
     def login_failure(self) -> HttpResponseBase:
         """Back to the login page with the reason (local login still works there)."""
-        reason = _REFUSALS.pop(self.request, None)
+        reason = self.request.META.pop(_REFUSAL_KEY, None)
         if reason is None and getattr(self, "user", None) is not None and not self.user.is_active:
             reason = "this account is disabled"
         name = sso_config().provider_name
