@@ -14,12 +14,23 @@
 Guards nest: an inner guarded call runs inside the outer one's budget. Pure Python, no Django.
 Budgets are cooperative (no signals), so they also hold in threads and in Celery's prefork children,
 where the task's own soft time limit stays the outer bound.
+
+The memory budget is also enforced by the kernel while the parse runs: a soft RLIMIT_AS of the process'
+address space at the start plus the budget, restored when the parse ends. One C-level allocation past it
+(a decoder building a huge object, numpy) then fails with MemoryError, which becomes the budget's
+`ArtifactError`, instead of growing until the OOM killer takes the whole worker; the cooperative RSS check
+cannot interrupt such a call. The limit applies to the whole process, so it is set only when the parse
+runs in the process' only thread (the Celery prefork child, `manage.py analyze_artifact`); with other
+threads running it would fail their allocations too, and the cooperative check alone applies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import resource
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -56,6 +67,53 @@ def _rss_bytes() -> int | None:
         return None
 
 
+def _address_space_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[0]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _AddressSpaceLimit:
+    """A soft RLIMIT_AS of (address space now + budget) for the duration of one parse."""
+
+    def __init__(self) -> None:
+        self.base: int | None = None
+        self.previous: tuple[int, int] | None = None
+
+    def start(self, budget_bytes: int) -> None:
+        if threading.active_count() != 1:
+            return
+        base = _address_space_bytes()
+        if base is None:
+            return
+        try:
+            self.previous = resource.getrlimit(resource.RLIMIT_AS)
+        except (OSError, ValueError):
+            return
+        self.base = base
+        self.resize(budget_bytes)
+
+    def resize(self, budget_bytes: int) -> None:
+        if self.base is None or self.previous is None:
+            return
+        soft, hard = self.previous
+        limit = self.base + budget_bytes
+        if soft != resource.RLIM_INFINITY:
+            limit = min(limit, soft)  # never loosen a limit someone else set
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+    def stop(self) -> None:
+        if self.previous is not None:
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(resource.RLIMIT_AS, self.previous)
+        self.base = self.previous = None
+
+
 @dataclass
 class Budget:
     """The limits of one parse; `input_bytes` may grow once a compressed input is decompressed."""
@@ -67,6 +125,7 @@ class Budget:
     seconds: float = 0.0
     memory_bytes: int = 0
     calls: int = 0
+    address_space: _AddressSpaceLimit | None = None
 
     def __post_init__(self) -> None:
         self.resize(self.input_bytes)
@@ -76,6 +135,16 @@ class Budget:
         mib = self.input_bytes / 1024**2
         self.seconds = BASE_SECONDS + SECONDS_PER_MIB * mib
         self.memory_bytes = BASE_MEMORY_BYTES + int(MEMORY_PER_INPUT_BYTE * self.input_bytes)
+        if self.address_space is not None:
+            self.address_space.resize(self.memory_bytes)
+
+    def memory_message(self) -> str:
+        """Why a parse that exceeded its memory budget was stopped."""
+        return (
+            f"Parsing the {self.what} needed more than its memory budget of "
+            f"{self.memory_bytes / 1024**2:.0f} MiB ({BASE_MEMORY_BYTES / 1024**2:.0f} MiB + "
+            f"{MEMORY_PER_INPUT_BYTE:g}x its {self.input_bytes / 1024**2:.1f} MiB) and was stopped."
+        )
 
     def check(self) -> None:
         elapsed = time.monotonic() - self.started
@@ -87,11 +156,7 @@ class Budget:
             )
         rss = _rss_bytes()
         if rss is not None and self.rss_at_start is not None and rss - self.rss_at_start > self.memory_bytes:
-            raise ArtifactError(
-                f"Parsing the {self.what} needed more than its memory budget of "
-                f"{self.memory_bytes / 1024**2:.0f} MiB ({BASE_MEMORY_BYTES / 1024**2:.0f} MiB + "
-                f"{MEMORY_PER_INPUT_BYTE:g}x its {self.input_bytes / 1024**2:.1f} MiB) and was stopped."
-            )
+            raise ArtifactError(self.memory_message())
 
 
 _current: ContextVar[Budget | None] = ContextVar("parser_budget", default=None)
@@ -175,6 +240,9 @@ def guarded(what: str, *, storable: bool = True) -> Callable[[Callable[P, R]], C
                 return func(*args, **kwargs)
             source = args[0] if args else next(iter(kwargs.values()), None)
             budget = Budget(what, input_size(source), time.monotonic(), _rss_bytes())
+            limit = _AddressSpaceLimit()
+            limit.start(budget.memory_bytes)
+            budget.address_space = limit
             token = _current.set(budget)
             try:
                 result = func(*args, **kwargs)
@@ -183,11 +251,12 @@ def guarded(what: str, *, storable: bool = True) -> Callable[[Callable[P, R]], C
                 raise
             except RecursionError as exc:
                 raise ArtifactError(f"The {what} is nested too deeply to read.") from exc
-            except MemoryError as exc:
-                raise ArtifactError(
-                    f"Parsing the {what} ran out of memory (its budget is "
-                    f"{budget.memory_bytes / 1024**2:.0f} MiB) and was stopped."
-                ) from exc
+            except MemoryError:
+                # Past the address-space limit (or the machine's memory). Lift the limit before building
+                # the message, and chain nothing: the traceback's frames hold what the parse allocated,
+                # which must be freed now, not when the caller is done with the error.
+                limit.stop()
+                raise ArtifactError(budget.memory_message()) from None
             except Exception as exc:
                 if _is_worker_stop(exc):
                     raise
@@ -196,6 +265,7 @@ def guarded(what: str, *, storable: bool = True) -> Callable[[Callable[P, R]], C
                     f"at {_where(exc)} ({str(exc)[:200]}). The file is kept; this is a bug in efficiency."
                 ) from exc
             finally:
+                limit.stop()
                 _current.reset(token)
             if storable and isinstance(result, dict):
                 cleaned, changed = make_storable(result)

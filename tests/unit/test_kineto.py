@@ -382,3 +382,133 @@ def test_trailing_garbage_after_gzip_is_refused() -> None:
 def test_unreadable_path_raises_artifact_error(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="cannot be read"):
         parse_kineto(tmp_path / "missing.json")
+
+
+# -- streamed parsing ----------------------------------------------------------------------------------
+
+
+def _stream_doc(n: int) -> list[dict[str, Any]]:
+    """n kernels (stream 7, 10 us apart, 3 us long) each launched by a runtime call, plus flow events."""
+    events: list[dict[str, Any]] = []
+    for i in range(n):
+        ts = 1_000_000 + 10 * i
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 2,
+                "ts": ts,
+                "dur": 2,
+                "args": {"correlation": i},
+            }
+        )
+        events.append({"ph": "s", "cat": "ac2g", "id": i, "pid": 1, "tid": 2, "ts": ts})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": f"k{i % 3}",
+                "pid": 0,
+                "tid": 7,
+                "ts": ts + 1,
+                "dur": 3,
+                "args": {"device": 0, "stream": 7, "correlation": i, "grid": [2, 3, 4], "block": [32, 1, 1]},
+            }
+        )
+    return events
+
+
+def _columns(trace: Trace) -> dict[str, np.ndarray]:
+    rank = trace.ranks[0]
+    return {
+        f"{table}.{name}": getattr(getattr(rank, table), name)
+        for table in ("gpu", "runtime", "cpu_ops", "annotations")
+        for name in getattr(rank, table).__dataclass_fields__
+    }
+
+
+def _same_trace(a: Trace, b: Trace) -> None:
+    assert a.strings.values == b.strings.values
+    assert a.metadata == b.metadata
+    assert a.warnings == b.warnings
+    ca, cb = _columns(a), _columns(b)
+    for key, col in ca.items():
+        assert col.dtype == cb[key].dtype, key
+        assert np.array_equal(col, cb[key], equal_nan=col.dtype.kind == "f"), key
+
+
+def test_a_trace_cut_into_many_chunks_parses_like_one_decoded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.profiling import kineto
+
+    data = kineto_bytes(_stream_doc(300), distributedInfo={"rank": 2}, baseTimeNanoseconds=5)
+    whole = parse_kineto(data)
+    # 300 chunks of about one event pair: every cut lands between two events.
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK", 100)
+    chunked = parse_kineto(data)
+    _same_trace(whole, chunked)
+    rank = chunked.ranks[0]
+    assert len(rank.gpu) == 300 and len(rank.runtime) == 300  # the 300 flow events are skipped
+    assert rank.rank == 2 and rank.unix_offset_ns == 5  # keys after traceEvents are read too
+    assert int(rank.gpu.grid_blocks[0]) == 2 * 3 * 4 and int(rank.gpu.block_threads[0]) == 32
+    assert chunked.strings.values[:4] == ["cudaLaunchKernel", "k0", "k1", "k2"]  # file order
+
+
+def test_gzip_and_plain_files_stream_to_the_same_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.profiling import kineto
+
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK", 1000)
+    monkeypatch.setattr(kineto, "_CHUNK", 4096)  # many gzip pieces as well
+    data = kineto_bytes(_stream_doc(200))
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_bytes(data)
+    packed.write_bytes(gzip.compress(data))
+    _same_trace(parse_kineto(plain), parse_kineto(packed))
+    assert len(parse_kineto(packed).ranks[0].gpu) == 200
+
+
+def test_cuts_inside_strings_or_nested_objects_fall_back_to_the_whole_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs.profiling import kineto
+
+    events = _stream_doc(50)
+    # Event boundaries look-alikes: "},{" inside a name and objects nested in args.
+    events[11]["name"] = 'odd}, {"name"'  # a kernel
+    events[20]["args"]["nested"] = [{"a": 1}, {"b": 2}, {"c": 3}]
+    data = kineto_bytes(events)
+    whole = parse_kineto(data)
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK", 50)
+    _same_trace(whole, parse_kineto(data))
+    assert 'odd}, {"name"' in whole.strings.values
+
+
+def test_an_unknown_phase_and_a_nested_trace_events_key_parse_like_the_whole_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs.profiling import kineto
+
+    events = _stream_doc(40)
+    events.insert(5, {"ph": "Q", "cat": "kernel", "name": "not complete", "ts": 1, "dur": 1})
+    events.insert(9, {"cat": "kernel", "name": "no phase", "ts": 1, "dur": 1})
+    decoy = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "decoy", "ts": 1, "dur": 1}]}
+    data = kineto_bytes(events, distributedInfo=decoy)
+    data = data.replace(
+        b'{"schemaVersion": 1, ', b'{"distributedInfo": ' + json.dumps(decoy).encode() + b", "
+    )
+    whole = parse_kineto(data)
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK", 64)
+    chunked = parse_kineto(data)
+    _same_trace(whole, chunked)
+    assert "decoy" not in chunked.strings.values and "not complete" not in chunked.strings.values
+    assert len(chunked.ranks[0].gpu) == 40
+
+
+def test_a_second_trace_events_key_after_the_array_is_decided_by_the_whole_file_decoder() -> None:
+    events = _stream_doc(3)
+    data = kineto_bytes(events)[:-1] + b', "traceEvents": []}'
+    # JSON's last duplicate key wins in the whole-file decoder; streaming must not pick the first.
+    assert len(parse_kineto(data).ranks[0].gpu) == 0

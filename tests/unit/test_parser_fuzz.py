@@ -806,3 +806,49 @@ def test_a_huge_processing_line_does_not_backtrack_for_minutes() -> None:
     with contextlib.suppress(ArtifactError):
         analyze_nsys_stats(text)
     assert time.perf_counter() - start < 5
+
+
+def test_an_allocation_past_the_memory_budget_fails_the_parse_and_the_process_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import resource
+    import threading
+
+    from jobs.profiling import guard
+    from jobs.profiling.errors import ArtifactError
+
+    if threading.active_count() != 1:
+        pytest.skip("the address-space limit is only set in a single-threaded process")
+    monkeypatch.setattr(guard, "BASE_MEMORY_BYTES", 64 * 1024**2)
+    monkeypatch.setattr(guard, "MEMORY_PER_INPUT_BYTE", 1.0)
+    before = resource.getrlimit(resource.RLIMIT_AS)
+
+    @guard.guarded("huge file")
+    def one_big_allocation(source: bytes) -> dict[str, Any]:
+        # One C-level allocation of 1 GiB, far past 64 MiB + 1x the 10-byte input; no checkpoint runs
+        # inside it, so only the kernel's limit can stop it before it is made.
+        held = bytearray(1024**3)
+        return {"n": len(held)}
+
+    with pytest.raises(ArtifactError, match=r"memory budget of 64 MiB \(64 MiB \+ 1x its 0\.0 MiB\)"):
+        one_big_allocation(b"x" * 10)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before  # lifted again
+    assert len(bytearray(256 * 1024**2)) == 256 * 1024**2  # the process allocates as before
+
+
+def test_a_real_parse_over_its_memory_budget_fails_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.profiling import guard
+    from jobs.profiling.errors import ArtifactError
+    from jobs.profiling.kineto import parse_kineto
+
+    monkeypatch.setattr(guard, "BASE_MEMORY_BYTES", 0)
+    monkeypatch.setattr(guard, "MEMORY_PER_INPUT_BYTE", 0.01)
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+        for i in range(200_000)
+    ]
+    data = json.dumps({"traceEvents": events}).encode()  # ~15 MB: a budget of ~150 kB
+    with pytest.raises(ArtifactError, match="memory budget"):
+        parse_kineto(data)
+    monkeypatch.undo()  # the usual budget again: the same file parses in the same process
+    assert len(parse_kineto(data).ranks[0].cpu_ops) == 200_000
