@@ -234,3 +234,28 @@ def test_per_gpu_rows_archived_half_a_step_off_reload_one_sample_per_column(sims
     assert finding is not None
     share = {e.label: e.value for e in finding.evidence}["share of the job's GPU time idle"]
     assert share == 50.0
+
+
+@pytest.mark.django_db
+def test_finalize_in_bounded_queries_archives_the_same_as_one_query_per_signal(
+    prom, sims, make_team, monkeypatch
+):
+    """Split by time (at most 500 raw samples per query: 8 GPUs x 1 sample per 30 s step = 8 per point, so
+    62 points per aggregate query, 4 queries for the 2 h job's 241 points) and by GPU batch (3 GPUs: 3
+    batches for 8 GPUs, each 166 points per query): the same archive as unsplit reads."""
+    client = _client(prom)
+    whole = _register(sims["1001"], make_team("llm"), ended=True)
+    sent0 = client.requests
+    ingest.finalize_job(whole, client, now=START + timedelta(hours=3))
+    unsplit = client.requests - sent0
+    first = _snapshot(whole)
+    whole.delete()
+    monkeypatch.setattr(ingest, "FINALIZE_MAX_SAMPLES", 500)
+    monkeypatch.setattr(ingest, "FINALIZE_GPU_BATCH", 3)
+    split = _register(sims["1001"], make_team("llm"), ended=True)
+    sent0 = client.requests
+    split = ingest.finalize_job(split, client, now=START + timedelta(hours=3))
+    assert split.status == Job.Status.FINALIZED and split.ingest_error == ""
+    assert client.requests - sent0 > 2 * unsplit
+    _assert_same(_snapshot(split), first)
+    assert JobSeries.objects.filter(job=split, stat="gpu").values("gpu_key").distinct().count() == 8

@@ -72,11 +72,6 @@ def nice_step(duration_s: float, max_points: int) -> int:
     return math.ceil(duration_s / max_points)
 
 
-def _aligned(ts: float, step: int) -> float:
-    span = step * archive.CHUNK_POINTS
-    return math.floor(ts / span) * span
-
-
 # ------------------------------------------------------------------------------------------- evaluation
 
 
@@ -296,14 +291,26 @@ def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime
     duration = max(end - start, POLL_STEP_S)
     step = nice_step(duration, FINALIZE_MAX_POINTS)
     gpu_step = max(nice_step(duration, FINALIZE_MAX_GPU_POINTS), step)
+    scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
+    first = math.floor(start / step) * step
     try:
         selector = job_selector(job)
-        sigs = fetch_job_signals(
-            client, selector, math.floor(start / step) * step, end, step, per_gpu_step=gpu_step,
-            scrape_interval_s=settings.PROMETHEUS_SCRAPE_INTERVAL_S,
-        )  # fmt: skip
+        # Only the label spellings Prometheus holds (2 look-ups instead of OR-ing every spelling in each
+        # query); the time split below bounds what each query reads (FINALIZE_MAX_SAMPLES).
+        found = cluster.discover(client, first, end)
+        selector = selector.restricted(found.labels) or selector
+        sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
+                                 max_samples=FINALIZE_MAX_SAMPLES)  # fmt: skip
+        for batch in _gpu_batches(job, found):
+            # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
+            wide = fetch_job_signals(
+                client, batch, first, end, gpu_step, keys=list(sigs.signals), per_gpu_step=gpu_step,
+                aggregates=False, scrape_interval_s=scrape, max_samples=FINALIZE_MAX_SAMPLES,
+                gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count),
+            )  # fmt: skip
+            _add_per_gpu(sigs, wide)
         energy_j = _energy_total(client, selector, start, end)
-    except (PrometheusError, ValueError) as exc:
+    except (PrometheusError, ValueError, TypeError, AttributeError) as exc:
         return _mark_stale(job, exc, now)
     if not sigs.signals and JobSeries.objects.filter(job=job).exists():
         # Prometheus no longer has the data (retention): keep the archive from the polls.
@@ -324,6 +331,45 @@ def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime
             job = _finish(job, now)
     run_diagnosis(job)
     return job
+
+
+#: Raw samples (across the job's GPUs) one finalize range query may read: a 256-GPU x 3-day job's signal
+#: is read in a few queries of at most this, each far inside the client timeout (Prometheus evaluates
+#: tens of millions of samples per second per core; 2 M leaves room for the 5 stats of one query on a
+#: loaded server), and every part stays within Prometheus' 11,000 points per series.
+FINALIZE_MAX_SAMPLES = 2_000_000
+#: GPUs per per-GPU finalize query of a job with an explicit GPU list.
+FINALIZE_GPU_BATCH = 64
+
+
+def _gpu_batches(job: Job, found: cluster.Discovery) -> list[Selector]:
+    """Selectors of at most FINALIZE_GPU_BATCH GPUs each for an explicit GPU list (only the host-label
+    spellings that exist); a label selector is one batch (its GPUs are not known before reading)."""
+    if not job.gpus:
+        selector = job_selector(job)
+        return [selector.restricted(found.labels) or selector]
+    refs = [GpuRef.coerce(g) for g in job.gpus]
+    out = []
+    for i in range(0, len(refs), FINALIZE_GPU_BATCH):
+        batch = Selector.from_gpus(refs[i : i + FINALIZE_GPU_BATCH])
+        out.append(batch.restricted(found.labels) or batch)
+    return out
+
+
+def _add_per_gpu(sigs: JobSignals, wide: JobSignals) -> None:
+    """Append one GPU batch's per-GPU rows to `sigs` (rows kept sorted by GPU as `per_gpu_matrix` sorts)."""
+    for key, part in wide.signals.items():
+        target = sigs.signals.get(key)
+        if target is None or part.per_gpu is None:
+            continue
+        if target.per_gpu is None or target.gpu_timestamps is None:
+            target.gpus, target.per_gpu, target.gpu_timestamps = part.gpus, part.per_gpu, part.gpu_timestamps
+            continue
+        rows = dict(zip(target.gpus, target.per_gpu, strict=True))
+        rows.update(zip(part.gpus, part.per_gpu, strict=True))
+        order = sorted(rows, key=lambda k: (k.hostname, int(k.gpu) if k.gpu.isdigit() else -1, k.gpu))
+        target.gpus = tuple(order)
+        target.per_gpu = np.vstack([rows[k] for k in order]) if order else target.per_gpu
 
 
 def _finish(job: Job, now: datetime, note: str = "") -> Job:

@@ -626,6 +626,7 @@ def fetch_job_signals(
     aggregates: bool = True,
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
     max_samples: float | None = None,
+    gpus_hint: int = 1,
 ) -> JobSignals:
     """Read a job's signals: 1 presence query, then 1 aggregate (+1 per-GPU) range query per signal.
 
@@ -640,7 +641,7 @@ def fetch_job_signals(
     presence look-up found (`X` or `X_RATIO`, not both OR-ed: that costs Prometheus 2.6-3x). `max_samples`
     bounds the raw samples one range query may read (finalize of a large job): the range is split on the
     same grid into parts of at most that many samples across the job's GPUs, so no single query can run
-    into the client's timeout.
+    into the client's timeout (`gpus_hint`: the job's GPUs, for a per-GPU-only read).
     """
     if not scrape_interval_s > 0:
         raise ValueError(f"scrape interval must be positive, got {scrape_interval_s}")
@@ -658,7 +659,7 @@ def fetch_job_signals(
         per_point = max(1.0, gpus) * max(1.0, step_s / scrape_interval_s)
         return bounded_range(client, query, t0, t1, step_s, max(2, int(max_samples // per_point)))
 
-    gpus = 1.0
+    gpus = float(max(1, gpus_hint))  # raised to the GPUs counted by the aggregates, as they are read
     for sig in wanted:
         found = any(m in present for m in sig.metrics)
         if not found:
