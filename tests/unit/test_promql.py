@@ -319,3 +319,13 @@ def test_generated_queries_parse_in_promtool(tmp_path: Path) -> None:
         [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_selector_restricted_to_the_spellings_that_exist_keeps_only_those_alternatives() -> None:
+    sel = Selector.from_gpus([{"hostname": "a", "gpu": 0}])
+    assert len(sel.alternatives) == 4  # Hostname, hostname, exported_Hostname, exported_hostname
+    only = sel.restricted({"Hostname", "gpu", "UUID"})
+    assert only is not None and only.alternatives == ('Hostname="a",gpu="0"',)
+    # `select` names the remaining alternative once: no `or` left for Prometheus to evaluate.
+    assert " or " not in only.select("DCGM_FI_DEV_GPU_UTIL")
+    assert sel.restricted({"gpu"}) is None  # no host spelling exists: it can match nothing
