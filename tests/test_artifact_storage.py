@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -213,3 +214,35 @@ def test_the_artifact_storage_is_configured_from_the_environment():
 def test_s3_storage_without_a_bucket_stops_start_up_naming_the_variable():
     result = _settings_in_subprocess({"ARTIFACT_STORAGE": "s3"})
     assert result.returncode != 0 and "ARTIFACT_S3_BUCKET" in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delete_waits_for_an_upload_of_the_same_bytes_in_flight_and_keeps_its_blob(llm, backend):
+    # The upload holds the blob's advisory lock from finding the blob stored until its artifact commits; a
+    # delete of the last other reference arriving meanwhile waits, then sees the new artifact.
+    from django.db import connection, transaction
+
+    data = _kineto()
+    sha = hashlib.sha256(data).hexdigest()
+    _upload(llm, "48213", data)
+    first = Artifact.objects.get()
+    outcome: list[bool] = []
+    with transaction.atomic():
+        artifacts._lock_blob(sha)  # as store_upload does before referencing the blob
+        Artifact.objects.filter(pk=first.pk).delete()  # (its on_commit delete runs after this block)
+        Artifact.objects.create(
+            job=first.job, sha256=sha, kind=first.kind, original_name="again.json", size_bytes=len(data)
+        )
+
+        def concurrent_delete() -> None:
+            try:
+                outcome.append(artifacts.delete_blob_if_unreferenced(sha))
+            finally:
+                connection.close()
+
+        worker = threading.Thread(target=concurrent_delete)
+        worker.start()
+        worker.join(timeout=1.5)
+        assert worker.is_alive() and outcome == []  # blocked on the lock
+    worker.join(timeout=10)
+    assert outcome == [False] and _stored(sha)
