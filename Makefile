@@ -38,10 +38,11 @@ export DEMO_STATE_DIR ?= $(CURDIR)/$(VAR)/demo
 
 # The demo runs like a deployment (DEBUG=false: plain 404/500 pages, static files compressed and cached
 # forever under hashed names by WhiteNoise) with the settings a laptop needs: plain HTTP on loopback (no SSL
-# redirect, HSTS or HTTPS-only cookies) and a private secret key generated once into var/.
+# redirect, HSTS or HTTPS-only cookies), /metrics without a token (loopback only) and a private secret key
+# generated once into var/.
 DEMO_SECRET_FILE := $(VAR)/demo-secret-key
 DEMO_ENV = DEBUG=false SECRET_KEY="$$(cat $(DEMO_SECRET_FILE))" SECURE_SSL_REDIRECT=false \
-	SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false SECURE_HSTS_SECONDS=0
+	SESSION_COOKIE_SECURE=false CSRF_COOKIE_SECURE=false SECURE_HSTS_SECONDS=0 METRICS_PUBLIC=true
 
 $(DEMO_SECRET_FILE):
 	@mkdir -p $(VAR)

@@ -6,6 +6,7 @@ Makefile starts them on. Production sets at least SECRET_KEY, DEBUG=false, ALLOW
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from kombu import Queue
@@ -47,6 +48,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "jobs",
 ]
 
@@ -64,6 +66,8 @@ MIDDLEWARE = [
     "efficiency.middleware.ContentSecurityPolicyMiddleware",
     "efficiency.middleware.LoginRequiredMiddleware",
     "efficiency.middleware.ApiErrorMiddleware",
+    # Last, as django-axes requires: turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "efficiency.urls"
@@ -107,7 +111,26 @@ LOGOUT_REDIRECT_URL = "login"
 SSO = load_sso_config()
 # django-axes (below) neither counts nor locks the SSO callback: it is no password guess.
 AXES_WHITELIST_CALLABLE = "jobs.sso.not_a_password_login"
-AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", "jobs.sso.SsoBackend"]
+# Login throttling (django-axes) first: a locked-out username + address is refused before any backend.
+AUTHENTICATION_BACKENDS = [
+    "jobs.auth_backends.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+    "jobs.sso.SsoBackend",
+]
+AXES_ENABLED = env_bool("AXES_ENABLED", True)
+# Failed password logins of one username from one address before both are locked out, for the cool-off.
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, min_value=1, max_value=1000)
+AXES_COOLOFF_TIME = timedelta(
+    minutes=env_float("AXES_COOLOFF_MINUTES", 15.0, min_value=0.1, max_value=10_080)
+)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
+AXES_HTTP_RESPONSE_CODE = 429
+# Behind a TLS proxy the client address is X-Forwarded-For's first entry, else every user shares one.
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if env_bool("BEHIND_TLS_PROXY", False) else ("REMOTE_ADDR",)
+)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
@@ -174,15 +197,22 @@ MAX_JOB_WINDOW_DAYS = env_int("MAX_JOB_WINDOW_DAYS", 90, min_value=1, max_value=
 
 # Services
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:56379/0", schemes=("redis", "rediss", "unix"))
+# One cache for web and worker processes (the poll cycle's summary for /metrics, axes' lockouts): Redis,
+# under its own key prefix so it never meets Celery's keys in the same database.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env_url("CACHE_URL", REDIS_URL, schemes=("redis", "rediss", "unix")),
+        "KEY_PREFIX": env_str("CACHE_KEY_PREFIX", "efficiency"),
+        "TIMEOUT": 300,
+    }
+}
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:59090", schemes=("http", "https"))
 PROMETHEUS_TIMEOUT_S = env_float("PROMETHEUS_TIMEOUT_S", 10.0, min_value=0.1, max_value=300)
 # /healthz asks Prometheus with this short timeout and no retries, so a slow Prometheus cannot hold a
 # web worker (the check reports it as down instead).
 HEALTHZ_PROMETHEUS_TIMEOUT_S = env_float("HEALTHZ_PROMETHEUS_TIMEOUT_S", 2.0, min_value=0.1, max_value=30)
 PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
-# Per-GPU archive rows at the polled step (300 s) are kept this long after their last value; their
-# downsampled copies (1800 s and 21,600 s, jobs.metrics.archive.GPU_TIERS) and all cross-GPU stats stay.
-ARCHIVE_RAW_RETENTION_DAYS = env_int("ARCHIVE_RAW_RETENTION_DAYS", 30, min_value=1, max_value=36600)
 # dcgm-exporter's scrape interval: coverage = samples / (window / interval), and rate() windows hold >= 2
 # intervals. 30 s as in efficiency/deploy/prometheus.yml (Prometheus' own default is 1 m; sampling.md).
 PROMETHEUS_SCRAPE_INTERVAL_S = env_float("PROMETHEUS_SCRAPE_INTERVAL_S", 30.0, min_value=1.0, max_value=600)
@@ -209,8 +239,23 @@ DISCOVERY_LABEL = env_str("DISCOVERY_LABEL", "")
 DISCOVERY_TEAM = env_str("DISCOVERY_TEAM", "unassigned")
 # What discovered jobs are taken to be (training, fine_tuning, inference): serving clusters set inference.
 DISCOVERY_JOB_KIND = env_choice("DISCOVERY_JOB_KIND", "training", ("training", "fine_tuning", "inference"))
-# Bearer token Prometheus must send to scrape /metrics; empty leaves /metrics open (set it in production).
+# Bearer token Prometheus must send to scrape /metrics. Without one /metrics answers 403, unless
+# METRICS_PUBLIC=true opens it on purpose (the demo on loopback): job names and costs are not public data.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)
+# Read policy (jobs.permissions): "team" = members read their teams' jobs, findings, artifacts, costs,
+# baselines and alerts (staff read all; other teams only as leaderboard aggregates); "all" = everyone does.
+READ_SCOPE = env_choice("READ_SCOPE", "team", ("team", "all"))
+# throughput_query templates (jobs.metrics.throughput): the longest range a template may read ([5m] in
+# rate(...[5m]), a subquery's range), and the Prometheus timeout of the throughput query.
+THROUGHPUT_MAX_LOOKBACK_S = env_int("THROUGHPUT_MAX_LOOKBACK_S", 3600, min_value=60, max_value=86400)
+THROUGHPUT_QUERY_TIMEOUT_S = env_float("THROUGHPUT_QUERY_TIMEOUT_S", 5.0, min_value=0.5, max_value=120.0)
+# The label `$job` expands to for a job registered with explicit GPUs (or without an exact-match label).
+THROUGHPUT_JOB_LABEL = env_str("THROUGHPUT_JOB_LABEL", "job_id")
+# A non-staff job selector must match its job label exactly (no regex): one of these label names.
+SELECTOR_JOB_LABELS = env_list(
+    "SELECTOR_JOB_LABELS", ["job_id", "hpc_job", "slurm_job_id", "job", "pod", "exported_pod", "exported_job"]
+)
 # Grafana with efficiency/deploy/grafana-dashboard.json imported: job pages link to it (empty: no link).
 GRAFANA_URL = env_url("GRAFANA_URL", "", schemes=("http", "https")) if env_str("GRAFANA_URL", "") else ""
 # Demo only: where `load_demo` keeps the running demo jobs; enables the simulated dcgm-exporter endpoint.

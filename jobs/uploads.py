@@ -21,7 +21,7 @@ from django.http import HttpRequest
 from rest_framework.exceptions import AuthenticationFailed
 
 from jobs.models import Job
-from jobs.permissions import can_write_team
+from jobs.permissions import can_read_team, can_write_team
 
 # Multipart boundaries, part headers and the small `kind`/`rank` fields around the file.
 MULTIPART_MARGIN_BYTES = 64 * 1024
@@ -88,7 +88,7 @@ def authorise_upload(request: HttpRequest, external_id: str, *, api: bool) -> tu
     if length > settings.ARTIFACT_MAX_BYTES + MULTIPART_MARGIN_BYTES:
         raise UploadRefusal(413, too_large_message())
     job = Job.objects.select_related("team").filter(external_id=external_id).first()
-    if job is None:
+    if job is None or not can_read_team(user, job.team):  # another team's job is not found (read policy)
         raise UploadRefusal(404, f"no job {external_id!r}")
     if not can_write_team(user, job.team):
         raise UploadRefusal(403, "Only members of the job's team can upload artifacts.")

@@ -143,6 +143,29 @@ def celery_in_memory():
     app.conf.broker_url = old
 
 
+@pytest.fixture(autouse=True)
+def read_scope_all(settings):
+    """Tests of pages, exports and the API that predate the read policy log in as users outside the job's
+    team: they run with READ_SCOPE=all. Tests of the policy itself (tests/test_read_scope.py and others
+    that need it) set READ_SCOPE="team", the deployed default (test_read_scope checks the default)."""
+    settings.READ_SCOPE = "all"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache_prefix():
+    """The cache is the Redis a developer's demo and other test runs share: this run's keys get their own
+    prefix, so a test never reads or clears another process's entries."""
+    import os
+    import uuid
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    default = {**settings.CACHES["default"], "KEY_PREFIX": f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"}
+    with override_settings(CACHES={**settings.CACHES, "default": default}):
+        yield
+
+
 @pytest.fixture
 def celery_eager():
     """Run Celery tasks inline, propagating their exceptions."""

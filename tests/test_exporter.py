@@ -1,4 +1,5 @@
-"""/metrics exports per-job numbers in Prometheus text format, escaped, and honours METRICS_TOKEN."""
+"""/metrics exports per-job numbers in Prometheus text format, escaped, and honours METRICS_TOKEN (and is
+closed without one unless METRICS_PUBLIC=true)."""
 
 import subprocess
 from datetime import timedelta
@@ -7,6 +8,13 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import Finding, Job
+
+
+@pytest.fixture(autouse=True)
+def metrics_public(settings):
+    """These tests read /metrics without a token, as the loopback demo does."""
+    settings.METRICS_TOKEN = ""
+    settings.METRICS_PUBLIC = True
 
 
 @pytest.fixture
@@ -44,7 +52,8 @@ def test_series_labels_are_stable_and_status_is_on_the_info_metric(client, jobs)
     """`job` is Prometheus' target label (it would become exported_job); a status change must not start
     new series, so status, model and GPU model live on efficiency_job_info only."""
     text = client.get("/metrics").content.decode()
-    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    # The per-job series (the service's own health metrics below them carry no job labels).
+    samples = [line for line in text.splitlines() if line.startswith("efficiency_job_")]
     assert samples
     for line in samples:
         labels = line[line.index("{") + 1 : line.rindex("}")]
@@ -73,3 +82,13 @@ def test_metrics_requires_the_bearer_token_when_configured(client, jobs, setting
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer nope").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+@pytest.mark.django_db
+def test_metrics_without_a_token_is_closed_unless_public_with_how_to_configure_it(client, jobs, settings):
+    settings.METRICS_PUBLIC = False
+    response = client.get("/metrics")
+    assert response.status_code == 403
+    assert "METRICS_TOKEN" in response.content.decode() and "METRICS_PUBLIC=true" in response.content.decode()
+    settings.METRICS_PUBLIC = True
+    assert client.get("/metrics").status_code == 200

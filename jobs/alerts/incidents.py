@@ -31,6 +31,7 @@ from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.robust import Summary, check_regression
 from jobs.metrics import archive
 from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, Finding, Job
+from jobs.permissions import can_read_team
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +260,14 @@ def subscriptions_for(incident: AlertIncident) -> list[AlertSubscription]:
     if owner:
         scope |= Q(user__username=owner, user__is_active=True)
     subs = AlertSubscription.objects.filter(scope, enabled=True).select_related("user")
-    return [s for s in subs if not s.rules or incident.rule in s.rules]
+    # `owner` is free text from the registration: a personal subscription receives the job only when its
+    # user may read the job's team (read policy), or anyone could name themselves owner of another's job.
+    return [
+        s
+        for s in subs
+        if (not s.rules or incident.rule in s.rules)
+        and (s.user is None or can_read_team(s.user, incident.team_id))
+    ]
 
 
 def queue_deliveries(incident: AlertIncident, event: str) -> list[int]:

@@ -1,6 +1,7 @@
 """Alert pages: a team's incidents (open and recent), its subscriptions, delivery log and idle-GPU policy;
-one's own subscriptions. Reads are open to every logged-in user (the read policy); changes need write
-access to the team (jobs.permissions), and personal subscriptions belong to their user."""
+one's own subscriptions. Reads follow the read policy (READ_SCOPE, jobs.permissions: another team's
+alerts page is not found under "team"); changes need write access to the team, and personal subscriptions
+belong to their user."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from django.views.decorators.http import require_POST
 
 from jobs.alerts.forms import IdlePolicyForm, SubscriptionForm
 from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, IdlePolicy, PolicyAction, Team
-from jobs.permissions import can_write_team
+from jobs.permissions import can_write_team, readable_team_or_404, scope_to_teams
 
 RECENT_DAYS = 14
 
 
 def team_alerts(request: HttpRequest, slug: str) -> HttpResponse:
     """Open and recent incidents of a team, its subscriptions and delivery log, its idle-GPU policy."""
-    team = get_object_or_404(Team, slug=slug)
+    team = readable_team_or_404(request.user, slug)
     can_write = can_write_team(request.user, team)
     base = AlertIncident.objects.filter(team=team).select_related("job", "finding")
     policy = IdlePolicy.objects.filter(team=team).first()
@@ -116,7 +117,7 @@ def my_alerts(request: HttpRequest) -> HttpResponse:
     else:
         form = SubscriptionForm()
     incidents = (
-        AlertIncident.objects.filter(job__owner=user.get_username())
+        scope_to_teams(AlertIncident.objects.filter(job__owner=user.get_username()), user)
         .select_related("job", "finding")
         .order_by("-started_at")[:100]
     )

@@ -11,6 +11,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 
 from jobs.models import AlertDelivery, AlertIncident, Team
+from jobs.permissions import scope_to_teams
 
 STATES = ("open", "resolved", "all")
 
@@ -64,7 +65,7 @@ class AlertIncidentSerializer(serializers.ModelSerializer[AlertIncident]):
     ]
 )
 class AlertListView(generics.ListAPIView[AlertIncident]):
-    """Alert incidents, newest first (read policy: every authenticated caller reads every team's)."""
+    """Alert incidents, newest first, of the teams the caller may read (READ_SCOPE, jobs.permissions)."""
 
     serializer_class = AlertIncidentSerializer
     permission_classes = [IsAuthenticated]
@@ -74,8 +75,11 @@ class AlertListView(generics.ListAPIView[AlertIncident]):
         state = params.get("state", "open")
         if state not in STATES:
             raise ValidationError({"state": f"must be one of {', '.join(STATES)}"})
-        qs = AlertIncident.objects.select_related("job", "team", "finding").prefetch_related(
-            Prefetch("deliveries", queryset=AlertDelivery.objects.order_by("created_at"))
+        qs = scope_to_teams(
+            AlertIncident.objects.select_related("job", "team", "finding").prefetch_related(
+                Prefetch("deliveries", queryset=AlertDelivery.objects.order_by("created_at"))
+            ),
+            self.request.user,
         )
         if (slug := params.get("team")) is not None:
             if not Team.objects.filter(slug=slug).exists():

@@ -11,7 +11,7 @@ from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from jobs.models import ApiToken
-from jobs.permissions import can_write_team, owning_team
+from jobs.permissions import can_read_team, can_write_team, owning_team
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -47,14 +47,19 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
 
 class TeamScopedWrite(permissions.BasePermission):
-    """Anyone authenticated may read; only the owning team's members (or staff) may write."""
+    """Reads follow the read policy (querysets are scoped with jobs.permissions, so another team's object
+    is a 404 before this runs; the read check here is the backstop); only the owning team's members (or
+    staff) may write. A token acts as its user: it reads and writes what that user may."""
 
     message = "You can only change objects that belong to one of your teams."
 
     def has_object_permission(self, request: Request, view: Any, obj: Any) -> bool:
+        team = owning_team(obj)
+        if not can_read_team(request.user, team):
+            raise exceptions.NotFound()
         if request.method in permissions.SAFE_METHODS:
             return True
-        return can_write_team(request.user, owning_team(obj))
+        return can_write_team(request.user, team)
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):

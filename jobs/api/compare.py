@@ -1,5 +1,5 @@
 """GET /api/v1/jobs/compare/?a=<external_id>&b=<external_id>: the comparison page's content as JSON (one
-builder for both: jobs.outputs.compare_data.build). Any authenticated caller may read, as for jobs."""
+builder for both: jobs.outputs.compare_data.build). Read policy as for jobs (jobs.permissions)."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ class JobCompareView(APIView):
     def get(self, request: Request) -> Response:
         """A against B: config diff, KPIs with significance, findings diff, per-GPU, trace diff."""
         try:
-            a, b = get_pair(request.query_params.get("a"), request.query_params.get("b"))
+            a, b = get_pair(request.query_params.get("a"), request.query_params.get("b"), request.user)
         except CompareError as exc:
             return Response({"detail": exc.message}, status=exc.status)
         return Response(build(a, b).comparison)

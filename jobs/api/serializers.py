@@ -7,10 +7,12 @@ import re
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 
 from jobs.api.parsers import text_problem
 from jobs.metrics.promql import MAX_ALTERNATIVES, count_label_alternatives
+from jobs.metrics.throughput import TemplateError, mark_free_form, validate_template
 from jobs.models import Baseline, Finding, Job, PriceEntry, ProgressSample, Team
 from jobs.registry import check_moment, check_window
 
@@ -45,6 +47,31 @@ class FiniteFloatField(serializers.FloatField):
         if not math.isfinite(value):
             raise serializers.ValidationError("must be a finite number")
         return value
+
+
+_THROUGHPUT_HELP = (
+    "PromQL template for tokens/s reading only the job's series: every metric written metric{$job}, "
+    "e.g. sum(rate(train_tokens_total{$job}[5m])); $job expands to the selector's exact labels, or "
+    'job_id="<external_id>" for explicit GPUs. Staff may set free-form PromQL (throughput_query_free_form).'
+)
+_FREE_FORM_HELP = "staff only: store throughput_query as free-form PromQL, run as written"
+
+
+def clean_throughput(attrs: dict[str, Any]) -> None:
+    """Validate `throughput_query` as a template (THROUGHPUT_MAX_LOOKBACK_S), or mark it free-form when
+    `throughput_query_free_form` asks (the view refuses that flag to non-staff)."""
+    query = attrs.get("throughput_query")
+    if not query:
+        return
+    if attrs.get("throughput_query_free_form"):
+        attrs["throughput_query"] = mark_free_form(query)
+        return
+    try:
+        attrs["throughput_query"] = validate_template(
+            query, max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S
+        )
+    except TemplateError as exc:
+        raise serializers.ValidationError({"throughput_query": str(exc)}) from None
 
 
 def bounded_int(max_value: int = INT32_MAX, **kwargs: Any) -> serializers.IntegerField:
@@ -108,7 +135,12 @@ class JobRegisterSerializer(serializers.Serializer):
     gpu_count = bounded_int(min_value=1, required=False)
     price_tier = serializers.ChoiceField(choices=PriceEntry.Tier.choices, required=False, allow_blank=True)
     tokens_per_step = bounded_int(INT64_MAX, min_value=1, required=False, allow_null=True)
-    throughput_query = serializers.CharField(required=False, allow_blank=True, default="", max_length=4000)
+    throughput_query = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=4000, help_text=_THROUGHPUT_HELP
+    )
+    throughput_query_free_form = serializers.BooleanField(
+        required=False, default=False, help_text=_FREE_FORM_HELP
+    )
     started_at = serializers.DateTimeField()
     ended_at = serializers.DateTimeField(required=False, allow_null=True)
     gpus = GpuRefSerializer(many=True, required=False)
@@ -193,6 +225,7 @@ class JobRegisterSerializer(serializers.Serializer):
             raise serializers.ValidationError({"ended_at": "is before started_at"})
         if problem := check_window(attrs["started_at"], ended):
             raise serializers.ValidationError({"started_at": problem})
+        clean_throughput(attrs)
         return attrs
 
 
@@ -203,13 +236,20 @@ class JobEndSerializer(serializers.Serializer):
     name = StrictCharField(max_length=200, required=False)
     kind = serializers.ChoiceField(choices=Job.Kind.choices, required=False)
     tokens_per_step = bounded_int(INT64_MAX, min_value=1, required=False, allow_null=True)
-    throughput_query = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+    throughput_query = serializers.CharField(
+        required=False, allow_blank=True, max_length=4000, help_text=_THROUGHPUT_HELP
+    )
+    throughput_query_free_form = serializers.BooleanField(required=False, help_text=_FREE_FORM_HELP)
     price_tier = serializers.ChoiceField(choices=PriceEntry.Tier.choices, required=False, allow_blank=True)
 
     def validate_ended_at(self, value: datetime | None) -> datetime | None:
         if problem := check_moment(value):
             raise serializers.ValidationError(problem)
         return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        clean_throughput(attrs)
+        return attrs
 
 
 class ProgressSerializer(serializers.Serializer):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.shortcuts import get_object_or_404
+from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -26,9 +26,10 @@ from jobs.api.serializers import (
 from jobs.artifact_review import Review, ReviewError, review_artifact
 from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.evaluation.baselines import BaselineError, promote, retire
+from jobs.metrics.throughput import own_job_selector_problem
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs.summary import job_summary, summary_queryset
-from jobs.permissions import can_write_team
+from jobs.permissions import can_write_team, is_staff, readable_job_or_404, readable_jobs, scope_to_teams
 from jobs.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 
@@ -111,6 +112,14 @@ class JobArtifactsMixin:
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_201_CREATED)
 
 
+def _refuse_free_form(data: dict[str, Any]) -> None:
+    if data.get("throughput_query_free_form"):
+        raise PermissionDenied(
+            "only staff may set free-form PromQL (throughput_query_free_form); write throughput_query as a "
+            "template such as sum(rate(train_tokens_total{$job}[5m]))"
+        )
+
+
 class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
     """Jobs, addressed by their external id (the scheduler's id)."""
 
@@ -119,14 +128,17 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
     lookup_value_regex = r"[^/]+"
 
     def _get(self, request: Request, external_id: str) -> Job:
-        job = get_object_or_404(summary_queryset(), external_id=external_id)
+        # Another team's job is "not found" under READ_SCOPE=team (jobs.permissions), on reads and writes.
+        job = readable_job_or_404(request.user, summary_queryset(), external_id=external_id)
         self.check_object_permissions(request, job)
         return job
 
     @extend_schema(responses={200: _SUMMARY})
     def list(self, request: Request) -> Response:
         """Jobs, newest first; filter with ?team=slug&status=running."""
-        qs = Job.objects.select_related("team", "gpu_model").order_by("-started_at")
+        qs = readable_jobs(request.user, Job.objects.select_related("team", "gpu_model")).order_by(
+            "-started_at"
+        )
         if team := request.query_params.get("team"):
             qs = qs.filter(team__slug=team)
         if job_status := request.query_params.get("status"):
@@ -163,6 +175,17 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
         team = body.validated_data["team"]
         if not can_write_team(request.user, team):
             raise PermissionDenied(f"you are not a member of team {team.slug!r}")
+        if not is_staff(request.user):
+            _refuse_free_form(body.validated_data)
+            data = body.validated_data
+            problem = own_job_selector_problem(
+                data.get("selector") or {},
+                data.get("gpus") or [],
+                data["external_id"],
+                settings.SELECTOR_JOB_LABELS,
+            )
+            if problem:
+                raise ValidationError({"selector": [problem]})
         try:
             outcome = register_job(body.validated_data)
         except RegistryConflict as exc:
@@ -185,6 +208,8 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
         job = self._get(request, external_id)
         body = JobEndSerializer(data=request.data, partial=True)
         body.is_valid(raise_exception=True)
+        if not is_staff(request.user):
+            _refuse_free_form(body.validated_data)
         try:
             update_job(job, body.validated_data)
         except RegistryError as exc:
@@ -217,6 +242,9 @@ class ArtifactViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ArtifactSerializer
     permission_classes = [IsAuthenticated, TeamScopedWrite]
     queryset = Artifact.objects.select_related("job", "job__team").order_by("-uploaded_at")
+
+    def get_queryset(self) -> Any:
+        return scope_to_teams(super().get_queryset(), self.request.user, "job__team_id")
 
     @extend_schema(request=None, responses={202: ArtifactSerializer})
     @action(detail=True, methods=["post"])
@@ -256,8 +284,10 @@ class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
         """Promote a finished job: it joins (or starts) the active baseline of its config fingerprint."""
         body = PromoteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        job = get_object_or_404(
-            Job.objects.select_related("team", "gpu_model"), external_id=body.validated_data["job"]
+        job = readable_job_or_404(
+            request.user,
+            Job.objects.select_related("team", "gpu_model"),
+            external_id=body.validated_data["job"],
         )
         if not can_write_team(request.user, job.team):
             raise PermissionDenied(f"you are not a member of team {job.team.slug!r}")
@@ -275,7 +305,9 @@ class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(BaselineSerializer(baseline).data)
 
     def get_queryset(self) -> Any:
-        qs = Baseline.objects.select_related("team").prefetch_related("runs")
+        qs = scope_to_teams(
+            Baseline.objects.select_related("team").prefetch_related("runs"), self.request.user
+        )
         if self.request.query_params.get("include_retired") != "1":
             qs = qs.filter(retired_at__isnull=True)
         if fingerprint := self.request.query_params.get("fingerprint"):

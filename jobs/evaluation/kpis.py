@@ -332,9 +332,12 @@ def _throughput_and_mfu(
     convention: str = "palm",
 ) -> None:
     if tps is None or tps.size == 0 or np.isnan(tps).all():
+        # Without a series, `source` (when given) says why the job's own throughput source gave none.
         _mfu_unknown(
             k,
-            "no throughput: push progress (POST /api/v1/jobs/{id}/progress/), set a throughput PromQL "
+            f"no throughput: {source}"
+            if tps is None and source
+            else "no throughput: push progress (POST /api/v1/jobs/{id}/progress/), set a throughput PromQL "
             "expression, or upload a profiler trace with tokens per step",
         )
         return

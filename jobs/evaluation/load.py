@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 
 import numpy as np
@@ -17,6 +19,7 @@ from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_
 from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.signals import JobSignals, grid
+from jobs.metrics.throughput import Runnable, runnable_query
 from jobs.models import Job, PriceEntry
 
 log = logging.getLogger(__name__)
@@ -25,33 +28,61 @@ log = logging.getLogger(__name__)
 DEFAULT_STEP_S = 30
 
 
+def throughput_query(job: Job) -> Runnable:
+    """The PromQL the server runs for the job's throughput: its template expanded with the job's own
+    matchers, or staff's free-form query; None with the reason for an unmarked free-form one."""
+    return runnable_query(
+        job.throughput_query or "",
+        job.selector or {},
+        job.external_id,
+        job_label=settings.THROUGHPUT_JOB_LABEL,
+        max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S,
+    )
+
+
+@contextmanager
+def _query_timeout(client: PrometheusClient, seconds: float) -> Iterator[None]:
+    """The client's timeout (HTTP and Prometheus' own `timeout=`) at most `seconds` for one query, so
+    one expensive throughput query cannot hold a poll for the client's full timeout and retries."""
+    saved = client.timeout_s
+    client.timeout_s = min(saved, seconds)
+    try:
+        yield
+    finally:
+        client.timeout_s = saved
+
+
 def throughput_series(
     job: Job, ts: np.ndarray, client: PrometheusClient | None, sigs: JobSignals | None = None
 ) -> tuple[np.ndarray | None, str]:
     """tokens/s on `ts` from, in order: pushed progress, the job's PromQL expression (read from Prometheus
-    when a client is given, else from the archive, where each poll stored it), profiler step times."""
+    when a client is given, else from the archive, where each poll stored it), profiler step times.
+    Without any, the text says why when the job's throughput_query was not run (else it is empty)."""
     points = list(job.progress.order_by("timestamp").values_list("timestamp", "tokens"))
     if len(points) >= 2:
         times = np.array([p[0].timestamp() for p in points])
         tokens = np.array([float(p[1]) for p in points])
         return tokens_per_second_from_progress(times, tokens, ts), "pushed progress (tokens over time)"
-    if job.throughput_query and client is not None and ts.size:
+    runnable = throughput_query(job)
+    query = runnable.query
+    if query and client is not None and ts.size:
         step = float(ts[1] - ts[0]) if ts.size > 1 else float(DEFAULT_STEP_S)
-        series = client.range(job.throughput_query, float(ts[0]), float(ts[-1]), step)
+        with _query_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
+            series = client.range(query, float(ts[0]), float(ts[-1]), step)
         if series:
             rows = np.vstack([s.on_grid(ts) for s in series])
             # Several series (one per rank, say) add up; a time with no sample at all stays missing.
             values = np.where(np.isnan(rows).all(axis=0), np.nan, np.nansum(rows, axis=0))
-            return values, f"PromQL: {job.throughput_query}"
-    if job.throughput_query and client is None and sigs is not None:
+            return values, f"PromQL: {query}"
+    if query and client is None and sigs is not None:
         archived = sigs.get(DERIVED_THROUGHPUT)
         if archived is not None and archived.mean is not None and np.isfinite(archived.mean).any():
-            return archived.mean, f"PromQL: {job.throughput_query} (as archived by the last poll)"
+            return archived.mean, f"PromQL: {query} (as archived by the last poll)"
     if job.profiler_step_time_ms and job.tokens_per_step:
         rate = job.tokens_per_step / (job.profiler_step_time_ms / 1000.0)
         source = f"profiler step time {job.profiler_step_time_ms:.1f} ms × {job.tokens_per_step} tokens/step"
         return np.full(ts.shape, rate), source
-    return None, ""
+    return None, runnable.reason
 
 
 def prices_for(job: Job) -> tuple[list[tuple[datetime, float]], str]:
@@ -105,7 +136,7 @@ def load_context(
     try:
         tps, source = throughput_series(job, ts, client, sigs)
     except PrometheusError as exc:
-        tps, source = None, ""
+        tps, source = None, f"the throughput query failed: {exc}"
         log.warning("job %s: throughput query failed: %s", job.external_id, exc)
     prices, label = prices_for(job)
     reference, ref_source = reference_for(job)

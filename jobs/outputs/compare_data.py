@@ -28,6 +28,7 @@ from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs import compare
+from jobs.permissions import readable_jobs
 from jobs.templatetags.units import job_waste_total
 
 SERIES = (
@@ -66,17 +67,18 @@ class CompareError(Exception):
         self.message = message
 
 
-def get_pair(a_id: str | None, b_id: str | None) -> tuple[Job, Job]:
-    """The two jobs by external id, or a CompareError naming what is wrong."""
+def get_pair(a_id: str | None, b_id: str | None, user: Any = None) -> tuple[Job, Job]:
+    """The two jobs by external id, or a CompareError naming what is wrong. With `user`, only jobs that
+    user may read are found (jobs.permissions; another team's job is "no job", as on its own page)."""
     a_id, b_id = (a_id or "").strip(), (b_id or "").strip()
     if not a_id or not b_id:
         raise CompareError(400, "two jobs are needed: ?a=<external id of the run before>&b=<the run after>")
     if a_id == b_id:
         raise CompareError(400, f"a and b are the same job ({a_id!r}): choose two different runs to compare")
-    jobs = {
-        j.external_id: j
-        for j in Job.objects.select_related("team", "gpu_model").filter(external_id__in=[a_id, b_id])
-    }
+    qs = Job.objects.select_related("team", "gpu_model").filter(external_id__in=[a_id, b_id])
+    if user is not None:
+        qs = readable_jobs(user, qs)
+    jobs = {j.external_id: j for j in qs}
     for wanted in (a_id, b_id):
         if wanted not in jobs:
             raise CompareError(404, f"no job with external id {wanted!r}")

@@ -8,22 +8,55 @@ label and would be renamed `exported_job` on scrape) and `team`, which never cha
 does change or only describes the job (`status`, `model`, `gpu_model`, `name`) is on one info metric,
 `efficiency_job_info{...} 1`, joined in queries with `* on (job_id) group_left (status) efficiency_job_info`:
 a job finishing does not start new series. The dashboard and rules in efficiency/deploy/ read these names.
+
+Access: `Authorization: Bearer <METRICS_TOKEN>`. Without a token /metrics answers 403 unless
+METRICS_PUBLIC=true opens it on purpose (the demo on loopback): job names and costs are not public data.
+
+The service's own health (`ServiceCollector`, prometheus_client, read at scrape time; a number that is not
+known is not exported, never 0):
+
+- `efficiency_poll_lag_seconds{job_id}`: now − data_until of each running job, seconds (absent before its
+  first archived sample).
+- `efficiency_poll_cycle_duration_seconds`, `efficiency_poll_cycle_requests` (Prometheus HTTP requests),
+  `efficiency_poll_cycle_jobs`, `efficiency_poll_cycle_stale_jobs`,
+  `efficiency_poll_cycle_finished_timestamp_seconds` (Unix s): the last poll cycle, from the summary the
+  poller leaves in the shared cache (`efficiency:poll_cycle`); absent until a cycle has finished.
+- `efficiency_celery_queue_length{queue}`: messages waiting in each Celery queue of CELERY_TASK_QUEUES
+  (Redis LLEN); `efficiency_broker_up` 1/0 whether the broker answered (lengths absent when it did not).
+- `efficiency_artifacts{status}`: artifacts per parse status (queued, parsing, done, failed);
+  `efficiency_artifacts_stuck_parsing`: parsing past ARTIFACT_PARSE_BUDGET_S plus the hard-limit grace.
+- `efficiency_artifact_parse_duration_seconds`: histogram of parse_started_at → parsed_at, seconds, of the
+  artifacts whose parse ended in the last 24 h.
+- `efficiency_alert_deliveries{status}`: alert deliveries per state (pending, claimed, sent, failed,
+  gave_up).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import math
 from collections import Counter
-from datetime import timedelta
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
 
+import redis
 from django.conf import settings
-from django.db.models import Q
+from django.core.cache import cache
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from jobs.artifacts import PARSE_HARD_LIMIT_GRACE_S
 from jobs.evaluation.kpis import CONVENTION_LABELS
-from jobs.models import Finding, Job
+from jobs.models import AlertDelivery, Artifact, Finding, Job
+
+logger = logging.getLogger(__name__)
 
 RECENT = timedelta(days=7)
 INFO = "efficiency_job_info"
@@ -116,12 +149,164 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+POLL_CYCLE_KEY = "efficiency:poll_cycle"
+#: Parse-duration histogram buckets, seconds: a small trace parses in about a second, the budget is 900 s.
+PARSE_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
+PARSE_WINDOW = timedelta(hours=24)
+_POLL_CYCLE_FIELDS = (
+    (
+        "efficiency_poll_cycle_duration_seconds",
+        "duration_s",
+        "Wall-clock duration of the last poll cycle, s.",
+    ),
+    ("efficiency_poll_cycle_requests", "requests", "Prometheus HTTP requests of the last poll cycle."),
+    ("efficiency_poll_cycle_jobs", "jobs", "Jobs polled in the last poll cycle."),
+    ("efficiency_poll_cycle_stale_jobs", "stale", "Jobs left stale (poll failed) by the last poll cycle."),
+    (
+        "efficiency_poll_cycle_finished_timestamp_seconds",
+        "finished_at",
+        "When the last poll cycle finished, Unix seconds.",
+    ),
+)
+
+
+def _finite_number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+class ServiceCollector(Collector):
+    """The service's own health, read from the database, the shared cache and the broker at scrape time."""
+
+    def __init__(self, now: datetime | None = None) -> None:
+        self.now = now
+
+    def collect(self) -> Iterator[Metric]:
+        """Every service metric family (see the module docstring for names and units)."""
+        now = self.now or timezone.now()
+        yield from self._poll_lag(now)
+        yield from self._poll_cycle()
+        yield from self._queues()
+        yield from self._artifacts(now)
+        deliveries = GaugeMetricFamily(
+            "efficiency_alert_deliveries", "Alert deliveries per state.", labels=["status"]
+        )
+        counts = dict(
+            AlertDelivery.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n")
+        )
+        for status in AlertDelivery.Status.values:
+            deliveries.add_metric([status], float(counts.get(status, 0)))
+        yield deliveries
+
+    def _poll_lag(self, now: datetime) -> Iterator[Metric]:
+        lag = GaugeMetricFamily(
+            "efficiency_poll_lag_seconds",
+            "Seconds between now and the end of the archived data (data_until) of each running job.",
+            labels=["job_id"],
+        )
+        running = Job.objects.filter(status=Job.Status.RUNNING, data_until__isnull=False).order_by(
+            "external_id"
+        )
+        for external_id, data_until in running.values_list("external_id", "data_until"):
+            if data_until is not None:
+                lag.add_metric([external_id], max(0.0, (now - data_until).total_seconds()))
+        yield lag
+
+    def _poll_cycle(self) -> Iterator[Metric]:
+        cycle = cache.get(POLL_CYCLE_KEY)
+        if not isinstance(cycle, dict):
+            return  # no cycle finished yet (or the cache was flushed): unknown, not 0
+        for name, key, help_text in _POLL_CYCLE_FIELDS:
+            value = _finite_number(cycle.get(key))
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)
+
+    def _queues(self) -> Iterator[Metric]:
+        names = [str(getattr(q, "name", q)) for q in settings.CELERY_TASK_QUEUES]
+        try:
+            client = redis.Redis.from_url(
+                settings.CELERY_BROKER_URL, socket_timeout=1.0, socket_connect_timeout=1.0
+            )
+            try:
+                lengths = [int(client.llen(name)) for name in names]
+            finally:
+                client.close()
+        except (redis.RedisError, OSError, ValueError):
+            logger.warning("metrics: the broker did not answer for queue lengths", exc_info=True)
+            yield GaugeMetricFamily("efficiency_broker_up", "1 when the Celery broker answered.", value=0.0)
+            return
+        yield GaugeMetricFamily("efficiency_broker_up", "1 when the Celery broker answered.", value=1.0)
+        queues = GaugeMetricFamily(
+            "efficiency_celery_queue_length", "Messages waiting in the Celery queue.", labels=["queue"]
+        )
+        for name, length in zip(names, lengths, strict=True):
+            queues.add_metric([name], float(length))
+        yield queues
+
+    def _artifacts(self, now: datetime) -> Iterator[Metric]:
+        by_status = GaugeMetricFamily(
+            "efficiency_artifacts", "Artifacts per parse status.", labels=["status"]
+        )
+        counts = dict(
+            Artifact.objects.values_list("status").annotate(n=Count("id")).values_list("status", "n")
+        )
+        for status in Artifact.Status.values:
+            by_status.add_metric([status], float(counts.get(status, 0)))
+        yield by_status
+        cutoff = now - timedelta(seconds=settings.ARTIFACT_PARSE_BUDGET_S + PARSE_HARD_LIMIT_GRACE_S)
+        stuck = (
+            Artifact.objects.filter(status=Artifact.Status.PARSING)
+            .filter(Q(parse_started_at__lt=cutoff) | Q(parse_started_at__isnull=True, uploaded_at__lt=cutoff))
+            .count()
+        )
+        yield GaugeMetricFamily(
+            "efficiency_artifacts_stuck_parsing",
+            "Artifacts parsing for longer than ARTIFACT_PARSE_BUDGET_S plus the hard-limit grace.",
+            value=float(stuck),
+        )
+        spans = Artifact.objects.filter(
+            status__in=(Artifact.Status.DONE, Artifact.Status.FAILED),
+            parsed_at__gte=now - PARSE_WINDOW,
+            parse_started_at__isnull=False,
+        ).values_list("parse_started_at", "parsed_at")
+        durations = [max(0.0, (end - start).total_seconds()) for start, end in spans if start and end]
+        buckets = [(str(b), float(sum(d <= b for d in durations))) for b in PARSE_BUCKETS]
+        buckets.append(("+Inf", float(len(durations))))
+        yield HistogramMetricFamily(
+            "efficiency_artifact_parse_duration_seconds",
+            "Parse wall-clock time (parse start to end) of artifacts whose parse ended in the last 24 h.",
+            buckets=buckets,
+            sum_value=float(sum(durations)),
+        )
+
+
+def render_service(now: datetime | None = None) -> str:
+    """The service metrics in the text exposition format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(now))
+    return generate_latest(registry).decode()
+
+
+NOT_CONFIGURED = (
+    "/metrics is closed: set METRICS_TOKEN to a secret and give Prometheus the same value as its bearer "
+    "token (authorization: credentials in prometheus.yml), or set METRICS_PUBLIC=true to serve it without "
+    "a token (only where every client may read every team's job names and costs, e.g. a loopback demo)\n"
+)
+
+
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """Prometheus scrape endpoint; with METRICS_TOKEN set, requires `Authorization: Bearer <token>`."""
+    """Prometheus scrape endpoint: requires `Authorization: Bearer <METRICS_TOKEN>`; without a token it is
+    403 unless METRICS_PUBLIC=true."""
     token = settings.METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
-    return HttpResponse(render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    elif not settings.METRICS_PUBLIC:
+        return HttpResponse(NOT_CONFIGURED, status=403, content_type="text/plain; charset=utf-8")
+    # Both parts are the 0.0.4 text format (prometheus_client's 1.0.0 content type only adds escaping
+    # options this output does not use).
+    return HttpResponse(render() + render_service(), content_type="text/plain; version=0.0.4; charset=utf-8")

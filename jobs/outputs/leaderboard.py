@@ -20,6 +20,7 @@ periods it overlaps, so the work grows with job-periods, not jobs × periods.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
@@ -278,9 +279,14 @@ def _overlap_jobs(period: Period, now: datetime | None = None) -> QuerySet[Job]:
 
 
 def worst_jobs(
-    period: Period, limit: int = 10, team_id: int | None = None, now: datetime | None = None
+    period: Period,
+    limit: int = 10,
+    team_id: int | None = None,
+    now: datetime | None = None,
+    scope: Callable[[QuerySet[Job]], QuerySet[Job]] | None = None,
 ) -> list[Job]:
-    """Jobs that wasted the most dollars inside the period (`waste_in_period`, USD).
+    """Jobs that wasted the most dollars inside the period (`waste_in_period`, USD), of one team
+    (`team_id`) or all; `scope` narrows the jobs first (the viewer's read policy, jobs.permissions).
 
     A job with unknown waste ranks by its lower bound (the idle waste); `waste_in_period_is_lower_bound`
     says so, and `waste_in_period_amount` is the figure as every channel shows it.
@@ -288,6 +294,8 @@ def worst_jobs(
     qs = _overlap_jobs(period, now).select_related("team", "gpu_model")
     if team_id is not None:
         qs = qs.filter(team_id=team_id)
+    if scope is not None:
+        qs = scope(qs)
     qs = qs.annotate(
         waste_in_period=ExpressionWrapper(
             Coalesce(F("waste_per_day_usd"), F("waste_lower_bound_per_day_usd")) / 24.0 * F("overlap_h"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from jobs.metrics.promql import label_matcher
+from jobs.metrics.throughput import mark_free_form
 from jobs.simulate.core import SimResult
 from jobs.simulate.writers import TOKENS_METRIC
 
@@ -38,7 +40,15 @@ def registration_body(
         "started_at": started,
         "ended_at": started + timedelta(seconds=spec.duration_s) if ended else None,
         "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in res.gpus],
-        "throughput_query": f'sum(rate({TOKENS_METRIC}{{job_id="{spec.job_id}"}}[{int(rate_window_s)}s]))',
+        # A template: $job expands to job_id="<external id>" (explicit GPUs), the simulator's token label.
+        "throughput_query": f"sum(rate({TOKENS_METRIC}{{$job}}[{int(rate_window_s)}s]))",
     }
     body.update(overrides)
+    if body["external_id"] != spec.job_id and "throughput_query" not in overrides:
+        # Registered under another id (a reference copy of the run): $job would expand to that id, which
+        # the simulator's series do not carry; the trusted caller reads the run's own series free-form.
+        own = label_matcher("job_id", str(spec.job_id))
+        body["throughput_query"] = mark_free_form(
+            f"sum(rate({TOKENS_METRIC}{{{own}}}[{int(rate_window_s)}s]))"
+        )
     return body

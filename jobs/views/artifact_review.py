@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from jobs.artifact_review import Review, ReviewError, review_artifact
 from jobs.models import Artifact, Job
-from jobs.permissions import can_write_team
+from jobs.permissions import can_write_team, readable_job_or_404
 
 _DONE = {
     Review.CONFIRM: "confirmed as part of this job; the diagnosis now uses it",
@@ -23,7 +23,7 @@ _DONE = {
 @require_POST
 def job_artifact_review(request: HttpRequest, external_id: str, artifact_id: int) -> HttpResponse:
     """Apply the posted `action` (confirm / exclude / include) and go back to the artifact on the job page."""
-    job = get_object_or_404(Job.objects.select_related("team"), external_id=external_id)
+    job = readable_job_or_404(request.user, Job.objects.select_related("team"), external_id=external_id)
     if not can_write_team(request.user, job.team):
         raise PermissionDenied("Only members of the job's team can change which artifacts count.")
     artifact = get_object_or_404(Artifact, pk=artifact_id, job=job)

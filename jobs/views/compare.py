@@ -1,5 +1,5 @@
 """The comparison page: two runs side by side (/jobs/compare/?a=<before>&b=<after>). Login required (the
-middleware), read rules as for job pages: every logged-in user may read every team's jobs."""
+middleware), read rules as for job pages (jobs.permissions: another team's job is not found)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def job_compare(request: HttpRequest) -> HttpResponse:
     if not a_id and not b_id:
         return render(request, "jobs/compare.html", context)
     try:
-        a, b = get_pair(a_id, b_id)
+        a, b = get_pair(a_id, b_id, request.user)
     except CompareError as exc:
         return render(request, "jobs/compare.html", context | {"error": exc.message}, status=exc.status)
     built = build(a, b, points=charts.DEFAULT_POINTS)

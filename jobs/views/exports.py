@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
 from jobs.evaluation.costs import Amount
 from jobs.metrics.archive import load_job_signals, load_per_gpu
 from jobs.metrics.signals import COUNT, NONZERO, SAMPLED, SIGNALS, THROTTLE_BITS
 from jobs.models import Job
+from jobs.permissions import readable_job_or_404
 from jobs.templatetags.units import job_cost_total, job_waste_total, money_header
 from jobs.views.pages import filter_jobs, leaderboard_context
 
@@ -171,7 +171,7 @@ def _stat_unit(key: str, stat: str, unit: str) -> str:
 def job_series_csv(request: HttpRequest, external_id: str) -> HttpResponseBase:
     """A job's archived series: every signal's cross-GPU mean/min/max (?signal=KEY for one), or one
     signal per GPU (?signal=KEY&per_gpu=1), one row per archived time step."""
-    job = get_object_or_404(Job, external_id=external_id)
+    job = readable_job_or_404(request.user, external_id=external_id)
     signal = request.GET.get("signal", "").strip()
     per_gpu = request.GET.get("per_gpu") == "1"
     if signal and signal not in SIGNALS and signal not in ("tokens_per_second", "mfu"):

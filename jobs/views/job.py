@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Sequence
@@ -14,7 +13,6 @@ from urllib.parse import urlencode
 import orjson
 from django.conf import settings
 from django.contrib import messages
-from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
@@ -27,7 +25,6 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs import charts
 from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.diagnosis.regimes import Resolution
-from jobs.downsample import MINMAX_RATIO
 from jobs.evaluation import baselines
 from jobs.evaluation.costs import format_usd
 from jobs.evaluation.load import reference_mfu
@@ -37,7 +34,7 @@ from jobs.metrics.ingest import NO_GPUS_MATCHED
 from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job, PromotionOverride
-from jobs.permissions import can_write_team
+from jobs.permissions import can_write_team, readable_job_or_404
 from jobs.profiling.safe_json import make_storable
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
@@ -78,8 +75,11 @@ def _json_response(body: dict[str, Any], status: int = 200) -> HttpResponse:
 HEATMAP_LABELS = {"sm_active": "SM active", "gpu_util": "nvidia-smi util"}
 
 
-def _job_or_404(external_id: str) -> Job:
-    return get_object_or_404(Job.objects.select_related("team", "gpu_model"), external_id=external_id)
+def _job_or_404(request: HttpRequest, external_id: str) -> Job:
+    """The job when the user may read it (jobs.permissions' read policy); 404 for another team's job."""
+    return readable_job_or_404(
+        request.user, Job.objects.select_related("team", "gpu_model"), external_id=external_id
+    )
 
 
 def _finite(value: Any) -> float | None:
@@ -230,45 +230,6 @@ def heatmap_signal(job: Job) -> str:
     return "gpu_util" if "sm_active" in (job.missing_signals or []) else "sm_active"
 
 
-#: How long built whole-job figures stay cached: the key changes with every poll, diagnosis and finding
-#: anyway; the expiry only bounds what a deleted job leaves behind.
-FIGURES_CACHE_S = 600
-
-
-def _figures_key(
-    job: Job, findings: list[Finding], points: int, captures: Sequence[charts.CaptureMark]
-) -> str:
-    """Everything the whole-job figures are built from that can change: the archive (data_until, the
-    job's own save on each poll), the diagnosis and its findings, the artifacts' capture windows."""
-    parts = (
-        job.pk, job.updated_at, job.data_until, job.diagnosed_at, job.missing_reasons, points,
-        [(f.pk, f.updated_at) for f in findings], [repr(c) for c in captures],
-    )  # fmt: skip
-    return "job-figures:" + hashlib.sha256(repr(parts).encode()).hexdigest()
-
-
-def cached_figures(
-    job: Job,
-    findings: list[Finding],
-    *,
-    points: int,
-    window: tuple[float, float] | None = None,
-    captures: Sequence[charts.CaptureMark] = (),
-) -> dict[str, Any]:
-    """`build_figures`, with the whole-job view shared through the cache: every viewer of a running job
-    (and every one-minute refresh) between two polls gets the same figures, so under load a request reads
-    one cache entry instead of re-reading and re-thinning the archive. Zooms are built per request (they
-    read the window's rows only)."""
-    if window is not None:
-        return build_figures(job, findings, points=points, window=window, captures=captures)
-    key = _figures_key(job, findings, points, captures)
-    figures = cache.get(key)
-    if figures is None:
-        figures = build_figures(job, findings, points=points, captures=captures)
-        cache.set(key, figures, FIGURES_CACHE_S)
-    return figures
-
-
 def build_figures(
     job: Job,
     findings: list[Finding],
@@ -278,17 +239,13 @@ def build_figures(
     captures: Sequence[charts.CaptureMark] = (),
 ) -> dict[str, Any]:
     """The time-series figure, the per-GPU heatmap and what is missing from them (2-3 queries)."""
-    # Pre-downsampled levels: the coarsest archived step that still gives the pixel budget (x MINMAX_RATIO,
-    # what the line's thinning picks from) and twice the heatmap's columns, so a request reads a bounded
-    # number of values whatever the job's GPU-hours; a zoom reads finer levels over its window only.
-    sigs = load_means(job, charts.CHART_SIGNALS, window, max_points=points * MINMAX_RATIO)
+    sigs = load_means(job, charts.CHART_SIGNALS, window)
     reasons = dict(job.missing_reasons or {})
     heat_key = heatmap_signal(job)
-    columns = 2 * charts.HEATMAP_COLUMNS
-    per_gpu = load_per_gpu(job, heat_key, window, max_points=columns)
+    per_gpu = load_per_gpu(job, heat_key, window)
     if per_gpu is None and heat_key != "gpu_util":
         heat_key = "gpu_util"
-        per_gpu = load_per_gpu(job, heat_key, window, max_points=columns)
+        per_gpu = load_per_gpu(job, heat_key, window)
     label = HEATMAP_LABELS[heat_key]
     gpu = job.gpu_model
     memory_gib = gpu.memory_mib / 1024 if gpu and gpu.memory_mib else None
@@ -432,10 +389,10 @@ def _readiness(job: Job) -> dict[str, Any]:
 def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     """The job page: KPIs with definitions, correlated time series with finding windows, per-GPU heatmap,
     findings ranked by $/day, artifacts and their analyses, baseline comparison, readiness."""
-    job = _job_or_404(external_id)
+    job = _job_or_404(request, external_id)
     findings = list(job.findings.all())  # Finding.Meta.ordering: most $/day first
     artifacts = [artifact_views.present(a) for a in job.artifacts.select_related("uploaded_by")]
-    figures = cached_figures(
+    figures = build_figures(
         job,
         findings,
         points=charts.DEFAULT_POINTS,
@@ -534,7 +491,7 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
     """Figures as JSON for the page's script: `?points=` (pixel budget), `?start=&end=` (Unix s) for the
     detail of a zoomed window, `?only=status` for just status, KPIs and artifact states. Polled every
     minute while the job runs."""
-    job = _job_or_404(external_id)
+    job = _job_or_404(request, external_id)
     statuses = list(job.artifacts.values_list("id", "status"))
     body: dict[str, Any] = {
         "status": job.status,
@@ -554,7 +511,7 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
             window = _window(request)
         except BadParameter as exc:
             return _json_response({"detail": str(exc)}, status=400)
-        figures = cached_figures(
+        figures = build_figures(
             job,
             list(job.findings.all()),
             points=_points(request),
@@ -616,7 +573,7 @@ def job_artifact_upload(request: HttpRequest, external_id: str) -> HttpResponse:
 @require_POST
 def job_artifact_reparse(request: HttpRequest, external_id: str, artifact_id: int) -> HttpResponse:
     """Parse one of the job's artifacts again (team members and staff)."""
-    job = _job_or_404(external_id)
+    job = _job_or_404(request, external_id)
     if not can_write_team(request.user, job.team):
         raise PermissionDenied("Only members of the job's team can re-parse its artifacts.")
     artifact = requeue(get_object_or_404(Artifact, pk=artifact_id, job=job))
@@ -646,7 +603,7 @@ def promote_blockers(job: Job) -> list[Finding]:
 def job_promote_baseline(request: HttpRequest, external_id: str) -> HttpResponse:
     """Add this finished job to its config's baseline (team members and staff). A run with warning-or-worse
     hardware/health findings is refused unless "promote anyway" is ticked with a reason (logged)."""
-    job = _job_or_404(external_id)
+    job = _job_or_404(request, external_id)
     if not can_write_team(request.user, job.team):
         raise PermissionDenied("Only members of the job's team can promote it to a baseline.")
     target = reverse("job-detail", args=[job.external_id]) + "#baseline"

@@ -44,7 +44,14 @@ from jobs.outputs.leaderboard import (
     period_rows,
     worst_jobs,
 )
-from jobs.permissions import can_write_team, writable_team_ids
+from jobs.permissions import (
+    can_write_team,
+    readable_jobs,
+    readable_team_ids,
+    readable_team_or_404,
+    scope_to_teams,
+    writable_team_ids,
+)
 from jobs.views.job import no_gpus_matched
 
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
@@ -95,7 +102,7 @@ def filter_jobs(request: HttpRequest) -> JobFilter:
     """Jobs filtered by search (substring of name or external id), "my jobs" (owner = the logged-in
     username), team, owner (case-insensitive), model, GPU model, status and start date; sorted."""
     params = request.GET
-    qs = Job.objects.select_related("team", "gpu_model")
+    qs = readable_jobs(request.user, Job.objects.select_related("team", "gpu_model"))
     filters = {key: params.get(key, "").strip() for key in _FILTER_KEYS}
     if filters["mine"] not in ("", "1"):
         filters["mine"] = ""
@@ -151,12 +158,13 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "filters": found.filters,
         "sort": sort,
         "errors": found.errors,
-        "teams": Team.objects.order_by("name"),
+        "teams": scope_to_teams(Team.objects.order_by("name"), request.user, "id"),
         # EXISTS probes the job table's gpu_model index instead of joining every job.
-        "gpu_models": GpuModel.objects.filter(Exists(Job.objects.filter(gpu_model=OuterRef("pk")))).order_by(
-            "name"
-        ),
-        "models": Job.objects.exclude(model_name="")
+        "gpu_models": GpuModel.objects.filter(
+            Exists(readable_jobs(request.user).filter(gpu_model=OuterRef("pk")))
+        ).order_by("name"),
+        "models": readable_jobs(request.user)
+        .exclude(model_name="")
         .order_by("model_name")
         .values_list("model_name", flat=True)
         .distinct(),
@@ -211,6 +219,8 @@ class LeaderRow:
     before: Any
     trend: list[float | None]
     spark: list[str]
+    #: Whether the viewer may open the team's page (read policy); other teams are aggregates only.
+    readable: bool = True
 
     @property
     def mfu_delta_pp(self) -> float | None:
@@ -268,7 +278,8 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
     """Teams ranked by GPU-hour-weighted MFU over a week or month, with change vs the previous period,
     an 8-week MFU sparkline and the most wasteful jobs (3 queries besides the session)."""
     context = leaderboard_context(request)
-    worst = worst_jobs(context["period"], limit=10)
+    # Other teams are aggregates only: the worst jobs are those of teams the viewer may read.
+    worst = worst_jobs(context["period"], limit=10, scope=lambda qs: readable_jobs(request.user, qs))
     _attach_main_finding(worst)
     context["worst"] = worst
     return render(request, "jobs/leaderboard.html", context, status=400 if context["errors"] else 200)
@@ -286,9 +297,18 @@ def leaderboard_context(request: HttpRequest) -> dict[str, Any]:
     current, before = rows[-1], rows[-2]
     trend_rows = rows[: len(weeks)]
     table = []
+    readable = readable_team_ids(request.user)
     for r in current.values():
         trend = mfu_trend(trend_rows, r.team_id)
-        table.append(LeaderRow(r, before.get(r.team_id), trend, sparkline_points(trend, vmax=1.0)))
+        table.append(
+            LeaderRow(
+                r,
+                before.get(r.team_id),
+                trend,
+                sparkline_points(trend, vmax=1.0),
+                readable=readable is None or r.team_id in readable,
+            )
+        )
     sort = request.GET.get("sort", "mfu")
     sort = sort if sort in _LEADER_SORTS else "mfu"
     table.sort(key=lambda item: (_LEADER_SORTS[sort](item), item.row.team_name.lower()))
@@ -326,13 +346,15 @@ def team_list(request: HttpRequest) -> HttpResponse:
         n_running=Count("jobs", filter=Q(jobs__status=Job.Status.RUNNING), distinct=True),
         n_members=Count("memberships", distinct=True),
     ).order_by("name")
-    return render(request, "jobs/team_list.html", {"teams": teams})
+    # Every team's counts are aggregates; only readable teams' pages are linked (read policy).
+    context = {"teams": teams, "readable": readable_team_ids(request.user)}
+    return render(request, "jobs/team_list.html", context)
 
 
 @require_GET
 def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
     """One team: this week's numbers and trend, members, worst and recent jobs, baselines."""
-    team = get_object_or_404(Team, slug=slug)
+    team = readable_team_or_404(request.user, slug)
     period = iso_week(timezone.now().date())
     weeks = last_weeks(period)
     rows = period_rows(weeks)
@@ -374,7 +396,7 @@ _OVERRIDE_FIELDS = (
 def baseline_list(request: HttpRequest) -> HttpResponse:
     """Active (and optionally retired) baselines with their robust statistics; retire for team members."""
     show_retired = request.GET.get("retired") == "1"
-    qs = (
+    qs = scope_to_teams(
         Baseline.objects.select_related("team")
         .prefetch_related(
             Prefetch("runs", queryset=Job.objects.only("id", "external_id", "name").order_by("started_at")),
@@ -384,7 +406,8 @@ def baseline_list(request: HttpRequest) -> HttpResponse:
                 queryset=PromotionOverride.objects.select_related("user", "job").only(*_OVERRIDE_FIELDS),
             ),
         )
-        .order_by("model_name", "-created_at")
+        .order_by("model_name", "-created_at"),
+        request.user,
     )
     if not show_retired:
         qs = qs.filter(retired_at__isnull=True)
@@ -404,7 +427,7 @@ def baseline_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 def baseline_retire(request: HttpRequest, pk: int) -> HttpResponse:
     """Retire a baseline (members of its team and staff)."""
-    baseline = get_object_or_404(Baseline.objects.select_related("team"), pk=pk)
+    baseline = get_object_or_404(scope_to_teams(Baseline.objects.select_related("team"), request.user), pk=pk)
     if not can_write_team(request.user, baseline.team):
         raise PermissionDenied("Only members of the baseline's team can retire it.")
     if request.POST.get("confirm") != "yes":
@@ -459,7 +482,8 @@ def cluster_readiness(request: HttpRequest) -> HttpResponse:
     each absence hides and how to enable it; jobs whose selector matched no GPU are listed apart."""
     since = timezone.now() - timedelta(days=READINESS_DAYS)
     recent = list(
-        Job.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+        readable_jobs(request.user)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
         .select_related("team")
         .only(
             "external_id",

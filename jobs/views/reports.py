@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 
-from jobs.models import ReportDelivery, Team
+from jobs.models import ReportDelivery
 from jobs.outputs.leaderboard import iso_week, parse_iso_week
 from jobs.outputs.reports import build_report, render_report
+from jobs.permissions import readable_team_or_404
 
 _HISTORY = 26  # half a year of weeks
 
@@ -15,7 +16,7 @@ _HISTORY = 26  # half a year of weeks
 def report_preview(request: HttpRequest, slug: str, week: str) -> HttpResponse:
     """Render the team's email for an ISO week (HTML in a sandboxed frame, and the text part) without
     sending it, plus the team's recent deliveries. Addresses are shown to team members and staff only."""
-    team = get_object_or_404(Team, slug=slug)
+    team = readable_team_or_404(request.user, slug)  # the email names the team's jobs
     try:
         period = parse_iso_week(week)
     except ValueError as exc:

@@ -1,0 +1,123 @@
+"""throughput_query templates (jobs.metrics.throughput): what is allowed, what is refused with the rule,
+how `$job` expands, and the own-job-label rule of non-staff selectors. Pure: no Django, no Prometheus."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.metrics.throughput import (
+    FREE_FORM_MARK,
+    TemplateError,
+    expand,
+    job_matchers,
+    mark_free_form,
+    own_job_selector_problem,
+    parse_duration,
+    runnable_query,
+    validate_template,
+)
+
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "sum(rate(train_tokens_total{$job}[5m]))",
+        "sum by (rank) (rate(train_tokens_total{$job}[2m]))",
+        "sum(rate(train_tokens_total{$job}[5m])) by (rank)",
+        "avg_over_time(tokens_per_second{$job}[10m]) * 8",
+        "sum(increase(train_tokens_total{$job}[1h])) / 3600",
+        "clamp_min(sum(rate(a{$job}[1m])) - sum(rate(b{$job}[1m])), 0)",
+        "max_over_time(sum(rate(train_tokens_total{$job}[1m]))[30m:1m])",
+        "tokens_per_second{$job}",
+        "-1 * -tokens_per_second{ $job }",
+    ],
+)
+def test_allowed_templates_validate(template):
+    assert validate_template(template, max_lookback_s=HOUR) == template.strip()
+
+
+@pytest.mark.parametrize(
+    ("template", "rule"),
+    [
+        ('sum(rate(train_tokens_total{job_id=~".+"}[5m]))', "label matchers other than $job"),
+        ('sum(rate(train_tokens_total{$job, job_id=~".+"}[5m]))', "label matchers other than $job"),
+        ("sum(rate(train_tokens_total[5m])) + sum(rate(x{$job}[5m]))", "would read every team's series"),
+        ("count(up)", "would read every team's series"),
+        ("sum(vector(1))", "not allowed"),
+        ("2 * 3", "reads no series"),
+        ("sum(rate(train_tokens_total{$job}[2h]))", "at most 3600 s (THROUGHPUT_MAX_LOOKBACK_S)"),
+        ("max_over_time(rate(x{$job}[1m])[2h:1m])", "subquery range is 7200 s"),
+        ("max_over_time(rate(x{$job}[1m])[1h:1s])", "at most 1000 steps"),
+        ("max_over_time(rate(x{$job}[1m])[30m:])", "explicit step"),
+        ("max_over_time(max_over_time(rate(x{$job}[1m])[10m:1m])[30m:1m])", "inside a subquery"),
+        ('label_replace(x{$job}, "a", "b", "c", "d")', "not allowed"),
+        ("absent(x{$job})", "function 'absent' is not allowed"),
+        ("x{$job} offset 1h", "'offset' is not allowed"),
+        ("x{$job} / on (pod) y{$job}", "vector matching modifiers"),
+        ("x{$job} or y{$job}", "unexpected 'or'"),
+        ("x{$job} > 0", "'>'"),
+        ("rate(x{$job})", "takes one range"),
+        ("x{$job}[5m]", "instant vector"),
+        ("{$job}", "needs a metric name"),
+        ("sum(rate(x{$job}[5m])) # comment", "'#'"),
+    ],
+)
+def test_refused_templates_name_the_rule(template, rule):
+    with pytest.raises(TemplateError, match=None) as err:
+        validate_template(template, max_lookback_s=HOUR)
+    assert rule in str(err.value), str(err.value)
+
+
+def test_durations_are_read_in_seconds():
+    assert parse_duration("5m") == 300
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("500ms") == 0.5
+
+
+def test_job_expands_to_the_selectors_exact_labels_sorted_and_escaped():
+    selector = {"pod": {"regex": "train-.*"}, "hpc_job": '48"213', "cluster": "a"}
+    # The regex label is dropped (it would only narrow the exact ones); values stay string literals.
+    assert job_matchers(selector, "48213", "job_id") == 'cluster="a",hpc_job="48\\"213"'
+
+
+def test_job_expands_to_the_job_label_and_external_id_for_explicit_gpus():
+    assert job_matchers({}, 'demo-"x', "job_id") == 'job_id="demo-\\"x"'
+
+
+def test_a_good_template_expands_to_the_jobs_own_series():
+    template = "sum(rate(train_tokens_total{$job}[120s]))"
+    assert expand(template, job_matchers({}, "demo-a", "job_id")) == (
+        'sum(rate(train_tokens_total{job_id="demo-a"}[120s]))'
+    )
+
+
+def test_runnable_query_runs_templates_and_marked_free_form_but_not_unmarked_free_form():
+    kwargs = {"job_label": "job_id", "max_lookback_s": HOUR}
+    ok = runnable_query("sum(rate(t{$job}[5m]))", {}, "j1", **kwargs)
+    assert ok.query == 'sum(rate(t{job_id="j1"}[5m]))'
+    free = runnable_query(mark_free_form("sum(rate(t[5m]))"), {}, "j1", **kwargs)
+    assert free.query == "sum(rate(t[5m]))" and not free.query.startswith(FREE_FORM_MARK)
+    legacy = runnable_query('sum(rate(t{job_id="j2"}[5m]))', {}, "j1", **kwargs)
+    assert legacy.query is None
+    assert "free-form PromQL not set by staff" in legacy.reason and "$job" in legacy.reason
+    assert runnable_query("", {}, "j1", **kwargs).query is None
+
+
+def test_selector_rule_requires_the_jobs_own_label_exactly_or_explicit_gpus():
+    labels = ["job_id", "hpc_job"]
+    assert own_job_selector_problem({}, [{"hostname": "a", "gpu": "0"}], "48213", labels) is None
+    assert own_job_selector_problem({"hpc_job": "48213"}, [], "48213", labels) is None
+    assert (
+        own_job_selector_problem({"hpc_job": "48213", "Hostname": {"regex": "n.*"}}, [], "48213", labels)
+        is None
+    )
+    for bad in (
+        {"Hostname": {"regex": ".+"}},
+        {"hpc_job": {"regex": "48213"}},  # a regex on the job label
+        {"hpc_job": "99999"},  # another job's label value
+        {"namespace": "llm"},
+    ):
+        problem = own_job_selector_problem(bad, [], "48213", labels)
+        assert problem is not None and "exact match" in problem and "gpus" in problem, bad
