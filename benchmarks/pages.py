@@ -16,6 +16,11 @@ Creates a private database (TEST_DATABASE_NAME, default `bench_pages`), fills it
 For each page it prints p50/p95/max server-side time (Django test client: middleware, views, templates,
 no network) and the payload: HTML size and the size of the figure data (the json_script element). Targets
 (issue 7): job page < 300 ms and < 1.5 MB of figure data; leaderboard < 200 ms.
+
+`--concurrency 10` then serves the filled database with gunicorn (`--workers`, default 2, as deployed) and
+measures the running job's page and figures JSON over HTTP with that many clients at once, each sending
+`--runs` requests back to back (issue 14: p95 < 300 ms at 10 clients for the 256-GPU x 7-day job).
+`--only-running` skips the finalized job and the list pages (a quicker fill).
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 import statistics
+import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -127,6 +136,23 @@ def _fill_series(job, step: int, gpu_step: int, keys: list[str], gpu_keys: list[
     return len(rows)
 
 
+def _archive_size() -> None:
+    """Bytes of the archive per GPU-hour of each job, by level (pg_column_size of the stored rows)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT j.external_id, s.stat = 'gpu', s.step_seconds, count(*), sum(pg_column_size(s.*)), "
+            "j.gpu_count * extract(epoch from coalesce(j.ended_at, j.data_until) - j.started_at) / 3600 "
+            "FROM jobs_jobseries s JOIN jobs_job j ON j.id = s.job_id GROUP BY 1, 2, 3, j.gpu_count, "
+            "j.ended_at, j.data_until, j.started_at ORDER BY 1, 2, 3"
+        )
+        for job, per_gpu, step, rows, size, gpu_hours in cur.fetchall():
+            kind = "per GPU" if per_gpu else "cross-GPU stats"
+            print(f"  {job:<13} {kind:<16} step {step:>6} s: {rows:>7,} rows {size / 2**20:8.1f} MiB  "
+                  f"{size / float(gpu_hours):8.0f} B per GPU-hour")  # fmt: skip
+        cur.execute("SELECT pg_total_relation_size('jobs_jobseries')")
+        print(f"  jobs_jobseries total (pg_total_relation_size): {cur.fetchone()[0] / 2**20:,.1f} MiB")
+
+
 def _fill_jobs(n: int) -> None:
     from jobs.models import GpuModel, Job, Team
 
@@ -183,6 +209,73 @@ def _report(name: str, times: list[float], body: bytes, target_ms: float | None)
     print(f"{name:<46} p50 {p50:7.1f} ms  p95 {p95:7.1f} ms  max {max(times):7.1f} ms  {payload}{verdict}")
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _client(
+    opener: urllib.request.OpenerDirector, url: str, runs: int, times: list[float], lock: threading.Lock
+) -> None:
+    """One client: `runs` requests back to back, each one's latency appended to `times`."""
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        with opener.open(url, timeout=120) as response:
+            response.read()
+            assert response.status == 200, (url, response.status)
+        with lock:
+            times.append((time.perf_counter() - t0) * 1000)
+
+
+def _concurrent(session: str, paths: list[tuple[str, str]], clients: int, runs: int, workers: int) -> None:
+    """Serve the benchmark database with gunicorn and time each path with `clients` clients at once."""
+    db = settings.DATABASES["default"]
+    port = _free_port()
+    env = dict(os.environ)
+    env |= {
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DEBUG": "true", "ALLOWED_HOSTS": "127.0.0.1,localhost",
+    }  # fmt: skip
+    server = subprocess.Popen(
+        [str(REPO / ".venv/bin/gunicorn"), "efficiency.wsgi", "-w", str(workers), "-b", f"127.0.0.1:{port}",
+         "--timeout", "120", "--log-level", "warning"],
+        cwd=REPO, env=env,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.2)
+        for name, path in paths:
+            opener = urllib.request.build_opener()
+            opener.addheaders = [("Cookie", f"{settings.SESSION_COOKIE_NAME}={session}")]
+            for _ in range(workers):  # warm-up: imports, template compilation, connections
+                opener.open(base + path, timeout=120).read()
+            times: list[float] = []
+            lock = threading.Lock()
+
+            threads = [threading.Thread(target=_client, args=(opener, base + path, runs, times, lock))
+                       for _ in range(clients)]  # fmt: skip
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            p50 = statistics.median(times)
+            p95 = sorted(times)[max(0, round(0.95 * len(times)) - 1)]
+            verdict = "  ok" if p95 < 300 else "  OVER 300 ms"
+            print(f"{name:<40} {clients} clients, gunicorn -w {workers}: p50 {p50:7.1f} ms  p95 {p95:7.1f} ms"
+                  f"  max {max(times):7.1f} ms  {len(times) / wall:5.1f} req/s{verdict}")  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -190,6 +283,9 @@ def main() -> None:
     parser.add_argument(
         "--skip-running", action="store_true", help="skip the running-job archive (slow fill)"
     )
+    parser.add_argument("--concurrency", type=int, default=0, help="clients at once over HTTP (0: off)")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers for --concurrency")
+    parser.add_argument("--only-running", action="store_true", help="only the running job's pages")
     args = parser.parse_args()
 
     setup_test_environment()
@@ -206,10 +302,13 @@ def main() -> None:
         user = get_user_model().objects.create_user("bench", password="x")
         Membership.objects.create(team=team, user=user)
         gpu = GpuModel.objects.get(name="H100 SXM")
-        t0 = time.perf_counter()
-        finished = _make_job(team, gpu, "big-finished", running=False)
-        n = _fill_series(finished, 300, 1800, list(SIGNALS), list(SIGNALS))
-        print(f"filled finalized 256-GPU 7-day job: {n:,} archive rows in {time.perf_counter() - t0:.0f} s")
+        if not args.only_running:
+            t0 = time.perf_counter()
+            finished = _make_job(team, gpu, "big-finished", running=False)
+            n = _fill_series(finished, 300, 1800, list(SIGNALS), list(SIGNALS))
+            print(
+                f"filled finalized 256-GPU 7-day job: {n:,} archive rows in {time.perf_counter() - t0:.0f} s"
+            )
         running = None
         if not args.skip_running:
             t0 = time.perf_counter()
@@ -217,18 +316,20 @@ def main() -> None:
             keys = [k for k in CHART_SIGNALS if k in SIGNALS]
             n = _fill_series(running, 30, 300, keys, ["sm_active", "gpu_util"])
             print(f"filled running 256-GPU 7-day job: {n:,} archive rows in {time.perf_counter() - t0:.0f} s")
-        t0 = time.perf_counter()
-        _fill_jobs(args.jobs)
-        print(f"filled {args.jobs:,} jobs in {time.perf_counter() - t0:.0f} s\n")
+        if not args.only_running:
+            t0 = time.perf_counter()
+            _fill_jobs(args.jobs)
+            print(f"filled {args.jobs:,} jobs in {time.perf_counter() - t0:.0f} s\n")
+        _archive_size()
 
         client = Client()
         client.force_login(user)
         today = datetime.now(UTC).date()
         week = f"{today.isocalendar()[0]}-W{today.isocalendar()[1]:02d}"
-        cases = [
+        cases = [] if args.only_running else [
             ("job page, finalized 256 GPUs x 7 days", "/jobs/big-finished/", 300.0),
             ("figures JSON (refresh), finalized", "/jobs/big-finished/figures.json?points=1200", 300.0),
-        ]
+        ]  # fmt: skip
         if running is not None:
             cases += [
                 ("job page, running 256 GPUs x 7 days", "/jobs/big-running/", 300.0),
@@ -237,17 +338,29 @@ def main() -> None:
                  f"/jobs/big-running/figures.json?start={START.timestamp() + 3 * DAY}"
                  f"&end={START.timestamp() + 3 * DAY + 3600}", 300.0),
             ]  # fmt: skip
-        cases += [
-            (f"leaderboard, this week, {args.jobs:,} jobs", f"/leaderboard/?week={week}", 200.0),
-            (f"leaderboard, this month, {args.jobs:,} jobs", "/leaderboard/?by=month", 200.0),
-            (f"job list, sorted by waste, {args.jobs:,} jobs", "/?sort=-waste", None),
-            ("job list, sorted by MFU, team filter", "/?sort=-mfu&team=team-03", None),
-            ("team page", "/teams/team-03/", None),
-            ("readiness page", "/readiness/", None),
-        ]
+        cases += (
+            []
+            if args.only_running
+            else [
+                (f"leaderboard, this week, {args.jobs:,} jobs", f"/leaderboard/?week={week}", 200.0),
+                (f"leaderboard, this month, {args.jobs:,} jobs", "/leaderboard/?by=month", 200.0),
+                (f"job list, sorted by waste, {args.jobs:,} jobs", "/?sort=-waste", None),
+                ("job list, sorted by MFU, team filter", "/?sort=-mfu&team=team-03", None),
+                ("team page", "/teams/team-03/", None),
+                ("readiness page", "/readiness/", None),
+            ]
+        )
         for name, url, target in cases:
             times, body = _measure(client, url, args.runs)
             _report(name, times, body, target)
+        if args.concurrency and running is not None:
+            session = client.cookies[settings.SESSION_COOKIE_NAME].value
+            paths = [
+                ("job page, running 256 GPUs x 7 days", "/jobs/big-running/"),
+                ("figures JSON (refresh), running", "/jobs/big-running/figures.json?points=1200"),
+            ]
+            print()
+            _concurrent(session, paths, args.concurrency, args.runs, args.workers)
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
 

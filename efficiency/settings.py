@@ -213,6 +213,9 @@ PROMETHEUS_TIMEOUT_S = env_float("PROMETHEUS_TIMEOUT_S", 10.0, min_value=0.1, ma
 # web worker (the check reports it as down instead).
 HEALTHZ_PROMETHEUS_TIMEOUT_S = env_float("HEALTHZ_PROMETHEUS_TIMEOUT_S", 2.0, min_value=0.1, max_value=30)
 PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
+# Per-GPU archive rows at the polled step (300 s) are kept this long after their last value; their
+# downsampled copies (1800 s and 21,600 s, jobs.metrics.archive.GPU_TIERS) and all cross-GPU stats stay.
+ARCHIVE_RAW_RETENTION_DAYS = env_int("ARCHIVE_RAW_RETENTION_DAYS", 30, min_value=1, max_value=36600)
 # dcgm-exporter's scrape interval: coverage = samples / (window / interval), and rate() windows hold >= 2
 # intervals. 30 s as in efficiency/deploy/prometheus.yml (Prometheus' own default is 1 m; sampling.md).
 PROMETHEUS_SCRAPE_INTERVAL_S = env_float("PROMETHEUS_SCRAPE_INTERVAL_S", 30.0, min_value=1.0, max_value=600)

@@ -19,6 +19,10 @@ import numpy as np
 _BLOCK_ELEMENTS = 2_000_000
 # Long series are first reduced to the min and max of points x MINMAX_RATIO / 2 buckets (MinMaxLTTB).
 MINMAX_RATIO = 4
+#: Stat names of a pre-downsampled series' per-window extremes (the lowest and highest fine mean inside each
+#: coarse window; written by jobs.metrics.archive with its tiers): the envelope drawn from a coarse level
+#: comes from them, so the short dips its means average away stay visible.
+MEAN_LOW, MEAN_HIGH = "mean_low", "mean_high"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +161,14 @@ def envelope(x: np.ndarray, y: np.ndarray, buckets: int) -> Envelope:
         high = np.fmax.reduceat(y, edges)
     centre = (x[edges] + x[ends - 1]) / 2.0
     return Envelope(centre, low, high)
+
+
+def envelope_between(x: np.ndarray, low: np.ndarray, high: np.ndarray, buckets: int) -> Envelope:
+    """The envelope of a pre-downsampled series: per bucket, the least of `low` and the most of `high`
+    (each window's own extremes), NaN ignored; an all-NaN bucket stays NaN."""
+    lows = envelope(x, low, buckets)
+    highs = envelope(x, high, buckets)
+    return Envelope(lows.x, lows.low, highs.high)
 
 
 def bucket_mean(matrix: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """Celery tasks: thin wrappers that take ids and call one function each.
 
-Re-running any of them is safe (ingestion upserts aligned chunks; finalize replaces the archive in one
-transaction), hence acks_late. Only transient errors (Prometheus unreachable) are retried.
+Re-running any of them is safe (ingestion and finalize merge into the archive: a repeated write stores
+the same chunks), hence acks_late. Only transient errors (Prometheus unreachable) are retried.
 """
 
 from __future__ import annotations
@@ -133,6 +133,17 @@ def deliver_alert(self: Task, delivery_id: int) -> str:
     if outcome is notify.Outcome.RETRY:
         raise self.retry(countdown=notify.backoff_s(notify.attempts_of(delivery_id)))
     return str(outcome)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def prune_archive() -> int:
+    """Drop per-GPU archive rows at the polled step older than ARCHIVE_RAW_RETENTION_DAYS whose downsampled
+    copy exists (idempotent); returns the rows deleted."""
+    from django.utils import timezone
+
+    from jobs.metrics import archive
+
+    return archive.prune_raw(timezone.now(), settings.ARCHIVE_RAW_RETENTION_DAYS)
 
 
 @shared_task(acks_late=True, ignore_result=True)

@@ -219,3 +219,34 @@ def test_finalize_keeps_the_early_archive_prometheus_no_longer_holds(make_team, 
     assert sigs is not None and sigs.signals["gpu_util"].mean is not None
     early = sigs.timestamps <= DEFAULT_START + hour
     assert np.isfinite(sigs.signals["gpu_util"].mean[early]).sum() == len(first_hour)
+
+
+# ------------------------------------------------------------------------------------------------ pages
+
+
+@pytest.mark.django_db
+def test_the_cached_whole_job_figures_change_with_the_next_poll(make_team, make_user, client):
+    from django.urls import reverse
+
+    job = _job(make_team, "cached-figures")
+    job.status, job.ended_at = Job.Status.RUNNING, None
+    job.save()
+    client.force_login(make_user("viewer", teams=[job.team]))
+    url = reverse("job-figures", args=[job.external_id])
+    times = T0 + 30.0 * np.arange(1, 121)  # the first hour
+    archive.upsert([_pts(job, times, np.full(120, 0.5))])
+    job.data_until = archive.utc(float(times[-1]))
+    job.save()
+
+    def drawn() -> int:
+        body = client.get(url).json()
+        line = next(t for t in body["timeseries"]["data"] if t["name"] == "nvidia-smi util")
+        return sum(1 for y in line["y"] if y is not None)
+
+    assert drawn() == 120
+    assert drawn() == 120  # the same figures, from the cache
+    more = times[-1] + 30.0 * np.arange(1, 61)  # the next poll archives 30 more minutes
+    archive.upsert([_pts(job, more, np.full(60, 0.25))])
+    job.data_until = archive.utc(float(more[-1]))
+    job.save()
+    assert drawn() == 180  # the poll's save changed the key: nothing stale is served

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jobs.charts.common import BLACK, BLUE, FONT, GREEN, GREY, PURPLE, VERMILLION, escape
-from jobs.downsample import bucket_mean, downsample_line
+from jobs.downsample import MEAN_HIGH, MEAN_LOW, bucket_mean, downsample_line, envelope_between
 from jobs.metrics.signals import JobSignals, SignalSeries
 
 DEFAULT_POINTS = 1000  # per trace: about one point per horizontal pixel of a laptop-wide chart
@@ -346,6 +346,11 @@ def timeseries_figure(
             assert series is not None and series.mean is not None
             part = _window_slice(series.timestamps, window)
             lx, ly, env = downsample_line(series.timestamps[part], series.mean[part], points)
+            low, high = series.stats.get(MEAN_LOW), series.stats.get(MEAN_HIGH)
+            if low is not None and high is not None:
+                # A pre-downsampled level (the whole-job view of a long job): its means average short dips
+                # away, so the envelope is of each window's lowest and highest polled mean instead.
+                env = envelope_between(series.timestamps[part], low[part], high[part], max(1, points // 2))
             common = {"xaxis": "x", "yaxis": f"y{r}", "legendgroup": line.key, "legend": legend}
             if env is not None:
                 data.append({

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from django.db import connection, transaction
 
+from jobs.downsample import MEAN_HIGH, MEAN_LOW
 from jobs.evaluation.schema import DERIVED_MFU, DERIVED_THROUGHPUT
 from jobs.metrics.sampling import grid_columns, lattice_point
 from jobs.metrics.signals import COUNT, MAX, MIN, SAMPLED, SIGNALS, GpuKey, JobSignals, SignalSeries, grid
@@ -48,6 +49,9 @@ _UNITS = {THROUGHPUT: "tokens/s", MFU: "ratio"}
 _F4 = np.dtype("<f4")
 _EPS = 1e-6  # in steps: float noise of millisecond timestamps
 GPU_STAT = "gpu"
+#: Lowest and highest cross-GPU mean inside each window of a downsampled level (jobs.downsample): a chart
+#: drawn from a tier keeps the short dips and spikes its means average away. Read only on request.
+EXTREMES = (MEAN_LOW, MEAN_HIGH)
 
 #: Downsampled levels of the cross-GPU stats (s): 300 s keeps a week within ~2,000 points per line, 3600 s
 #: a quarter. Each divides a 240-point chunk of the level below (30 s x 240 = 7,200 s; 300 s x 240 =
@@ -230,9 +234,9 @@ def _reduce(stat: str, values: np.ndarray, starts: np.ndarray, ratio: float) -> 
     finite = np.isfinite(values)
     n = np.add.reduceat(finite.astype(np.int64), starts)
     with np.errstate(invalid="ignore", divide="ignore"):
-        if stat == MIN:
+        if stat in (MIN, MEAN_LOW):
             out = np.fmin.reduceat(values, starts)
-        elif stat in (MAX, COUNT):
+        elif stat in (MAX, COUNT, MEAN_HIGH):
             out = np.fmax.reduceat(values, starts)
         else:
             total = np.add.reduceat(np.where(finite, values, 0.0), starts)
@@ -261,10 +265,24 @@ def _coarser(merged: dict[_Key, np.ndarray], written: dict[_Key, np.ndarray]) ->
         times = start + step * np.arange(1, CHUNK_POINTS + 1, dtype=np.float64)
         bucket = np.ceil(times / coarse - _EPS).astype(np.int64)  # the coarse point closing each window
         starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-        values = _reduce(stat, arr.astype(np.float64), starts, coarse / step)
+        fine = arr.astype(np.float64)
         touched = np.isin(bucket[starts], bucket[written[key]])
         points = (bucket[starts][touched] * coarse).astype(np.float64)
-        out.append(Points(job_id, signal, stat, gpu_key, coarse, points, values[touched]))
+        out.append(
+            Points(
+                job_id,
+                signal,
+                stat,
+                gpu_key,
+                coarse,
+                points,
+                _reduce(stat, fine, starts, coarse / step)[touched],
+            )
+        )
+        if stat == "mean" and step not in AGG_TIERS:  # the polled (or finalized) means: start the extremes
+            for extreme in EXTREMES:
+                values = _reduce(extreme, fine, starts, coarse / step)[touched]
+                out.append(Points(job_id, signal, extreme, gpu_key, coarse, points, values))
     return out
 
 
@@ -364,6 +382,9 @@ def _fetch(
     if stats is not None:
         where += " AND stat = ANY(%s)"
         params.append(list(stats))
+    else:
+        where += " AND stat <> ALL(%s)"
+        params.append(list(EXTREMES))
     if window is not None:
         # A chunk owns (start, end]: overlap test on both ends.
         where += ' AND start < %s AND "end" >= %s'
@@ -610,9 +631,10 @@ def load_means(
     max_points: int | None = None,
 ) -> JobSignals | None:
     """Cross-GPU means of `signals` on one time grid (what a page draws), or None when nothing is archived.
-    `max_points`: read the coarsest level that still gives that many points (see `load_job_signals`)."""
+    `max_points`: read the coarsest level that still gives that many points (see `load_job_signals`);
+    a downsampled level comes with its windows' lowest and highest mean (MEAN_LOW, MEAN_HIGH)."""
     return load_job_signals(
-        job, per_gpu=False, signals=signals, stats=["mean"], window=window, max_points=max_points
+        job, per_gpu=False, signals=signals, stats=["mean", *EXTREMES], window=window, max_points=max_points
     )
 
 

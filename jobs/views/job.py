@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from urllib.parse import urlencode
 import orjson
 from django.conf import settings
 from django.contrib import messages
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
@@ -25,6 +27,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs import charts
 from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.diagnosis.regimes import Resolution
+from jobs.downsample import MINMAX_RATIO
 from jobs.evaluation import baselines
 from jobs.evaluation.costs import format_usd
 from jobs.evaluation.load import reference_mfu
@@ -230,6 +233,45 @@ def heatmap_signal(job: Job) -> str:
     return "gpu_util" if "sm_active" in (job.missing_signals or []) else "sm_active"
 
 
+#: How long built whole-job figures stay cached: the key changes with every poll, diagnosis and finding
+#: anyway; the expiry only bounds what a deleted job leaves behind.
+FIGURES_CACHE_S = 600
+
+
+def _figures_key(
+    job: Job, findings: list[Finding], points: int, captures: Sequence[charts.CaptureMark]
+) -> str:
+    """Everything the whole-job figures are built from that can change: the archive (data_until, the
+    job's own save on each poll), the diagnosis and its findings, the artifacts' capture windows."""
+    parts = (
+        job.pk, job.updated_at, job.data_until, job.diagnosed_at, job.missing_reasons, points,
+        [(f.pk, f.updated_at) for f in findings], [repr(c) for c in captures],
+    )  # fmt: skip
+    return "job-figures:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def cached_figures(
+    job: Job,
+    findings: list[Finding],
+    *,
+    points: int,
+    window: tuple[float, float] | None = None,
+    captures: Sequence[charts.CaptureMark] = (),
+) -> dict[str, Any]:
+    """`build_figures`, with the whole-job view shared through the cache: every viewer of a running job
+    (and every one-minute refresh) between two polls gets the same figures, so under load a request reads
+    one cache entry instead of re-reading and re-thinning the archive. Zooms are built per request (they
+    read the window's rows only)."""
+    if window is not None:
+        return build_figures(job, findings, points=points, window=window, captures=captures)
+    key = _figures_key(job, findings, points, captures)
+    figures = cache.get(key)
+    if figures is None:
+        figures = build_figures(job, findings, points=points, captures=captures)
+        cache.set(key, figures, FIGURES_CACHE_S)
+    return figures
+
+
 def build_figures(
     job: Job,
     findings: list[Finding],
@@ -239,13 +281,17 @@ def build_figures(
     captures: Sequence[charts.CaptureMark] = (),
 ) -> dict[str, Any]:
     """The time-series figure, the per-GPU heatmap and what is missing from them (2-3 queries)."""
-    sigs = load_means(job, charts.CHART_SIGNALS, window)
+    # Pre-downsampled levels: the coarsest archived step that still gives the pixel budget (x MINMAX_RATIO,
+    # what the line's thinning picks from) and twice the heatmap's columns, so a request reads a bounded
+    # number of values whatever the job's GPU-hours; a zoom reads finer levels over its window only.
+    sigs = load_means(job, charts.CHART_SIGNALS, window, max_points=points * MINMAX_RATIO)
     reasons = dict(job.missing_reasons or {})
     heat_key = heatmap_signal(job)
-    per_gpu = load_per_gpu(job, heat_key, window)
+    columns = 2 * charts.HEATMAP_COLUMNS
+    per_gpu = load_per_gpu(job, heat_key, window, max_points=columns)
     if per_gpu is None and heat_key != "gpu_util":
         heat_key = "gpu_util"
-        per_gpu = load_per_gpu(job, heat_key, window)
+        per_gpu = load_per_gpu(job, heat_key, window, max_points=columns)
     label = HEATMAP_LABELS[heat_key]
     gpu = job.gpu_model
     memory_gib = gpu.memory_mib / 1024 if gpu and gpu.memory_mib else None
@@ -392,7 +438,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     job = _job_or_404(request, external_id)
     findings = list(job.findings.all())  # Finding.Meta.ordering: most $/day first
     artifacts = [artifact_views.present(a) for a in job.artifacts.select_related("uploaded_by")]
-    figures = build_figures(
+    figures = cached_figures(
         job,
         findings,
         points=charts.DEFAULT_POINTS,
@@ -511,7 +557,7 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
             window = _window(request)
         except BadParameter as exc:
             return _json_response({"detail": str(exc)}, status=400)
-        figures = build_figures(
+        figures = cached_figures(
             job,
             list(job.findings.all()),
             points=_points(request),
