@@ -3,16 +3,31 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-VAR := var
+VAR ?= var
 WEB_ADDR ?= 127.0.0.1:8000
+# Where the app finds its services. The defaults are what `.ci/services` starts; a second demo next to a
+# running one (or next to services other work uses) takes its own database, Redis DB, Prometheus and state:
+#   make demo VAR=var/demo2 DEMO_DB=efficiency_demo2 REDIS_DB=2 PROM_PORT=59190 WEB_ADDR=127.0.0.1:8002
+# PostgreSQL and Redis already answering on their ports are used as they are (nothing is restarted).
+DEMO_DB ?= efficiency
+REDIS_DB ?= 0
+PROM_PORT ?= 59090
+export DATABASE_URL ?= postgres://efficiency:efficiency@127.0.0.1:55432/$(DEMO_DB)
+export REDIS_URL ?= redis://127.0.0.1:56379/$(REDIS_DB)
+export PROMETHEUS_URL ?= http://127.0.0.1:$(PROM_PORT)
+export STATIC_ROOT ?= $(abspath $(VAR))/staticfiles
+export MEDIA_ROOT ?= $(abspath $(VAR))/media
+SERVICES = EFFICIENCY_VAR="$(abspath $(VAR))" PG_DB="$(DEMO_DB)" PROM_PORT="$(PROM_PORT)" \
+	WEB_PORT="$(lastword $(subst :, ,$(WEB_ADDR)))" .ci/services
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
-.PHONY: demo test stop services venv migrate lint typecheck format bench help plotly-bundle
+.PHONY: demo test stop stop-app services venv migrate lint typecheck format bench help plotly-bundle
 
 help:
 	@echo "make demo    install, start Postgres/Redis/Prometheus, load demo data, run web + worker + beat"
 	@echo "make test    run the test suite (starts the services it needs)"
 	@echo "make stop    stop everything make demo started"
+	@echo "make stop-app  stop only the web server, worker and beat make demo started (services keep running)"
 	@echo "make lint    ruff check and format check"
 	@echo "make typecheck  mypy (django-stubs, DRF stubs) on jobs/ and efficiency/"
 	@echo "make plotly-bundle  rebuild static/vendor/plotly.min.js (partial plotly.js; needs node/npm)"
@@ -29,7 +44,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 venv: $(VENV)/.installed
 
 services:
-	@.ci/services start
+	@$(SERVICES) start
 
 migrate: venv services
 	$(PY) manage.py migrate --noinput
@@ -50,7 +65,7 @@ $(DEMO_SECRET_FILE):
 
 demo: migrate $(DEMO_SECRET_FILE)
 	$(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
-	@.ci/services restart-prometheus
+	@$(SERVICES) restart-prometheus
 	$(PY) manage.py load_demo --finish
 	$(DEMO_ENV) $(PY) manage.py collectstatic --noinput -v0
 	@mkdir -p $(VAR)/run
@@ -66,15 +81,18 @@ demo: migrate $(DEMO_SECRET_FILE)
 	@echo "  efficiency is running:  http://$(WEB_ADDR)/"
 	@echo "  log in as:              demo / demo-password   (staff; admin at /admin/)"
 	@echo "  health:                 http://$(WEB_ADDR)/healthz"
-	@echo "  stop with:              make stop"
+	@echo "  stop with:              make stop-app (web, worker, beat; also make stop: the services too)"
 
 _stop_app:
 	@for p in web worker beat; do \
 	  if [ -f $(VAR)/run/$$p.pid ]; then kill $$(cat $(VAR)/run/$$p.pid) 2>/dev/null || true; rm -f $(VAR)/run/$$p.pid; fi; \
 	done
 
+# Only the web server, worker and beat of this VAR (not the services).
+stop-app: _stop_app
+
 stop: _stop_app
-	@.ci/services stop
+	@$(SERVICES) stop
 
 test: venv
 	@WITH_BROWSER=1 .ci/services start

@@ -189,6 +189,9 @@ def register(demo: DemoJob, result: SimResult, teams: dict[str, Team], now: date
     return register_job(body).job
 
 
+BACKFILL_TIMEOUT_S = 1800.0
+
+
 def load(tsdb_dir: Path, state_dir: Path, now: datetime | None = None) -> dict[str, Any]:
     """Create people and jobs, backfill their metrics into `tsdb_dir`; idempotent (skips loaded jobs)."""
     now = now or datetime.now(UTC)
@@ -206,7 +209,9 @@ def load(tsdb_dir: Path, state_dir: Path, now: datetime | None = None) -> dict[s
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "demo.om"
             write_openmetrics(results, path)
-            backfill(path, tsdb_dir)
+            # Six weeks of history: promtool needs minutes, more on a busy machine (300 s timed out on the
+            # shared 2-core dev box); the limit only stops a hung promtool.
+            backfill(path, tsdb_dir, timeout_s=BACKFILL_TIMEOUT_S)
         for demo, result in zip(new, results, strict=True):
             register(demo, result, teams, now)
     live = [
