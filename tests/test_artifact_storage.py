@@ -5,6 +5,7 @@ and delete (issue #14, workers that scale out)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -54,23 +55,26 @@ def backend(request, settings, media_root, tmp_path):
     settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path / "parse-tmp")
     os.makedirs(settings.FILE_UPLOAD_TEMP_DIR)
     if request.param == "s3":
-        import boto3
-
-        endpoint = request.getfixturevalue("s3_endpoint")
-        bucket = f"artifacts-{uuid.uuid4().hex[:12]}"
-        options = _s3_options(endpoint, bucket)
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id=options["access_key"],
-            aws_secret_access_key=options["secret_key"],
-            region_name=options["region_name"],
-        ).create_bucket(Bucket=bucket)
-        settings.STORAGES = {
-            **settings.STORAGES,
-            "artifacts": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": options},
-        }
+        _configure_bucket(settings, request.getfixturevalue("s3_endpoint"))
     return request.param
+
+
+def _configure_bucket(settings, endpoint: str) -> None:
+    """A fresh bucket on the moto server as STORAGES["artifacts"]."""
+    import boto3
+
+    options = _s3_options(endpoint, f"artifacts-{uuid.uuid4().hex[:12]}")
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=options["access_key"],
+        aws_secret_access_key=options["secret_key"],
+        region_name=options["region_name"],
+    ).create_bucket(Bucket=options["bucket_name"])
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "artifacts": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": options},
+    }
 
 
 @pytest.fixture
@@ -246,3 +250,24 @@ def test_a_delete_waits_for_an_upload_of_the_same_bytes_in_flight_and_keeps_its_
         assert worker.is_alive() and outcome == []  # blocked on the lock
     worker.join(timeout=10)
     assert outcome == [False] and _stored(sha)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_copy_artifact_blobs_moves_a_local_store_into_the_bucket(
+    make_team, make_user, api_client_for, celery_eager, catalog, media_root, settings, s3_endpoint
+):
+    from django.core.management import call_command
+
+    client = api_client_for(make_user("alice", teams=[make_team("llm")]))
+    assert client.post("/api/v1/jobs/", job_body("48213"), format="json").status_code == 201
+    _upload(client, "48213", _kineto())  # stored locally under MEDIA_ROOT
+    sha = Artifact.objects.get().sha256
+    _configure_bucket(settings, s3_endpoint)
+    assert not _stored(sha)
+    out = io.StringIO()
+    call_command("copy_artifact_blobs", "--from", str(media_root), stdout=out)
+    assert _stored(sha) and "copied 1, already stored 0, missing 0" in out.getvalue()
+    call_command("copy_artifact_blobs", "--from", str(media_root), stdout=out)  # a rerun copies nothing
+    assert "copied 0, already stored 1, missing 0" in out.getvalue()
+    assert client.post(f"/api/v1/artifacts/{Artifact.objects.get().pk}/reparse/").status_code == 202
+    assert Artifact.objects.get().status == "done"  # parsed from the bucket
