@@ -199,20 +199,30 @@ def store_poll(
     client: PrometheusClient | None,
     *,
     energy_j: object = _KEEP,
+    archived_rows: bool = False,
+    derived_out: list[Any] | None = None,
 ) -> Job:
     """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
-    settled (`settled_data_until`); then the diagnosis (when due) and the alert rules."""
+    settled (`settled_data_until`); then the diagnosis (when due) and the alert rules.
+
+    The cycle merges every job's rows in one `archive.upsert` (`archived_rows=True`: already written) and
+    collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if energy_j is not _KEEP:
             _set_energy(job, energy_j if isinstance(energy_j, float) else None)
         _record_missing(job, sigs)
-        archive.upsert(archive.rows_for(job, sigs, {}))
+        if not archived_rows:
+            archive.upsert(archive.rows_for(job, sigs, {}))
         # GPU_UTIL per GPU for the exact idle share; the other per-GPU rows are the bulk of the archive.
         archived = archive.load_job_signals(job, per_gpu=("gpu_util",))
         derived = update_summary(job, archived, client)
         if archived is not None:
-            archive.upsert(archive.derived_rows(*_new_part(job, archived, derived, sigs.start)))
+            rows = archive.derived_rows(*_new_part(job, archived, derived, sigs.start))
+            if derived_out is None:
+                archive.upsert(rows)
+            else:
+                derived_out.extend(rows)
         job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
         job.last_polled_at = now
         job.ingest_error = ""
@@ -459,6 +469,19 @@ def poll_cycle(client: PrometheusClient | None = None, now: datetime | None = No
         cache.delete(_LOCK_KEY)
 
 
+def _archive_cycle(jobs: dict[int, Job], signals: dict[int, JobSignals]) -> bool:
+    """Merge every job's new window into the archive in one `archive.upsert` (one COPY and one INSERT
+    per level for the cycle instead of per job). False when it failed: then each job writes its own rows,
+    and a job whose rows cannot be written gets its own error."""
+    try:
+        rows = [row for key, sigs in signals.items() for row in archive.rows_for(jobs[key], sigs, {})]
+        archive.upsert(rows)
+    except Exception:
+        log.exception("poll cycle: one archive write for all jobs failed; writing job by job")
+        return False
+    return True
+
+
 def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
     t0 = time.monotonic()
     requests0 = client.requests
@@ -497,6 +520,8 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
     by_key = {t.key: t for t in grouped}
     for key, reason in result.errors.items():
         done[key] = _mark_stale(jobs[key], RuntimeError(reason), now)
+    archived_rows = _archive_cycle(jobs, result.signals)
+    derived: list[Any] = []
     for key, sigs in result.signals.items():
         job = jobs[key]
         try:
@@ -505,10 +530,15 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
                 # Energy over the whole job: one instant query per job (each job has its own window), so
                 # only on per-GPU cycles (and a job's first ones); between them the last value is kept.
                 energy = _energy_total(client, job_selector(job), job.started_at.timestamp(), by_key[key].end)
-            done[key] = store_poll(job, sigs, by_key[key].end, now, client, energy_j=energy)
+            done[key] = store_poll(job, sigs, by_key[key].end, now, client, energy_j=energy,
+                                   archived_rows=archived_rows, derived_out=derived)  # fmt: skip
         except Exception as exc:  # one job's failure must not stop the cycle
             log.exception("job %s: poll failed", job.external_id)
             done[key] = _mark_stale(job, exc, now)
+    try:
+        archive.upsert(derived)
+    except Exception:  # the next poll writes them again (merges are idempotent)
+        log.exception("poll cycle: writing the derived series failed")
     for key in fallback:
         try:
             done[key] = poll_job(jobs[key], client, now)
