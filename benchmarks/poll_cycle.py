@@ -9,7 +9,7 @@ Builds N running jobs x 8 GPUs (one node each, `hpc_job` labels as dcgm-exporter
 exporter's label set: gpu, UUID, pci_bus_id, device, modelName, Hostname, driver version, plus the target
 labels), backfills them into a throwaway Prometheus (promtool), registers the jobs as discovery would
 (`{"hpc_job": id}`; `--explicit-share` of them with explicit GPU lists instead) with the simulator's
-throughput query, and runs `--cycles` one-minute cycles from T0 + 60 min (the open 2 h chunk half full).
+throughput query, and runs `--cycles` one-minute cycles from T0 + `--history-min` (default 10 min).
 `--mode per-job` polls every job with `ingest.poll_job`, as the fan-out before the cluster-wide cycle did
 (run it on an older checkout to measure "before").
 
@@ -87,7 +87,7 @@ def _simulate(jobs: int, minutes: float, seed: int) -> list[Any]:
     names = list(CLUSTER_MIX)
     out = []
     for j in range(jobs):
-        offset = 30.0 * (j % 20)  # jobs started within the first 10 minutes of the chunk
+        offset = 30.0 * (j % 4)  # jobs started within the first 2 minutes
         out.append(
             simulate(
                 SimSpec(
@@ -115,6 +115,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("cycle", "per-job"), default="cycle")
     parser.add_argument("--explicit-share", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--history-min", type=int, default=10, help="job age at the first cycle (minutes)")
     parser.add_argument("--keep", help="directory to keep (and reuse) the backfilled TSDB in")
     parser.add_argument("--profile", type=int, default=0, help="cProfile this cycle (1-based), top 25")
     args = parser.parse_args()
@@ -127,8 +128,8 @@ def main() -> None:
     from jobs.simulate import backfill, registration_body, write_openmetrics
 
     n_jobs = max(1, args.gpus // 8)
-    first = T0 + 60 * 60.0
-    minutes = 60 + args.cycles + 2
+    first = T0 + args.history_min * 60.0
+    minutes = args.history_min + args.cycles + 2
     t = time.perf_counter()
     sims = _simulate(n_jobs, minutes, args.seed)
     print(f"simulated {n_jobs} jobs x 8 GPUs, {minutes} min: {time.perf_counter() - t:.1f} s", flush=True)
