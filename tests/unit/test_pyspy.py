@@ -205,3 +205,27 @@ def test_truncated_files_parse_or_raise_artifact_error() -> None:
         for cut in range(0, len(data), max(1, len(data) // 30)):
             with contextlib.suppress(ArtifactError):
                 json.dumps(analyze_pyspy(data[:cut]), allow_nan=False)
+
+
+def test_icicle_nodes_are_numbered_in_file_order_whatever_order_the_tree_is_built_in() -> None:
+    from jobs.profiling.pyspy import _icicle, parse_pyspy_raw
+
+    # Built from sorted stacks (a;b, a;b;d, a;c), numbered as first met in the file: a, b, c, then d.
+    profile = parse_pyspy_raw(
+        "a (m.py:1);b (m.py:2) 1\na (m.py:1);c (m.py:3) 2\na (m.py:1);b (m.py:2);d (m.py:4) 3\n"
+    )
+    icicle = _icicle(profile, 100)
+    by_id = dict(
+        zip(
+            icicle["ids"],
+            zip(icicle["labels"], icicle["parents"], icicle["values"], strict=True),
+            strict=True,
+        )
+    )
+    assert by_id == {
+        "n0": ("all", "", 6.0),
+        "n1": ("a (m.py)", "n0", 6.0),
+        "n2": ("b (m.py)", "n1", 4.0),  # 1 + the 3 below d
+        "n3": ("c (m.py)", "n1", 2.0),
+        "n4": ("d (m.py)", "n2", 3.0),
+    }
