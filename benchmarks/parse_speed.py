@@ -15,7 +15,8 @@ by time), one event per line, and written to a temporary directory. For each siz
   count; no tracemalloc, which slows parsing severalfold);
 * HTA: `TraceAnalysis` loading the trace plus its temporal and idle breakdowns, run by `--hta-python`
   (a separate virtual environment: `python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install
-  holistictraceanalysis==0.5.0`), measured the same way. Without it only our numbers are printed.
+  holistictraceanalysis==0.5.0`), measured the same way (its CPU includes its parsing pool's workers;
+  its peak is its main process' only, so it is a lower bound). Without it only our numbers are printed.
 
 Prints min and median over the repetitions. The numbers depend on the machine and on its load.
 """
@@ -50,16 +51,16 @@ def status(key):
     return 0
 
 base = status("VmRSS")
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 result = analyze_trace(parse_kineto(sys.argv[1]))
-wall = time.perf_counter() - t0
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 rank = result["ranks"][0]
-print(json.dumps({"wall_s": wall, "peak_bytes": status("VmHWM") - base,
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_bytes": status("VmHWM") - base,
                   "idle_pct": rank["temporal_breakdown"]["idle_pct"], "gpu_ops": rank["counts"]["gpu_ops"]}))
 """
 
 HTA_CHILD = r"""
-import sys, time, json, logging, warnings
+import os, sys, time, json, logging, warnings
 warnings.simplefilter("ignore")
 from hta.trace_analysis import TraceAnalysis
 from importlib.metadata import version
@@ -71,13 +72,18 @@ def status(key):
             return int(line.split()[1]) * 1024
     return 0
 
+def cpu_s():
+    # HTA parses in a multiprocessing pool: its (joined) workers' CPU counts too.
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
 base = status("VmRSS")
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), cpu_s()
 analysis = TraceAnalysis(trace_files={0: sys.argv[1]}, trace_dir="/")
 tb = analysis.get_temporal_breakdown(visualize=False).iloc[0]
 analysis.get_idle_time_breakdown(visualize=False)
-wall = time.perf_counter() - t0
-print(json.dumps({"wall_s": wall, "peak_bytes": status("VmHWM") - base,
+wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_bytes": status("VmHWM") - base,
                   "idle_pct": 100.0 * tb["idle_time(us)"] / tb["kernel_time(us)"],
                   "version": version("holistictraceanalysis")}))
 """
@@ -209,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("wall: seconds of parse + analysis (HTA: TraceAnalysis load + temporal + idle breakdown);")
     print("peak: resident memory growth during them (VmHWM - VmRSS before), as a multiple of the file;")
-    print("speedup: HTA's median wall / our median wall. min/median over the repetitions.")
+    print("cpu: median process CPU seconds (user + system) of the same calls: steadier on a shared machine.")
+    print("speedup: HTA's median / our median. Times are min/median over the repetitions.")
     return 0
 
 
@@ -224,15 +231,19 @@ def _print_row(mb: int, size: int, ours: list[dict[str, Any]], theirs: list[dict
     op_min, op_med = stats(ours, "peak_bytes")
     line = (
         f"{mb:>4} MB ({size / 1e6:6.1f} MB, {ours[0]['gpu_ops']:>8} GPU ops)"
-        f"  ours wall {ow_min:6.2f}/{ow_med:6.2f} s"
+        f"  ours wall {ow_min:6.2f}/{ow_med:6.2f} s cpu {stats(ours, 'cpu_s')[1]:6.2f} s"
         f"  peak {op_min / 2**20:7.1f}/{op_med / 2**20:7.1f} MiB ({op_med / size:4.2f}x)"
     )
     if theirs:
         hw_min, hw_med = stats(theirs, "wall_s")
         _, hp_med = stats(theirs, "peak_bytes")
+        _, hc_med = stats(theirs, "cpu_s")
+        _, oc_med = stats(ours, "cpu_s")
         line += (
             f"  | HTA {theirs[0]['version']} wall {hw_min:6.2f}/{hw_med:6.2f} s"
-            f"  peak {hp_med / 2**20:7.1f} MiB ({hp_med / size:4.2f}x)  speedup {hw_med / ow_med:5.1f}x"
+            f" cpu {stats(theirs, 'cpu_s')[1]:6.2f} s"
+            f"  peak {hp_med / 2**20:7.1f} MiB ({hp_med / size:4.2f}x)"
+            f"  speedup wall {hw_med / ow_med:5.1f}x cpu {hc_med / oc_med:5.1f}x"
             f"  idle% ours {ours[0]['idle_pct']:.3f} HTA {theirs[0]['idle_pct']:.3f}"
         )
     print(line, flush=True)
