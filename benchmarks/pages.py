@@ -17,7 +17,8 @@ For each page it prints p50/p95/max server-side time (Django test client: middle
 no network) and the payload: HTML size and the size of the figure data (the json_script element). Targets
 (issue 7): job page < 300 ms and < 1.5 MB of figure data; leaderboard < 200 ms.
 
-`--concurrency 10` then serves the filled database with gunicorn (`--workers`, default 2, as deployed) and
+`--concurrency 10` then serves the filled database with gunicorn (`--workers`, default 2, DEBUG=false, static
+files collected into a temporary STATIC_ROOT, as deployed) and
 measures the running job's page and figures JSON over HTTP with that many clients at once, each sending
 `--runs` requests back to back (issue 14: p95 < 300 ms at 10 clients for the 256-GPU x 7-day job).
 `--only-running` skips the finalized job and the list pages (a quicker fill).
@@ -28,10 +29,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -149,6 +152,23 @@ def _archive_size() -> None:
             kind = "per GPU" if per_gpu else "cross-GPU stats"
             print(f"  {job:<13} {kind:<16} step {step:>6} s: {rows:>7,} rows {size / 2**20:8.1f} MiB  "
                   f"{size / float(gpu_hours):8.0f} B per GPU-hour")  # fmt: skip
+        # The layout before migration 0010, measured on equivalent rows: every value with a float8 Unix time
+        # next to it (timestamps float8[] + values float8[]), the polled levels only (no tiers).
+        cur.execute(
+            "SELECT j.external_id, sum(pg_column_size(ROW(s.id, s.job_id, s.signal, s.stat, s.gpu_key, "
+            's.step_seconds, s.start, s."end", array_fill(0::float8, ARRAY[length(s."values") / 4]), '
+            'array_fill(0::float8, ARRAY[length(s."values") / 4])))), sum(pg_column_size(s.*)), '
+            "j.gpu_count * extract(epoch from coalesce(j.ended_at, j.data_until) - j.started_at) / 3600 "
+            "FROM jobs_jobseries s JOIN jobs_job j ON j.id = s.job_id "
+            "WHERE s.stat NOT IN ('mean_low', 'mean_high') AND s.step_seconds NOT IN (3600, 21600) "
+            "AND NOT (s.stat <> 'gpu' AND s.step_seconds = 300 AND j.status = 'running') "
+            "AND NOT (s.stat = 'gpu' AND s.step_seconds = 1800 AND j.status = 'running') "
+            "GROUP BY 1, j.gpu_count, j.ended_at, j.data_until, j.started_at ORDER BY 1"
+        )
+        for job, old, new, gpu_hours in cur.fetchall():
+            old_b, new_b = old / float(gpu_hours), new / float(gpu_hours)
+            print(f"  {job:<13} polled levels only: old layout (float8[] times + values) {old_b:6.0f} B "
+                  f"per GPU-hour, compact {new_b:6.0f} B per GPU-hour")  # fmt: skip
         cur.execute("SELECT pg_total_relation_size('jobs_jobseries')")
         print(f"  jobs_jobseries total (pg_total_relation_size): {cur.fetchone()[0] / 2**20:,.1f} MiB")
 
@@ -233,10 +253,15 @@ def _concurrent(session: str, paths: list[tuple[str, str]], clients: int, runs: 
     db = settings.DATABASES["default"]
     port = _free_port()
     env = dict(os.environ)
+    static_root = tempfile.mkdtemp(prefix="bench-static-")
+    # As deployed: DEBUG=false (WhiteNoise's compressed manifest, no autorefresh scan per request).
     env |= {
         "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "DEBUG": "true", "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DEBUG": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "STATIC_ROOT": static_root,
+        "SECRET_KEY": env.get("SECRET_KEY", "bench-" + "x" * 50),
     }  # fmt: skip
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=REPO, env=env,
+                   check=True)  # fmt: skip
     server = subprocess.Popen(
         [str(REPO / ".venv/bin/gunicorn"), "efficiency.wsgi", "-w", str(workers), "-b", f"127.0.0.1:{port}",
          "--timeout", "120", "--log-level", "warning"],
@@ -274,6 +299,7 @@ def _concurrent(session: str, paths: list[tuple[str, str]], clients: int, runs: 
     finally:
         server.terminate()
         server.wait(timeout=30)
+        shutil.rmtree(static_root, ignore_errors=True)
 
 
 def main() -> None:
@@ -315,7 +341,9 @@ def main() -> None:
             running = _make_job(team, gpu, "big-running", running=True)
             keys = [k for k in CHART_SIGNALS if k in SIGNALS]
             n = _fill_series(running, 30, 300, keys, ["sm_active", "gpu_util"])
-            print(f"filled running 256-GPU 7-day job: {n:,} archive rows in {time.perf_counter() - t0:.0f} s")
+            print(
+                f"filled running 256-GPU 7-day job: {n:,} archived lines in {time.perf_counter() - t0:.0f} s"
+            )
         if not args.only_running:
             t0 = time.perf_counter()
             _fill_jobs(args.jobs)

@@ -19,7 +19,7 @@ from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
 from jobs.diagnosis import Finding as Diagnosis
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.load import reference_mfu
-from jobs.metrics.archive import load_job_signals
+from jobs.metrics.archive import load_for_evaluation
 from jobs.models import Finding, Job
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,9 @@ def build_input(job: Job) -> DiagnosisInput:
     ]
     gpu = job.gpu_model
     baseline = active_baseline(job)
-    signals = load_job_signals(job)
+    # At the resolution the evaluation reads (archive.EVALUATION_MAX_POINTS: the tiers for a long job), so a
+    # running job's re-diagnosis costs the same every 10 minutes instead of growing with its GPU-hours.
+    signals = load_for_evaluation(job)
     evaluated = job.evaluated
     # The coarser of the scrape interval and the archive's step is what a pattern must outlast to be seen.
     scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)

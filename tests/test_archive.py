@@ -250,3 +250,39 @@ def test_the_cached_whole_job_figures_change_with_the_next_poll(make_team, make_
     job.data_until = archive.utc(float(more[-1]))
     job.save()
     assert drawn() == 180  # the poll's save changed the key: nothing stale is served
+
+
+@pytest.mark.django_db
+def test_evaluation_reads_the_tier_for_a_long_job_and_the_polled_rows_for_a_short_one(make_team):
+    long_job = _job(make_team)
+    two_days = T0 + 30.0 * np.arange(1, 2 * 2880 + 1)
+    archive.upsert([_pts(long_job, two_days, np.full(two_days.size, 0.5))])
+    long_job.ended_at = archive.utc(float(two_days[-1]))
+    # 2 days / 4000 points = 43.2 s: finer than the 300 s tier is not needed, 30 s is too fine.
+    sigs = archive.load_for_evaluation(long_job, per_gpu=False)
+    assert sigs is not None and sigs.step == 300
+    short_job = Job.objects.create(
+        external_id="short", name="s", team=long_job.team, gpu_count=2, started_at=long_job.started_at,
+        ended_at=long_job.started_at + timedelta(hours=20),
+    )  # fmt: skip
+    twenty_hours = T0 + 30.0 * np.arange(1, 2400 + 1)
+    archive.upsert([_pts(short_job, twenty_hours, np.full(twenty_hours.size, 0.5))])
+    # 20 h / 4000 = 18 s: the polled 30 s rows are read unchanged.
+    sigs = archive.load_for_evaluation(short_job, per_gpu=False)
+    assert sigs is not None and sigs.step == 30
+
+
+@pytest.mark.django_db
+def test_a_line_archived_only_coarser_is_drawn_over_each_coarse_window_on_the_finer_grid(make_team):
+    job = _job(make_team)
+    fine = T0 + 30.0 * np.arange(1, 21)  # 10 minutes of 30 s util
+    archive.upsert([_pts(job, fine, np.full(20, 0.5))])
+    # MFU evaluated on the 300 s tier only: one value per window (T0, T0 + 300] and (T0 + 300, T0 + 600].
+    mfu = Points(job.pk, "mfu", "mean", "", 300, np.array([T0 + 300.0, T0 + 600.0]), np.array([0.25, 0.375]))
+    archive.upsert([mfu])
+    sigs = archive.load_job_signals(job, per_gpu=False, window=(T0, T0 + 600.0))
+    assert sigs is not None and sigs.step == 30
+    line = sigs.signals["mfu"].mean
+    assert line is not None
+    # Grid points T0 + 30 ... T0 + 300 lie in the first window, T0 + 330 ... T0 + 600 in the second.
+    np.testing.assert_array_equal(line, np.r_[np.full(10, 0.25), np.full(10, 0.375)])

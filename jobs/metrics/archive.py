@@ -482,6 +482,40 @@ def _place(
     return out
 
 
+def _only_coarser(chunks: list[Chunk], step: int, have: set[tuple[str, str]]) -> list[Chunk]:
+    """Chunks of the lines that have nothing at `step` but are archived coarser (the derived series of a
+    long running job are evaluated on its tier), each line at its finest such step."""
+    best: dict[tuple[str, str], int] = {}
+    for c in chunks:
+        key = (c.signal, c.stat)
+        if key not in have and c.step > step and c.step < best.get(key, 2**31):
+            best[key] = c.step
+    return [c for c in chunks if best.get((c.signal, c.stat)) == c.step]
+
+
+def _spread(
+    rows: int, cols: int, origin: float, step: float, chunks: list[Chunk], line_of: list[int]
+) -> np.ndarray:
+    """Coarse values onto a finer grid: each coarse point p of step S stands for the window (p - S, p], so
+    every fine point inside that window shows it (a step line at the coarse resolution, not a value per
+    fine window that was never measured at that resolution)."""
+    out = np.full((rows, cols), np.nan)
+    if not chunks or cols == 0:
+        return out
+    values, times, counts = _decoded(chunks)
+    wide = np.repeat(np.fromiter((c.step for c in chunks), dtype=np.float64, count=len(chunks)), counts)
+    line = np.repeat(np.asarray(line_of, dtype=np.int64), counts)
+    ok = np.isfinite(values)
+    values, times, wide, line = values[ok], times[ok], wide[ok], line[ok]
+    lo = np.ceil((times - wide - origin) / step + _EPS).astype(np.int64)  # first fine point after p - S
+    hi = np.floor((times - origin) / step + _EPS).astype(np.int64)  # last fine point at or before p
+    n = np.maximum(hi - lo + 1, 0)
+    col = np.repeat(lo, n) + (np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+    keep = (col >= 0) & (col < cols)
+    out[np.repeat(line, n)[keep], col[keep]] = np.repeat(values, n)[keep]
+    return out
+
+
 def _level(
     ladder: tuple[int, ...], span_s: float, max_points: int | None
 ) -> tuple[float, float | None] | None:
@@ -550,6 +584,7 @@ def load_job_signals(
     agg = _fetch_level(job, AGG_TIERS, max_points, per_gpu=False, signals=signals, stats=stats, window=window)
     if not agg:
         return None
+    every = agg
     step, agg = _one_step(agg, window)
     start = _first(agg)
     end = max(c.last for c in agg)
@@ -558,6 +593,13 @@ def load_job_signals(
     lines = sorted({(c.signal, c.stat) for c in agg})
     line = {key: i for i, key in enumerate(lines)}
     matrix = _place(len(lines), ts.size, start, step, agg, [line[(c.signal, c.stat)] for c in agg])
+    coarser = _only_coarser(every, step, set(lines))
+    if coarser:
+        extra = sorted({(c.signal, c.stat) for c in coarser})
+        at = {key: i for i, key in enumerate(extra)}
+        spread = _spread(len(extra), ts.size, start, step, coarser, [at[(c.signal, c.stat)] for c in coarser])
+        matrix = np.vstack([matrix, spread])
+        line |= {key: len(lines) + i for key, i in at.items()}
     by_signal: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
     for (signal, stat), i in line.items():
         by_signal[signal][stat] = matrix[i]
@@ -635,6 +677,25 @@ def load_means(
     a downsampled level comes with its windows' lowest and highest mean (MEAN_LOW, MEAN_HIGH)."""
     return load_job_signals(
         job, per_gpu=False, signals=signals, stats=["mean", *EXTREMES], window=window, max_points=max_points
+    )
+
+
+#: The resolution a job is evaluated and diagnosed at from its archive: what finalize archives a job of that
+#: length at (jobs.metrics.ingest.FINALIZE_MAX_POINTS per cross-GPU line, FINALIZE_MAX_GPU_POINTS per GPU
+#: row), read from the downsampled tiers. A running 256-GPU week is then 2,016 x 300 s cross-GPU points and
+#: 336 x 1800 s per-GPU columns instead of 20,160 x 30 s and 2,016 x 300 s: the numbers keep their
+#: definitions (jobs.evaluation, jobs.diagnosis) but for jobs longer than ~1.4 days their windows are the
+#: tier's (300 s means of 30 s means; per-GPU idle shares of 1800 s windows), as a finalized job's always
+#: were. Shorter jobs read their polled rows unchanged.
+EVALUATION_MAX_POINTS = 4000
+EVALUATION_MAX_GPU_POINTS = 500
+
+
+def load_for_evaluation(job: Job, *, per_gpu: bool | Iterable[str] = True) -> JobSignals | None:
+    """The job's archive at the resolution the evaluation and the diagnosis read it (see
+    EVALUATION_MAX_POINTS): cost bounded by the point budgets, not by the job's GPU-hours."""
+    return load_job_signals(
+        job, per_gpu=per_gpu, max_points=EVALUATION_MAX_POINTS, max_gpu_points=EVALUATION_MAX_GPU_POINTS
     )
 
 
