@@ -736,31 +736,35 @@ def _floats(values: list[Any]) -> np.ndarray:
 
 def _products(values: list[Any]) -> np.ndarray:
     """`_product` (gridX*gridY*gridZ) for every value, vectorised for [x, y, z] lists of small ints."""
-    out = np.full(len(values), -1, dtype=np.int64)
-    triples = [i for i, v in enumerate(values) if type(v) is list and len(v) == 3]
-    rest = [i for i, v in enumerate(values) if v is not None and not (type(v) is list and len(v) == 3)]
-    if triples:
-        dims_list = [values[i] for i in triples] if len(triples) < len(values) else values
+    types = set(map(type, values))
+    if values and types <= {list, _NONE_TYPE}:
+        at = None
+        present = values
+        if _NONE_TYPE in types:  # memsets and copies carry no grid
+            at = np.flatnonzero(np.array([v is not None for v in values], dtype=bool))
+            present = list(map(values.__getitem__, at.tolist()))
         dims = None
-        if set(map(type, itertools.chain.from_iterable(dims_list))) == {int}:
-            try:
-                dims = np.array(dims_list, dtype=np.int64)
-            except OverflowError:
+        if set(map(len, present)) == {3} and set(map(type, itertools.chain.from_iterable(present))) == {int}:
+            try:  # flat, then reshaped: much faster than numpy converting a list of lists
+                flat = itertools.chain.from_iterable(present)
+                dims = np.fromiter(flat, dtype=np.int64, count=3 * len(present)).reshape(-1, 3)
+            except (OverflowError, ValueError):
                 dims = None
-        if dims is None:
-            rest.extend(triples)
-        else:
+        if dims is not None:
             fast = ((dims >= 0) & (dims <= _MAX_FAST_DIM)).all(axis=1)
-            at = np.array(triples, dtype=np.int64)
-            out[at[fast]] = dims[fast].prod(axis=1)
-            rest.extend(at[~fast].tolist())
-    for i in rest:
-        out[i] = _product(values[i])
-    return out
+            prod = np.where(fast, dims.prod(axis=1), -1)
+            for i in np.flatnonzero(~fast).tolist():
+                prod[i] = _product(present[i])
+            if at is None:
+                return prod
+            out = np.full(len(values), -1, dtype=np.int64)
+            out[at] = prod
+            return out
+    return np.array([_product(v) for v in values], dtype=np.int64)
 
 
 def _names(events: list[Any]) -> list[str]:
-    names = [ev.name for ev in events]
+    names = list(map(_NAME, events))
     if set(map(type, names)) <= {str}:
         return names
     return [n if isinstance(n, str) else ("" if n is None else str(n)) for n in names]
@@ -789,6 +793,7 @@ _ROLE_OF_CAT = _RoleOfCat(_CAT_ROLE)
 #: Stands in for a missing args object, so attribute getters run in C (`map`) without a None test.
 _NO_ARGS = _Args()
 _CAT = operator.attrgetter("cat")
+_NAME = operator.attrgetter("name")
 _TS = operator.attrgetter("ts")
 _DUR = operator.attrgetter("dur")
 _TID = operator.attrgetter("tid")
@@ -802,9 +807,15 @@ _GRID = operator.attrgetter("grid")
 _BLOCK = operator.attrgetter("block")
 
 
-def _ARGS(ev: Any) -> _Args:
-    args = ev.args
-    return _NO_ARGS if args is None else args
+_ARGS_OR_NONE = operator.attrgetter("args")
+
+
+def _args_of(events: list[Any]) -> list[_Args]:
+    """Each event's args, with the placeholder where an event has none."""
+    args = list(map(_ARGS_OR_NONE, events))
+    if None in args:
+        return [_NO_ARGS if a is None else a for a in args]
+    return args
 
 
 def _pick(values: list[Any], rows: np.ndarray) -> list[Any]:
@@ -899,7 +910,7 @@ class _TraceBuilder:
             if table == "gpu":
                 cols.update(self._gpu_columns(sub, roles[rows], _pick(names, rows)))
             elif table == "rt":
-                cols["correlation"] = _ints(list(map(_CORRELATION, map(_ARGS, sub))))
+                cols["correlation"] = _ints(list(map(_CORRELATION, _args_of(sub))))
                 cols["tid"] = _ints(list(map(_TID, sub)))
                 cols["kind"] = np.where(roles[rows] == _DRIVER, RuntimeKind.DRIVER, RuntimeKind.RUNTIME)
             elif table == "cpu":
@@ -913,7 +924,7 @@ class _TraceBuilder:
 
     def _gpu_columns(self, evs: list[Any], roles: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
         n = len(evs)
-        args = list(map(_ARGS, evs))
+        args = _args_of(evs)
         kind = _OP_KIND_OF_ROLE[roles]
         device = _ints(list(map(_DEVICE, args)))
         no_device = np.flatnonzero(device == -1)
