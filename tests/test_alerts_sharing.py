@@ -6,6 +6,7 @@ GPU sum to the GPU's cost); the shared_gpu finding on the job page, the job list
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from html import unescape
 
 import pytest
 from django.db import connection
@@ -191,6 +192,9 @@ def test_the_shared_gpu_finding_is_stored_and_shown_on_the_page_list_and_api(
     assert page.status_code == 200
     html = page.content.decode()
     assert "thinned out" in html and "time-sliced" in html
+    # The MIG job's page says what it was charged for (the evaluation's note, the cost definition).
+    mig_page = unescape(client.get(reverse("job-detail", args=["6001"])).content.decode())
+    assert "0.43 of 1 GPU, MIG 3g.40gb" in mig_page and "GPU equivalents" in mig_page
     assert client.get(reverse("job-list")).status_code == 200
     api = api_client_for(user).get("/api/v1/jobs/6003/")
     assert api.status_code == 200

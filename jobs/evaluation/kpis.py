@@ -281,6 +281,10 @@ def compute_kpis(
         k, shape, peak_flops_per_gpu, peak_gpus, grid_step_s, tokens_per_second, throughput_source,
         flops_convention,
     )  # fmt: skip
+    if k.mfu is not None and abs(peak_gpus - gpu_count) > 1e-9:
+        k.variants["mfu"] += (
+            f"; against {peak_gpus:.3g} GPU peaks: this job's share of its {gpu_count} shared or MIG GPU(s)"
+        )
     _cost(k, start, end, billed, prices, price_label, gpu_count)
     if gpu_util_per_gpu is not None and np.isfinite(gpu_util_per_gpu).any():
         k.idle_share, k.idle_share_exact = idle_share_per_gpu(gpu_util_per_gpu), True

@@ -117,6 +117,7 @@ def test_mfu_on_a_mig_slice_is_against_the_slices_peak():
         3 / 7 * PRICE * 24 * (1 - k.mfu / 0.45)
     )
     assert "GPU equivalents" in k.variants["cost"]
+    assert "against 0.364 GPU peaks" in k.variants["mfu"]
 
 
 def test_summarise_gives_gpu_and_peak_equivalents_of_a_mig_slice():
