@@ -253,7 +253,7 @@ READ_SCOPE = env_choice("READ_SCOPE", "team", ("team", "all"))
 # rate(...[5m]), a subquery's range), and the Prometheus timeout of the throughput query.
 THROUGHPUT_MAX_LOOKBACK_S = env_int("THROUGHPUT_MAX_LOOKBACK_S", 3600, min_value=60, max_value=86400)
 THROUGHPUT_QUERY_TIMEOUT_S = env_float("THROUGHPUT_QUERY_TIMEOUT_S", 5.0, min_value=0.5, max_value=120.0)
-# The label `$job` expands to for a job registered with explicit GPUs (or without an exact-match label).
+# The label `$job` matches in a throughput template: `$job` becomes THROUGHPUT_JOB_LABEL="<external id>".
 THROUGHPUT_JOB_LABEL = env_str("THROUGHPUT_JOB_LABEL", "job_id")
 # A non-staff job selector must match its job label exactly (no regex): one of these label names.
 SELECTOR_JOB_LABELS = env_list(

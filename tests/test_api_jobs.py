@@ -33,7 +33,8 @@ def test_register_creates_then_updates_idempotently(llm_client):
 
 @pytest.mark.django_db
 def test_register_with_a_label_selector_and_an_unknown_gpu_model(llm_client):
-    selector = {"namespace": "llm", "pod": {"regex": "pretrain-7b-.*"}}
+    # A member's selector carries the job's own job label exactly (hpc_job = the external id).
+    selector = {"hpc_job": "pod-7b", "namespace": "llm", "pod": {"regex": "pretrain-7b-.*"}}
     body = job_body("pod-7b", selector=selector, gpu_count=16, gpu_model="NVIDIA Quantum 9000")
     body.pop("gpus")
     response = llm_client.post("/api/v1/jobs/", body, format="json")

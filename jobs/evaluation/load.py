@@ -33,7 +33,6 @@ def throughput_query(job: Job) -> Runnable:
     matchers, or staff's free-form query; None with the reason for an unmarked free-form one."""
     return runnable_query(
         job.throughput_query or "",
-        job.selector or {},
         job.external_id,
         job_label=settings.THROUGHPUT_JOB_LABEL,
         max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S,

@@ -6,10 +6,12 @@ writes a *template*: a small PromQL subset in which every vector selector is exa
 
     sum(rate(train_tokens_total{$job}[5m]))
 
-`$job` expands to the job's own label matchers (`expand`): the exact-match labels of its selector, or
-`<THROUGHPUT_JOB_LABEL>="<external id>"` for a job registered with explicit GPUs. Values are escaped with
-`jobs.metrics.promql.label_matcher`, so an id cannot leave its string literal. `validate_template` parses
-the template and refuses, with the rule in the message:
+`$job` expands to the job's own matcher (`expand`): `<THROUGHPUT_JOB_LABEL>="<external id>"`, by default
+`job_id="48213"`, however the job's GPUs were selected. A trainer's own metrics (tokens, steps) are not
+dcgm-exporter series and rarely carry the exporter's labels, so the job's GPU selector is not reused; the
+job's external id is its identity (unique; one registered to another team cannot be taken). The value is
+escaped with `jobs.metrics.promql.label_matcher`, so an id cannot leave its string literal.
+`validate_template` parses the template and refuses, with the rule in the message:
 
 - any label matcher other than `$job` (no `{job_id=~".+"}`, no `{__name__=~...}`), any string literal;
 - a metric without `{$job}` (every vector selector reads only the job's series), or no selector at all;
@@ -324,14 +326,9 @@ def validate_template(text: str, *, max_lookback_s: float) -> str:
     return template
 
 
-def job_matchers(selector: Mapping[str, Any], external_id: str, job_label: str) -> str:
-    """What `$job` expands to: the selector's exact-match labels, else `job_label="<external id>"`."""
-    exact = sorted(
-        (name, value) for name, value in (selector or {}).items() if isinstance(value, str) and value
-    )
-    if not exact:
-        exact = [(validate_label_name(job_label), external_id)]
-    return ",".join(label_matcher(name, value) for name, value in exact)
+def job_matchers(external_id: str, job_label: str) -> str:
+    """What `$job` expands to: `job_label="<external id>"`, the value escaped."""
+    return label_matcher(validate_label_name(job_label), external_id)
 
 
 def expand(template: str, matchers: str) -> str:
@@ -363,9 +360,7 @@ class Runnable:
     reason: str = ""
 
 
-def runnable_query(
-    stored: str, selector: Mapping[str, Any], external_id: str, *, job_label: str, max_lookback_s: float
-) -> Runnable:
+def runnable_query(stored: str, external_id: str, *, job_label: str, max_lookback_s: float) -> Runnable:
     """The query the server may run for a job's stored `throughput_query`: a valid template expanded with
     the job's matchers, or staff's marked free-form PromQL; otherwise None with the reason."""
     if not stored.strip():
@@ -380,7 +375,7 @@ def runnable_query(
             f"throughput_query is not run: it is free-form PromQL not set by staff ({exc}); re-register it "
             "as a template such as sum(rate(train_tokens_total{$job}[5m]))",
         )
-    return Runnable(expand(template, job_matchers(selector, external_id, job_label)))
+    return Runnable(expand(template, job_matchers(external_id, job_label)))
 
 
 def own_job_selector_problem(

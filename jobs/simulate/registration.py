@@ -40,7 +40,7 @@ def registration_body(
         "started_at": started,
         "ended_at": started + timedelta(seconds=spec.duration_s) if ended else None,
         "gpus": [{"hostname": g.hostname, "gpu": str(g.index)} for g in res.gpus],
-        # A template: $job expands to job_id="<external id>" (explicit GPUs), the simulator's token label.
+        # A template: $job expands to job_id="<external id>", the simulator's token counter label.
         "throughput_query": f"sum(rate({TOKENS_METRIC}{{$job}}[{int(rate_window_s)}s]))",
     }
     body.update(overrides)

@@ -76,33 +76,28 @@ def test_durations_are_read_in_seconds():
     assert parse_duration("500ms") == 0.5
 
 
-def test_job_expands_to_the_selectors_exact_labels_sorted_and_escaped():
-    selector = {"pod": {"regex": "train-.*"}, "hpc_job": '48"213', "cluster": "a"}
-    # The regex label is dropped (it would only narrow the exact ones); values stay string literals.
-    assert job_matchers(selector, "48213", "job_id") == 'cluster="a",hpc_job="48\\"213"'
-
-
-def test_job_expands_to_the_job_label_and_external_id_for_explicit_gpus():
-    assert job_matchers({}, 'demo-"x', "job_id") == 'job_id="demo-\\"x"'
+def test_job_expands_to_the_job_label_and_the_escaped_external_id():
+    assert job_matchers('demo-"x', "job_id") == 'job_id="demo-\\"x"'
+    assert job_matchers("48213", "hpc_job") == 'hpc_job="48213"'
 
 
 def test_a_good_template_expands_to_the_jobs_own_series():
     template = "sum(rate(train_tokens_total{$job}[120s]))"
-    assert expand(template, job_matchers({}, "demo-a", "job_id")) == (
+    assert expand(template, job_matchers("demo-a", "job_id")) == (
         'sum(rate(train_tokens_total{job_id="demo-a"}[120s]))'
     )
 
 
 def test_runnable_query_runs_templates_and_marked_free_form_but_not_unmarked_free_form():
     kwargs = {"job_label": "job_id", "max_lookback_s": HOUR}
-    ok = runnable_query("sum(rate(t{$job}[5m]))", {}, "j1", **kwargs)
+    ok = runnable_query("sum(rate(t{$job}[5m]))", "j1", **kwargs)
     assert ok.query == 'sum(rate(t{job_id="j1"}[5m]))'
-    free = runnable_query(mark_free_form("sum(rate(t[5m]))"), {}, "j1", **kwargs)
+    free = runnable_query(mark_free_form("sum(rate(t[5m]))"), "j1", **kwargs)
     assert free.query == "sum(rate(t[5m]))" and not free.query.startswith(FREE_FORM_MARK)
-    legacy = runnable_query('sum(rate(t{job_id="j2"}[5m]))', {}, "j1", **kwargs)
+    legacy = runnable_query('sum(rate(t{job_id="j2"}[5m]))', "j1", **kwargs)
     assert legacy.query is None
     assert "free-form PromQL not set by staff" in legacy.reason and "$job" in legacy.reason
-    assert runnable_query("", {}, "j1", **kwargs).query is None
+    assert runnable_query("", "j1", **kwargs).query is None
 
 
 def test_selector_rule_requires_the_jobs_own_label_exactly_or_explicit_gpus():
