@@ -50,7 +50,8 @@ def test_plotly_is_served_compressed_with_a_long_cache_lifetime(deployed_static,
     size = int(response.headers["Content-Length"])
     raw = (deployed_static / url.removeprefix("/static/")).stat().st_size
     print(f"plotly.min.js: {raw / 1e6:.2f} MB raw, {size / 1e6:.2f} MB gzip over the wire; {cache}")
-    assert size < raw / 3
+    # The partial bundle (static/vendor/README.md): 1.29 MB raw gzips to 0.45 MB (about 35 %).
+    assert size < raw / 2 and size < 600_000
     plain = client.get(url)  # a client without gzip gets the plain file
     assert "Content-Encoding" not in plain.headers
 
