@@ -26,6 +26,7 @@ What this cannot see, and at what resolution:
 - the split of a time-sliced GPU is assumed even while its users overlap (the device plugin's time-slicing
   gives each context equal slices when all are busy). When the other job idles, this job can use more than
   its share: its MFU against its share then reads high. No per-process utilisation exists to do better.
+- GPUs are matched by key: a job mapped by UUID and another by host/index are not compared.
 - windows are the jobs' registered start/end (seconds), a running neighbour's up to its last archived
   sample; a job whose selector matched a GPU for only part of its window is counted as holding it for
   the whole window. A neighbour without any archived data (never seen by the exporter) is not counted.
@@ -237,14 +238,19 @@ def _selector(job: Job) -> Selector | None:
     return None
 
 
+#: How far back from the end of a job's window its MIG instances are looked up (s).
+MIG_LOOKBACK_S = 3600
+
+
 def mig_instances(client: PrometheusClient, job: Job, now: datetime) -> dict[str, tuple[str, str]]:
     """{host/index: (GPU_I_ID, GPU_I_PROFILE)} of the job's MIG instances ({} without MIG, or when
-    Prometheus cannot answer). One instant query over the job's window."""
+    Prometheus cannot answer). One instant query over the last MIG_LOOKBACK_S of the job's window: a MIG
+    layout does not change under a running job, and a week-long range on every poll would be costly."""
     selector = _selector(job)
     if selector is None:
         return {}
     start, end = _window(job, now)
-    window = max(int(end - start), 60)
+    window = max(min(int(end - start), MIG_LOOKBACK_S), 60)
     inner = selector.select_range(
         ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"], "last_over_time", window
     )
@@ -311,7 +317,7 @@ def shared_gpus(
     )
     keys = gpu_keys_of([job, *others])
     mine = set(keys[job.pk])
-    own_mig = mig_instances(client, job, now) if client is not None else stored_mig(job)
+    own_mig = (mig_instances(client, job, now) if client is not None else {}) or stored_mig(job)
     named = mig_profile(job.gpu_model_name)
     if not own_mig and named is not None:
         # The instance id is unknown: one per job, so two such jobs on a GPU are two slices, not one.
