@@ -205,3 +205,21 @@ def test_activity_findings_on_time_sliced_gpus_say_so_and_lose_confidence_but_id
     assert any("time-sliced" in e.label for e in low_sm.evidence)
     assert idle.confidence == 0.9 and any("unused" in e.label for e in idle.evidence)
     assert xid.confidence == 0.9 and len(xid.evidence) == 1
+
+
+# ------------------------------------------------------------------------------------------- simulator
+
+
+def test_simulated_mig_instances_are_labelled_like_dcgm_exporter_and_report_no_gpu_util():
+    from jobs.simulate import SimSpec, simulate
+    from jobs.simulate.writers import exporter_text
+
+    res = simulate(SimSpec(gpus=2, job_id="1", duration_s=600, hosts=("n",), mig=(("1", "3g.40gb"),)))
+    assert res.gpus[0].labels["GPU_I_ID"] == "1" and res.gpus[0].labels["GPU_I_PROFILE"] == "3g.40gb"
+    assert "GPU_I_ID" not in res.gpus[1].labels  # the second GPU is whole
+    util = res.fields["gpu_util"]
+    assert np.isnan(util[0]).all() and np.isfinite(util[1]).any()
+    text = exporter_text([res], res.timestamps[5])
+    mig_lines = [line for line in text.splitlines() if 'GPU_I_PROFILE="3g.40gb"' in line]
+    assert any(line.startswith("DCGM_FI_PROF_GR_ENGINE_ACTIVE{") for line in mig_lines)
+    assert not any(line.startswith("DCGM_FI_DEV_GPU_UTIL{") for line in mig_lines)
