@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs.outputs.exporter import _GAUGES, INFO
+from jobs.outputs.exporter import _GAUGES, INFO, SERVICE_METRICS
 from tests.conftest import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "efficiency" / "deploy"
 RULES = DEPLOY / "prometheus-rules.yml"
 DASHBOARD = DEPLOY / "grafana-dashboard.json"
-EXPORTED = {name for name, _, _ in _GAUGES} | {INFO, "efficiency_job_findings"}
+EXPORTED = {name for name, _, _ in _GAUGES} | {INFO, "efficiency_job_findings"} | set(SERVICE_METRICS)
 
 
 def _promtool() -> str:

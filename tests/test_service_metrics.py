@@ -147,3 +147,17 @@ def test_metrics_endpoint_serves_job_and_service_metrics_together(client, settin
     text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").content.decode()
     assert "# TYPE efficiency_job_info gauge" in text
     assert "# TYPE efficiency_artifacts gauge" in text
+
+
+def test_every_exported_service_family_is_listed_in_service_metrics(make_team, now, private_queues):
+    from jobs.outputs.exporter import SERVICE_METRICS
+
+    make_team("llm")
+    cache.set(
+        POLL_CYCLE_KEY, {"finished_at": 1.0, "duration_s": 1.0, "requests": 1, "jobs": 1, "stale": 0}, None
+    )
+    try:
+        families = {f.name for f in text_string_to_metric_families(render_service(now))}
+    finally:
+        cache.delete(POLL_CYCLE_KEY)
+    assert families == set(SERVICE_METRICS)

@@ -150,6 +150,21 @@ def render() -> str:
 
 
 POLL_CYCLE_KEY = "efficiency:poll_cycle"
+#: Every metric family ServiceCollector may export (histograms add _bucket, _sum and _count).
+SERVICE_METRICS = (
+    "efficiency_poll_lag_seconds",
+    "efficiency_poll_cycle_duration_seconds",
+    "efficiency_poll_cycle_requests",
+    "efficiency_poll_cycle_jobs",
+    "efficiency_poll_cycle_stale_jobs",
+    "efficiency_poll_cycle_finished_timestamp_seconds",
+    "efficiency_broker_up",
+    "efficiency_celery_queue_length",
+    "efficiency_artifacts",
+    "efficiency_artifacts_stuck_parsing",
+    "efficiency_artifact_parse_duration_seconds",
+    "efficiency_alert_deliveries",
+)
 #: Parse-duration histogram buckets, seconds: a small trace parses in about a second, the budget is 900 s.
 PARSE_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
 PARSE_WINDOW = timedelta(hours=24)
