@@ -85,11 +85,11 @@ def _selector(t: cluster.Target) -> Selector:
 
 
 def _targets(sims, end: float) -> list[cluster.Target]:
-    """Windows as polls give them: most from the open chunk's start, one job that started later (its
-    grid starts at T0 + 20 min, a point of the others' grid), one ended before the cycle's end."""
+    """Windows as polls give them: most from T0, one job that started later (its grid starts at T0 + 10
+    min, a point of the others' grid), one ended before the cycle's end."""
     return [
         _target(1, sims["a1"], T0, end, labels={"hpc_job": "3001"}),
-        _target(2, sims["a2"], T0 + 20 * MIN, end, labels={"hpc_job": "3002"}),
+        _target(2, sims["a2"], T0 + 10 * MIN, end, labels={"hpc_job": "3002"}),
         _target(3, sims["a3"], T0, end - 10 * MIN, labels={"hpc_job": "3003"}),
         _target(4, sims["k"], T0, end, labels={"namespace": "llm", "pod": "train-7-worker-0"}),
         _target(5, sims["g1"], T0, end),
@@ -139,7 +139,7 @@ def test_cluster_wide_results_per_job_equal_the_per_job_queries(prom, sims):
     assert np.nanmax(result.signals[5].signals["gpu_util"].stats["count"]) == 8
     assert np.nanmax(result.signals[6].signals["gpu_util"].stats["count"]) == 4
     assert np.nanmax(result.signals[3].signals["xid_errors"].stats["nonzero"]) >= 1
-    assert result.signals[2].timestamps[0] == T0 + 20 * MIN
+    assert result.signals[2].timestamps[0] == T0 + 10 * MIN
 
 
 def test_requests_per_cycle_grow_with_signals_not_jobs(prom, sims):
@@ -155,6 +155,13 @@ def test_requests_per_cycle_grow_with_signals_not_jobs(prom, sims):
     # One hpc_job job or three: 2 discovery requests + per present signal 1 aggregate + 1 per-GPU query.
     present = len(three.signals[1].signals)
     assert sent_one == sent_three == 2 + 2 * present
+    # A job whose window starts an hour before the others' (after an outage) is read in a round of its
+    # own, not by widening everyone's window: 2 + 2 rounds x the signals present, aggregates only.
+    late = _target(7, sims["a1"], T0 + 60 * MIN, end, labels={"hpc_job": "3001"})
+    with _client(prom) as client:
+        rounds = cluster.read_cycle(client, [targets[0], late], step=STEP, per_gpu_step=None)
+    assert rounds.queries == 2 + 2 * present
+    assert rounds.signals[7].timestamps[0] == T0 + 60 * MIN and rounds.signals[1].timestamps[0] == T0
     # Three groups (hpc_job, namespace+pod, explicit GPUs), aggregates only: 2 + 3 x the metrics present.
     assert everything.queries == 2 + 3 * len({k for k, s in SIGNALS.items() if any(
         m in _present_names(sims) for m in s.metrics)})  # fmt: skip

@@ -205,11 +205,15 @@ def read_cycle(
     per_gpu_step: float | None,
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
     discovery: Discovery | None = None,
+    max_spread_s: float = 900.0,
 ) -> CycleResult:
     """Read every target's signals with a fixed number of queries per signal (see the module docstring).
 
-    `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Prometheus errors
-    bubble up from discovery; a failed group query marks that group's jobs (`errors`), not the others.
+    `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Targets whose windows
+    start more than `max_spread_s` apart are read in separate rounds (a job far behind, after an outage
+    or on its first poll, would otherwise widen every job's window): rounds grow with how spread the
+    windows are, not with the number of jobs. Prometheus errors bubble up from discovery; a failed group
+    query marks that group's jobs (`errors`), not the others.
     """
     result = CycleResult()
     if not targets:
@@ -219,7 +223,11 @@ def read_cycle(
         hi = max(t.end for t in targets)
         discovery = discover(client, lo, hi)
         result.queries += 2
-    groups, result.fallback = plan(targets, discovery)
+    groups: list[_Group] = []
+    for bucket in _rounds(targets, max_spread_s):
+        found, fallback = plan(bucket, discovery)
+        groups += found
+        result.fallback += fallback
     for group in groups:
         try:
             result.queries += _read_group(
@@ -231,6 +239,18 @@ def read_cycle(
                 result.errors[t.key] = reason
                 result.signals.pop(t.key, None)
     return result
+
+
+def _rounds(targets: Sequence[Target], max_spread_s: float) -> list[list[Target]]:
+    """Targets sorted by window start, cut where a start lies more than `max_spread_s` after its round's
+    first one."""
+    rounds: list[list[Target]] = []
+    for t in sorted(targets, key=lambda t: t.start):
+        if rounds and t.start - rounds[-1][0].start <= max_spread_s:
+            rounds[-1].append(t)
+        else:
+            rounds.append([t])
+    return rounds
 
 
 def _read_group(

@@ -499,12 +499,7 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
             targets.append(target)
         else:
             done[job.pk] = job
-    # Jobs far behind (a long outage, a reset resume point) would widen every group's window: per job.
-    newest = max((t.start for t in targets), default=0.0)
-    span = POLL_STEP_S * archive.CHUNK_POINTS
-    behind = {t.key for t in targets if t.start < newest - span}
-    fallback += sorted(behind)
-    grouped = [t for t in targets if t.key not in behind]
+    grouped = targets
     with_gpu = per_gpu_due(now)
     scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
     try:
