@@ -238,3 +238,25 @@ def test_a_job_registered_on_a_mig_device_name_is_charged_and_measured_as_its_sl
     assert job.waste_per_day_usd == pytest.approx(PRICE * 24 * 3 / 7 * (1 - 0.30 / 0.45), rel=1e-3)
     assert job.evaluated.sharing.label == "0.43 of 1 GPU, MIG 3g.40gb"
     assert Finding.objects.get(job=job, code="shared_gpu").severity == "info"
+
+
+@pytest.mark.prometheus
+@pytest.mark.django_db
+def test_a_job_joining_a_gpu_re_evaluates_the_job_already_on_it(
+    prom, sims, make_team, catalog, celery_eager, django_capture_on_commit_callbacks
+):
+    team = make_team("llm")
+    client = PrometheusClient(prom.url, timeout_s=10, retries=0)
+    with django_capture_on_commit_callbacks(execute=True):
+        first = register_job(registration_body(sims["6003"], team=team, ended=True)).job
+        ingest.finalize_job(first, client, now=NOW)
+    first.refresh_from_db()
+    assert first.cost_usd == pytest.approx(4 * PRICE, rel=1e-6)  # alone so far: 2 GPUs x 2 h
+    with django_capture_on_commit_callbacks(execute=True):
+        second = register_job(registration_body(sims["6004"], team=team, ended=True)).job
+        ingest.finalize_job(second, client, now=NOW)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    # 6004's evaluation named 6003, whose stored one did not name 6004: 6003 was queued and re-evaluated.
+    assert first.cost_usd == pytest.approx(3.5 * PRICE, rel=1e-6)
+    assert first.cost_usd + second.cost_usd == pytest.approx(4 * PRICE, rel=1e-6)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -404,6 +405,32 @@ def summarise(report: SharingReport, gpu_count: int, spec: GpuSpec | None) -> Gp
         ],
         peak_source="; ".join(sorted(set(sources))),
     )
+
+
+def stale_neighbours(job: Job, sharing: GpuSharing | None) -> list[int]:
+    """The jobs this job shares a GPU with whose stored evaluation does not name it yet (they were
+    evaluated before it appeared): their share changed with this job, so they need re-evaluating. A
+    neighbour that names this job is up to date, which is also what ends the back-and-forth."""
+    names = sorted({s.other_job for s in sharing.shared}) if sharing is not None else []
+    if not names:
+        return []
+    stale = []
+    for other in Job.objects.filter(external_id__in=names).exclude(pk=job.pk).only("pk", "evaluation"):
+        evaluated = other.evaluated
+        theirs = evaluated.sharing if evaluated is not None else None
+        if theirs is None or job.external_id not in {s.other_job for s in theirs.shared}:
+            stale.append(other.pk)
+    return sorted(stale)
+
+
+def refresh_neighbours_on_commit(job: Job, sharing: GpuSharing | None) -> None:
+    """Queue one re-evaluation of `stale_neighbours` once the caller's transaction commits, so the shares
+    of a GPU keep adding up to its cost when a later job joins it (the evaluation's one writer calls this)."""
+    stale = stale_neighbours(job, sharing)
+    if stale:
+        from jobs.enqueue import enqueue  # Celery only when there is something to queue
+
+        transaction.on_commit(lambda: enqueue("reevaluate_jobs", stale))
 
 
 def describe(shared: Sequence[SharedGpu]) -> list[str]:

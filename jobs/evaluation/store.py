@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jobs.alerts.sharing import refresh_neighbours_on_commit
 from jobs.evaluation.schema import Evaluation, encode
 from jobs.models import Job
 
@@ -29,3 +30,5 @@ def store(job: Job, ev: Evaluation) -> None:
     job.mfu_fallback = ev.mfu_fallback
     job.util_coverage = ev.coverage.get("gpu_util")
     job.evaluation = encode(ev)
+    # Sharing is symmetric: jobs on the same GPUs evaluated before this one appeared are re-evaluated.
+    refresh_neighbours_on_commit(job, ev.sharing)
