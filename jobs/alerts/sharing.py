@@ -30,8 +30,9 @@ What this cannot see, and at what resolution:
 - windows are the jobs' registered start/end (seconds), a running neighbour's up to its last archived
   sample; a job whose selector matched a GPU for only part of its window is counted as holding it for
   the whole window. A neighbour without any archived data (never seen by the exporter) is not counted.
-- a job evaluated before an overlapping job was registered keeps its earlier (unshared) cost until it is
-  evaluated again (the next poll, or `manage.py reevaluate` for finished jobs).
+- a job evaluated before an overlapping job appeared is re-evaluated once the newcomer's evaluation is
+  stored (`refresh_neighbours_on_commit`, queued by jobs.evaluation.store): until that task runs, its
+  stored cost is the earlier, unshared one.
 """
 
 from __future__ import annotations
