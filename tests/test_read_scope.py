@@ -191,3 +191,14 @@ def test_the_deployed_default_is_team(monkeypatch):
     if "READ_SCOPE" in os.environ:
         pytest.skip("READ_SCOPE is set in this environment")
     assert configured.READ_SCOPE == "team"
+
+
+def test_the_job_page_offers_no_other_teams_run_to_compare_with(world, client):
+    # Same config fingerprint in both teams: the vision run is llm's "previous run with this config".
+    Job.objects.filter(external_id__in=["llm-001", "vis-001"]).update(config_fingerprint="f" * 64)
+    Job.objects.filter(external_id="vis-001").update(started_at=timezone.now() - timedelta(hours=9))
+    client.force_login(world["alice"])
+    html = client.get("/jobs/llm-001/").content.decode()
+    assert "vis-001" not in html
+    client.force_login(world["carol"])
+    assert "vis-001" in client.get("/jobs/llm-001/").content.decode()  # staff are offered it

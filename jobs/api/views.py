@@ -29,7 +29,14 @@ from jobs.evaluation.baselines import BaselineError, promote, retire
 from jobs.metrics.throughput import own_job_selector_problem
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs.summary import job_summary, summary_queryset
-from jobs.permissions import can_write_team, is_staff, readable_job_or_404, readable_jobs, scope_to_teams
+from jobs.permissions import (
+    can_write_team,
+    is_staff,
+    readable_job_or_404,
+    readable_jobs,
+    readable_team_ids,
+    scope_to_teams,
+)
 from jobs.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 
@@ -110,6 +117,17 @@ class JobArtifactsMixin:
         except UploadError as exc:
             raise ValidationError({"file": str(exc)}) from None
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_201_CREATED)
+
+
+def _summary(request: Request, job: Job) -> dict[str, Any]:
+    """The job summary as the caller may read it: its baseline's runs of other teams are not named (a
+    baseline pools every team's runs of one config; read policy, jobs.permissions)."""
+    body = job_summary(job)
+    baseline = body.get("baseline")
+    if baseline and baseline.get("runs") and readable_team_ids(request.user) is not None:
+        visible = readable_jobs(request.user, Job.objects.filter(external_id__in=baseline["runs"]))
+        baseline["runs"] = sorted(visible.values_list("external_id", flat=True))
+    return body
 
 
 def _refuse_free_form(data: dict[str, Any]) -> None:
@@ -194,13 +212,13 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
             raise PermissionDenied(str(exc)) from None
         job = summary_queryset().get(pk=outcome.job.pk)
         return Response(
-            job_summary(job), status=status.HTTP_201_CREATED if outcome.created else status.HTTP_200_OK
+            _summary(request, job), status=status.HTTP_201_CREATED if outcome.created else status.HTTP_200_OK
         )
 
     @extend_schema(responses={200: _SUMMARY})
     def retrieve(self, request: Request, external_id: str) -> Response:
         """The job summary: config, metrics (MFU, cost, waste), findings, artifacts, ingestion state."""
-        return Response(job_summary(self._get(request, external_id)))
+        return Response(_summary(request, self._get(request, external_id)))
 
     @extend_schema(request=JobEndSerializer, responses={200: _SUMMARY})
     def partial_update(self, request: Request, external_id: str) -> Response:
@@ -214,7 +232,7 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
             update_job(job, body.validated_data)
         except RegistryError as exc:
             raise ValidationError({"ended_at": str(exc)}) from None
-        return Response(job_summary(summary_queryset().get(pk=job.pk)))
+        return Response(_summary(request, summary_queryset().get(pk=job.pk)))
 
     @extend_schema(
         request=ProgressSerializer(many=True),

@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from jobs.models import Baseline, Job
+from jobs.permissions import readable_jobs, readable_team_ids
 
 register = template.Library()
 BASELINE_RUNS = 5
@@ -24,12 +25,17 @@ def _link(job: Job, other: Job, label: str) -> dict[str, Any]:
     }
 
 
-@register.simple_tag
-def compare_candidates(job: Job, baseline: Baseline | str | None = None) -> list[dict[str, Any]]:
+@register.simple_tag(takes_context=True)
+def compare_candidates(
+    context: template.Context, job: Job, baseline: Baseline | str | None = None
+) -> list[dict[str, Any]]:
     """Previous / next run with the same config fingerprint, else of the same model; the runs of
     `baseline` (the page's already-loaded active baseline, runs prefetched). Earlier run first (A = before).
-    One query: the four neighbours are read in one UNION."""
-    others = Job.objects.exclude(pk=job.pk)
+    One query: the four neighbours are read in one UNION. Only runs the viewer may read are offered (read
+    policy: another team's run is neither named nor linked)."""
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    others = readable_jobs(user, Job.objects.exclude(pk=job.pk))
     parts = []
     for field, value in (("config_fingerprint", job.config_fingerprint), ("model_name", job.model_name)):
         if not value:
@@ -56,7 +62,10 @@ def compare_candidates(job: Job, baseline: Baseline | str | None = None) -> list
                 seen.add(other.pk)
                 out.append(_link(job, other, f"{when} {what}"))
     if isinstance(baseline, Baseline):  # the template passes "" when the job has no baseline
-        runs = [r for r in baseline.runs.all() if r.pk not in seen]
+        readable = readable_team_ids(user)
+        runs = [
+            r for r in baseline.runs.all() if r.pk not in seen and (readable is None or r.team_id in readable)
+        ]
         for run in sorted(runs, key=lambda r: r.started_at, reverse=True)[:BASELINE_RUNS]:
             seen.add(run.pk)
             out.append(_link(job, run, "baseline run"))
