@@ -47,6 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
 os.environ.setdefault("TEST_DATABASE_NAME", "bench_pages")
+# One key for this process and the gunicorn of --concurrency: the session cookie made here must log in there.
+os.environ.setdefault("SECRET_KEY", "bench-pages-" + "x" * 50)
 
 import django  # noqa: E402
 
@@ -243,7 +245,8 @@ def _client(
         t0 = time.perf_counter()
         with opener.open(url, timeout=120) as response:
             response.read()
-            assert response.status == 200, (url, response.status)
+            # Redirects are followed: a lost session would time the login page instead.
+            assert response.status == 200 and response.geturl() == url, (url, response.geturl())
         with lock:
             times.append((time.perf_counter() - t0) * 1000)
 
@@ -258,7 +261,8 @@ def _concurrent(session: str, paths: list[tuple[str, str]], clients: int, runs: 
     env |= {
         "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "DEBUG": "false", "ALLOWED_HOSTS": "127.0.0.1,localhost", "STATIC_ROOT": static_root,
-        "SECRET_KEY": env.get("SECRET_KEY", "bench-" + "x" * 50),
+        "SECRET_KEY": settings.SECRET_KEY, "SECURE_SSL_REDIRECT": "false",
+        "SESSION_COOKIE_SECURE": "false", "CSRF_COOKIE_SECURE": "false", "SECURE_HSTS_SECONDS": "0",
     }  # fmt: skip
     subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=REPO, env=env,
                    check=True)  # fmt: skip

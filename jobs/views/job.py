@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -238,16 +239,17 @@ def heatmap_signal(job: Job) -> str:
 FIGURES_CACHE_S = 600
 
 
-def _figures_key(
-    job: Job, findings: list[Finding], points: int, captures: Sequence[charts.CaptureMark]
-) -> str:
+def _figures_key(job: Job, findings: tuple[int, Any], artifacts: list[tuple[int, str]], points: int) -> str:
     """Everything the whole-job figures are built from that can change: the archive (data_until, the
-    job's own save on each poll), the diagnosis and its findings, the artifacts' capture windows."""
-    parts = (
-        job.pk, job.updated_at, job.data_until, job.diagnosed_at, job.missing_reasons, points,
-        [(f.pk, f.updated_at) for f in findings], [repr(c) for c in captures],
-    )  # fmt: skip
+    job's own save on each poll), the diagnosis and its findings (count, latest change), the artifacts
+    (capture windows appear when a parse ends: ids and states)."""
+    parts = (job.pk, job.updated_at, job.data_until, job.diagnosed_at, job.missing_reasons, points, findings,
+             sorted(artifacts))  # fmt: skip
     return "job-figures:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _findings_stamp(findings: Sequence[Finding]) -> tuple[int, Any]:
+    return len(findings), max((f.updated_at for f in findings), default=None)
 
 
 def cached_figures(
@@ -257,19 +259,38 @@ def cached_figures(
     points: int,
     window: tuple[float, float] | None = None,
     captures: Sequence[charts.CaptureMark] = (),
+    artifacts: list[tuple[int, str]] | None = None,
 ) -> dict[str, Any]:
     """`build_figures`, with the whole-job view shared through the cache: every viewer of a running job
     (and every one-minute refresh) between two polls gets the same figures, so under load a request reads
     one cache entry instead of re-reading and re-thinning the archive. Zooms are built per request (they
-    read the window's rows only)."""
+    read the window's rows only). `artifacts`: the job's (id, status) pairs for the key."""
     if window is not None:
         return build_figures(job, findings, points=points, window=window, captures=captures)
-    key = _figures_key(job, findings, points, captures)
+    states = artifacts if artifacts is not None else list(job.artifacts.values_list("id", "status"))
+    key = _figures_key(job, _findings_stamp(findings), states, points)
     figures = cache.get(key)
     if figures is None:
         figures = build_figures(job, findings, points=points, captures=captures)
         cache.set(key, figures, FIGURES_CACHE_S)
     return figures
+
+
+def _figures_json(job: Job, points: int, statuses: list[tuple[int, str]]) -> bytes:
+    """The whole-job timeseries and heatmap as the JSON members of the refresh answer, from the cache:
+    stored serialised next to the figures, so a refresh neither loads the findings and artifacts (one
+    aggregate stands for the findings in the key) nor decodes and re-encodes a megabyte of figures."""
+    stamp = job.findings.aggregate(n=Count("id"), at=Max("updated_at"))
+    key = _figures_key(job, (stamp["n"], stamp["at"]), statuses, points) + ":json"
+    body = cache.get(key)
+    if body is None:
+        figures = cached_figures(
+            job, list(job.findings.all()), points=points, artifacts=statuses,
+            captures=artifact_views.capture_marks(job.artifacts.all()),
+        )  # fmt: skip
+        body = dumps({"timeseries": figures["timeseries"], "heatmap": figures["heatmap"], "window": None})
+        cache.set(key, body, FIGURES_CACHE_S)
+    return bytes(body)
 
 
 def build_figures(
@@ -443,6 +464,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         findings,
         points=charts.DEFAULT_POINTS,
         captures=artifact_views.capture_marks(v.artifact for v in artifacts),
+        artifacts=[(v.artifact.pk, v.artifact.status) for v in artifacts],
     )
     comparison = baselines.compare(job)
     can_write = can_write_team(request.user, job.team)
@@ -557,7 +579,13 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
             window = _window(request)
         except BadParameter as exc:
             return _json_response({"detail": str(exc)}, status=400)
-        figures = cached_figures(
+        if window is None:  # the whole job: spliced in from the cache, already serialised
+            head = dumps(body)
+            response = HttpResponse(head[:-1] + b"," + _figures_json(job, _points(request), statuses)[1:],
+                                    content_type="application/json")  # fmt: skip
+            response["Cache-Control"] = "no-store"
+            return response
+        figures = build_figures(
             job,
             list(job.findings.all()),
             points=_points(request),
