@@ -174,3 +174,11 @@ def test_leaderboard_api_month_carries_the_budget_and_its_share(client, member, 
     (row,) = week["teams"]
     assert row["cost_usd"] == pytest.approx(240.0)
     assert row["monthly_budget_usd"] == pytest.approx(1000.0) and row["budget_used_share"] is None
+
+
+def test_leaderboard_schema_documents_the_budget_fields(client, member):
+    client.force_login(member)
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    row = schema["components"]["schemas"]["LeaderboardRow"]
+    assert {"monthly_budget_usd", "budget_used_share"} <= set(row["properties"])
+    assert row["properties"]["budget_used_share"].get("nullable") is True
