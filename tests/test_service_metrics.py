@@ -161,3 +161,15 @@ def test_every_exported_service_family_is_listed_in_service_metrics(make_team, n
     finally:
         cache.delete(POLL_CYCLE_KEY)
     assert families == set(SERVICE_METRICS)
+
+
+def test_the_service_collector_reads_the_database_in_five_queries(make_team, now, private_queues,
+                                                                 django_assert_num_queries):  # fmt: skip
+    # Poll lag, artifacts per status, stuck parses, parse durations, deliveries per state: one query each,
+    # however many jobs and artifacts there are.
+    team = make_team("llm")
+    for i in range(3):
+        Job.objects.create(external_id=f"j{i}", team=team, gpu_count=8, started_at=now - timedelta(hours=1),
+                           data_until=now - timedelta(minutes=i))  # fmt: skip
+    with django_assert_num_queries(5):
+        render_service(now)
