@@ -175,6 +175,31 @@ def _archive_size() -> None:
         print(f"  jobs_jobseries total (pg_total_relation_size): {cur.fetchone()[0] / 2**20:,.1f} MiB")
 
 
+def _evaluation_reads(job) -> None:
+    """What the poll's summary and the running re-diagnosis read: every archived value (before) against
+    archive.load_for_evaluation (the tiers within the evaluation's point budget); wall time, peak memory."""
+    import tracemalloc
+
+    from jobs.metrics import archive
+
+    reads = [
+        ("every archived value (load_job_signals)", lambda: archive.load_job_signals(job)),
+        ("evaluation budget (load_for_evaluation)", lambda: archive.load_for_evaluation(job)),
+    ]
+    for name, read in reads:
+        read()  # warm
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        sigs = read()
+        wall = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert sigs is not None
+        cols = sigs.signals["gpu_util"].gpu_timestamps
+        print(f"  re-diagnosis read, {name:<40} {wall * 1000:7.0f} ms, peak {peak / 2**20:6.0f} MiB, "
+              f"step {sigs.step:.0f} s, per-GPU columns {0 if cols is None else cols.size}")  # fmt: skip
+
+
 def _fill_jobs(n: int) -> None:
     from jobs.models import GpuModel, Job, Team
 
@@ -385,6 +410,8 @@ def main() -> None:
         for name, url, target in cases:
             times, body = _measure(client, url, args.runs)
             _report(name, times, body, target)
+        if running is not None:
+            _evaluation_reads(running)
         if args.concurrency and running is not None:
             session = client.cookies[settings.SESSION_COOKIE_NAME].value
             paths = [
