@@ -218,7 +218,14 @@ def _enclosing(
     A sweep over the ops in start order keeps the stack of open ops; `q_self` is an op index to leave out
     (the query's own op), or -1.
     """
-    order = np.lexsort((-(op_end - op_start), op_start)).tolist()
+    # Only ops that contain some query's start can be reported: the others need not enter the sweep.
+    # A thread holds tens of thousands of ops and a handful of blocking calls, so this is most of them.
+    qs_sorted = np.sort(np.asarray(q_start, dtype=np.int64))
+    contains = np.searchsorted(qs_sorted, op_end, side="right") > np.searchsorted(
+        qs_sorted, op_start, side="left"
+    )
+    candidates = np.flatnonzero(contains)
+    order = candidates[np.lexsort((-(op_end - op_start)[candidates], op_start[candidates]))].tolist()
     qorder = sorted(range(len(q_start)), key=lambda k: q_start[k])
     starts = op_start.tolist()
     ends = op_end.tolist()
