@@ -19,6 +19,12 @@ gives their pixel budget (`max_points`), so a page's work does not grow with the
 rows finer than the first GPU tier are dropped after ARCHIVE_RAW_RETENTION_DAYS (`prune_raw`) while the
 tiers stay forever.
 
+Size (benchmarks/pages.py, a running 256-GPU x 7-day job: 30 s cross-GPU stats of the charted signals,
+300 s per-GPU rows of two signals; pg_column_size of the stored rows per GPU-hour): the polled rows take
+924 B in the old layout (float8[] timestamps + float8[] values, measured on equivalent rows) and 247 B
+compact; the tiers add 26 B (cross-GPU, with the extremes) + 44 B (per GPU); after the retention the
+per-GPU polled rows (118 B) go, so ~199 B per GPU-hour stay forever.
+
 One reader for everyone (ingestion, the evaluation, the diagnosis, the pages): `load_job_signals` (the
 cross-GPU stats on one grid, optionally per-GPU rows and a zoom window) and `load_per_gpu` (one signal's
 per-GPU matrix for a heatmap) share one fetch and one placement; values are decoded with one numpy call.
