@@ -403,7 +403,9 @@ def _parse_streamed(pieces: Iterator[bytes | bytearray | memoryview], rank: int 
     return builder.finish(rank, size)
 
 
-def _decode_chunk(text: bytes | bytearray, fast: msgspec.json.Decoder, lenient: msgspec.json.Decoder) -> Any:
+def _decode_chunk(
+    text: bytes | bytearray | memoryview, fast: msgspec.json.Decoder, lenient: msgspec.json.Decoder
+) -> Any:
     try:
         return fast.decode(text)
     except msgspec.ValidationError:
@@ -412,9 +414,13 @@ def _decode_chunk(text: bytes | bytearray, fast: msgspec.json.Decoder, lenient: 
 
 
 def _x_events(events: list[Any]) -> list[Any]:
-    if (events and type(events[0]) is _Event) or any(type(ev) is _Event for ev in events[:1]):
+    """The complete events of a decoded chunk (fast decoder: `_Complete` structs; lenient: ph "X")."""
+    if events and type(events[0]) is _Event:
         return [ev for ev in events if ev.ph == "X"]
-    return [ev for ev in events if type(ev) is _Complete]
+    return list(filter(_IS_COMPLETE, events))  # a C-level type test per event
+
+
+_IS_COMPLETE = _Complete.__instancecheck__  # _Complete has no subclasses: this is `type(ev) is _Complete`
 
 
 def _stream_events(pieces: Iterator[bytes | bytearray | memoryview], builder: _TraceBuilder) -> int:
@@ -469,15 +475,24 @@ def _stream_events(pieces: Iterator[bytes | bytearray | memoryview], builder: _T
             if not exhausted and more():
                 continue
             break
-        chunk = bytearray(b"[")
-        chunk += memoryview(buf)[pos : cut.start() + 1]
-        chunk += b"]"
-        events = _decode_chunk(chunk, *list_decoders)
-        del chunk
+        # Decoded in place, without copying the chunk: the byte before its first event ('[' or a
+        # separator) becomes '[' and the one after its last '}' (a separator) becomes ']'. Both are
+        # whitespace or the comma between two events, consumed by this cut.
+        end = cut.start() + 1
+        buf[pos - 1] = 0x5B  # [
+        buf[end] = 0x5D  # ]
+        view = memoryview(buf)
+        part = view[pos - 1 : end + 1]
+        try:
+            events = _decode_chunk(part, *list_decoders)
+        finally:
+            part.release()
+            view.release()
         builder.add(_x_events(events))
         del events
-        del buf[: cut.end() - 1]  # keep the '{' that opens the next event; deleting a prefix is O(1)
-        pos = 0
+        # Keep the separator byte before the next event's '{' as its '['; deleting a prefix is O(1).
+        del buf[: cut.end() - 2]
+        pos = 1
     # The last chunk closes the array and carries the keys after it (traceName, baseTimeNanoseconds).
     tail = memoryview(buf)[pos:]
     if not list_mode and _TRACE_EVENTS_KEY_RE.search(tail) is not None:
