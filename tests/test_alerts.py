@@ -201,7 +201,9 @@ def test_ingestion_stale_opens_from_the_sweep_and_resolves_on_the_next_poll(
     ingest.poll_job(job, down, now=START + timedelta(minutes=45))  # fails: no hook runs, the sweep does
     incidents.sweep(now=START + timedelta(minutes=45))
     [opened] = _incidents(job, "ingestion_stale")
-    assert opened.is_open and opened.started_at == START + timedelta(minutes=30)
+    # Since the last archived data: the poll at minute 30 archived up to now minus the ingestion lag.
+    lag = timedelta(seconds=fast_rules.PROMETHEUS_INGESTION_LAG_S)
+    assert opened.is_open and opened.started_at == START + timedelta(minutes=30) - lag
     incidents.sweep(now=START + timedelta(minutes=46))
     assert len(_incidents(job, "ingestion_stale")) == 1
     _poll(job, prom, 50)
