@@ -286,3 +286,37 @@ def test_a_line_archived_only_coarser_is_drawn_over_each_coarse_window_on_the_fi
     assert line is not None
     # Grid points T0 + 30 ... T0 + 300 lie in the first window, T0 + 330 ... T0 + 600 in the second.
     np.testing.assert_array_equal(line, np.r_[np.full(10, 0.25), np.full(10, 0.375)])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0010_converts_old_rows_and_the_reader_gets_the_same_samples(make_team):
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("jobs")
+    executor.migrate([("jobs", "0009_team_budget_promotion_override")])
+    try:
+        job = _job(make_team, "old-layout")
+        # An old row: chunk from its aligned start T0 (the old rule: floor(t / 7200 s)), timestamps next to
+        # every value, NULL for a gap; the first sample sits on T0 itself.
+        times = [T0 + 30.0 * i for i in range(6)]
+        values = [0.5, None, 0.25, 0.75, 0.5, 0.25]
+        with connection.cursor() as cur:
+            cur.execute(
+                'INSERT INTO jobs_jobseries (job_id, signal, stat, gpu_key, step_seconds, start, "end", '
+                'timestamps, "values") '
+                "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s), %s, %s)",
+                [job.pk, "gpu_util", "mean", "", 30, T0, times[-1], times, values],
+            )
+        executor = MigrationExecutor(connection)
+        executor.migrate(latest)
+    finally:
+        MigrationExecutor(connection).migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    # T0 closes the window (T0 - 30, T0]: it belongs to the chunk before (ending at T0) now.
+    assert _stored(job, 30) == {t: v for t, v in zip(times, values, strict=True) if v is not None}
+    sigs = archive.load_job_signals(job, per_gpu=False)
+    assert sigs is not None and sigs.timestamps[0] == T0
+    mean = sigs.signals["gpu_util"].mean
+    assert mean is not None
+    np.testing.assert_array_equal(mean[:6], [0.5, np.nan, 0.25, 0.75, 0.5, 0.25])
