@@ -200,6 +200,30 @@ def _evaluation_reads(job) -> None:
               f"step {sigs.step:.0f} s, per-GPU columns {0 if cols is None else cols.size}")  # fmt: skip
 
 
+def _poll_write(job) -> None:
+    """One poll that writes only its new window (2 x 30 s cross-GPU points, one 300 s point per GPU row)
+    into the week-old archive: archive.upsert's merge, tiers included, wall time and rows written."""
+    from jobs.metrics import archive
+    from jobs.models import JobSeries
+
+    end = START.timestamp() + 7 * DAY
+    lines = set(
+        JobSeries.objects.filter(job=job, step_seconds__in=(30, 300))
+        .exclude(stat__in=archive.EXTREMES)
+        .exclude(step_seconds=300, stat__in=("mean", "min", "max", "count", "sampled"))
+        .values_list("signal", "stat", "gpu_key", "step_seconds")
+    )
+    rows = []
+    for signal, stat, gpu_key, step in lines:
+        times = end + step * np.arange(1, 3 if step == 30 else 2, dtype=np.float64)
+        rows.append(archive.Points(job.pk, signal, stat, gpu_key, step, times, np.full(times.size, 0.5)))
+    t0 = time.perf_counter()
+    written = archive.upsert(rows)
+    wall = time.perf_counter() - t0
+    print(f"  poll write of the new window only: {len(rows):,} lines -> {written:,} chunk rows (with tiers) "
+          f"in {wall * 1000:.0f} ms")  # fmt: skip
+
+
 def _fill_jobs(n: int) -> None:
     from jobs.models import GpuModel, Job, Team
 
@@ -412,6 +436,7 @@ def main() -> None:
             _report(name, times, body, target)
         if running is not None:
             _evaluation_reads(running)
+            _poll_write(running)
         if args.concurrency and running is not None:
             session = client.cookies[settings.SESSION_COOKIE_NAME].value
             paths = [

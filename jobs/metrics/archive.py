@@ -171,24 +171,27 @@ def _existing(keys: list[_Key]) -> dict[_Key, np.ndarray]:
     if not keys:
         return {}
     table = connection.ops.quote_name(JobSeries._meta.db_table)
-    cols = list(zip(*keys, strict=True))
+    # Each key's columns as = ANY lists, which the (job, signal, stat, start) index answers; the few
+    # rows of other combinations this also returns are dropped below.
+    jobs, signals, stats, _, steps, starts = (sorted(set(c)) for c in zip(*keys, strict=True))
     sql = (
-        f"SELECT s.job_id, s.signal, s.stat, s.gpu_key, s.step_seconds, "
-        f'extract(epoch from s.start)::bigint, s."values" FROM {table} s JOIN unnest('
-        f"%s::bigint[], %s::text[], %s::text[], %s::text[], %s::int[], %s::bigint[]) "
-        f"AS k(job_id, signal, stat, gpu_key, step, start) ON s.job_id = k.job_id AND s.signal = k.signal "
-        f"AND s.stat = k.stat AND s.gpu_key = k.gpu_key AND s.step_seconds = k.step "
-        f"AND s.start = to_timestamp(k.start)"
+        f'SELECT job_id, signal, stat, gpu_key, step_seconds, extract(epoch from start)::bigint, "values" '
+        f"FROM {table} WHERE job_id = ANY(%s) AND signal = ANY(%s) AND stat = ANY(%s) "
+        f"AND step_seconds = ANY(%s) AND start = ANY(%s)"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(c) for c in cols])
+        cursor.execute(sql, [jobs, signals, stats, steps, [utc(t) for t in starts]])
         found = cursor.fetchall()
+    wanted = set(keys)
     out: dict[_Key, np.ndarray] = {}
     for job_id, signal, stat, gpu_key, step, start, blob in found:
+        key = (job_id, signal, stat, gpu_key, step, int(start))
+        if key not in wanted:
+            continue
         arr = np.full(CHUNK_POINTS, np.nan, dtype=_F4)
         old = np.frombuffer(bytes(blob), dtype=_F4)[:CHUNK_POINTS]
         arr[: old.size] = old
-        out[(job_id, signal, stat, gpu_key, step, int(start))] = arr
+        out[key] = arr
     return out
 
 
