@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -207,6 +208,11 @@ def load(tsdb_dir: Path, state_dir: Path, now: datetime | None = None) -> dict[s
         results = [truncate(simulate(d.spec), now.timestamp()) for d in new]
         tsdb_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
+            # Blocks are written to a staging directory and moved into tsdb_dir only once every job's
+            # backfill succeeded: an interrupted run must not leave blocks behind, since a rerun simulates
+            # the same series at a slightly different `now` and the two would interleave (counter resets
+            # everywhere: rate() and so MFU many times too high).
+            staging = Path(tmp) / "blocks"
             # One OpenMetrics file per job: promtool (2.42 has no --max-block-duration) parses its whole
             # input once per 2 h block it writes, so one file of six weeks (550 MB) costs 504 passes over
             # 550 MB; per job it is each job's own blocks over its own samples. Overlapping blocks of
@@ -215,8 +221,10 @@ def load(tsdb_dir: Path, state_dir: Path, now: datetime | None = None) -> dict[s
                 path = Path(tmp) / f"demo-{i}.om"
                 write_openmetrics([result], path)
                 # The limit only stops a hung promtool (a busy machine makes it slow, not stuck).
-                backfill(path, tsdb_dir, timeout_s=BACKFILL_TIMEOUT_S)
+                backfill(path, staging, timeout_s=BACKFILL_TIMEOUT_S)
                 path.unlink()
+            for block in staging.iterdir():
+                shutil.move(block, tsdb_dir / block.name)
         for demo, result in zip(new, results, strict=True):
             register(demo, result, teams, now)
     live = [
