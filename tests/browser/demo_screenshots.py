@@ -26,6 +26,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "test-artifacts" / "demo")
     parser.add_argument("--user", default="demo")
     parser.add_argument("--password", default="demo-password")
+    parser.add_argument("--team", help="the team (slug) whose page and alerts to show; default the first")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -46,9 +47,11 @@ def main() -> int:
         page.wait_for_load_state("networkidle")
         page.goto(f"{args.base}/")
         job_href = page.eval_on_selector("table a[href^='/jobs/']", "a => a.getAttribute('href')")
-        team_href = page.eval_on_selector(
-            "a[href^='/teams/'][href$='/']:not([href='/teams/'])", "a => a.getAttribute('href')"
-        )
+        if args.team:
+            team_href = f"/teams/{args.team}/"
+        else:
+            page.goto(f"{args.base}/teams/")
+            team_href = page.eval_on_selector("table a[href^='/teams/']", "a => a.getAttribute('href')")
         shots = [
             ("job-list", "/", None),
             ("job-page", job_href, "body[data-charts-ready]"),
