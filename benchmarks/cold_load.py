@@ -83,6 +83,7 @@ def _print_profile(profile: dict[str, Any], top: int = 18) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--save-html", type=Path, help="write the last run's job page HTML here")
     parser.add_argument(
         "--profile", action="store_true", help="CPU-profile the last run, print top functions"
     )
@@ -174,6 +175,8 @@ def main() -> None:
                 metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
                 if profiling:
                     _print_profile(cdp.send("Profiler.stop")["profile"])
+                if args.save_html and run == args.runs:
+                    args.save_html.write_text(page.content())
                 plotly = next((u for u in sizes if "plotly" in u), "")
                 if run:
                     times.append(elapsed)
