@@ -150,13 +150,24 @@ def _window_text(windows: tuple[tuple[float, float], ...]) -> str:
     return f"{count}, {hours:,.1f} h in all, {first:%Y-%m-%d %H:%M} → {last:%Y-%m-%d %H:%M} UTC"
 
 
-def finding_views(findings: list[Finding], job_span_s: float) -> list[FindingView]:
+def finding_views(
+    findings: list[Finding],
+    job_span_s: float,
+    marks: Sequence[charts.FindingMark] | None = None,
+    wholes: Sequence[bool] | None = None,
+) -> list[FindingView]:
     """Findings in page order (most $/day first) with what the list and its zoom buttons need. A finding
-    over (nearly) the whole job gets no zoom button: there is nothing to zoom to."""
+    over (nearly) the whole job gets no zoom button: there is nothing to zoom to. `marks` (finding_marks)
+    and `wholes` (that flag per finding: the bands' `whole`, the same test) when already known."""
     out = []
-    for f, mark in zip(findings, finding_marks(findings), strict=True):
+    if marks is None:
+        marks = finding_marks(findings)
+    for i, (f, mark) in enumerate(zip(findings, marks, strict=True)):
         zoom = None
-        whole = not mark.windows or charts.covers_whole_span(mark.windows, job_span_s)
+        if wholes is not None:
+            whole = wholes[i]
+        else:
+            whole = not mark.windows or charts.covers_whole_span(mark.windows, job_span_s)
         if not whole:
             zoom = (
                 round(min(w[0] for w in mark.windows) * 1000),
@@ -192,6 +203,21 @@ def finding_bands(findings: list[Finding], job_span_s: float) -> list[dict[str, 
             "windows": [[round(a * 1000), round(b * 1000)] for a, b in windows],
         })  # fmt: skip
     return out
+
+
+def _cached_finding_layout(
+    job: Job, findings: list[Finding], job_span_s: float
+) -> tuple[list[charts.FindingMark], list[dict[str, Any]]]:
+    """`finding_marks` and `finding_bands`, cached: validating and merging thousands of finding windows
+    is ~10 ms a page, and both only change with the findings (ids, last change) or the job's span (each
+    poll of a running job)."""
+    parts = (job.pk, [(f.pk, f.updated_at) for f in findings], job_span_s)
+    key = "job-finding-layout:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+    layout = cache.get(key)
+    if layout is None:
+        layout = (finding_marks(findings), finding_bands(findings, job_span_s))
+        cache.set(key, layout, FIGURES_CACHE_S)
+    return list(layout[0]), list(layout[1])
 
 
 def _job_span_s(job: Job) -> float:
@@ -274,6 +300,47 @@ def cached_figures(
         figures = build_figures(job, findings, points=points, captures=captures)
         cache.set(key, figures, FIGURES_CACHE_S)
     return figures
+
+
+def _escape_script_json(text: str) -> str:
+    """json_script's escaping of serialised JSON: it cannot close the <script> element or open a comment."""
+    for char, escaped in _JSON_ESCAPES:
+        text = text.replace(char, escaped)
+    return text
+
+
+def _page_figures(
+    job: Job,
+    findings: list[Finding],
+    *,
+    captures: Sequence[charts.CaptureMark],
+    artifacts: list[tuple[int, str]],
+) -> tuple[dict[str, Any], str]:
+    """The job page's whole-job figures: what the template shows of them (labels, outliers, missing lines,
+    archive step, whether there are series and a heatmap) and the `"timeseries":…,"heatmap":…` members of
+    the page's JSON, serialised and escaped once per cache entry. A page view then neither unpickles the
+    megabyte of figures nor re-encodes and re-escapes it."""
+    key = _figures_key(job, _findings_stamp(findings), artifacts, charts.DEFAULT_POINTS) + ":page"
+    cached = cache.get(key)
+    if cached is None:
+        figures = cached_figures(
+            job, findings, points=charts.DEFAULT_POINTS, captures=captures, artifacts=artifacts
+        )
+        meta = {k: v for k, v in figures.items() if k not in ("timeseries", "heatmap")}
+        meta["has_series"] = bool(figures["timeseries"].get("data"))
+        meta["has_heatmap"] = bool(figures["heatmap"])
+        members = dumps({"timeseries": figures["timeseries"], "heatmap": figures["heatmap"]}).decode()
+        cached = (meta, _escape_script_json(members[1:-1]))
+        cache.set(key, cached, FIGURES_CACHE_S)
+    return cached[0], cached[1]
+
+
+def _page_json(page_data: dict[str, Any], figure_members: str, element_id: str) -> str:
+    """json_script of `page_data` with the figures' serialised, escaped members spliced in (the same
+    element and JSON object as json_script(page_data | figures))."""
+    head = _escape_script_json(dumps(page_data).decode())
+    text = head[:-1] + ("," if len(head) > 2 else "") + figure_members + "}"
+    return format_html('<script id="{}" type="application/json">{}</script>', element_id, mark_safe(text))
 
 
 def _figures_json(job: Job, points: int, statuses: list[tuple[int, str]]) -> bytes:
@@ -459,21 +526,21 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     job = _job_or_404(request, external_id)
     findings = list(job.findings.all())  # Finding.Meta.ordering: most $/day first
     artifacts = [artifact_views.present(a) for a in job.artifacts.select_related("uploaded_by")]
-    figures = cached_figures(
+    figures, figure_members = _page_figures(
         job,
         findings,
-        points=charts.DEFAULT_POINTS,
         captures=artifact_views.capture_marks(v.artifact for v in artifacts),
         artifacts=[(v.artifact.pk, v.artifact.status) for v in artifacts],
     )
     comparison = baselines.compare(job)
     can_write = can_write_team(request.user, job.team)
+    span_s = _job_span_s(job)
+    marks, bands = _cached_finding_layout(job, findings, span_s)
+    # The page's JSON (element job-data) also carries "timeseries" and "heatmap": see _page_json.
     page_data = {
-        "timeseries": figures["timeseries"],
-        "heatmap": figures["heatmap"],
         "artifacts": artifact_views.figures_of(artifacts),
         "refresh_url": reverse("job-figures", args=[job.external_id]),
-        "finding_bands": finding_bands(findings, _job_span_s(job)),
+        "finding_bands": bands,
         "running": job.status == Job.Status.RUNNING,
         "refresh_s": REFRESH_S,
         "pending_artifacts": [
@@ -508,12 +575,12 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
             )
         ],
         "target_mfu": reference_mfu(job),
-        "findings": finding_views(findings, _job_span_s(job)),
+        "findings": finding_views(findings, span_s, marks, wholes=[b["whole"] for b in bands]),
         "artifacts": artifacts,
         "kinds": Artifact.Kind.choices,
         "figures": figures,
         "page_data": page_data,
-        "page_json": json_script(page_data, "job-data"),
+        "page_json": _page_json(page_data, figure_members, "job-data"),
         "comparison": comparison,
         "mfu_vs_baseline": mfu_row,
         "in_baseline": comparison is not None and job.pk in comparison.run_ids,
