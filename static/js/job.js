@@ -43,7 +43,120 @@
   function draw(el, fig) {
     if (!el || !fig || !Plotly) { return Promise.resolve(); }
     var layout = Object.assign({}, fig.layout, { uirevision: "job", datarevision: Date.now() });
-    return Plotly.react(el, fig.data, layout, CONFIG);
+    var data = fig.data;
+    var legends = el === ts && layout.showlegend ? legendRows(fig) : null;
+    if (legends) {
+      // Plotly's own legends (one per subplot) took about half of the time series' first draw: the same
+      // legends are drawn as HTML over the chart instead, and a click still hides/shows a line and its range.
+      layout.showlegend = false;
+      data = data.map(function (t) {
+        return hiddenGroups[t.legendgroup] ? Object.assign({}, t, { visible: false }) : t;
+      });
+    }
+    return Plotly.react(el, data, layout, CONFIG).then(function () {
+      if (legends) { drawLegends(el, legends); }
+    });
+  }
+
+  // ---- HTML legends of the time series: one per subplot, where plotly would put its own --------------
+  var hiddenGroups = {};  // legendgroup (signal key) -> true while its line is hidden by a legend click
+  var DASHES = { dot: "2,2", dash: "5,3", dashdot: "5,2,1.5,2", longdash: "8,3", longdashdot: "8,2,1.5,2" };
+
+  function legendRows(fig) {
+    var rows = [];
+    Object.keys(fig.layout).forEach(function (key) {
+      var m = /^legend(\d*)$/.exec(key);
+      if (m) { rows.push({ id: key, spec: fig.layout[key], items: [] }); }
+    });
+    var byId = {};
+    rows.forEach(function (r) { byId[r.id] = r; });
+    fig.data.forEach(function (t) {
+      var row = byId[t.legend || "legend"];
+      if (row && t.showlegend !== false) {
+        row.items.push({ group: t.legendgroup, name: t.name, colour: t.line && t.line.color, dash: t.line && t.line.dash });
+      }
+    });
+    return rows;
+  }
+
+  function legendTitle(text) {
+    var span = document.createElement("span");
+    var m = /^<b>([\s\S]*?)<\/b>([\s\S]*)$/.exec(text || "");
+    var b = document.createElement("b");
+    b.textContent = m ? m[1] : String(text || "").replace(/<[^>]*>/g, "");
+    span.appendChild(b);
+    if (m && m[2]) { span.appendChild(document.createTextNode(m[2])); }
+    span.style.marginRight = "8px";
+    return span;
+  }
+
+  function swatch(colour, dash) {
+    var ns = "http://www.w3.org/2000/svg";
+    var svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("width", "26"); svg.setAttribute("height", "10"); svg.setAttribute("aria-hidden", "true");
+    var line = document.createElementNS(ns, "line");
+    line.setAttribute("x1", "1"); line.setAttribute("x2", "25"); line.setAttribute("y1", "5"); line.setAttribute("y2", "5");
+    line.setAttribute("stroke", colour || "#444"); line.setAttribute("stroke-width", "2");
+    if (DASHES[dash]) { line.setAttribute("stroke-dasharray", DASHES[dash]); }
+    svg.appendChild(line);
+    svg.style.verticalAlign = "middle";
+    svg.style.marginRight = "3px";
+    return svg;
+  }
+
+  function toggleGroup(group) {
+    hiddenGroups[group] = !hiddenGroups[group];
+    var idx = [];
+    (ts.data || []).forEach(function (t, i) { if (t.legendgroup === group) { idx.push(i); } });
+    Array.prototype.forEach.call(ts.parentNode.querySelectorAll(".html-legend button"), function (b) {
+      if (b.getAttribute("data-group") === group) {
+        b.setAttribute("aria-pressed", hiddenGroups[group] ? "false" : "true");
+        b.style.opacity = hiddenGroups[group] ? "0.45" : "1";
+      }
+    });
+    return idx.length ? Plotly.restyle(ts, { visible: hiddenGroups[group] ? false : true }, idx) : Promise.resolve();
+  }
+
+  function drawLegends(el, rows) {
+    var box = el.parentNode;
+    var size = el._fullLayout && el._fullLayout._size;
+    if (!box || !size) { return; }
+    if (window.getComputedStyle(box).position === "static") { box.style.position = "relative"; }
+    Array.prototype.forEach.call(box.querySelectorAll(".html-legend"), function (old) { box.removeChild(old); });
+    var font = (el._fullLayout.font && el._fullLayout.font.family) || "sans-serif";
+    rows.forEach(function (row) {
+      if (!row.items.length && !(row.spec.title && row.spec.title.text)) { return; }
+      var div = document.createElement("div");
+      div.className = "html-legend";
+      div.setAttribute("role", "group");
+      div.setAttribute("aria-label", "Legend: " + String((row.spec.title && row.spec.title.text) || "").replace(/<[^>]*>/g, ""));
+      var s = div.style;
+      s.position = "absolute";
+      s.left = (el.offsetLeft + size.l + (row.spec.x || 0) * size.w) + "px";
+      s.top = (el.offsetTop + size.t + (1 - (row.spec.y === undefined ? 1 : row.spec.y)) * size.h) + "px";
+      s.transform = "translateY(-100%)";
+      s.fontFamily = font; s.fontSize = "11px"; s.lineHeight = "16px";
+      s.padding = "1px 4px"; s.background = row.spec.bgcolor || "rgba(255,255,255,0.85)";
+      s.maxWidth = size.w + "px";
+      s.pointerEvents = "none";
+      div.appendChild(legendTitle(row.spec.title && row.spec.title.text));
+      row.items.forEach(function (item) {
+        var b = document.createElement("button");
+        b.type = "button";
+        b.setAttribute("data-group", item.group);
+        b.setAttribute("aria-pressed", hiddenGroups[item.group] ? "false" : "true");
+        b.title = "Hide or show this line";
+        var bs = b.style;
+        bs.font = "inherit"; bs.background = "none"; bs.border = "0"; bs.padding = "0 8px 0 0"; bs.margin = "0";
+        bs.cursor = "pointer"; bs.color = "inherit"; bs.pointerEvents = "auto";
+        bs.opacity = hiddenGroups[item.group] ? "0.45" : "1";
+        b.appendChild(swatch(item.colour, item.dash));
+        b.appendChild(document.createTextNode(item.name));
+        b.addEventListener("click", function () { toggleGroup(item.group); });
+        div.appendChild(b);
+      });
+      box.appendChild(div);
+    });
   }
 
   function toMs(v) {
@@ -454,7 +567,16 @@
     if (!Plotly) { say("The chart library did not load."); return; }
     initRangeTools();
     initKeyboard();
-    Promise.all([draw(ts, page.timeseries), draw(heat, page.heatmap)]).then(function () {
+    // The time series first (it is the first chart on the page), the heatmap below it in a later task, so
+    // the browser paints the first chart before it spends time on the second.
+    draw(ts, page.timeseries).then(function () {
+      document.body.setAttribute("data-first-chart", "1");
+      return new Promise(function (resolve) {
+        window.requestAnimationFrame(function () { setTimeout(resolve, 0); });
+      });
+    }).then(function () {
+      return draw(heat, page.heatmap);
+    }).then(function () {
       link(ts, heat);
       link(heat, ts);
       return applyUrlRange();
