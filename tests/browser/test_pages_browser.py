@@ -132,11 +132,12 @@ def test_a_running_job_refreshes_without_reloading(watched, live_server, member,
     page = watched.page
     page.evaluate("window.__sameDocument = true")
     end_before = x_range(page, "timeseries")[1]
-    assert page.locator('[data-field="data_until"]').inner_text() == "2026-01-01 01:00"
+    # A poll at 01:00 settles data up to now minus the ingestion lag (2 scrape intervals of 30 s): 00:59.
+    assert page.locator('[data-field="data_until"]').inner_text() == "2026-01-01 00:59"
     data.ingest(job, prom.url, ended=False, hours=2)  # the next minute's poll, one hour later
     page.evaluate("window.jobPage.refresh()")
     page.wait_for_function(
-        "document.querySelector('[data-field=\"data_until\"]').textContent === '2026-01-01 02:00'"
+        "document.querySelector('[data-field=\"data_until\"]').textContent === '2026-01-01 01:59'"
     )
     end_after = page.evaluate("Math.max(...document.getElementById('timeseries').data.flatMap(t => t.x))")
     assert end_after >= end_before + 50 * 60 * 1000

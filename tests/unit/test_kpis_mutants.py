@@ -240,7 +240,8 @@ def test_waste_variant_when_only_the_idle_part_is_known() -> None:
 
 def test_the_missing_mfu_reason_lists_only_the_throughput_and_mfu_notes() -> None:
     # A late price book adds a note that is about neither MFU nor throughput: it is not part of the reason.
-    k = _kpis(tokens_per_second=None, prices=[(T0 + timedelta(minutes=30), 2.0)])
+    # No throughput and no reason from its source (load_context passes "" then): the generic advice.
+    k = _kpis(tokens_per_second=None, throughput_source="", prices=[(T0 + timedelta(minutes=30), 2.0)])
     no_throughput = (
         "no throughput: push progress (POST /api/v1/jobs/{id}/progress/), set a throughput PromQL "
         "expression, or upload a profiler trace with tokens per step"
@@ -482,3 +483,11 @@ def test_duplicate_progress_timestamps_do_not_break_the_rate() -> None:
     tokens = np.array([0.0, 1000.0, 1000.0, 2000.0])
     out = tokens_per_second_from_progress(times, tokens, np.array([5.0, 15.0]))
     assert out == pytest.approx([100.0, 100.0])
+
+
+def test_the_missing_mfu_reason_is_the_throughput_sources_own_reason_when_it_gives_one() -> None:
+    # load_context passes why the job's own source gave nothing (e.g. a free-form query not run).
+    why = "the throughput PromQL is free-form and was not set by staff"
+    k = _kpis(tokens_per_second=None, throughput_source=why)
+    assert k.waste is not None and k.waste.reason is not None
+    assert k.waste.reason.startswith(f"MFU unknown (no throughput: {why})")
