@@ -295,9 +295,68 @@ def _usages(
 #: At most this many overlapping jobs are compared (a guard against a runaway query on a huge cluster).
 MAX_OTHERS = 500
 
+#: The fields of another job the comparison reads.
+_NEIGHBOUR_FIELDS = (
+    "pk", "external_id", "started_at", "ended_at", "data_until", "gpus", "selector", "evaluation",
+)  # fmt: skip
+
+
+class Neighbours:
+    """The jobs `shared_gpus` compares against and their GPU keys, read once per poll cycle (two queries)
+    instead of once per evaluated job: per job, the overlapping jobs and all their archived GPU keys were
+    a query each, O(jobs^2) rows per cycle. `shared_gpus(job, ..., neighbours=)` applies the same filter,
+    order and MAX_OTHERS cut in Python, so its answer is the one the queries give; `update` keeps a job
+    saved during the cycle (new `data_until`, new evaluation) current, as the database would be.
+
+    Valid for jobs that started at or after `earliest` (the candidates are read from there) and while no
+    per-GPU rows are written (the archived keys are read once: build it after the cycle's archive write).
+    """
+
+    def __init__(self, jobs: Sequence[Job]) -> None:
+        self.earliest = min((j.started_at for j in jobs), default=None)
+        self.jobs: dict[int, Job] = {}
+        if self.earliest is not None:
+            # A superset of every job's candidates: an ended job counts only if it ended after the job
+            # started, so nothing that ended before the earliest start can be one.
+            found = (
+                Job.objects.filter(data_until__isnull=False)
+                .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=self.earliest))
+                .only(*_NEIGHBOUR_FIELDS)
+            )
+            self.jobs = {j.pk: j for j in found}
+        self.keys = gpu_keys_of([*self.jobs.values(), *(j for j in jobs if j.pk not in self.jobs)])
+
+    def covers(self, job: Job) -> bool:
+        """True when this index answers for `job` (its keys are known, its candidates were read)."""
+        return self.earliest is not None and job.pk in self.keys and job.started_at >= self.earliest
+
+    def update(self, job: Job) -> None:
+        """A job saved during the cycle: later evaluations see its new `data_until` and evaluation."""
+        if job.pk in self.keys and job.data_until is not None:
+            self.jobs[job.pk] = job
+
+    def others(self, job: Job, now: datetime) -> list[Job]:
+        """The query of `shared_gpus`: jobs other than `job` seen by the exporter whose window overlaps its
+        own, by (started_at, pk), at most MAX_OTHERS."""
+        until = job.ended_at or now
+        since = job.started_at
+        found = [
+            o
+            for o in self.jobs.values()
+            if o.pk != job.pk
+            and o.data_until is not None
+            and o.started_at < until
+            and (o.ended_at > since if o.ended_at is not None else o.data_until > since)
+        ]
+        found.sort(key=lambda o: (o.started_at, o.pk))
+        return found[:MAX_OTHERS]
+
 
 def shared_gpus(
-    job: Job, client: PrometheusClient | None = None, now: datetime | None = None
+    job: Job,
+    client: PrometheusClient | None = None,
+    now: datetime | None = None,
+    neighbours: Neighbours | None = None,
 ) -> SharingReport:
     """The job's GPUs also used by other jobs in overlapping windows, and its share of them.
 
@@ -305,19 +364,25 @@ def shared_gpus(
     Prometheus for this job (with a client), else from stored evaluations (the other jobs', always: each
     was evaluated with its own instances, so they are not asked again). A job registered with a MIG device
     name ("...-MIG-3g.40gb") and no instance labels seen holds that profile on each of its GPUs (on one
-    placeholder GPU when none is known yet)."""
+    placeholder GPU when none is known yet). `neighbours`: the poll cycle's index of those jobs and keys
+    (the same answer without the two queries), used when it covers the job."""
     now = now or timezone.now()
     start, end = _window(job, now)
-    # Only jobs the exporter was seen for (`data_until` set) count: a registration alone is a claim that
-    # may never have run (a job with no metrics at all); its use of the GPU is unknown, not a share.
-    others = list(
-        Job.objects.exclude(pk=job.pk)
-        .filter(started_at__lt=job.ended_at or now, data_until__isnull=False)
-        .filter(Q(ended_at__gt=job.started_at) | Q(ended_at__isnull=True, data_until__gt=job.started_at))
-        .only("pk", "external_id", "started_at", "ended_at", "data_until", "gpus", "selector", "evaluation")
-        .order_by("started_at", "pk")[:MAX_OTHERS]
-    )
-    keys = gpu_keys_of([job, *others])
+    if neighbours is not None and neighbours.covers(job):
+        others = neighbours.others(job, now)
+        keys = {pk: list(neighbours.keys[pk]) for pk in (job.pk, *(o.pk for o in others))}
+    else:
+        # Only jobs the exporter was seen for (`data_until` set) count: a registration alone is a claim
+        # that may never have run (a job with no metrics at all); its use of the GPU is unknown, not a
+        # share.
+        others = list(
+            Job.objects.exclude(pk=job.pk)
+            .filter(started_at__lt=job.ended_at or now, data_until__isnull=False)
+            .filter(Q(ended_at__gt=job.started_at) | Q(ended_at__isnull=True, data_until__gt=job.started_at))
+            .only(*_NEIGHBOUR_FIELDS)
+            .order_by("started_at", "pk")[:MAX_OTHERS]
+        )
+        keys = gpu_keys_of([job, *others])
     mine = set(keys[job.pk])
     own_mig = (mig_instances(client, job, now) if client is not None else {}) or stored_mig(job)
     named = mig_profile(job.gpu_model_name)

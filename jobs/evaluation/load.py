@@ -11,7 +11,7 @@ import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.alerts.sharing import shared_gpus, summarise
+from jobs.alerts.sharing import Neighbours, shared_gpus, summarise
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
@@ -115,17 +115,25 @@ def reference_mfu(job: Job) -> float:
     return target_mfu(job.dtype, settings.TARGET_MFU, settings.TARGET_MFU_FP8)[0]
 
 
-def sharing_for(job: Job, client: PrometheusClient | None, now: datetime) -> GpuSharing | None:
+def sharing_for(
+    job: Job, client: PrometheusClient | None, now: datetime, neighbours: Neighbours | None = None
+) -> GpuSharing | None:
     """The job's share of GPUs other jobs also used, or of its MIG slices (jobs.alerts.sharing); None when
-    its GPUs were its own. Without a client the MIG instances come from the last stored evaluation."""
+    its GPUs were its own. Without a client the MIG instances come from the last stored evaluation.
+    `neighbours`: the poll cycle's index of the other jobs and their GPUs (read once, not per job)."""
     spec = gpu_by_name(job.gpu_model.name) if job.gpu_model is not None else None
-    return summarise(shared_gpus(job, client, now), job.gpu_count, spec)
+    return summarise(shared_gpus(job, client, now, neighbours), job.gpu_count, spec)
 
 
 def load_context(
-    job: Job, sigs: JobSignals | None, client: PrometheusClient | None, now: datetime | None = None
+    job: Job,
+    sigs: JobSignals | None,
+    client: PrometheusClient | None,
+    now: datetime | None = None,
+    neighbours: Neighbours | None = None,
 ) -> EvaluationContext:
-    """Everything `evaluate` needs about `job`, with `sigs` the signals to evaluate on (fresh or archived)."""
+    """Everything `evaluate` needs about `job`, with `sigs` the signals to evaluate on (fresh or archived);
+    `neighbours` as in `sharing_for`."""
     now = now or timezone.now()
     end = min(job.ended_at or now, now)
     if sigs is not None:
@@ -162,5 +170,5 @@ def load_context(
         flops_convention=settings.MFU_FLOPS_CONVENTION,
         energy_j=job.energy_j,
         usd_per_kwh=settings.ENERGY_USD_PER_KWH,
-        sharing=sharing_for(job, client, now),
+        sharing=sharing_for(job, client, now, neighbours),
     )

@@ -27,6 +27,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.alerts import incidents as alerts
+from jobs.alerts import sharing
 from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
 from jobs.evaluation.store import store
@@ -76,11 +77,14 @@ def nice_step(duration_s: float, max_points: int) -> int:
 
 
 def update_summary(
-    job: Job, sigs: JobSignals | None, client: PrometheusClient | None
+    job: Job,
+    sigs: JobSignals | None,
+    client: PrometheusClient | None,
+    neighbours: sharing.Neighbours | None = None,
 ) -> dict[str, np.ndarray]:
     """Re-evaluate the job on `sigs` through the spine (load_context -> evaluate -> store; not saved);
-    returns the derived series to archive (throughput, MFU)."""
-    evaluated = evaluate(load_context(job, sigs, client))
+    returns the derived series to archive (throughput, MFU). `neighbours`: the cycle's sharing index."""
+    evaluated = evaluate(load_context(job, sigs, client, neighbours=neighbours))
     store(job, evaluated.evaluation)
     return evaluated.derived
 
@@ -201,12 +205,14 @@ def store_poll(
     energy_j: object = _KEEP,
     archived_rows: bool = False,
     derived_out: list[Any] | None = None,
+    neighbours: sharing.Neighbours | None = None,
 ) -> Job:
     """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
     settled (`settled_data_until`); then the diagnosis (when due) and the alert rules.
 
     The cycle merges every job's rows in one `archive.upsert` (`archived_rows=True`: already written) and
-    collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job."""
+    collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job;
+    `neighbours` is its sharing index (jobs.alerts.sharing.Neighbours), read once for all jobs."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if energy_j is not _KEEP:
@@ -216,7 +222,7 @@ def store_poll(
             archive.upsert(archive.rows_for(job, sigs, {}))
         # GPU_UTIL per GPU for the exact idle share; the other per-GPU rows are the bulk of the archive.
         archived = archive.load_job_signals(job, per_gpu=("gpu_util",))
-        derived = update_summary(job, archived, client)
+        derived = update_summary(job, archived, client, neighbours)
         if archived is not None:
             rows = archive.derived_rows(*_new_part(job, archived, derived, sigs.start))
             if derived_out is None:
@@ -516,6 +522,9 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
     for key, reason in result.errors.items():
         done[key] = _mark_stale(jobs[key], RuntimeError(reason), now)
     archived_rows = _archive_cycle(jobs, result.signals)
+    # The sharing look-up of every evaluation below from one read (after the archive write, which brings
+    # the per-GPU keys; when it failed each job writes its own rows, so each reads its own keys).
+    neighbours = sharing.Neighbours(list(jobs.values())) if archived_rows and result.signals else None
     derived: list[Any] = []
     for key, sigs in result.signals.items():
         job = jobs[key]
@@ -526,7 +535,10 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
                 # only on per-GPU cycles (and a job's first ones); between them the last value is kept.
                 energy = _energy_total(client, job_selector(job), job.started_at.timestamp(), by_key[key].end)
             done[key] = store_poll(job, sigs, by_key[key].end, now, client, energy_j=energy,
-                                   archived_rows=archived_rows, derived_out=derived)  # fmt: skip
+                                   archived_rows=archived_rows, derived_out=derived,
+                                   neighbours=neighbours)  # fmt: skip
+            if neighbours is not None:
+                neighbours.update(done[key])
         except Exception as exc:  # one job's failure must not stop the cycle
             log.exception("job %s: poll failed", job.external_id)
             done[key] = _mark_stale(job, exc, now)
