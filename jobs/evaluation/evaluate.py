@@ -23,6 +23,12 @@ class Evaluated:
     derived: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+_IDLE_SIGNALS = {
+    "gpu_util": "GPU_UTIL",
+    "gr_engine_active": "GR_ENGINE_ACTIVE (MIG instances have no GPU_UTIL)",
+}
+
+
 def evaluate(ctx: EvaluationContext) -> Evaluated:
     """KPIs, waste split, cross-check and peak memory of one job (definitions: reference/formulas.md)."""
     sigs = ctx.signals
@@ -31,7 +37,14 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         series = sigs.get(key) if sigs is not None else None
         return series.stats.get(name) if series is not None else None
 
-    util = sigs.get("gpu_util") if sigs is not None else None
+    # Idle share from GPU_UTIL (DCGM field 203: share of the sample period a kernel ran). MIG instances have
+    # no GPU_UTIL (dcgm-exporter reports it per physical GPU only), so a job on MIG slices is judged idle
+    # from GR_ENGINE_ACTIVE (field 1001: share of time the graphics/compute engine was active, averaged
+    # over the collect interval, per instance) instead: same 0-1 ratio, same ~0 % threshold.
+    idle_key = "gpu_util"
+    if stat("gpu_util", "mean") is None and stat("gr_engine_active", "mean") is not None:
+        idle_key = "gr_engine_active"
+    util = sigs.get(idle_key) if sigs is not None else None
     # Per-GPU rows give the exact idle share, but only when they span the same window as the aggregates
     # (finalize, or a poll that loaded the whole archive); otherwise the cross-GPU bound is used.
     util_per_gpu = None
@@ -62,8 +75,10 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         power_times=power.timestamps if power is not None else None,
         usd_per_kwh=ctx.usd_per_kwh,
         gpu_util_per_gpu=util_per_gpu,
-        gpu_util_min=stat("gpu_util", "min"),
-        gpu_util_max=stat("gpu_util", "max"),
+        gpu_util_min=stat(idle_key, "min"),
+        gpu_util_max=stat(idle_key, "max"),
+        idle_mean=stat(idle_key, "mean"),
+        idle_signal=_IDLE_SIGNALS[idle_key],
         flops_convention=ctx.flops_convention,
         gpu_equivalents=ctx.sharing.gpu_equivalents if ctx.sharing is not None else None,
         peak_equivalents=ctx.sharing.peak_equivalents if ctx.sharing is not None else None,

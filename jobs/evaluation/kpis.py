@@ -257,6 +257,8 @@ def compute_kpis(
     gpu_util_per_gpu: np.ndarray | None = None,
     gpu_util_min: np.ndarray | None = None,
     gpu_util_max: np.ndarray | None = None,
+    idle_mean: np.ndarray | None = None,
+    idle_signal: str = "GPU_UTIL",
     flops_convention: str = "palm",
     gpu_equivalents: float | None = None,
     peak_equivalents: float | None = None,
@@ -267,6 +269,10 @@ def compute_kpis(
     of their time; a MIG slice's compute slices / 7), used for GPU-hours, cost, energy and so waste;
     `peak_equivalents` is how many whole-GPU dense peaks it could reach (MFU's capacity; a MIG slice's SMs
     / the GPU's SMs). Both default to `gpu_count` (the job's GPUs were its own).
+
+    Idle share: from `gpu_util_per_gpu` (exact) or the cross-GPU mean/min/max (a lower bound) of the signal
+    named by `idle_signal`: GPU_UTIL, or GR_ENGINE_ACTIVE where a MIG instance has no GPU_UTIL; `idle_mean`
+    is that signal's mean when it is not `gpu_util` (which stays the GPU_UTIL KPI).
     """
     duration = max((end - start).total_seconds(), 0.0)
     billed = float(gpu_count) if gpu_equivalents is None else max(float(gpu_equivalents), 0.0)
@@ -286,14 +292,15 @@ def compute_kpis(
             f"; against {peak_gpus:.3g} GPU peaks: this job's share of its {gpu_count} shared or MIG GPU(s)"
         )
     _cost(k, start, end, billed, prices, price_label, gpu_count)
+    busy = idle_mean if idle_mean is not None else gpu_util
     if gpu_util_per_gpu is not None and np.isfinite(gpu_util_per_gpu).any():
         k.idle_share, k.idle_share_exact = idle_share_per_gpu(gpu_util_per_gpu), True
-        k.variants["idle"] = f"share of observed GPU samples with GPU_UTIL ≤ {IDLE_UTIL_MAX:.0%}"
-    elif gpu_util is not None:
-        k.idle_share = idle_share_lower_bound(gpu_util, gpu_util_min, gpu_util_max, gpu_count)
+        k.variants["idle"] = f"share of observed GPU samples with {idle_signal} ≤ {IDLE_UTIL_MAX:.0%}"
+    elif busy is not None:
+        k.idle_share = idle_share_lower_bound(busy, gpu_util_min, gpu_util_max, gpu_count)
         if k.idle_share is not None:
             k.variants["idle"] = (
-                f"lower bound from the cross-GPU mean/min/max of GPU_UTIL (≤ {IDLE_UTIL_MAX:.0%} = idle)"
+                f"lower bound from the cross-GPU mean/min/max of {idle_signal} (≤ {IDLE_UTIL_MAX:.0%} = idle)"
             )
     reason = k.mfu_unknown_reason or "MFU unknown"
     k.waste = costs.split_waste(

@@ -81,6 +81,22 @@ def test_evaluate_uses_per_gpu_utilisation_for_the_idle_share_and_reports_peak_m
     assert ev.peak_memory_mib == pytest.approx(70000.0)
 
 
+def test_a_mig_job_without_gpu_util_gets_its_idle_share_from_gr_engine_active() -> None:
+    # MIG instances report GR_ENGINE_ACTIVE but no GPU_UTIL. 8 instances, 60 steps: steps 0-29 all idle
+    # (max 0.0 <= 5 %: all 8 idle), steps 30-59 all busy (min 0.9): idle share >= 30 × 8 / (60 × 8) = 1/2.
+    # No MFU: waste unknown, at least cost/day × 1/2 = 384 / 2 = $192/day.
+    ts = T0.timestamp() + np.arange(1, 61) * 60.0
+    level = np.where(np.arange(60) < 30, 0.0, 0.9)
+    gr = SignalSeries("gr_engine_active", "ratio", ts, {"mean": level, "min": level, "max": level})
+    sigs = JobSignals(ts[0], ts[-1], 60, ts)
+    sigs.signals = {"gr_engine_active": gr}
+    ev = evaluate(_context(signals=sigs)).evaluation
+    assert ev.gpu_util_mean is None  # GPU_UTIL itself stays unknown
+    assert ev.idle_share == pytest.approx(0.5) and not ev.idle_share_exact
+    assert "GR_ENGINE_ACTIVE" in ev.variants["idle"]
+    assert ev.waste.lower_bound_per_day_usd == pytest.approx(192.0)
+
+
 def test_evaluate_returns_the_mfu_series_to_archive() -> None:
     tps = np.array([1e4] * 30 + [np.nan] * 30)
     evaluated = evaluate(_context(tokens_per_second=tps, throughput_source="t"))
