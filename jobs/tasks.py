@@ -23,6 +23,7 @@ from jobs.outputs.leaderboard import parse_iso_week
 
 log = logging.getLogger(__name__)
 
+
 @shared_task(acks_late=True, ignore_result=True)
 def poll_running_jobs() -> int:
     """One cluster-wide poll cycle (`ingest.poll_cycle`: each signal read once for all groupable jobs,
