@@ -222,15 +222,29 @@ _COLUMNS = 'job_id, signal, stat, gpu_key, step_seconds, start, "end", "values"'
 def _store(chunks: dict[_Key, np.ndarray]) -> int:
     """COPY the merged chunks into a staging table and upsert them with one statement; returns rows."""
     rows = []
-    for (job_id, signal, stat, gpu_key, step, start), arr in chunks.items():
-        filled = np.flatnonzero(np.isfinite(arr))
-        if filled.size == 0:
-            continue
-        last = int(filled[-1])
-        data = np.where(np.isfinite(arr[: last + 1]), arr[: last + 1], np.float32("nan")).astype(_F4)
-        rows.append(
-            (job_id, signal, stat, gpu_key, step, utc(start), utc(start + (last + 1) * step), data.tobytes())
-        )
+    if chunks:
+        # All chunks at once (each is CHUNK_POINTS long): gaps as NaN, trailing gaps trimmed.
+        matrix = np.stack(list(chunks.values())).astype(_F4)
+        finite = np.isfinite(matrix)
+        filled: list[bool] = np.asarray(finite.any(axis=1), dtype=bool).tolist()
+        ends = (matrix.shape[1] - np.argmax(finite[:, ::-1], axis=1)).tolist()
+        data = np.where(finite, matrix, np.float32("nan")).astype(_F4)
+        for i, (job_id, signal, stat, gpu_key, step, start) in enumerate(chunks):
+            if not filled[i]:
+                continue
+            end = ends[i]
+            rows.append(
+                (
+                    job_id,
+                    signal,
+                    stat,
+                    gpu_key,
+                    step,
+                    utc(start),
+                    utc(start + end * step),
+                    data[i, :end].tobytes(),
+                )
+            )
     if not rows:
         return 0
     table = connection.ops.quote_name(JobSeries._meta.db_table)
