@@ -19,12 +19,10 @@ shapes, call stacks, memory events' args) while parsing. On the 54 MB V100 sampl
 from __future__ import annotations
 
 import functools
-import io
 import itertools
 import math
 import operator
 import re
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,12 +55,14 @@ from jobs.profiling.events import (
     class_of_names,
 )
 from jobs.profiling.guard import check_now, grow_input, guarded
+from jobs.profiling.trace_io import (
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
+    pieces_of_buffer,
+    pieces_of_path,
+    read_trace_bytes,
+)
 
-#: Default ceiling on the decompressed JSON size.
-DEFAULT_MAX_DECOMPRESSED_BYTES = 2 * 1024**3
-
-_GZIP_MAGIC = b"\x1f\x8b"
-_CHUNK = 1 << 20
+__all__ = ["DEFAULT_MAX_DECOMPRESSED_BYTES", "parse_kineto", "parse_kineto_json", "read_trace_bytes"]
 
 
 class _Args(msgspec.Struct, gc=False):
@@ -215,83 +215,6 @@ _PROFILER_STEP_RE = re.compile(r"^ProfilerStep#\d+")
 _NO_STREAM_U32 = 0xFFFFFFFF
 
 
-def read_trace_bytes(
-    source: bytes | bytearray | str | Path | BinaryIO,
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-) -> bytes | bytearray:
-    """The JSON bytes of an upload: gunzipped when gzip, refusing more than `max_decompressed_bytes`.
-
-    Gzip is detected from the magic bytes, not the file name, and may have several members.
-    """
-    raw = _read_source(source, max_decompressed_bytes)
-    if raw[:2] != _GZIP_MAGIC:
-        if len(raw) > max_decompressed_bytes:
-            raise ArtifactError(
-                f"The trace is {len(raw):,} bytes; the limit is {max_decompressed_bytes:,} bytes."
-            )
-        return raw
-    return _gunzip_bounded(raw, max_decompressed_bytes)
-
-
-def _read_source(source: bytes | bytearray | str | Path | BinaryIO, limit: int) -> bytes | bytearray:
-    if isinstance(source, bytes | bytearray):
-        return source
-    if isinstance(source, memoryview):
-        return bytes(source)
-    try:
-        if isinstance(source, str | Path):
-            with Path(source).open("rb") as handle:
-                return _read_stream(handle, limit)
-        return _read_stream(source, limit)
-    except OSError as exc:
-        raise ArtifactError(f"The trace file cannot be read: {exc.strerror or exc}.") from exc
-
-
-def _read_stream(handle: BinaryIO | io.BufferedReader, limit: int) -> bytes:
-    # Compressed input is smaller than the decompressed limit, and plain JSON must be under it, so
-    # reading one byte past the limit is enough to know either way. Chunked: read(limit) would
-    # allocate the whole limit up front.
-    buf = bytearray()
-    while len(buf) <= limit:
-        chunk = handle.read(min(_CHUNK * 8, limit + 1 - len(buf)))
-        if not chunk:
-            break
-        if not isinstance(chunk, bytes | bytearray):
-            raise ArtifactError("The trace source did not return bytes.")
-        buf += chunk
-    return bytes(buf)
-
-
-def _gunzip_bounded(raw: bytes | bytearray, limit: int) -> bytearray:
-    out = bytearray()
-    data: bytes = bytes(raw)
-    try:
-        while True:
-            decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            pending = data
-            while not decomp.eof:
-                # max_length bounds each step, so a bomb is caught one chunk past the limit.
-                chunk = decomp.decompress(pending, _CHUNK)
-                pending = decomp.unconsumed_tail
-                if not chunk and not pending and not decomp.eof:
-                    raise ArtifactError("The gzip trace is truncated (the compressed stream ends early).")
-                out += chunk
-                if len(out) > limit:
-                    raise ArtifactError(
-                        f"The gzip trace decompresses to more than the limit of {limit:,} bytes "
-                        "(a gzip bomb, or a trace too large to analyse)."
-                    )
-            data = decomp.unused_data
-            # Concatenated members are valid gzip; trailing zero padding is tolerated as gzip(1) does.
-            if not data.strip(b"\0"):
-                break
-            if data[:2] != _GZIP_MAGIC:
-                raise ArtifactError("The gzip trace has trailing garbage after the compressed data.")
-    except zlib.error as exc:
-        raise ArtifactError(f"The trace is not a valid gzip file: {exc}.") from exc
-    return out
-
-
 @guarded("Kineto trace", storable=False)
 def parse_kineto(
     source: bytes | bytearray | str | Path | BinaryIO,
@@ -312,7 +235,7 @@ def parse_kineto(
     """
     opener: Callable[[], Iterator[bytes | bytearray | memoryview]]
     if isinstance(source, str | Path):
-        opener = functools.partial(_pieces_of_path, Path(source), max_decompressed_bytes)
+        opener = functools.partial(pieces_of_path, Path(source), max_decompressed_bytes)
     else:
         # A file object can be read once only, and the whole-file fallback needs a second read.
         buffer = (
@@ -320,7 +243,7 @@ def parse_kineto(
             if isinstance(source, bytes | bytearray | memoryview)
             else read_trace_bytes(source, max_decompressed_bytes)
         )
-        opener = functools.partial(_pieces_of_buffer, buffer, max_decompressed_bytes)
+        opener = functools.partial(pieces_of_buffer, buffer, max_decompressed_bytes)
     streamed = _parse_streamed(opener(), rank)
     if streamed is not None:
         return streamed
@@ -514,102 +437,6 @@ def _stream_events(pieces: Iterator[bytes | bytearray | memoryview], builder: _T
     doc.traceEvents = None
     builder.meta = doc
     return total
-
-
-def _pieces_of_buffer(
-    data: bytes | bytearray | memoryview, limit: int
-) -> Iterator[bytes | bytearray | memoryview]:
-    view = memoryview(data)
-    if view[:2] == _GZIP_MAGIC:
-        yield from _gunzip_pieces(iter((view,)), limit)
-        return
-    if len(view) > limit:
-        raise ArtifactError(f"The trace is {len(view):,} bytes; the limit is {limit:,} bytes.")
-    for at in range(0, len(view), _STREAM_CHUNK):
-        yield view[at : at + _STREAM_CHUNK]
-
-
-def _pieces_of_path(path: Path, limit: int) -> Iterator[bytes | bytearray | memoryview]:
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise ArtifactError(f"The trace file cannot be read: {exc.strerror or exc}.") from exc
-    with handle:
-
-        def raw() -> Iterator[bytes]:
-            read = 0
-            while read <= limit:
-                try:
-                    piece = handle.read(min(_CHUNK * 4, limit + 1 - read))
-                except OSError as exc:
-                    raise ArtifactError(f"The trace file cannot be read: {exc.strerror or exc}.") from exc
-                if not piece:
-                    return
-                read += len(piece)
-                yield piece
-
-        stream = raw()
-        first = next(stream, b"")
-        if first[:2] == _GZIP_MAGIC:
-            yield from _gunzip_pieces(_prepend(first, stream), limit)
-            return
-        total = 0
-        for piece in _prepend(first, stream):
-            total += len(piece)
-            if total > limit:
-                raise ArtifactError(f"The trace is {total:,} bytes; the limit is {limit:,} bytes.")
-            yield piece
-
-
-def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
-    if first:
-        yield first
-    yield from rest
-
-
-def _gunzip_pieces(compressed: Iterator[bytes | memoryview], limit: int) -> Iterator[bytes]:
-    """Decompress gzip (several members allowed) piece by piece, refusing more than `limit` bytes."""
-    out_total = 0
-    decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    pending: bytes = b""
-    source_done = False
-    try:
-        while True:
-            if not pending and not source_done:
-                nxt = next(compressed, None)
-                if nxt is None:
-                    source_done = True
-                else:
-                    pending = bytes(nxt)
-            if decomp.eof:
-                rest = decomp.unused_data + pending
-                if not source_done:
-                    # Gather the rest to tell another member from trailing padding.
-                    rest += b"".join(bytes(p) for p in compressed)
-                    source_done = True
-                # Concatenated members are valid gzip; trailing zero padding is tolerated as gzip(1) does.
-                if not rest.strip(b"\0"):
-                    return
-                if rest[:2] != _GZIP_MAGIC:
-                    raise ArtifactError("The gzip trace has trailing garbage after the compressed data.")
-                decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                pending = rest
-                continue
-            # max_length bounds each step, so a bomb is caught one chunk past the limit.
-            chunk = decomp.decompress(pending, _CHUNK)
-            pending = decomp.unconsumed_tail
-            if not chunk and not pending and not decomp.eof and source_done:
-                raise ArtifactError("The gzip trace is truncated (the compressed stream ends early).")
-            out_total += len(chunk)
-            if out_total > limit:
-                raise ArtifactError(
-                    f"The gzip trace decompresses to more than the limit of {limit:,} bytes "
-                    "(a gzip bomb, or a trace too large to analyse)."
-                )
-            if chunk:
-                yield chunk
-    except zlib.error as exc:
-        raise ArtifactError(f"The trace is not a valid gzip file: {exc}.") from exc
 
 
 #: Integers from the trace (ids, sizes, counts) beyond this are not believable: "unknown".

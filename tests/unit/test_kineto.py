@@ -458,10 +458,10 @@ def test_a_trace_cut_into_many_chunks_parses_like_one_decoded_whole(monkeypatch:
 def test_gzip_and_plain_files_stream_to_the_same_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobs.profiling import kineto
+    from jobs.profiling import kineto, trace_io
 
     monkeypatch.setattr(kineto, "_STREAM_CHUNK", 1000)
-    monkeypatch.setattr(kineto, "_CHUNK", 4096)  # many gzip pieces as well
+    monkeypatch.setattr(trace_io, "READ_CHUNK", 4096)  # many gzip pieces as well
     data = kineto_bytes(_stream_doc(200))
     plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
     plain.write_bytes(data)
