@@ -83,8 +83,6 @@ def beat_schedule() -> dict[str, dict[str, object]]:
             "schedule": crontab(minute="*"),
             "options": {"expires": 50},
         },
-        # Long enough for a worker that was down overnight and for the task's own retries (12 x 10 min,
-        # which keep this expiry); a week that expired is sent with `send_weekly_reports.delay(week)`.
         # Per-GPU raw archive past its retention (the downsampled tiers stay); a run that waited an hour
         # in the queue is dropped, the next day's does the same work.
         "prune-archive": {
@@ -92,6 +90,8 @@ def beat_schedule() -> dict[str, dict[str, object]]:
             "schedule": crontab(minute="17", hour="3"),
             "options": {"expires": 3600},
         },
+        # Long enough for a worker that was down overnight and for the task's own retries (12 x 10 min,
+        # which keep this expiry); a week that expired is sent with `send_weekly_reports.delay(week)`.
         "weekly-reports": {
             "task": "jobs.tasks.send_weekly_reports",
             "schedule": reports,
