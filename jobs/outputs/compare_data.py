@@ -1,7 +1,7 @@
 """The comparison of two jobs as the page and the API show it: reads what the evaluation stored (Job
 columns, the typed `job.evaluated`, `job.waste_amount`, findings), the archived series and the parsed
-traces used in the diagnosis, and hands them to the pure jobs.outputs.compare. One JSON for both
-channels (`comparison`), the page's figures beside it (`figures`).
+traces used in the diagnosis, and hands them to the pure jobs.outputs.compare and compare_traces. One JSON
+for both channels (`comparison`), the page's figures beside it (`figures`).
 
 Nothing here computes MFU, cost or waste: the DCGM means the evaluation does not store (DRAM, PCIe, NVLink,
 power, SM clock) are `jobs.evaluation.kpis.time_mean` of the archived cross-GPU means, the definition the
@@ -27,7 +27,7 @@ from jobs.evaluation.robust import Summary
 from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Artifact, Baseline, Job
-from jobs.outputs import compare
+from jobs.outputs import compare, compare_traces
 from jobs.permissions import readable_jobs
 from jobs.templatetags.units import job_waste_total
 
@@ -93,7 +93,7 @@ class Run:
     sigs: JobSignals | None
     values: dict[str, compare.Value] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
-    traces: list[compare.TraceFact] = field(default_factory=list)
+    traces: list[compare_traces.TraceFact] = field(default_factory=list)
 
 
 def _mean(sigs: JobSignals | None, key: str) -> np.ndarray | None:
@@ -127,14 +127,14 @@ def _mfu_reason(job: Job) -> str:
     return next((n for n in job.evaluated.notes if "MFU" in n or "throughput" in n), "MFU unknown")
 
 
-def _traces(job: Job) -> list[compare.TraceFact]:
+def _traces(job: Job) -> list[compare_traces.TraceFact]:
     rows = (
         Artifact.objects.used_in_diagnosis()
-        .filter(job=job, kind__in=compare.TRACE_KINDS)
+        .filter(job=job, kind__in=compare_traces.TRACE_KINDS)
         .order_by("-parsed_at", "-pk")
     )
     return [
-        compare.TraceFact(
+        compare_traces.TraceFact(
             a.pk,
             a.kind,
             a.original_name,
@@ -146,7 +146,7 @@ def _traces(job: Job) -> list[compare.TraceFact]:
     ]
 
 
-def _step_samples(traces: list[compare.TraceFact]) -> list[float]:
+def _step_samples(traces: list[compare_traces.TraceFact]) -> list[float]:
     """Step durations (ms) of the latest trace, every rank: the spread of the step time within the run."""
     if not traces:
         return []
@@ -326,8 +326,8 @@ def build(a: Job, b: Job, *, points: int = charts.DEFAULT_POINTS) -> Built:
             rb.samples.get(kpi.key, []),
             step if kpi.key != "step_time_ms" else None,
         )
-    ta, tb, trace_reason = compare.pick_traces(ra.traces, rb.traces)
-    traces = compare.trace_diff(ta, tb) if ta and tb else {"available": False, "reason": trace_reason}
+    ta, tb, trace_reason = compare_traces.pick_traces(ra.traces, rb.traces)
+    traces = compare_traces.trace_diff(ta, tb) if ta and tb else {"available": False, "reason": trace_reason}
     fa = [compare.FindingFact(f.code, f.title, f.severity, f.waste_per_day_usd) for f in a.findings.all()]
     fb = [compare.FindingFact(f.code, f.title, f.severity, f.waste_per_day_usd) for f in b.findings.all()]
     signal = heat_signal(a, b)

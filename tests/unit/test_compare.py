@@ -10,19 +10,16 @@ from jobs.outputs.compare import (
     FindingFact,
     Noise,
     RunFacts,
-    TraceFact,
     Value,
     config_diff,
     findings_diff,
-    kernel_name_diff,
     kpi_rows,
     mean_noise,
     noise_from_baseline,
     noise_from_samples,
-    pick_traces,
     significance,
-    trace_diff,
 )
+from jobs.outputs.compare_traces import TraceFact, kernel_name_diff, pick_traces, trace_diff
 from tests.conftest import sample_path
 
 CONFIG = {
