@@ -1,6 +1,8 @@
 """Who may read and who may write what: one rule for the pages, the REST API, exports, emails and alerts.
 
 Writes are team-scoped: members of the owning team, and staff (`can_write_team`, `writable_team_ids`).
+A team's monthly budget is a spending limit set for the team, not by any member: its leads and staff
+(`can_set_budget`).
 
 Reads follow the READ_SCOPE setting (see README, "Access"):
 
@@ -54,6 +56,15 @@ def can_write_team(user: Any, team: Team | int) -> bool:
     team_id = team if isinstance(team, int) else team.pk
     allowed = writable_team_ids(user)
     return allowed is None or team_id in allowed
+
+
+def can_set_budget(user: Any, team: Team) -> bool:
+    """True when `user` may set or clear `team`'s monthly budget: staff, or a lead of that team."""
+    if is_staff(user):
+        return True
+    if not getattr(user, "is_authenticated", False):
+        return False
+    return Membership.objects.filter(team=team, user=user, role=Membership.Role.LEAD).exists()
 
 
 def readable_team_ids(user: Any) -> set[int] | None:

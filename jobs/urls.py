@@ -32,6 +32,7 @@ urlpatterns = [
     path("leaderboard/", views.leaderboard, name="leaderboard"),
     path("teams/", views.team_list, name="team-list"),
     path("teams/<slug:slug>/", views.team_detail, name="team-detail"),
+    path("teams/<slug:slug>/budget/", views.team_budget, name="team-budget"),
     path("teams/<slug:slug>/reports/<str:week>/", report_views.report_preview, name="report-preview"),
     path("teams/<slug:slug>/alerts/", alert_views.team_alerts, name="team-alerts"),
     path(

@@ -144,18 +144,82 @@ def test_team_page_says_over_budget(client, member, team, november_jobs):
     assert 'class="kpi budget over"' in response.content.decode()
 
 
-def test_team_page_without_a_budget_says_so_and_links_staff_to_the_admin(
+def _lead(make_user, team, name: str = "lena"):
+    from jobs.models import Membership
+
+    user = make_user(name, teams=[team])
+    Membership.objects.filter(team=team, user=user).update(role=Membership.Role.LEAD)
+    return user
+
+
+def _budget_messages(response) -> list[str]:
+    """The texts of the messages placed next to the budget form (the page's #budget-messages list)."""
+    html = response.content.decode()
+    block = re.search(r'<ul class="messages" role="status" id="budget-messages">(.*?)</ul>', html, re.S)
+    if block is None:
+        return []
+    return [unescape(m).strip() for m in re.findall(r"<li[^>]*>(.*?)</li>", block.group(1), re.S)]
+
+
+def test_team_page_without_a_budget_says_so_and_offers_the_form_to_leads_only(
     client, member, team, make_user, now
 ):
     client.force_login(member)
-    text = _text(client.get(reverse("team-detail", args=[team.slug])))
-    assert "no budget" in text and "set the budget" not in text  # a member is not staff
-    staff = make_user("root", teams=[team])
-    staff.is_staff = staff.is_superuser = True
-    staff.save()
-    client.force_login(staff)
+    response = client.get(reverse("team-detail", args=[team.slug]))
+    assert "no budget" in _text(response)
+    assert 'id="budget-form"' not in response.content.decode()  # a member sets no budget
+    client.force_login(_lead(make_user, team))
     html = client.get(reverse("team-detail", args=[team.slug])).content.decode()
-    assert reverse("admin:jobs_team_change", args=[team.pk]) in html
+    assert 'id="budget-form"' in html and reverse("team-budget", args=[team.slug]) in html
+
+
+def test_a_lead_sets_and_clears_the_budget_with_the_message_next_to_the_form(client, team, make_user, now):
+    client.force_login(_lead(make_user, team))
+    url = reverse("team-budget", args=[team.slug])
+    response = client.post(url, {"monthly_budget_usd": "1250.50"})
+    assert response.status_code == 302 and response["Location"].endswith("#budget")
+    team.refresh_from_db()
+    assert team.monthly_budget_usd == Decimal("1250.50")
+    page = client.get(response["Location"])
+    assert _budget_messages(page) == ["Budget set to $1,250.50 per calendar month."]
+    assert 'value="1250.50"' in page.content.decode()  # the form shows the stored budget
+    client.post(url, {"monthly_budget_usd": ""})
+    team.refresh_from_db()
+    assert team.monthly_budget_usd is None
+    assert _budget_messages(client.get(reverse("team-detail", args=[team.slug]))) == ["Budget cleared."]
+
+
+@pytest.mark.parametrize("value", ["-5", "lots", "12345678901234"])
+def test_a_bad_budget_is_refused_next_to_the_form_and_the_stored_one_kept(
+    client, team, make_user, now, value
+):
+    team.monthly_budget_usd = Decimal("900")
+    team.save()
+    client.force_login(_lead(make_user, team))
+    response = client.post(reverse("team-budget", args=[team.slug]), {"monthly_budget_usd": value})
+    assert response.status_code == 302
+    team.refresh_from_db()
+    assert team.monthly_budget_usd == Decimal("900")
+    (text,) = _budget_messages(client.get(response["Location"]))
+    assert text.startswith("Budget not saved: ")
+
+
+def test_only_leads_and_staff_may_set_a_budget(client, member, team, make_user, make_team, now, settings):
+    url = reverse("team-budget", args=[team.slug])
+    client.force_login(member)
+    assert client.post(url, {"monthly_budget_usd": "10"}).status_code == 403
+    settings.READ_SCOPE = "team"
+    other = make_team("vision", "Vision")
+    client.force_login(_lead(make_user, other, "olga"))
+    assert client.post(url, {"monthly_budget_usd": "10"}).status_code == 404  # another team: not even seen
+    team.refresh_from_db()
+    assert team.monthly_budget_usd is None
+    client.force_login(make_user("root", staff=True))
+    assert client.post(url, {"monthly_budget_usd": "10"}).status_code == 302
+    team.refresh_from_db()
+    assert team.monthly_budget_usd == Decimal("10")
+    client.force_login(member)
+    assert client.get(url).status_code == 405  # a change is a POST (with its CSRF token)
 
 
 # ------------------------------------------------------------------------------------------- API

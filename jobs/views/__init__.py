@@ -15,6 +15,7 @@ from jobs.views.pages import (
     healthz,
     job_list,
     leaderboard,
+    team_budget,
     team_detail,
     team_list,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "job_list",
     "job_promote_baseline",
     "leaderboard",
+    "team_budget",
     "team_detail",
     "team_list",
 ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
@@ -45,6 +47,7 @@ from jobs.outputs.leaderboard import (
     worst_jobs,
 )
 from jobs.permissions import (
+    can_set_budget,
     can_write_team,
     readable_jobs,
     readable_team_ids,
@@ -69,6 +72,8 @@ _SORTS = {
     "started": "started_at",
     "-started": "-started_at",
 }
+
+log = logging.getLogger(__name__)
 
 
 @login_not_required
@@ -381,9 +386,41 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         .annotate(n_runs=Count("runs", distinct=True), n_overrides=Count("overrides", distinct=True))
         .order_by("model_name"),
         "report_week": period.previous().label,
-        "can_edit_budget": request.user.has_perm("jobs.change_team"),
+        "can_set_budget": can_set_budget(request.user, team),
+        "budget_form": TeamBudgetForm(instance=team),
     }
     return render(request, "jobs/team_detail.html", context)
+
+
+class TeamBudgetForm(forms.ModelForm):
+    """The team's monthly budget, US dollars per calendar month (UTC); empty clears it."""
+
+    class Meta:
+        model = Team
+        fields = ["monthly_budget_usd"]
+        labels = {"monthly_budget_usd": "Budget, $ per calendar month"}
+
+
+@require_POST
+def team_budget(request: HttpRequest, slug: str) -> HttpResponse:
+    """Set or clear the team's monthly budget (its leads and staff); the message shows next to the form."""
+    team = readable_team_or_404(request.user, slug)
+    if not can_set_budget(request.user, team):
+        raise PermissionDenied("only the team's leads and staff can set its monthly budget")
+    before = team.monthly_budget_usd
+    form = TeamBudgetForm(request.POST, instance=team)
+    if form.is_valid():
+        budget = form.cleaned_data["monthly_budget_usd"]
+        team.save(update_fields=["monthly_budget_usd"])
+        log.info("team %s: monthly budget %s -> %s by %s", team.slug, before, budget, request.user)
+        text = "Budget cleared."
+        if budget is not None:
+            text = f"Budget set to ${budget:,.2f} per calendar month."  # as stored, to the cent
+        messages.success(request, text, extra_tags="at-budget")
+    else:
+        problems = "; ".join(str(m) for errors in form.errors.values() for m in errors)
+        messages.error(request, f"Budget not saved: {problems}", extra_tags="at-budget")
+    return HttpResponseRedirect(reverse("team-detail", args=[team.slug]) + "#budget")
 
 
 # What the baselines page shows of a PromotionOverride (the job's JSON columns stay in the database).
