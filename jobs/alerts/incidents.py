@@ -65,9 +65,14 @@ def rule_configs() -> dict[str, RuleConfig]:
 # ---------------------------------------------------------------------------------------------- view
 
 
-def _recent_series(job: Job, start: float, end: float) -> tuple[dict[str, Series], float]:
+def _recent_series(
+    job: Job, start: float, end: float, archived: archive.Snapshot | None = None
+) -> tuple[dict[str, Series], float]:
     signals = sorted({line.split(".")[0] for line in _LINES})
-    sigs = archive.load_job_signals(job, per_gpu=False, signals=signals, window=(start, end))
+    if archived is not None:  # the poll's own read of the archive: the same rows, no second query
+        sigs = archived.load_job_signals(per_gpu=False, signals=signals, window=(start, end))
+    else:
+        sigs = archive.load_job_signals(job, per_gpu=False, signals=signals, window=(start, end))
     if sigs is None:
         return {}, 30.0
     keep = (sigs.timestamps > start) & (sigs.timestamps <= end)
@@ -82,8 +87,12 @@ def _recent_series(job: Job, start: float, end: float) -> tuple[dict[str, Series
     return out, float(sigs.step)
 
 
-def _idle_gpus_now(job: Job, end: float) -> int | None:
-    per_gpu = archive.load_per_gpu(job, "gpu_util", window=(end - 900.0, end))
+def _idle_gpus_now(job: Job, end: float, archived: archive.Snapshot | None = None) -> int | None:
+    window = (end - 900.0, end)
+    if archived is not None and "gpu_util" in archived.gpu_signals:
+        per_gpu = archived.load_per_gpu("gpu_util", window=window)
+    else:
+        per_gpu = archive.load_per_gpu(job, "gpu_util", window=window)
     if per_gpu is None or per_gpu.per_gpu is None or per_gpu.gpu_timestamps is None:
         return None
     rows = per_gpu.per_gpu[:, per_gpu.gpu_timestamps <= end + 1e-6]
@@ -132,10 +141,13 @@ def _findings(job: Job) -> list[FindingView]:
     return out
 
 
-def job_view(job: Job, now: datetime, configs: dict[str, RuleConfig]) -> JobView:
-    """What the rules read of `job` at `now` (stored columns, evaluation, findings, recent aggregates)."""
+def job_view(
+    job: Job, now: datetime, configs: dict[str, RuleConfig], archived: archive.Snapshot | None = None
+) -> JobView:
+    """What the rules read of `job` at `now` (stored columns, evaluation, findings, recent aggregates);
+    `archived`: the poll's snapshot of the job's archive (read from it instead of the database)."""
     end = min(now, job.data_until or now).timestamp()
-    series, _ = _recent_series(job, end - rules.lookback_s(configs), end)
+    series, _ = _recent_series(job, end - rules.lookback_s(configs), end, archived)
     evaluated = job.evaluated
     need_count = configs.get(rules.GPUS_IDLE, RuleConfig(1, 0)).threshold > 1
     gpu_model = job.gpu_model
@@ -146,7 +158,7 @@ def job_view(job: Job, now: datetime, configs: dict[str, RuleConfig]) -> JobView
         ingest_error=job.ingest_error,
         gpu_count=job.gpu_count,
         series=series,
-        idle_gpus_now=_idle_gpus_now(job, end) if need_count else None,
+        idle_gpus_now=_idle_gpus_now(job, end, archived) if need_count else None,
         idle_util_max=IDLE_UTIL_MAX,
         max_clock_mhz=float(gpu_model.max_clock_mhz) if gpu_model and gpu_model.max_clock_mhz else None,
         busy_util_min=BUSY_UTIL_MIN,
@@ -173,10 +185,14 @@ def open_incidents(job: Job) -> QuerySet[AlertIncident]:
     return AlertIncident.objects.filter(job=job, resolved_at__isnull=True)
 
 
-def evaluate_job(job: Job, now: datetime | None = None) -> dict[str, Verdict]:
+def evaluate_job(
+    job: Job, now: datetime | None = None, *, archived: archive.Snapshot | None = None
+) -> dict[str, Verdict]:
     """Run every rule on `job` and open / keep / resolve its incidents; returns the verdicts.
 
     A job that is no longer running has its open incidents resolved ("job ended") and no rule runs.
+    `archived`: the poll's snapshot of the job's archive (after its writes, `archive.Snapshot.merge`), so
+    the rules read no archive rows again; without it they read the database (the sweep, a standalone call).
     """
     now = now or timezone.now()
     if not settings.ALERTS_ENABLED:
@@ -186,17 +202,26 @@ def evaluate_job(job: Job, now: datetime | None = None) -> dict[str, Verdict]:
             _resolve(ended, now, "the job ended")
         return {}
     configs = rule_configs()
-    verdicts = rules.evaluate(job_view(job, now, configs), configs)
+    verdicts = rules.evaluate(job_view(job, now, configs, archived), configs)
     current = {i.rule: i for i in open_incidents(job)}
+    for held in current.values():
+        held.job = job  # its deliveries read the job (owner): no query for the row we have
+    # Whether a GPUS_IDLE incident is open after this evaluation, from what it did (no second query): one
+    # that stays open, or one this evaluation opened (or a concurrent poll did: the insert's conflict).
+    idle_open = False
     for rule, verdict in verdicts.items():
         if (incident := current.get(rule)) is not None:
-            if verdict.state is State.CLEAR:
+            if verdict.state is State.CLEAR:  # resolved now, or by a concurrent poll: not open either way
                 _resolve(incident, now, verdict.reason or "the condition cleared")
-            elif verdict.holds:
-                _refresh(incident, verdict, now)
+            else:
+                idle_open |= rule == rules.GPUS_IDLE
+                if verdict.holds:
+                    _refresh(incident, verdict, now)
         elif verdict.state is State.FIRING:
             _open(job, verdict, now)
-    if open_incidents(job).filter(rule=rules.GPUS_IDLE).exists() and policy.enabled_for(job):
+            idle_open |= rule == rules.GPUS_IDLE
+    idle_open |= rules.GPUS_IDLE in current and rules.GPUS_IDLE not in verdicts
+    if idle_open and policy.enabled_for(job):
         enqueue("apply_idle_policy", job.pk, now.isoformat())  # judged at the poll's time
     return verdicts
 

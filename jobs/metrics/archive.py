@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -358,10 +358,7 @@ def upsert(rows: Sequence[Points]) -> int:
         while level:
             new, mask = _chunked(level)
             old = _existing(list(new))
-            merged = {}
-            for key, arr in new.items():
-                prev = old.get(key)
-                merged[key] = arr if prev is None else np.where(np.isnan(arr), prev, arr).astype(_F4)
+            merged = _merge(new, old)
             written += _store(merged)
             level = _coarser(merged, mask)
     return written
@@ -634,6 +631,22 @@ def load_job_signals(
     the aggregates, one for the per-GPU rows (two when a level is not archived yet).
     """
     agg = _fetch_level(job, AGG_TIERS, max_points, per_gpu=False, signals=signals, stats=stats, window=window)
+
+    def gpu_chunks(names: list[str]) -> list[Chunk]:
+        return _fetch_level(job, GPU_TIERS, max_gpu_points, per_gpu=True, signals=names, window=window)
+
+    return _assemble(job, agg, per_gpu, window, gpu_chunks)
+
+
+def _assemble(
+    job: Job,
+    agg: list[Chunk],
+    per_gpu: bool | Iterable[str],
+    window: tuple[float, float] | None,
+    gpu_chunks: Callable[[list[str]], list[Chunk]],
+) -> JobSignals | None:
+    """`load_job_signals`' result from the chunks read: the cross-GPU ones, and `gpu_chunks(names)` giving
+    the per-GPU chunks of those signals (read only when asked for)."""
     if not agg:
         return None
     every = agg
@@ -660,21 +673,14 @@ def load_job_signals(
     if per_gpu is not False:
         names = set(by_signal) if per_gpu is True else set(by_signal) & set(per_gpu)
         if names:
-            _attach_per_gpu(job, result, sorted(names), start, end, window, max_gpu_points)
+            _attach_per_gpu(result, gpu_chunks(sorted(names)), start, end, window)
     result.missing = dict(job.missing_reasons or {})
     return result
 
 
 def _attach_per_gpu(
-    job: Job,
-    result: JobSignals,
-    names: list[str],
-    start: float,
-    end: float,
-    window: tuple[float, float] | None,
-    max_points: int | None,
+    result: JobSignals, chunks: list[Chunk], start: float, end: float, window: tuple[float, float] | None
 ) -> None:
-    chunks = _fetch_level(job, GPU_TIERS, max_points, per_gpu=True, signals=names, window=window)
     grouped: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
         grouped[c.signal].append(c)
@@ -701,6 +707,13 @@ def load_per_gpu(
     """One signal per GPU as a (GPUs x time) matrix on its own grid (a heatmap), or None when not archived.
     `max_points` (columns) reads the coarsest GPU tier that still gives them. One query."""
     chunks = _fetch_level(job, GPU_TIERS, max_points, per_gpu=True, signals=[signal], window=window)
+    return _per_gpu_series(signal, chunks, window)
+
+
+def _per_gpu_series(
+    signal: str, chunks: list[Chunk], window: tuple[float, float] | None
+) -> SignalSeries | None:
+    """`load_per_gpu`'s result from the chunks read."""
     if not chunks:
         return None
     step, chunks = _one_step(chunks, window)
@@ -758,3 +771,128 @@ def _gpu_key(key: str) -> GpuKey:
 def _gpu_sort_key(key: str) -> tuple[str, int, str]:
     host, _, gpu = key.rpartition("/")
     return host, int(gpu) if gpu.isdigit() else -1, gpu
+
+
+# ------------------------------------------------------------------------------------ one read per poll
+
+_HeldKey = tuple[str, str, str, int, int]  # signal, stat, GPU, step, chunk start (Unix s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """One chunk a Snapshot holds, with its row's start and end as stored (the window filter's columns)."""
+
+    chunk: Chunk
+    start: datetime
+    end: datetime
+
+
+def _padded(blob: bytes) -> np.ndarray:
+    """A stored chunk's float32 values padded with NaN to CHUNK_POINTS (the merge works on whole chunks)."""
+    arr = np.full(CHUNK_POINTS, np.nan, dtype=_F4)
+    old = np.frombuffer(blob, dtype=_F4)[:CHUNK_POINTS]
+    arr[: old.size] = old
+    return arr
+
+
+def _merge(new: dict[_Key, np.ndarray], old: dict[_Key, np.ndarray]) -> dict[_Key, np.ndarray]:
+    """New chunk values over the stored ones: a NaN (nothing written there) keeps the stored value."""
+    merged = {}
+    for key, arr in new.items():
+        prev = old.get(key)
+        merged[key] = arr if prev is None else np.where(np.isnan(arr), prev, arr).astype(_F4)
+    return merged
+
+
+class Snapshot:
+    """A job's archive read once (one query) for every read a poll makes of it afterwards: the cross-GPU
+    chunks of every signal and level, and the per-GPU chunks of `per_gpu` signals. Its readers answer what
+    `load_job_signals` / `load_per_gpu` (without point budgets) would read from the database, from the same
+    chunks filtered in Python by the same predicates; `merge(rows)` applies a write to it as `upsert`
+    merges it, so later reads see the archive as it is after that write without reading it again (the
+    poll cycle writes every job's derived series in one upsert after all jobs, #14)."""
+
+    def __init__(self, job: Job, per_gpu: Iterable[str] = ()) -> None:
+        self.job = job
+        self.gpu_signals = frozenset(per_gpu)
+        self._held: dict[_HeldKey, _Held] = {}
+        table = connection.ops.quote_name(JobSeries._meta.db_table)
+        sql = (
+            f'SELECT signal, stat, gpu_key, step_seconds, start, "end", "values" FROM {table} '
+            f"WHERE job_id = %s AND ((stat <> %s AND stat <> ALL(%s)) OR (stat = %s AND signal = ANY(%s)))"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [job.pk, GPU_STAT, list(EXTREMES), GPU_STAT, sorted(self.gpu_signals)])
+            rows = cursor.fetchall()
+        for signal, stat, gpu_key, step, start, end, blob in rows:
+            data = bytes(blob)
+            count = len(data) // _F4.itemsize
+            if count:
+                at = start.timestamp()
+                chunk = Chunk(signal, stat, gpu_key, step, at + step, count, data)
+                self._held[(signal, stat, gpu_key, step, round(at))] = _Held(chunk, start, end)
+
+    def _chunks(
+        self, *, per_gpu: bool, signals: Iterable[str] | None, window: tuple[float, float] | None
+    ) -> list[Chunk]:
+        """`_fetch`'s WHERE clause (without stats or steps) on the held chunks."""
+        wanted = None if signals is None else set(signals)
+        if per_gpu and (wanted is None or not wanted <= self.gpu_signals):
+            raise ValueError(
+                f"per-GPU rows of {sorted(wanted or ())} were not read (held: {self.gpu_signals})"
+            )
+        lo, hi = (utc(window[0]), utc(window[1])) if window is not None else (None, None)
+        out = []
+        for held in self._held.values():
+            c = held.chunk
+            if (c.stat == GPU_STAT) != per_gpu or (wanted is not None and c.signal not in wanted):
+                continue
+            if lo is not None and hi is not None and not (held.start < hi and held.end >= lo):
+                continue
+            out.append(c)
+        return out
+
+    def load_job_signals(
+        self,
+        *,
+        per_gpu: bool | Iterable[str] = True,
+        signals: Iterable[str] | None = None,
+        window: tuple[float, float] | None = None,
+    ) -> JobSignals | None:
+        """What `load_job_signals(job, per_gpu=..., signals=..., window=...)` reads, from this snapshot."""
+        agg = self._chunks(per_gpu=False, signals=signals, window=window)
+
+        def gpu_chunks(names: list[str]) -> list[Chunk]:
+            return self._chunks(per_gpu=True, signals=names, window=window)
+
+        return _assemble(self.job, agg, per_gpu, window, gpu_chunks)
+
+    def load_per_gpu(self, signal: str, window: tuple[float, float] | None = None) -> SignalSeries | None:
+        """What `load_per_gpu(job, signal, window)` reads, from this snapshot."""
+        return _per_gpu_series(signal, self._chunks(per_gpu=True, signals=[signal], window=window), window)
+
+    def merge(self, rows: Sequence[Points]) -> None:
+        """Apply `upsert(rows)` to the held chunks (the same chunking, merge and tier refresh), so the
+        snapshot shows the archive after that write. Levels it does not hold (the extremes, per-GPU rows
+        of other signals) are skipped: nothing it holds is computed from them."""
+        level = [r for r in rows if r.times.size and r.job_id == self.job.pk]
+        while level:
+            new, mask = _chunked(level)
+            old = {k: _padded(held.chunk.blob) for k in new if (held := self._held.get(k[1:])) is not None}
+            merged = _merge(new, old)
+            for key, arr in merged.items():
+                self._put(key[1:], arr)
+            level = [p for p in _coarser(merged, mask) if p.stat not in EXTREMES]
+
+    def _put(self, key: _HeldKey, arr: np.ndarray) -> None:
+        signal, stat, gpu_key, step, start = key
+        if stat in EXTREMES or (stat == GPU_STAT and signal not in self.gpu_signals):
+            return
+        values = np.asarray(arr, dtype=_F4)
+        finite = np.isfinite(values)
+        if not finite.any():  # `_store` writes no row (and a stored one had values, which the merge keeps)
+            return
+        end = int(CHUNK_POINTS - np.argmax(finite[::-1]))
+        data = np.where(finite, values, np.float32("nan")).astype(_F4)[:end].tobytes()
+        chunk = Chunk(signal, stat, gpu_key, step, float(start) + step, end, data)
+        self._held[key] = _Held(chunk, utc(start), utc(start + end * step))
