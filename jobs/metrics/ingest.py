@@ -214,17 +214,22 @@ def store_poll(
     collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job;
     `neighbours` is its sharing index (jobs.alerts.sharing.Neighbours), read once for all jobs."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
+        # The GPU model with the row (the evaluation reads it), locking only the job's row.
+        job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job.pk)
+        stored = _column_values(job)
         if energy_j is not _KEEP:
             _set_energy(job, energy_j if isinstance(energy_j, float) else None)
         _record_missing(job, sigs)
         if not archived_rows:
             archive.upsert(archive.rows_for(job, sigs, {}))
-        # GPU_UTIL per GPU for the exact idle share; the other per-GPU rows are the bulk of the archive.
-        archived = archive.load_job_signals(job, per_gpu=("gpu_util",))
+        # One read of the archive for the summary and the alert rules below (#14): GPU_UTIL per GPU for the
+        # exact idle share; the other per-GPU rows are the bulk of the archive.
+        snapshot = archive.Snapshot(job, per_gpu=("gpu_util",))
+        archived = snapshot.load_job_signals(per_gpu=("gpu_util",))
         derived = update_summary(job, archived, client, neighbours)
         if archived is not None:
             rows = archive.derived_rows(*_new_part(job, archived, derived, sigs.start))
+            snapshot.merge(rows)  # the rules read the archive as it is once these rows are written
             if derived_out is None:
                 archive.upsert(rows)
             else:
@@ -232,11 +237,13 @@ def store_poll(
         job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
         job.last_polled_at = now
         job.ingest_error = ""
-        job.save()
-    if _diagnosis_due(job, now):
+        due = _diagnosis_due(job, now)
+        # Only the columns this poll changed (the evaluation's JSON is most of the row and often the same).
+        job.save(update_fields=_changed_columns(job, stored))
+    if due:
         run_diagnosis(job)
     try:
-        alerts.evaluate_job(job, now)
+        alerts.evaluate_job(job, now, archived=snapshot)
     except Exception:  # alerting must never fail a poll
         log.exception("job %s: alert rules failed", job.external_id)
     return job
@@ -277,13 +284,26 @@ def settled_data_until(sigs: JobSignals, end: float, now: datetime, previous: da
 
 def _diagnosis_due(job: Job, now: datetime) -> bool:
     """Running jobs are re-diagnosed every DIAGNOSE_RUNNING_EVERY, not on every one-minute poll: the
-    diagnosis reads the whole per-GPU archive, which for a large job costs far more than the poll."""
+    diagnosis reads the whole per-GPU archive, which for a large job costs far more than the poll.
+    When due, sets `diagnosed_at` to `now` on `job` (the caller saves it with the poll's other columns,
+    under the row lock, so two polls never both run it)."""
     last = job.diagnosed_at
     if last is not None and now - last < DIAGNOSE_RUNNING_EVERY:
         return False
-    Job.objects.filter(pk=job.pk).update(diagnosed_at=now)
     job.diagnosed_at = now
     return True
+
+
+def _column_values(job: Job) -> dict[str, Any]:
+    """The job's column values as loaded (what `_changed_columns` compares against)."""
+    return {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
+
+
+def _changed_columns(job: Job, stored: dict[str, Any]) -> list[str]:
+    """Columns whose value differs from `stored` (values are assigned, never mutated in place, by the
+    poll), plus `updated_at` (auto_now: saved only when named)."""
+    changed = [name for name, value in stored.items() if getattr(job, name) != value]
+    return sorted({*changed, "updated_at"} - {"id"})
 
 
 def _mark_stale(job: Job, exc: Exception, now: datetime) -> Job:
