@@ -3,24 +3,37 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from typing import Literal
 
 import numpy as np
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
 
-from jobs.alerts.sharing import Neighbours, shared_gpus, summarise
+from jobs.alerts.sharing import Neighbours, mig_instances_of, shared_gpus, summarise
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
+from jobs.evaluation.cycle import CycleContext, RecentThroughput
 from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
 from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
-from jobs.metrics.prometheus import PrometheusClient, PrometheusError
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError, Series
 from jobs.metrics.signals import JobSignals, grid
-from jobs.metrics.throughput import Runnable, runnable_query
-from jobs.models import Job, PriceEntry
+from jobs.metrics.throughput import (
+    Runnable,
+    TemplateError,
+    groupable,
+    grouped_query,
+    id_batches,
+    is_free_form,
+    runnable_query,
+    validate_template,
+)
+from jobs.models import Job, PriceEntry, ProgressSample
 
 log = logging.getLogger(__name__)
 
@@ -51,28 +64,54 @@ def _query_timeout(client: PrometheusClient, seconds: float) -> Iterator[None]:
         client.timeout_s = saved
 
 
+def _summed(series: Sequence[Series], ts: np.ndarray) -> np.ndarray:
+    """Several series (one per rank, say) add up on `ts`; a time with no sample at all stays missing."""
+    rows = np.vstack([s.on_grid(ts) for s in series])
+    return np.where(np.isnan(rows).all(axis=0), np.nan, np.nansum(rows, axis=0))
+
+
+def _read_throughput(client: PrometheusClient, query: str, ts: np.ndarray, step: float) -> np.ndarray | None:
+    """The job's query over `ts` (None when it returned no series), within THROUGHPUT_QUERY_TIMEOUT_S."""
+    with _query_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
+        series = client.range(query, float(ts[0]), float(ts[-1]), step)
+    return _summed(series, ts) if series else None
+
+
 def throughput_series(
-    job: Job, ts: np.ndarray, client: PrometheusClient | None, sigs: JobSignals | None = None
+    job: Job,
+    ts: np.ndarray,
+    client: PrometheusClient | None,
+    sigs: JobSignals | None = None,
+    cycle: CycleContext | None = None,
 ) -> tuple[np.ndarray | None, str]:
     """tokens/s on `ts` from, in order: pushed progress, the job's PromQL expression (read from Prometheus
     when a client is given, else from the archive, where each poll stored it), profiler step times.
-    Without any, the text says why when the job's throughput_query was not run (else it is empty)."""
-    points = list(job.progress.order_by("timestamp").values_list("timestamp", "tokens"))
+    Without any, the text says why (the job's throughput_query was not run, or returned no series).
+
+    In a poll cycle (`cycle`), the PromQL part reads only the job's new window (the cycle's grouped read,
+    else the job's own query over that window) and takes the earlier part of the grid from the archived
+    derived series (`_cycle_throughput`): the same values as the query over the whole window, without a
+    query whose cost grows with the job's age."""
+    if cycle is not None and cycle.progress is not None and job.pk not in cycle.progress:
+        points = []  # the cycle's one look-up found fewer than 2 progress points for this job
+    else:
+        points = list(job.progress.order_by("timestamp").values_list("timestamp", "tokens"))
     if len(points) >= 2:
         times = np.array([p[0].timestamp() for p in points])
         tokens = np.array([float(p[1]) for p in points])
         return tokens_per_second_from_progress(times, tokens, ts), "pushed progress (tokens over time)"
     runnable = throughput_query(job)
     query = runnable.query
+    reason = runnable.reason
     if query and client is not None and ts.size:
         step = float(ts[1] - ts[0]) if ts.size > 1 else float(DEFAULT_STEP_S)
-        with _query_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
-            series = client.range(query, float(ts[0]), float(ts[-1]), step)
-        if series:
-            rows = np.vstack([s.on_grid(ts) for s in series])
-            # Several series (one per rank, say) add up; a time with no sample at all stays missing.
-            values = np.where(np.isnan(rows).all(axis=0), np.nan, np.nansum(rows, axis=0))
+        if cycle is not None and job.pk in cycle.recent_start:
+            values = _cycle_throughput(job, query, ts, step, client, sigs, cycle)
+        else:
+            values = _read_throughput(client, query, ts, step)
+        if values is not None:
             return values, f"PromQL: {query}"
+        reason = _no_series(query)
     if query and client is None and sigs is not None:
         archived = sigs.get(DERIVED_THROUGHPUT)
         if archived is not None and archived.mean is not None and np.isfinite(archived.mean).any():
@@ -81,12 +120,182 @@ def throughput_series(
         rate = job.tokens_per_step / (job.profiler_step_time_ms / 1000.0)
         source = f"profiler step time {job.profiler_step_time_ms:.1f} ms × {job.tokens_per_step} tokens/step"
         return np.full(ts.shape, rate), source
-    return None, runnable.reason
+    return None, reason
 
 
-def prices_for(job: Job) -> tuple[list[tuple[datetime, float]], str]:
-    """The dated price book entries of the job's GPU model and tier, and a label naming both."""
+def _no_series(query: str) -> str:
+    """Why a job has no PromQL throughput when its query returned nothing."""
+    return f"the throughput query returned no series in the job's window: {query}"
+
+
+def _archived_from(job: Job, query: str) -> Literal["values", "none"] | None:
+    """What the job's archive says of `query` over the earlier polls' windows: "values" when its last
+    evaluation's throughput was that query's (each poll archives the series it evaluated on), "none" when
+    that query returned no series over the job's whole window then; None otherwise (a changed template,
+    a failed query or another source in between: the archive's earlier part is not this query's)."""
+    evaluated = job.evaluated
+    if evaluated is None:
+        return None
+    if evaluated.variants.get("throughput") == f"PromQL: {query}":
+        return "values"
+    if f"no throughput: {_no_series(query)}" in evaluated.notes:
+        return "none"
+    return None
+
+
+def _positions(grid_ts: np.ndarray, want: np.ndarray) -> np.ndarray | None:
+    """Indexes of `want` in `grid_ts` (both sorted grids), or None when some time is not on it."""
+    idx = np.searchsorted(grid_ts, want)
+    if want.size == 0 or idx[-1] >= grid_ts.size or not np.array_equal(grid_ts[idx], want):
+        return None
+    return idx
+
+
+def _cycle_throughput(
+    job: Job,
+    query: str,
+    ts: np.ndarray,
+    step: float,
+    client: PrometheusClient,
+    sigs: JobSignals | None,
+    cycle: CycleContext,
+) -> np.ndarray | None:
+    """The job's throughput on `ts` in a poll cycle: from the new window's start (`cycle.recent_start`,
+    the poll's overlap with its previous window) the cycle's read, earlier the archived derived series.
+
+    Why it equals the whole-window query: a range query's value at a grid time depends only on that time,
+    and each earlier poll archived its own window of this query's values (float32 in the archive: the
+    earlier part agrees to ~1e-7 relative). When the archive cannot vouch for the earlier part (no
+    archived series, or the last evaluation's throughput was not this query's), the whole window is read
+    as before and its earlier part recorded in `cycle.repairs` for the cycle to archive. None when neither
+    part has a value (no series: the caller says so)."""
+    since = cycle.recent_start[job.pk]
+    before = ts < since
+    earlier = None
+    if before.any():
+        archived = sigs.get(DERIVED_THROUGHPUT) if sigs is not None else None
+        earlier = archived.mean if archived is not None else None
+        vouched = _archived_from(job, query)
+        if vouched == "none":
+            earlier = np.full(ts.size, np.nan)  # nothing then: only the new window can hold a value
+        if vouched is None or earlier is None or earlier.size != ts.size:
+            values = _read_throughput(client, query, ts, step)
+            if values is not None:
+                cycle.repairs[job.pk] = (ts[before], values[before], step)
+            return values
+    tail_ts = ts[~before]
+    tail: np.ndarray | None = None
+    if tail_ts.size:
+        got = cycle.throughput.get(job.pk)
+        idx = _positions(got.timestamps, tail_ts) if got is not None else None
+        if got is not None and got.error is not None:
+            raise got.error
+        if got is not None and idx is not None:
+            tail = got.values[idx] if got.values is not None else None
+        else:
+            tail = _read_throughput(client, query, tail_ts, step)
+    out = np.full(ts.size, np.nan)
+    if earlier is not None:
+        out[before] = earlier[before]
+    if tail is not None:
+        out[~before] = tail
+    return out if tail is not None or np.isfinite(out).any() else None
+
+
+def read_recent_throughput(
+    client: PrometheusClient, jobs: Sequence[Job], grids: Mapping[int, np.ndarray]
+) -> dict[int, RecentThroughput]:
+    """Each job's throughput on `grids[pk]` (its new window) for the jobs whose template is `groupable`:
+    one range query per template, grid step and phase, round of nearby windows and batch of ids
+    (`id_batches`), `sum by (<job label>)` split per job by its id. Other jobs (free-form staff queries,
+    other templates, no template) are left out: `throughput_series` runs their own query.
+
+    Windows differ per job (each its own `data_until`): a batch reads the union of its jobs' windows and
+    each job takes its own grid; a job whose window starts more than ROUND_SPREAD_S after its round's
+    first is read in another round, so a job far behind does not widen everyone's query. A failed query
+    gives each of its jobs the error (as their own query would have: `load_context` reports it)."""
+    label = settings.THROUGHPUT_JOB_LABEL
+    groups: dict[tuple[str, float, float], list[tuple[Job, np.ndarray]]] = defaultdict(list)
+    for job in jobs:
+        ts = grids.get(job.pk)
+        stored = job.throughput_query or ""
+        if ts is None or ts.size < 2 or not stored.strip() or is_free_form(stored):
+            continue
+        try:
+            template = validate_template(stored, max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S)
+        except TemplateError:
+            continue
+        if groupable(template):
+            step = float(ts[1] - ts[0])
+            groups[(template, step, float(ts[0]) % step)].append((job, ts))
+    out: dict[int, RecentThroughput] = {}
+    for (template, step, _), members in sorted(groups.items(), key=lambda kv: kv[0]):
+        members.sort(key=lambda m: float(m[1][0]))
+        rounds: list[list[tuple[Job, np.ndarray]]] = []
+        for member in members:
+            if rounds and float(member[1][0]) - float(rounds[-1][0][1][0]) <= ROUND_SPREAD_S:
+                rounds[-1].append(member)
+            else:
+                rounds.append([member])
+        for round_ in rounds:
+            by_id = {job.external_id: (job, ts) for job, ts in round_}
+            for ids in id_batches(list(by_id)):
+                batch = [by_id[i] for i in ids]
+                lo = min(float(ts[0]) for _, ts in batch)
+                hi = max(float(ts[-1]) for _, ts in batch)
+                try:
+                    with _query_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
+                        series = client.range(grouped_query(template, label, ids), lo, hi, step)
+                except PrometheusError as exc:
+                    out.update({job.pk: RecentThroughput(ts, error=exc) for job, ts in batch})
+                    continue
+                found: dict[str, list[Series]] = defaultdict(list)
+                for s in series:
+                    found[s.labels.get(label, "")].append(s)
+                for job, ts in batch:
+                    mine = found.get(job.external_id)
+                    out[job.pk] = RecentThroughput(ts, _summed(mine, ts) if mine else None)
+    return out
+
+
+#: Seconds between window starts beyond which `read_recent_throughput` reads jobs in separate rounds
+#: (as jobs.metrics.cluster.read_cycle does for the signals).
+ROUND_SPREAD_S = 900.0
+
+
+def prepare_cycle(
+    client: PrometheusClient, jobs: Sequence[Job], fresh: Mapping[int, JobSignals], now: datetime
+) -> CycleContext:
+    """The cycle's shared reads for `jobs`, whose new windows are the grids of `fresh` (the cycle's
+    signals per job pk): MIG instances, grouped throughput, which jobs have pushed progress (one query),
+    and the memo primed with the GPU models the jobs were loaded with."""
+    cycle = CycleContext(now)
+    for job in jobs:
+        sigs = fresh.get(job.pk)
+        if sigs is not None:
+            cycle.recent_start[job.pk] = float(sigs.timestamps[0]) if sigs.timestamps.size else sigs.start
+        if job.gpu_model_id is not None and Job.gpu_model.is_cached(job):
+            cycle.lookups.put(("gpu_model", job.gpu_model_id), job.gpu_model)
+    pks = [job.pk for job in jobs]
+    cycle.progress = frozenset(
+        ProgressSample.objects.filter(job_id__in=pks)
+        .values("job_id")
+        .annotate(n=Count("pk"))
+        .filter(n__gte=2)
+        .values_list("job_id", flat=True)
+    )
+    cycle.mig = mig_instances_of(client, jobs, now)
+    grids = {pk: s.timestamps for pk, s in fresh.items()}
+    cycle.throughput = read_recent_throughput(client, [j for j in jobs if j.pk not in cycle.progress], grids)
+    return cycle
+
+
+def prices_for(job: Job, cycle: CycleContext | None = None) -> tuple[list[tuple[datetime, float]], str]:
+    """The dated price book entries of the job's GPU model and tier, and a label naming both. `cycle`:
+    one query per GPU model and tier for the cycle (the answer depends on nothing else)."""
     tier = job.price_tier or settings.DEFAULT_PRICE_TIER
+    if cycle is not None and job.gpu_model_id is not None:
+        return cycle.lookups.get(("prices", job.gpu_model_id, tier), lambda: prices_for(job))
     if job.gpu_model is None:
         return [], f"unknown GPU model {job.gpu_model_name!r}"
     entries = PriceEntry.objects.filter(gpu_model=job.gpu_model, tier=tier).values_list(
@@ -96,10 +305,14 @@ def prices_for(job: Job) -> tuple[list[tuple[datetime, float]], str]:
     return [(when, float(usd)) for when, usd in entries], label
 
 
-def reference_for(job: Job) -> tuple[float, str]:
+def reference_for(job: Job, cycle: CycleContext | None = None) -> tuple[float, str]:
     """The MFU waste is measured against: the active baseline's median, else the organisation's target
-    for the job's dtype (FP8 against the FP8 peak has its own target; see settings.TARGET_MFU_FP8)."""
-    baseline = active_baseline(job)
+    for the job's dtype (FP8 against the FP8 peak has its own target; see settings.TARGET_MFU_FP8).
+    `cycle`: the baseline is looked up once per config fingerprint for the cycle."""
+    if cycle is not None and job.config_fingerprint:
+        baseline = cycle.lookups.get(("baseline", job.config_fingerprint), lambda: active_baseline(job))
+    else:
+        baseline = active_baseline(job)
     if baseline is not None:
         median = (baseline.stats.get("mfu") or {}).get("median")
         if median:
@@ -116,13 +329,18 @@ def reference_mfu(job: Job) -> float:
 
 
 def sharing_for(
-    job: Job, client: PrometheusClient | None, now: datetime, neighbours: Neighbours | None = None
+    job: Job,
+    client: PrometheusClient | None,
+    now: datetime,
+    neighbours: Neighbours | None = None,
+    mig: Mapping[int, dict[str, tuple[str, str]]] | None = None,
 ) -> GpuSharing | None:
     """The job's share of GPUs other jobs also used, or of its MIG slices (jobs.alerts.sharing); None when
     its GPUs were its own. Without a client the MIG instances come from the last stored evaluation.
-    `neighbours`: the poll cycle's index of the other jobs and their GPUs (read once, not per job)."""
+    `neighbours`: the poll cycle's index of the other jobs and their GPUs (read once, not per job);
+    `mig`: the cycle's MIG instances per job (one query per batch of jobs, not per job)."""
     spec = gpu_by_name(job.gpu_model.name) if job.gpu_model is not None else None
-    return summarise(shared_gpus(job, client, now, neighbours), job.gpu_count, spec)
+    return summarise(shared_gpus(job, client, now, neighbours, mig), job.gpu_count, spec)
 
 
 def load_context(
@@ -131,22 +349,26 @@ def load_context(
     client: PrometheusClient | None,
     now: datetime | None = None,
     neighbours: Neighbours | None = None,
+    cycle: CycleContext | None = None,
 ) -> EvaluationContext:
     """Everything `evaluate` needs about `job`, with `sigs` the signals to evaluate on (fresh or archived);
-    `neighbours` as in `sharing_for`."""
+    `neighbours` as in `sharing_for`; `cycle`: the poll cycle's shared reads (jobs.evaluation.cycle: MIG
+    instances, the new window's throughput, memoised prices, baselines and GPU models)."""
     now = now or timezone.now()
+    if cycle is not None and job.gpu_model_id is not None:
+        job.gpu_model = cycle.lookups.get(("gpu_model", job.gpu_model_id), lambda: job.gpu_model)
     end = min(job.ended_at or now, now)
     if sigs is not None:
         ts, step = sigs.timestamps, float(sigs.step)
     else:
         ts, step = grid(job.started_at.timestamp(), end.timestamp(), DEFAULT_STEP_S), float(DEFAULT_STEP_S)
     try:
-        tps, source = throughput_series(job, ts, client, sigs)
+        tps, source = throughput_series(job, ts, client, sigs, cycle)
     except PrometheusError as exc:
         tps, source = None, f"the throughput query failed: {exc}"
         log.warning("job %s: throughput query failed: %s", job.external_id, exc)
-    prices, label = prices_for(job)
-    reference, ref_source = reference_for(job)
+    prices, label = prices_for(job, cycle)
+    reference, ref_source = reference_for(job, cycle)
     gpu = job.gpu_model
     return EvaluationContext(
         start=job.started_at,
@@ -170,5 +392,5 @@ def load_context(
         flops_convention=settings.MFU_FLOPS_CONVENTION,
         energy_j=job.energy_j,
         usd_per_kwh=settings.ENERGY_USD_PER_KWH,
-        sharing=sharing_for(job, client, now, neighbours),
+        sharing=sharing_for(job, client, now, neighbours, cycle.mig if cycle is not None else None),
     )

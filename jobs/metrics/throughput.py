@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jobs.metrics.promql import label_matcher, validate_label_name
+from jobs.metrics.promql import label_matcher, regex_any, regex_escape, regex_matcher, validate_label_name
 
 JOB_PLACEHOLDER = "$job"
 FREE_FORM_MARK = "# free-form PromQL set by staff\n"
@@ -398,3 +398,62 @@ def own_job_selector_problem(
         f"{', '.join(job_labels)}; no regex on it), or list the GPUs explicitly in 'gpus'; only staff may "
         "register other selectors"
     )
+
+
+# ------------------------------------------------------------------------------ one query for many jobs
+
+#: Characters of the job-label regex of one grouped query (`grouped_query`): a 500-job cycle of 5-digit
+#: ids needs ~3,000; bounded so a 10k-GPU cycle's query stays a few kB and Prometheus' set matcher small.
+MAX_GROUP_REGEX_CHARS = 4000
+
+
+def groupable(template: str) -> bool:
+    """Whether a validated template can be read for many jobs at once by `grouped_query`.
+
+    Exactly `sum(<expression>)`: the one aggregation is the outermost `sum` without by/without, and the
+    expression reads one selector. Then every series inside carries the job label (its selector requires
+    it, and the allowed functions keep labels), so `sum by (<job label>)` over the jobs' ids gives each
+    job the sum its own query gives. One selector only: with two, a vector-vector operator could fail for
+    one job's series (duplicate matches), and the grouped query would then fail for every job.
+    """
+    try:
+        toks = _tokens(template.strip())
+    except TemplateError:
+        return False
+    if len(toks) < 4 or toks[0].text != "sum" or toks[1].text != "(" or toks[-1].text != ")":
+        return False
+    depth = 0
+    for i, tok in enumerate(toks[1:], start=1):
+        depth += tok.text == "("
+        depth -= tok.text == ")"
+        if depth == 0 and i != len(toks) - 1:
+            return False  # the outer sum closes before the end: `sum(a) + sum(b)`
+    names = [t.text for t in toks[2:] if t.kind == "name"]
+    if any(n in AGGREGATIONS or n in ("by", "without") for n in names):
+        return False
+    return sum(t.kind == "job" for t in toks) == 1
+
+
+def grouped_query(template: str, job_label: str, external_ids: Sequence[str]) -> str:
+    """`sum by (<job label>) (<inner>)` with `$job` as `<job label>=~"id1|id2|..."` (each id escaped, so
+    it matches only itself: Prometheus anchors the regex). Call only on a `groupable` template."""
+    label = validate_label_name(job_label)
+    inner = template.strip()[len("sum") :].lstrip()
+    matcher = regex_matcher(label, regex_any(external_ids))
+    return f"sum by ({label}) {expand(inner, matcher)}"
+
+
+def id_batches(external_ids: Sequence[str], max_chars: int = MAX_GROUP_REGEX_CHARS) -> list[list[str]]:
+    """The ids (sorted, deduplicated) cut into batches whose escaped regex stays within `max_chars` (one
+    id longer than that is a batch of its own)."""
+    batches: list[list[str]] = []
+    size = 0
+    for value in sorted(set(external_ids)):
+        cost = len(regex_escape(value)) + 1
+        if batches and size + cost <= max_chars:
+            batches[-1].append(value)
+            size += cost
+        else:
+            batches.append([value])
+            size = cost
+    return batches
