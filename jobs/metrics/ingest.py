@@ -28,8 +28,9 @@ from django.utils import timezone
 
 from jobs.alerts import incidents as alerts
 from jobs.alerts import sharing
+from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.evaluate import evaluate
-from jobs.evaluation.load import load_context
+from jobs.evaluation.load import load_context, prepare_cycle
 from jobs.evaluation.store import store
 from jobs.findings import run_diagnosis
 from jobs.metrics import archive, cluster
@@ -81,10 +82,13 @@ def update_summary(
     sigs: JobSignals | None,
     client: PrometheusClient | None,
     neighbours: sharing.Neighbours | None = None,
+    *,
+    cycle: CycleContext | None = None,
 ) -> dict[str, np.ndarray]:
     """Re-evaluate the job on `sigs` through the spine (load_context -> evaluate -> store; not saved);
-    returns the derived series to archive (throughput, MFU). `neighbours`: the cycle's sharing index."""
-    evaluated = evaluate(load_context(job, sigs, client, neighbours=neighbours))
+    returns the derived series to archive (throughput, MFU). `neighbours`: the cycle's sharing index;
+    `cycle`: the cycle's shared reads (jobs.evaluation.cycle), None on the per-job paths."""
+    evaluated = evaluate(load_context(job, sigs, client, neighbours=neighbours, cycle=cycle))
     store(job, evaluated.evaluation)
     return evaluated.derived
 
@@ -206,6 +210,7 @@ def store_poll(
     archived_rows: bool = False,
     derived_out: list[Any] | None = None,
     neighbours: sharing.Neighbours | None = None,
+    cycle: CycleContext | None = None,
 ) -> Job:
     """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
     settled (`settled_data_until`); then the diagnosis (when due) and the alert rules.
@@ -226,7 +231,7 @@ def store_poll(
         # exact idle share; the other per-GPU rows are the bulk of the archive.
         snapshot = archive.Snapshot(job, per_gpu=("gpu_util",))
         archived = snapshot.load_job_signals(per_gpu=("gpu_util",))
-        derived = update_summary(job, archived, client, neighbours)
+        derived = update_summary(job, archived, client, neighbours, cycle=cycle)
         if archived is not None:
             rows = archive.derived_rows(*_new_part(job, archived, derived, sigs.start))
             snapshot.merge(rows)  # the rules read the archive as it is once these rows are written
@@ -545,6 +550,14 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
     # The sharing look-up of every evaluation below from one read (after the archive write, which brings
     # the per-GPU keys; when it failed each job writes its own rows, so each reads its own keys).
     neighbours = sharing.Neighbours(list(jobs.values())) if archived_rows and result.signals else None
+    # MIG instances, the new window's throughput (one query per template) and the price/baseline memo,
+    # read once for the cycle's evaluations instead of once per job (jobs.evaluation.cycle).
+    shared: CycleContext | None = None
+    if result.signals:
+        try:
+            shared = prepare_cycle(client, [jobs[k] for k in result.signals], result.signals, now)
+        except Exception:  # the evaluations then read per job, as poll_job does
+            log.exception("poll cycle: the shared reads for the evaluations failed; reading per job")
     derived: list[Any] = []
     for key, sigs in result.signals.items():
         job = jobs[key]
@@ -556,12 +569,14 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
                 energy = _energy_total(client, job_selector(job), job.started_at.timestamp(), by_key[key].end)
             done[key] = store_poll(job, sigs, by_key[key].end, now, client, energy_j=energy,
                                    archived_rows=archived_rows, derived_out=derived,
-                                   neighbours=neighbours)  # fmt: skip
+                                   neighbours=neighbours, cycle=shared)  # fmt: skip
             if neighbours is not None:
                 neighbours.update(done[key])
         except Exception as exc:  # one job's failure must not stop the cycle
             log.exception("job %s: poll failed", job.external_id)
             done[key] = _mark_stale(job, exc, now)
+    if shared is not None:
+        derived += shared.repair_rows(jobs)
     try:
         archive.upsert(derived)
     except Exception:  # the next poll writes them again (merges are idempotent)
