@@ -17,6 +17,8 @@ Per cycle it prints wall time, CPU split (this process = Python + the Postgres c
 process; the Postgres backend of this connection, when /proc shows it), Prometheus requests (DCGM signal
 queries and look-ups / per-job throughput queries / per-job energy queries) and archive rows written.
 Steady state is the second and later cycles; cycle 1 and every fifth one also read the per-GPU rows.
+The jobs' last diagnoses are spread over the 10 minutes before cycle 1, so a tenth of them are re-diagnosed
+in each cycle as in steady state (`--no-stagger-diagnosis`: all of them in cycle 1, as after a cold start).
 """
 
 from __future__ import annotations
@@ -118,6 +120,10 @@ def main() -> None:
     parser.add_argument("--history-min", type=int, default=10, help="job age at the first cycle (minutes)")
     parser.add_argument("--keep", help="directory to keep (and reuse) the backfilled TSDB in")
     parser.add_argument("--profile", type=int, default=0, help="cProfile this cycle (1-based), top 25")
+    parser.add_argument(
+        "--no-stagger-diagnosis", dest="stagger", action="store_false",
+        help="every job due for its diagnosis in cycle 1 (a cold start) instead of a tenth of them per cycle",
+    )  # fmt: skip
     args = parser.parse_args()
 
     from jobs.metrics import archive, ingest
@@ -155,6 +161,14 @@ def main() -> None:
         return upsert(batch)
 
     archive.upsert = counted  # type: ignore[assignment]
+    diagnosed = Counter[str]()
+    diagnose = ingest.run_diagnosis
+
+    def counted_diagnosis(job: Any) -> Any:
+        diagnosed["jobs"] += 1
+        return diagnose(job)
+
+    ingest.run_diagnosis = counted_diagnosis  # type: ignore[assignment]
     try:
         team = Team.objects.create(slug="bench", name="Bench")
         explicit = round(args.explicit_share * n_jobs)
@@ -164,6 +178,15 @@ def main() -> None:
                 body["gpus"], body["selector"] = [], {"hpc_job": sim.spec.job_id}
             register_job(body)
         print(f"registered {Job.objects.count()} jobs ({explicit} with explicit GPU lists)", flush=True)
+        if args.stagger:
+            # Steady state: a running job is re-diagnosed every DIAGNOSE_RUNNING_EVERY (10 min) from its own
+            # last diagnosis, so about a tenth of the jobs are due in any one-minute cycle. Spread the last
+            # diagnoses over the 10 minutes before cycle 1 (without this every job is due in cycle 1 and in
+            # none of the next nine, and the steady cycles would leave the diagnosis out).
+            every = ingest.DIAGNOSE_RUNNING_EVERY.total_seconds()
+            for i, pk in enumerate(Job.objects.order_by("pk").values_list("pk", flat=True)):
+                last = first - every + 60.0 * (i % round(every / 60.0))
+                Job.objects.filter(pk=pk).update(diagnosed_at=datetime.fromtimestamp(last, tz=UTC))
         with connection.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
             pg_pid = int(cur.fetchone()[0])
@@ -177,6 +200,7 @@ def main() -> None:
                 now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
                 counter.by_kind.clear()
                 rows.clear()
+                diagnosed.clear()
                 cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
                 w0 = time.perf_counter()
                 profiler = cProfile.Profile() if args.profile == c + 1 else None
@@ -203,6 +227,7 @@ def main() -> None:
                       f"{prom_cpu:>16s}  {pg_cpu:>14s}  {total:6d} "
                       f"({k['signals']}/{k['throughput']}/{k['energy']}){'':14s}  {rows['rows']:5d}  {stale}",
                       flush=True)  # fmt: skip
+                print(f"       ({diagnosed['jobs']} jobs diagnosed in this cycle)", flush=True)
         lag = Job.objects.order_by("data_until").values_list("data_until", flat=True).first()
         print(f"oldest data_until: {lag} (last cycle at {now})")
     finally:
