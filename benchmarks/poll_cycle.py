@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--history-min", type=int, default=10, help="job age at the first cycle (minutes)")
     parser.add_argument("--keep", help="directory to keep (and reuse) the backfilled TSDB in")
     parser.add_argument("--profile", type=int, default=0, help="cProfile this cycle (1-based), top 25")
+    parser.add_argument("--profile-out", help="also write the profile's pstats to this file (pstats.Stats)")
     parser.add_argument(
         "--no-stagger-diagnosis", dest="stagger", action="store_false",
         help="every job due for its diagnosis in cycle 1 (a cold start) instead of a tenth of them per cycle",
@@ -217,6 +218,8 @@ def main() -> None:
                 if profiler is not None:
                     profiler.disable()
                     pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+                    if args.profile_out:
+                        profiler.dump_stats(args.profile_out)
                 cpu = time.process_time() - cpu0
                 p1, g1 = _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
                 prom_cpu = f"{p1 - p0:.1f}" if p0 is not None and p1 is not None else "?"
