@@ -74,6 +74,8 @@ class _Requests:
                 kind = "throughput"
             elif "TOTAL_ENERGY" in query and url.endswith("/api/v1/query"):
                 kind = "energy"
+            elif "GPU_I_ID" in query:
+                kind = "mig"  # sharing's MIG instance look-ups (per job before #14's batching)
             else:
                 kind = "signals"
             self.by_kind[kind] += 1
@@ -196,7 +198,7 @@ def main() -> None:
             prom_pid = prom._proc.pid
             client = PrometheusClient(prom.url, timeout_s=60, retries=0)
             print("cycle  per-GPU  wall_s  python_cpu_s  prometheus_cpu_s  postgres_cpu_s  "
-                  "requests(signals/throughput/energy)  rows  stale")  # fmt: skip
+                  "requests(signals/mig/throughput/energy)  rows  stale")  # fmt: skip
             for c in range(args.cycles):
                 now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
                 counter.by_kind.clear()
@@ -228,7 +230,8 @@ def main() -> None:
                 total = sum(k.values())
                 print(f"{c + 1:5d}  {'yes' if per_gpu else 'no':7s}  {wall:6.1f}  {cpu:12.1f}  "
                       f"{prom_cpu:>16s}  {pg_cpu:>14s}  {total:6d} "
-                      f"({k['signals']}/{k['throughput']}/{k['energy']}){'':14s}  {rows['rows']:5d}  {stale}",
+                      f"({k['signals']}/{k['mig']}/{k['throughput']}/{k['energy']}){'':10s}"
+                      f"  {rows['rows']:5d}  {stale}",
                       flush=True)  # fmt: skip
                 print(f"       ({diagnosed['jobs']} jobs diagnosed in this cycle)", flush=True)
         lag = Job.objects.order_by("data_until").values_list("data_until", flat=True).first()
