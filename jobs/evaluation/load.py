@@ -165,10 +165,11 @@ def _cycle_throughput(
 
     Why it equals the whole-window query: a range query's value at a grid time depends only on that time,
     and each earlier poll archived its own window of this query's values (float32 in the archive: the
-    earlier part agrees to ~1e-7 relative). When the archive cannot vouch for the earlier part (no
-    archived series, or the last evaluation's throughput was not this query's), the whole window is read
-    as before and its earlier part recorded in `cycle.repairs` for the cycle to archive. None when neither
-    part has a value (no series: the caller says so)."""
+    earlier part agrees to ~1e-7 relative). When the archive cannot vouch for the earlier part
+    (`_archived_from`: the last evaluation's throughput was neither this query's values nor "no series"
+    from it, or no series is archived), the whole window is read as before and its earlier part
+    recorded in `cycle.repairs` for the cycle to archive. None when neither part has a value (no series:
+    the caller says so)."""
     since = cycle.recent_start[job.pk]
     before = ts < since
     earlier = None
