@@ -203,16 +203,22 @@ def _existing(keys: list[_Key]) -> dict[_Key, np.ndarray]:
         cursor.execute(sql, [jobs, signals, stats, steps, [utc(t) for t in starts]])
         found = cursor.fetchall()
     wanted = set(keys)
-    out: dict[_Key, np.ndarray] = {}
+    hits: list[_Key] = []
+    blobs: list[bytes] = []
     for job_id, signal, stat, gpu_key, step, start, blob in found:
         key = (job_id, signal, stat, gpu_key, step, int(start))
-        if key not in wanted:
-            continue
-        arr = np.full(CHUNK_POINTS, np.nan, dtype=_F4)
-        old = np.frombuffer(bytes(blob), dtype=_F4)[:CHUNK_POINTS]
-        arr[: old.size] = old
-        out[key] = arr
-    return out
+        if key in wanted:
+            hits.append(key)
+            blobs.append(bytes(blob)[: CHUNK_POINTS * _F4.itemsize])
+    if not hits:
+        return {}
+    # All chunks padded with NaN into one matrix at once (per-chunk numpy calls cost more on a cycle).
+    counts = np.fromiter((len(b) // _F4.itemsize for b in blobs), dtype=np.int64, count=len(blobs))
+    flat = np.frombuffer(b"".join(blobs), dtype=_F4)
+    matrix = np.full((len(hits), CHUNK_POINTS), np.nan, dtype=_F4)
+    begins = np.cumsum(counts) - counts
+    matrix[np.repeat(np.arange(len(hits)), counts), np.arange(flat.size) - np.repeat(begins, counts)] = flat
+    return dict(zip(hits, matrix, strict=True))
 
 
 _STAGE = "archive_stage"
@@ -350,24 +356,38 @@ def upsert(rows: Sequence[Points]) -> int:
         return 0
     written = 0
     with transaction.atomic():
-        for job_id in sorted({r.job_id for r in rows}):
-            # Two writers of one job (a poll and a finalize, two workers) must not merge the same chunk
-            # from the same old value: one waits for the other's commit.
-            cursor_lock(job_id)
+        # Two writers of one job (a poll and a finalize, two workers) must not merge the same chunk from the
+        # same old value: one waits for the other's commit.
+        lock_jobs(sorted({r.job_id for r in rows}))
         level: list[Points] = list(rows)
         while level:
             new, mask = _chunked(level)
             old = _existing(list(new))
             merged = _merge(new, old)
-            written += _store(merged)
+            # A chunk the write leaves as it was (a repeated window, a tier whose windows' min/max/count did
+            # not move) is not rewritten: an UPDATE of an equal row still costs a new row version and WAL.
+            written += _store({k: v for k, v in merged.items() if k not in old or not _same(v, old[k])})
             level = _coarser(merged, mask)
     return written
 
 
 def cursor_lock(job_id: int) -> None:
     """Take the job's archive lock for the rest of the transaction (pg_advisory_xact_lock)."""
+    lock_jobs([job_id])
+
+
+def lock_jobs(job_ids: Sequence[int]) -> None:
+    """Take the archive locks of `job_ids` for the rest of the transaction, in ascending order (so two
+    writers of overlapping sets cannot deadlock), with one statement: a cycle writes hundreds of jobs."""
+    keys = sorted({job_id % 2**31 for job_id in job_ids})
+    if not keys:
+        return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_LOCK_CLASS, job_id % 2**31])
+        cursor.execute(
+            "SELECT count(pg_advisory_xact_lock(%s, k)) "
+            "FROM (SELECT unnest(%s::int[]) AS k ORDER BY 1) AS ks",
+            [_LOCK_CLASS, keys],
+        )
 
 
 _LOCK_CLASS = zlib.crc32(b"jobs.archive") % 2**31
@@ -783,8 +803,8 @@ class _Held:
     """One chunk a Snapshot holds, with its row's start and end as stored (the window filter's columns)."""
 
     chunk: Chunk
-    start: datetime
-    end: datetime
+    start: float  # Unix s
+    end: float
 
 
 def _padded(blob: bytes) -> np.ndarray:
@@ -793,6 +813,11 @@ def _padded(blob: bytes) -> np.ndarray:
     old = np.frombuffer(blob, dtype=_F4)[:CHUNK_POINTS]
     arr[: old.size] = old
     return arr
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two chunks hold the same values (NaN gaps in the same places)."""
+    return bool(np.array_equal(a, b, equal_nan=True))
 
 
 def _merge(new: dict[_Key, np.ndarray], old: dict[_Key, np.ndarray]) -> dict[_Key, np.ndarray]:
@@ -817,20 +842,23 @@ class Snapshot:
         self.gpu_signals = frozenset(per_gpu)
         self._held: dict[_HeldKey, _Held] = {}
         table = connection.ops.quote_name(JobSeries._meta.db_table)
+        # Start and end as epoch seconds (float8: exact for the whole microseconds stored; cheaper to parse
+        # than timestamptz, and the window test below compares them as the database compares the columns).
         sql = (
-            f'SELECT signal, stat, gpu_key, step_seconds, start, "end", "values" FROM {table} '
+            f"SELECT signal, stat, gpu_key, step_seconds, extract(epoch from start)::float8, "
+            f'extract(epoch from "end")::float8, "values" FROM {table} '
             f"WHERE job_id = %s AND ((stat <> %s AND stat <> ALL(%s)) OR (stat = %s AND signal = ANY(%s)))"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [job.pk, GPU_STAT, list(EXTREMES), GPU_STAT, sorted(self.gpu_signals)])
             rows = cursor.fetchall()
+        held = self._held
         for signal, stat, gpu_key, step, start, end, blob in rows:
             data = bytes(blob)
-            count = len(data) // _F4.itemsize
+            count = len(data) // 4
             if count:
-                at = start.timestamp()
-                chunk = Chunk(signal, stat, gpu_key, step, at + step, count, data)
-                self._held[(signal, stat, gpu_key, step, round(at))] = _Held(chunk, start, end)
+                chunk = Chunk(signal, stat, gpu_key, step, start + step, count, data)
+                held[(signal, stat, gpu_key, step, round(start))] = _Held(chunk, start, end)
 
     def _chunks(
         self, *, per_gpu: bool, signals: Iterable[str] | None, window: tuple[float, float] | None
@@ -841,13 +869,14 @@ class Snapshot:
             raise ValueError(
                 f"per-GPU rows of {sorted(wanted or ())} were not read (held: {self.gpu_signals})"
             )
-        lo, hi = (utc(window[0]), utc(window[1])) if window is not None else (None, None)
+        # The bounds as the query would pass them (microseconds, `utc`), so the comparisons are the same.
+        lo, hi = (utc(window[0]).timestamp(), utc(window[1]).timestamp()) if window is not None else (0, 0)
         out = []
         for held in self._held.values():
             c = held.chunk
             if (c.stat == GPU_STAT) != per_gpu or (wanted is not None and c.signal not in wanted):
                 continue
-            if lo is not None and hi is not None and not (held.start < hi and held.end >= lo):
+            if window is not None and not (held.start < hi and held.end >= lo):
                 continue
             out.append(c)
         return out
@@ -895,4 +924,4 @@ class Snapshot:
         end = int(CHUNK_POINTS - np.argmax(finite[::-1]))
         data = np.where(finite, values, np.float32("nan")).astype(_F4)[:end].tobytes()
         chunk = Chunk(signal, stat, gpu_key, step, float(start) + step, end, data)
-        self._held[key] = _Held(chunk, utc(start), utc(start + end * step))
+        self._held[key] = _Held(chunk, float(start), utc(start + end * step).timestamp())

@@ -1,0 +1,80 @@
+"""What an archive write costs the database: chunks a write leaves as they were are not rewritten, one lock
+statement for all the jobs of a write, and the table leaves room for HOT updates (#14)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs.metrics import archive
+from jobs.metrics.archive import Points
+from jobs.models import Job
+
+SPAN = 30 * archive.CHUNK_POINTS  # 7,200 s: one 30 s chunk
+T0 = 1_780_000_000 // SPAN * SPAN  # a chunk boundary
+
+
+def _job(make_team, external_id: str = "w1") -> Job:
+    start = datetime.fromtimestamp(T0, tz=UTC)
+    return Job.objects.create(external_id=external_id, name="j", team=make_team("llm"), gpu_count=2,
+                              started_at=start)  # fmt: skip
+
+
+def _max(job: Job, times, values) -> Points:
+    return Points(job.pk, "gpu_util", "max", "", 30, np.asarray(times, float), np.asarray(values, float))
+
+
+def _versions(job: Job) -> dict[int, str]:
+    """{step: ctid} of the job's rows: an UPDATE, HOT or not, gives the row a new ctid."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT step_seconds, ctid::text FROM jobs_jobseries WHERE job_id = %s", [job.pk])
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.django_db
+def test_repeating_a_write_rewrites_no_row(make_team):
+    job = _job(make_team)
+    rows = [_max(job, T0 + 30.0 * np.arange(1, 11), np.linspace(0.1, 0.9, 10))]
+    first = archive.upsert(rows)
+    assert first == 3  # the 30 s chunk and its 300 s and 3600 s tiers (max has no extremes)
+    before = _versions(job)
+    assert archive.upsert(rows) == 0
+    assert _versions(job) == before
+
+
+@pytest.mark.django_db
+def test_a_tier_whose_window_value_did_not_move_is_not_rewritten(make_team):
+    job = _job(make_team)
+    # Maxima 0.5 then 0.9 in the first 300 s window (points T0+30, T0+60); a later point of the same window
+    # with 0.3 changes the 30 s chunk, but the window's max stays 0.9 in the 300 s and 3600 s tiers.
+    archive.upsert([_max(job, [T0 + 30.0, T0 + 60.0], [0.5, 0.9])])
+    before = _versions(job)
+    assert archive.upsert([_max(job, [T0 + 90.0], [0.3])]) == 1
+    after = _versions(job)
+    assert after[30] != before[30]
+    assert (after[300], after[3600]) == (before[300], before[3600])
+    stored = archive.load_job_signals(job, per_gpu=False)
+    assert stored is not None
+    np.testing.assert_array_equal(stored.signals["gpu_util"].stats["max"], np.float32([0.5, 0.9, 0.3]))
+
+
+@pytest.mark.django_db
+def test_one_write_of_many_jobs_takes_their_locks_in_one_statement(make_team):
+    jobs = [_job(make_team, f"w{i}") for i in range(5)]
+    rows = [_max(j, [T0 + 30.0], [0.5]) for j in jobs]
+    with CaptureQueriesContext(connection) as ctx:
+        archive.upsert(rows)
+    locks = [q["sql"] for q in ctx.captured_queries if "pg_advisory_xact_lock" in q["sql"]]
+    assert len(locks) == 1
+
+
+@pytest.mark.django_db
+def test_the_archive_table_leaves_room_for_hot_updates():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'jobs_jobseries'")
+        (options,) = cursor.fetchone()
+    assert "fillfactor=70" in (options or [])
