@@ -1,0 +1,125 @@
+"""SQL statements of a poll cycle per job, counted with CaptureQueriesContext against a real Prometheus
+(#14): one archive read per job serves the summary and the alert rules, and the cycle's alert verdicts
+equal the standalone evaluation's (which reads the archive itself)."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs.alerts import incidents
+from jobs.metrics import ingest
+from jobs.models import AlertIncident, Job
+from tests.prom_server import prometheus_binary
+from tests.test_cluster_poll import START, _client, _register, local_cache, prom, sims  # noqa: F401
+
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(
+        prometheus_binary() is None or shutil.which("promtool") is None,
+        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
+    ),
+]
+
+#: The jobs polled: a healthy one, a straggler with low MFU, one with XID errors (incidents open and stay).
+JOBS = (("a1", {"hpc_job": "3001"}), ("a2", {"hpc_job": "3002"}), ("a3", {"hpc_job": "3003"}))
+
+
+def _archive_reads(queries: list[dict[str, Any]]) -> list[str]:
+    """Reads of archived chunks: the per-job readers and the poll's snapshot (not the writer's)."""
+    return [q["sql"] for q in queries if q["sql"].startswith("SELECT signal, stat, gpu_key")]
+
+
+@pytest.fixture
+def polled(prom, sims, make_team, local_cache, settings, monkeypatch):  # noqa: F811
+    """Two cycles of JOBS (the second steady), with each alert evaluation of the second one recorded:
+    (job, now, snapshot, verdicts, statements)."""
+    settings.PROMETHEUS_SCRAPE_INTERVAL_S = 30.0
+    settings.PROMETHEUS_INGESTION_LAG_S = 60.0
+    settings.ALERTS_ENABLED = True
+    settings.ALERT_IDLE_MIN_GPUS = 2  # the idle-GPU count: the rules read per-GPU rows too
+    team = make_team("llm")
+    for key, labels in JOBS:
+        _register(sims[key], team, labels=labels)
+    client = _client(prom)
+    ingest.poll_cycle(client, now=START + timedelta(minutes=40))
+    recorded: list[tuple[Job, Any, Any, dict[str, Any], int]] = []
+    real = incidents.evaluate_job
+
+    def recording(job: Job, now: Any = None, *, archived: Any = None) -> Any:
+        with CaptureQueriesContext(connection) as ctx:
+            verdicts = real(job, now, archived=archived)
+        recorded.append((job, now, archived, verdicts, len(ctx.captured_queries)))
+        return verdicts
+
+    monkeypatch.setattr(incidents, "evaluate_job", recording)
+    with CaptureQueriesContext(connection) as ctx:
+        ingest.poll_cycle(client, now=START + timedelta(minutes=45))  # new minutes (and MFU) in the window
+    monkeypatch.setattr(incidents, "evaluate_job", real)
+    return recorded, ctx.captured_queries
+
+
+@pytest.mark.django_db
+def test_the_cycles_alert_rules_read_no_archive_and_give_the_standalone_verdicts(polled):
+    recorded, _ = polled
+    assert len(recorded) == len(JOBS)
+    assert AlertIncident.objects.filter(resolved_at__isnull=True).exists()  # the rules have work to do
+    for job, now, snapshot, verdicts, _ in recorded:
+        assert snapshot is not None
+        fresh = Job.objects.select_related("gpu_model").get(pk=job.pk)  # after the cycle's derived write
+        configs = incidents.rule_configs()
+        mine = incidents.job_view(fresh, now, configs, snapshot)
+        theirs = incidents.job_view(fresh, now, configs)
+        assert set(mine.series) == set(theirs.series)
+        for line, series in mine.series.items():
+            np.testing.assert_array_equal(series.timestamps, theirs.series[line].timestamps, err_msg=line)
+            np.testing.assert_array_equal(series.values, theirs.series[line].values, err_msg=line)
+        assert mine.idle_gpus_now == theirs.idle_gpus_now is not None
+        open_before = set(AlertIncident.objects.filter(job=fresh, resolved_at__isnull=True).values_list(
+            "rule", "started_at", "title"))  # fmt: skip
+        # The standalone evaluation (the sweep's) on the same data: the same verdicts, no incident changes.
+        with CaptureQueriesContext(connection) as standalone:
+            assert incidents.evaluate_job(fresh, now) == verdicts
+        open_after = set(AlertIncident.objects.filter(job=fresh, resolved_at__isnull=True).values_list(
+            "rule", "started_at", "title"))  # fmt: skip
+        assert open_after == open_before
+        # Standalone it reads the archive twice (the recent aggregates, the latest per-GPU GPU_UTIL).
+        assert len(_archive_reads(standalone.captured_queries)) == 2
+
+
+@pytest.mark.django_db
+def test_the_cycles_alert_rules_issue_two_fewer_statements_than_the_standalone_path(polled):
+    recorded, _ = polled
+    for job, now, snapshot, _, _ in recorded:
+        fresh = Job.objects.select_related("gpu_model").get(pk=job.pk)
+        with CaptureQueriesContext(connection) as cycle_path:
+            incidents.evaluate_job(fresh, now, archived=snapshot)
+        with CaptureQueriesContext(connection) as standalone:
+            incidents.evaluate_job(fresh, now)
+        assert _archive_reads(cycle_path.captured_queries) == []
+        assert len(standalone.captured_queries) - len(cycle_path.captured_queries) == 2
+
+
+@pytest.mark.django_db
+def test_a_steady_cycle_reads_each_jobs_archive_once_and_writes_only_changed_columns(polled):
+    recorded, queries = polled
+    n = len(JOBS)
+    sql = [q["sql"] for q in queries]
+    # One archive read per job in store_poll (the snapshot), none by the summary or the rules after it.
+    assert len(_archive_reads(queries)) == n
+    updates = [s for s in sql if s.startswith('UPDATE "jobs_job" SET')]
+    assert len(updates) == n  # one UPDATE per job: no separate diagnosed_at update
+    assert not any('"external_id" =' in s for s in updates)  # only the columns the poll changed
+    assert not any(s.startswith('SELECT "jobs_gpumodel"') for s in sql)  # fetched with the locked row
+    assert sum("pg_advisory_xact_lock" in s for s in sql) <= 2  # one per archive write, not per job
+    # The alert rules: one open-incidents read per job (whether GPUS_IDLE is open comes from it).
+    incident_reads = [s for s in sql if s.startswith('SELECT "jobs_alertincident"')]
+    assert len(incident_reads) == n
+    per_job = sorted(stmts for *_, stmts in recorded)
+    print(f"statements in the cycle: {len(sql)} for {n} jobs; alert evaluations: {per_job}")
