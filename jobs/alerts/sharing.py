@@ -485,6 +485,11 @@ class Neighbours:
             )
             self.jobs = {j.pk: j for j in found}
         self.keys = gpu_keys_of([*self.jobs.values(), *(j for j in jobs if j.pk not in self.jobs)])
+        # Which jobs hold each GPU key: `others_sharing` looks only at jobs that share a GPU with the job.
+        self.by_key: dict[str, set[int]] = defaultdict(set)
+        for pk, keys in self.keys.items():
+            for key in keys:
+                self.by_key[key].add(pk)
 
     def covers(self, job: Job) -> bool:
         """True when this index answers for `job` (its keys are known, its candidates were read)."""
@@ -511,6 +516,29 @@ class Neighbours:
         found.sort(key=lambda o: (o.started_at, o.pk))
         return found[:MAX_OTHERS]
 
+    def others_sharing(self, job: Job, now: datetime) -> list[Job]:
+        """`others(job, now)` less the jobs that hold none of the job's GPU keys (which `shared_gpus`
+        skips), without scanning every job. Exact while the index holds at most MAX_OTHERS + 1 jobs (the
+        MAX_OTHERS cut of `others` then keeps every overlapping job); beyond, the cut depends on all of
+        them, and this is `others` filtered."""
+        mine = self.keys.get(job.pk, [])
+        if len(self.jobs) > MAX_OTHERS + 1:
+            return [o for o in self.others(job, now) if any(o.pk in self.by_key.get(k, ()) for k in mine)]
+        until = job.ended_at or now
+        since = job.started_at
+        near = {pk for key in mine for pk in self.by_key.get(key, ())}
+        found = [
+            o
+            for pk in near
+            if (o := self.jobs.get(pk)) is not None
+            and o.pk != job.pk
+            and o.data_until is not None
+            and o.started_at < until
+            and (o.ended_at > since if o.ended_at is not None else o.data_until > since)
+        ]
+        found.sort(key=lambda o: (o.started_at, o.pk))
+        return found
+
 
 def shared_gpus(
     job: Job,
@@ -532,7 +560,8 @@ def shared_gpus(
     now = now or timezone.now()
     start, end = _window(job, now)
     if neighbours is not None and neighbours.covers(job):
-        others = neighbours.others(job, now)
+        # Only the overlapping jobs that hold one of its GPUs: the others are skipped below anyway.
+        others = neighbours.others_sharing(job, now)
         keys = {pk: list(neighbours.keys[pk]) for pk in (job.pk, *(o.pk for o in others))}
     else:
         # Only jobs the exporter was seen for (`data_until` set) count: a registration alone is a claim

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Literal
@@ -41,15 +41,37 @@ log = logging.getLogger(__name__)
 DEFAULT_STEP_S = 30
 
 
-def throughput_query(job: Job) -> Runnable:
+def throughput_query(job: Job, cycle: CycleContext | None = None) -> Runnable:
     """The PromQL the server runs for the job's throughput: its template expanded with the job's own
-    matchers, or staff's free-form query; None with the reason for an unmarked free-form one."""
+    matchers, or staff's free-form query; None with the reason for an unmarked free-form one. `cycle`:
+    each distinct template is parsed once for the cycle."""
     return runnable_query(
         job.throughput_query or "",
         job.external_id,
         job_label=settings.THROUGHPUT_JOB_LABEL,
         max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S,
+        validated=template_checker(cycle) if cycle is not None else None,
     )
+
+
+def template_checker(cycle: CycleContext) -> Callable[[str], str]:
+    """`validate_template` (with THROUGHPUT_MAX_LOOKBACK_S) memoised for the cycle: the template, or the
+    TemplateError it raised, raised again."""
+    lookback = settings.THROUGHPUT_MAX_LOOKBACK_S
+
+    def check(text: str) -> str:
+        def run() -> str | TemplateError:
+            try:
+                return validate_template(text, max_lookback_s=lookback)
+            except TemplateError as exc:
+                return exc
+
+        got = cycle.lookups.get(("template", text, lookback), run)
+        if isinstance(got, TemplateError):
+            raise got
+        return got
+
+    return check
 
 
 @contextmanager
@@ -100,7 +122,7 @@ def throughput_series(
         times = np.array([p[0].timestamp() for p in points])
         tokens = np.array([float(p[1]) for p in points])
         return tokens_per_second_from_progress(times, tokens, ts), "pushed progress (tokens over time)"
-    runnable = throughput_query(job)
+    runnable = throughput_query(job, cycle)
     query = runnable.query
     reason = runnable.reason
     if query and client is not None and ts.size:
@@ -204,7 +226,10 @@ def _cycle_throughput(
 
 
 def read_recent_throughput(
-    client: PrometheusClient, jobs: Sequence[Job], grids: Mapping[int, np.ndarray]
+    client: PrometheusClient,
+    jobs: Sequence[Job],
+    grids: Mapping[int, np.ndarray],
+    validated: Callable[[str], str] | None = None,
 ) -> dict[int, RecentThroughput]:
     """Each job's throughput on `grids[pk]` (its new window) for the jobs whose template is `groupable`:
     one range query per template, grid step and phase, round of nearby windows and batch of ids
@@ -214,7 +239,8 @@ def read_recent_throughput(
     Windows differ per job (each its own `data_until`): a batch reads the union of its jobs' windows and
     each job takes its own grid; a job whose window starts more than ROUND_SPREAD_S after its round's
     first is read in another round, so a job far behind does not widen everyone's query. A failed query
-    gives each of its jobs the error (as their own query would have: `load_context` reports it)."""
+    gives each of its jobs the error (as their own query would have: `load_context` reports it).
+    `validated`: a memoised `validate_template` (`template_checker`)."""
     label = settings.THROUGHPUT_JOB_LABEL
     groups: dict[tuple[str, float, float], list[tuple[Job, np.ndarray]]] = defaultdict(list)
     for job in jobs:
@@ -223,7 +249,10 @@ def read_recent_throughput(
         if ts is None or ts.size < 2 or not stored.strip() or is_free_form(stored):
             continue
         try:
-            template = validate_template(stored, max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S)
+            if validated is not None:
+                template = validated(stored)
+            else:
+                template = validate_template(stored, max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S)
         except TemplateError:
             continue
         if groupable(template):
@@ -287,7 +316,9 @@ def prepare_cycle(
     )
     cycle.mig = mig_instances_of(client, jobs, now)
     grids = {pk: s.timestamps for pk, s in fresh.items()}
-    cycle.throughput = read_recent_throughput(client, [j for j in jobs if j.pk not in cycle.progress], grids)
+    cycle.throughput = read_recent_throughput(
+        client, [j for j in jobs if j.pk not in cycle.progress], grids, template_checker(cycle)
+    )
     return cycle
 
 

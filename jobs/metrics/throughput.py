@@ -30,7 +30,7 @@ Pure Python, no Django: settings (lookback, job label) are passed in.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -360,15 +360,27 @@ class Runnable:
     reason: str = ""
 
 
-def runnable_query(stored: str, external_id: str, *, job_label: str, max_lookback_s: float) -> Runnable:
+def runnable_query(
+    stored: str,
+    external_id: str,
+    *,
+    job_label: str,
+    max_lookback_s: float,
+    validated: Callable[[str], str] | None = None,
+) -> Runnable:
     """The query the server may run for a job's stored `throughput_query`: a valid template expanded with
-    the job's matchers, or staff's marked free-form PromQL; otherwise None with the reason."""
+    the job's matchers, or staff's marked free-form PromQL; otherwise None with the reason. `validated`:
+    `validate_template` with this lookback, memoised by the caller (a poll cycle parses each distinct
+    template once, not once per job)."""
     if not stored.strip():
         return Runnable(None, "")
     if is_free_form(stored):
         return Runnable(unmarked(stored))
     try:
-        template = validate_template(stored, max_lookback_s=max_lookback_s)
+        if validated is not None:
+            template = validated(stored)
+        else:
+            template = validate_template(stored, max_lookback_s=max_lookback_s)
     except TemplateError as exc:
         return Runnable(
             None,
