@@ -26,13 +26,16 @@ whose start lies on it), the same stats (SAMPLED included), the same missing rul
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.promql import (
     HOST_LABEL_SPELLINGS,
     Matcher,
@@ -206,8 +209,12 @@ def read_cycle(
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
     discovery: Discovery | None = None,
     max_spread_s: float = 900.0,
+    workers: int = 1,
 ) -> CycleResult:
     """Read every target's signals with a fixed number of queries per signal (see the module docstring).
+
+    `workers` > 1: that many range queries in flight at once (`_Fetcher`; a plain PrometheusClient only),
+    so Prometheus evaluates the next query while this process decodes and splits the last one.
 
     `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Targets whose windows
     start more than `max_spread_s` apart are read in separate rounds (a job far behind, after an outage
@@ -228,17 +235,78 @@ def read_cycle(
         found, fallback = plan(bucket, discovery)
         groups += found
         result.fallback += fallback
-    for group in groups:
-        try:
-            result.queries += _read_group(
-                client, group, discovery, result, step, per_gpu_step, scrape_interval_s
-            )
-        except Exception as exc:  # one failed group must not stop the cycle
-            reason = f"{type(exc).__name__}: {exc}"
-            for t, _ in group.members:
-                result.errors[t.key] = reason
-                result.signals.pop(t.key, None)
+    fetcher = _Fetcher(client, workers)
+    try:
+        for group in groups:
+            try:
+                result.queries += _read_group(
+                    fetcher, group, discovery, result, step, per_gpu_step, scrape_interval_s
+                )
+            except Exception as exc:  # one failed group must not stop the cycle
+                reason = f"{type(exc).__name__}: {exc}"
+                for t, _ in group.members:
+                    result.errors[t.key] = reason
+                    result.signals.pop(t.key, None)
+    finally:
+        fetcher.close()
     return result
+
+
+#: Range queries a poll cycle keeps in flight (`read_cycle(workers=)`): Prometheus evaluates one query
+#: per core, and this process is busy decoding and splitting the previous answer meanwhile; two keep
+#: both busy on the 2-core machine measured in issue #14 (more only queue inside Prometheus).
+CYCLE_QUERY_WORKERS = 2
+
+
+class _Fetcher:
+    """Sends a cycle's range queries, `workers` at a time on per-thread copies of the client (a
+    requests.Session is not safe to share between threads; each copy's request count is added to the
+    client's on `close`), or one by one on the client itself: with one worker, or a client that is not
+    a plain PrometheusClient (a test double, a subclass that records or rewrites queries)."""
+
+    def __init__(self, client: CycleClient, workers: int) -> None:
+        self.client = client
+        self.pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+        self._copies: list[PrometheusClient] = []
+        self._lock = threading.Lock()
+        if workers > 1 and type(client) is PrometheusClient:
+            self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll-cycle")
+
+    def submit(self, query: str, start: float, end: float, step: float) -> Future[Sequence[Any]]:
+        """The answer of `client.range(query, start, end, step)`, as a future (already done when serial)."""
+        if self.pool is not None:
+            return self.pool.submit(self._range, query, start, end, step)
+        done: Future[Sequence[Any]] = Future()
+        try:
+            done.set_result(self.client.range(query, start, end, step))
+        except Exception as exc:  # raised where the answer is read, as a pooled query's would be
+            done.set_exception(exc)
+        return done
+
+    def _range(self, query: str, start: float, end: float, step: float) -> Sequence[Any]:
+        mine: PrometheusClient | None = getattr(self._local, "client", None)
+        if mine is None:
+            base = self.client
+            assert isinstance(base, PrometheusClient)
+            mine = PrometheusClient(
+                base.base_url, timeout_s=base.timeout_s, retries=base.retries, backoff_s=base.backoff_s,
+                max_points=base.max_points,
+            )  # fmt: skip
+            self._local.client = mine
+            with self._lock:
+                self._copies.append(mine)
+        return mine.range(query, start, end, step)
+
+    def close(self) -> None:
+        """Wait for queries still in flight, count the copies' requests on the client, close them."""
+        if self.pool is None:
+            return
+        self.pool.shutdown(wait=True)
+        for copy in self._copies:
+            if isinstance(self.client, PrometheusClient):
+                self.client.requests += copy.requests
+            copy.close()
 
 
 def _rounds(targets: Sequence[Target], max_spread_s: float) -> list[list[Target]]:
@@ -254,7 +322,7 @@ def _rounds(targets: Sequence[Target], max_spread_s: float) -> list[list[Target]
 
 
 def _read_group(
-    client: CycleClient,
+    fetcher: _Fetcher,
     group: _Group,
     discovery: Discovery,
     result: CycleResult,
@@ -268,6 +336,9 @@ def _read_group(
     window = max(_rate_window(step, scrape), step)
     grids = {t.key: grid(t.start, t.end, step) for t, _ in group.members}
     out = {t.key: JobSignals(t.start, t.end, step, grids[t.key]) for t, _ in group.members}
+    # Every signal's aggregate query first (in flight together with a pooled fetcher), then the answers
+    # in signal order; each per-GPU query once its signal's answer says which jobs have it.
+    asked: list[tuple[Signal, tuple[str, ...], Future[Sequence[Any]]]] = []
     for sig in SIGNALS.values():
         names = discovery.names(sig)
         if not names:
@@ -281,9 +352,11 @@ def _read_group(
             )  # fmt: skip
         else:
             query = _per_series_query(sig, group.selector, window, step, names)
-        series = client.range(query, g0, g1, step)
+        asked.append((sig, names, fetcher.submit(query, g0, g1, step)))
         queries += 1
-        split = _split(series, group)
+    wide: list[tuple[Signal, list[tuple[Target, tuple[str, ...]]], float, Future[Sequence[Any]]]] = []
+    for sig, names, answer in asked:
+        split = _split(answer.result(), group)
         for t, _ in group.members:
             ts = grids[t.key]
             mine = split.get(t.key, [])
@@ -299,13 +372,24 @@ def _read_group(
                 continue
             out[t.key].signals[sig.key] = SignalSeries(sig.key, sig.unit, ts, stats)
         if per_gpu_step:
-            queries += _read_per_gpu(client, sig, names, group, discovery, out, g1, per_gpu_step, scrape)
+            request = _per_gpu_request(sig, names, group, discovery, out, g1, per_gpu_step, scrape)
+            if request is not None:
+                wanting, lo, query = request
+                wide.append((sig, wanting, lo, fetcher.submit(query, lo, max(g1, lo), per_gpu_step)))
+                queries += 1
+    for sig, wanting, _, answer in wide:
+        split = _split(answer.result(), group)
+        for t, _ in wanting:
+            g0t = lattice_point(t.gpu_start, per_gpu_step or step)
+            gts = grid(g0t, max(t.end, g0t), per_gpu_step or step)
+            series = out[t.key].signals[sig.key]
+            series.gpus, series.per_gpu = per_gpu_matrix(split.get(t.key, []), gts)
+            series.gpu_timestamps = gts
     result.signals.update(out)
     return queries
 
 
-def _read_per_gpu(
-    client: CycleClient,
+def _per_gpu_request(
     sig: Signal,
     names: tuple[str, ...],
     group: _Group,
@@ -314,23 +398,17 @@ def _read_per_gpu(
     g1: float,
     per_gpu_step: float,
     scrape: float,
-) -> int:
+) -> tuple[list[tuple[Target, tuple[str, ...]]], float, str] | None:
+    """The per-GPU query of a signal for the group's jobs that have it: (those jobs, the query's start on
+    the per-GPU lattice, the query); None when no job has the signal."""
     wanting = [(t, v) for t, v in group.members if sig.key in out[t.key].signals]
     if not wanting:
-        return 0
+        return None
     lo = min(lattice_point(t.gpu_start, per_gpu_step) for t, _ in wanting)
-    hi = max(g1, lo)
     gwindow = max(_rate_window(per_gpu_step, scrape), per_gpu_step)
     by = (*group.labels, *discovery.host_labels)
     query = per_gpu_query(sig, group.selector, gwindow, step_s=per_gpu_step, by=by, metrics=names)
-    split = _split(client.range(query, lo, hi, per_gpu_step), group)
-    for t, _ in wanting:
-        g0 = lattice_point(t.gpu_start, per_gpu_step)
-        gts = grid(g0, max(t.end, g0), per_gpu_step)
-        series = out[t.key].signals[sig.key]
-        series.gpus, series.per_gpu = per_gpu_matrix(split.get(t.key, []), gts)
-        series.gpu_timestamps = gts
-    return 1
+    return wanting, lo, query
 
 
 def _split(series: Sequence[Any], group: _Group) -> dict[int, list[Any]]:
