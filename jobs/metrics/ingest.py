@@ -536,7 +536,7 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
     try:
         result = cluster.read_cycle(
             client, grouped, step=POLL_STEP_S, per_gpu_step=POLL_PER_GPU_STEP_S if with_gpu else None,
-            scrape_interval_s=scrape,
+            scrape_interval_s=scrape, workers=cluster.CYCLE_QUERY_WORKERS,
         )  # fmt: skip
     except PrometheusError as exc:  # discovery failed: Prometheus is down for everyone
         for t in grouped:
