@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs.metrics import archive
 from jobs.metrics.archive import Points
-from jobs.models import Job
+from jobs.models import Job, JobSeries
 
 SPAN = 30 * archive.CHUNK_POINTS  # 7,200 s: one 30 s chunk
 T0 = 1_780_000_000 // SPAN * SPAN  # a chunk boundary
@@ -78,3 +78,14 @@ def test_the_archive_table_leaves_room_for_hot_updates():
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = 'jobs_jobseries'")
         (options,) = cursor.fetchone()
     assert "fillfactor=70" in (options or [])
+
+
+@pytest.mark.django_db
+def test_text_columns_with_copys_special_characters_round_trip(make_team):
+    job = _job(make_team)
+    key = "node\\b\tx\ny\r/0"  # backslash, tab, newline, carriage return: escaped in COPY's text format
+    archive.upsert([Points(job.pk, "gpu_util", "gpu", key, 300, np.array([T0 + 300.0]), np.array([0.25]))])
+    row = JobSeries.objects.get(job=job, stat="gpu", step_seconds=300)
+    assert row.gpu_key == key
+    values = archive.decode(bytes(row.values))
+    assert values[np.isfinite(values)].tolist() == [0.25]  # exact in float32 (the chunk's other points: gaps)
