@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jobs.charts.common import BLACK, BLUE, FONT, GREEN, GREY, PURPLE, VERMILLION, escape
-from jobs.downsample import MEAN_HIGH, MEAN_LOW, bucket_mean, downsample_line, envelope_between
+from jobs.downsample import MEAN_HIGH, MEAN_LOW, bucket_mean, downsample_line, envelope, envelope_between
 from jobs.metrics.signals import JobSignals, SignalSeries
 
 DEFAULT_POINTS = 1000  # per trace: about one point per horizontal pixel of a laptop-wide chart
@@ -26,6 +26,14 @@ MAX_POINTS = 2400
 MIN_POINTS = 100
 HEATMAP_COLUMNS = 300
 MAX_SHAPES = 240  # finding windows drawn; closer windows are merged first
+# Points per envelope bucket of the line's budget: a bucket of about 4 line points (4-5 px on a laptop-wide
+# chart) keeps a one-sample spike visible as a band that narrow, and the 15 envelopes (a polygon of 2 points
+# per bucket each) cost the browser as much per point as the lines: at 1 bucket per 2 points they were
+# about a quarter of the time series' first draw in headless Chromium (benchmarks/cold_load.py).
+ENVELOPE_POINTS_PER_BUCKET = 4
+#: Tick labels are not measured to hide those that overflow the plot (plotly's default for date and linear
+#: axes measures every label after drawing it, one forced layout each): they fit inside the margins anyway.
+TICKS_UNMEASURED = {"ticklabeloverflow": "allow"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +319,7 @@ def timeseries_figure(
         "xaxis": {
             "type": "date", "anchor": f"y{n}", "domain": [0, 1], "showspikes": True, "spikemode": "across",
             "spikethickness": 1, "spikecolor": GREY, "spikedash": "solid", "gridcolor": "#e6eaee",
-            "hoverformat": "%Y-%m-%d %H:%M:%S UTC",
+            "hoverformat": "%Y-%m-%d %H:%M:%S UTC", **TICKS_UNMEASURED,
         },
         "shapes": [],
         "annotations": [],
@@ -326,7 +334,7 @@ def timeseries_figure(
         axis: dict[str, Any] = {
             "domain": [round(top - row_h, 4), round(top, 4)], "anchor": "x", "fixedrange": True,
             "title": {"text": row.unit, "standoff": 4}, "gridcolor": "#e6eaee", "zeroline": False,
-            "rangemode": "tozero",
+            "rangemode": "tozero", **TICKS_UNMEASURED,
         }  # fmt: skip
         if row.percent:
             axis["range"] = [0, 105]
@@ -346,11 +354,14 @@ def timeseries_figure(
             assert series is not None and series.mean is not None
             part = _window_slice(series.timestamps, window)
             lx, ly, env = downsample_line(series.timestamps[part], series.mean[part], points)
+            buckets = max(1, points // ENVELOPE_POINTS_PER_BUCKET)
             low, high = series.stats.get(MEAN_LOW), series.stats.get(MEAN_HIGH)
             if low is not None and high is not None:
                 # A pre-downsampled level (the whole-job view of a long job): its means average short dips
                 # away, so the envelope is of each window's lowest and highest polled mean instead.
-                env = envelope_between(series.timestamps[part], low[part], high[part], max(1, points // 2))
+                env = envelope_between(series.timestamps[part], low[part], high[part], buckets)
+            elif env is not None:
+                env = envelope(series.timestamps[part], series.mean[part], buckets)
             common = {"xaxis": "x", "yaxis": f"y{r}", "legendgroup": line.key, "legend": legend}
             if env is not None:
                 data.append({
@@ -523,10 +534,10 @@ def heatmap_figure(
         "layout": {
             "height": height, "margin": {"l": 110, "r": 16, "t": 10, "b": 40}, "font": FONT,
             "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "dragmode": "zoom",
-            "xaxis": {"type": "date", "hoverformat": "%Y-%m-%d %H:%M UTC",
+            "xaxis": {"type": "date", "hoverformat": "%Y-%m-%d %H:%M UTC", **TICKS_UNMEASURED,
                       **({"range": list(x_range)} if x_range else {})},
             "yaxis": {"type": "category", "autorange": "reversed", "fixedrange": True,
-                      "title": {"text": "GPU (host/index)"}},
+                      "title": {"text": "GPU (host/index)"}, **TICKS_UNMEASURED},
         },
     }  # fmt: skip
 

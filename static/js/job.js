@@ -13,7 +13,7 @@
   var dataEl = document.getElementById("job-data");
   if (!dataEl) { return; }
   var page = JSON.parse(dataEl.textContent);
-  var Plotly = window.Plotly;
+  var Plotly = null;  // window.Plotly once plotly.js (loaded async) has run: see whenPlotly
 
   // No cloud: no "Share chart" / "Edit in Chart Studio" buttons and no plotly server to send figures to.
   var CONFIG = {
@@ -45,6 +45,14 @@
     var layout = Object.assign({}, fig.layout, { uirevision: "job", datarevision: Date.now() });
     var data = fig.data;
     var legends = el === ts && layout.showlegend ? legendRows(fig) : null;
+    var scale = colourScaleOf(fig);
+    if (scale) {
+      // Plotly's colour bar is a second axis whose size moves the margins, which makes plotly lay the
+      // heatmap out twice (about a third of its first draw): the same scale is drawn in HTML in a fixed
+      // right margin instead.
+      data = [Object.assign({}, data[0], { showscale: false })].concat(data.slice(1));
+      layout.margin = Object.assign({}, layout.margin, { r: ((layout.margin && layout.margin.r) || 0) + SCALE_WIDTH });
+    }
     if (legends) {
       // Plotly's own legends (one per subplot) took about half of the time series' first draw: the same
       // legends are drawn as HTML over the chart instead, and a click still hides/shows a line and its range.
@@ -55,7 +63,67 @@
     }
     return Plotly.react(el, data, layout, CONFIG).then(function () {
       if (legends) { drawLegends(el, legends); }
+      if (scale) { drawColourScale(el, scale); }
     });
+  }
+
+  // ---- the heatmap's colour scale, drawn in HTML at the right of the plot ---------------------------
+  var SCALE_WIDTH = 62;  // px added to the right margin for it: bar, tick labels, vertical title
+
+  function colourScaleOf(fig) {
+    var t = fig && fig.data && fig.data[0];
+    if (!t || t.type !== "heatmap" || t.showscale === false || !t.colorbar) { return null; }
+    return { title: (t.colorbar.title && t.colorbar.title.text) || "", zmin: t.zmin, zmax: t.zmax };
+  }
+
+  function scaleTicks(zmin, zmax) {
+    var span = zmax - zmin, step = span <= 50 ? 10 : 20, ticks = [];
+    for (var v = Math.ceil(zmin / step) * step; v <= zmax + 1e-9; v += step) { ticks.push(v); }
+    return ticks;
+  }
+
+  function drawColourScale(el, scale) {
+    var box = el.parentNode;
+    var full = el._fullLayout, trace = el._fullData && el._fullData[0];
+    var size = full && full._size;
+    Array.prototype.forEach.call(box.querySelectorAll(".html-scale"), function (old) { box.removeChild(old); });
+    if (!size || !trace || !trace.colorscale || !(scale.zmax > scale.zmin)) { return; }
+    if (window.getComputedStyle(box).position === "static") { box.style.position = "relative"; }
+    var lo = trace.zmin !== undefined ? trace.zmin : scale.zmin, hi = trace.zmax !== undefined ? trace.zmax : scale.zmax;
+    var div = document.createElement("div");
+    div.className = "html-scale";
+    div.setAttribute("role", "img");
+    div.setAttribute("aria-label", "Colour scale of " + scale.title + ": darkest " + lo + ", lightest " + hi);
+    var s = div.style;
+    s.position = "absolute";
+    // Anchored to the plot's right edge, so a resize of the page (plotly redraws responsively) keeps it there.
+    s.right = (box.clientWidth - el.offsetLeft - el.offsetWidth + 4) + "px";
+    s.top = (el.offsetTop + size.t) + "px";
+    s.height = size.h + "px";
+    s.width = (SCALE_WIDTH - 8) + "px";
+    s.fontFamily = (full.font && full.font.family) || "sans-serif";
+    s.fontSize = "11px";
+    s.color = (full.font && full.font.color) || "#1b1f24";
+    s.pointerEvents = "none";
+    var bar = document.createElement("div");
+    bar.style.position = "absolute"; bar.style.left = "0"; bar.style.top = "0"; bar.style.bottom = "0"; bar.style.width = "12px";
+    bar.style.background = "linear-gradient(to top, " + trace.colorscale.map(function (stop) {
+      return stop[1] + " " + (stop[0] * 100).toFixed(1) + "%";
+    }).join(", ") + ")";
+    div.appendChild(bar);
+    scaleTicks(lo, hi).forEach(function (v) {
+      var label = document.createElement("span");
+      label.textContent = String(v);
+      label.style.position = "absolute"; label.style.left = "15px"; label.style.lineHeight = "11px";
+      label.style.bottom = ((v - lo) / (hi - lo) * size.h - 5.5) + "px";
+      div.appendChild(label);
+    });
+    var title = document.createElement("span");
+    title.textContent = scale.title;
+    title.style.position = "absolute"; title.style.right = "0"; title.style.top = "50%";
+    title.style.writingMode = "vertical-rl"; title.style.transform = "translateY(-50%)"; title.style.whiteSpace = "nowrap";
+    div.appendChild(title);
+    box.appendChild(div);
   }
 
   // ---- HTML legends of the time series: one per subplot, where plotly would put its own --------------
@@ -561,9 +629,23 @@
     }, 5000);
   }
 
+  // plotly.js is loaded async (job_detail.html): it may have run before this script or may still be on its
+  // way; `fn` runs once it has run, or once it failed to load.
+  function whenPlotly(fn) {
+    var tag = document.getElementById("plotly-js");
+    if (window.Plotly || !tag) { fn(); return; }
+    tag.addEventListener("load", fn);
+    tag.addEventListener("error", fn);
+  }
+
   function start() {
     initFindingButtons();
     watchArtifacts();
+    whenPlotly(startCharts);
+  }
+
+  function startCharts() {
+    Plotly = window.Plotly || null;
     if (!Plotly) { say("The chart library did not load."); return; }
     initRangeTools();
     initKeyboard();
