@@ -27,10 +27,9 @@ from jobs.alerts import policy, rules
 from jobs.alerts.rules import FindingView, JobView, RuleConfig, Series, State, Verdict
 from jobs.diagnosis.thresholds import BUSY_UTIL_MIN, IDLE_UTIL_MAX, THROTTLE_REASON_SHARE
 from jobs.enqueue import enqueue
-from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.robust import Summary, check_regression
 from jobs.metrics import archive
-from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, Finding, Job
+from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, Baseline, Finding, Job
 from jobs.permissions import can_read_team
 
 log = logging.getLogger(__name__)
@@ -105,8 +104,16 @@ def _idle_gpus_now(job: Job, end: float, archived: archive.Snapshot | None = Non
 
 
 def _baseline_mfu_low(job: Job) -> float | None:
-    baseline = active_baseline(job)
-    stats = (baseline.stats or {}).get("mfu") if baseline is not None else None
+    if not job.config_fingerprint:
+        return None
+    # Only the active baseline's stats: active_baseline's filter and order (jobs.evaluation.baselines)
+    # without its runs or a model row, one query after every poll.
+    active = (
+        Baseline.objects.filter(fingerprint=job.config_fingerprint, retired_at__isnull=True)
+        .values_list("stats", flat=True)
+        .first()
+    )
+    stats = (active or {}).get("mfu") if active is not None else None
     if not isinstance(stats, dict) or stats.get("median") is None or not stats.get("n"):
         return None
     summary = Summary(
@@ -122,19 +129,23 @@ def _baseline_mfu_low(job: Job) -> float | None:
 
 def _findings(job: Job) -> list[FindingView]:
     out = []
-    for f in Finding.objects.filter(job=job):
+    # The columns the rules read, not model rows (this runs after every poll of every job).
+    found = Finding.objects.filter(job=job).values_list(
+        "code", "title", "waste_per_day_usd", "confidence", "first_seen_at", "windows"
+    )
+    for code, title, waste, confidence, first_seen_at, raw_windows in found:
         windows = tuple(
             (float(w[0]), float(w[1]))
-            for w in (f.windows or [])
+            for w in (raw_windows or [])
             if isinstance(w, list | tuple) and len(w) == 2
         )
         out.append(
             FindingView(
-                code=f.code,
-                title=f.title,
-                waste_per_day_usd=f.waste_per_day_usd,
-                confidence=f.confidence,
-                first_seen=f.first_seen_at.timestamp(),
+                code=code,
+                title=title,
+                waste_per_day_usd=waste,
+                confidence=confidence,
+                first_seen=first_seen_at.timestamp(),
                 windows=windows,
             )
         )
