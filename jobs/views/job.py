@@ -19,6 +19,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, strip_tags
@@ -596,7 +597,17 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
         "grafana_url": grafana_link(job),
     }
-    return render(request, "jobs/job_detail.html", context)
+    response = render(request, "jobs/job_detail.html", context)
+    # The browser starts fetching the page's scripts when the response's headers arrive, before its renderer
+    # has parsed the <head> (on a busy 2-core machine that was 100-150 ms later: benchmarks/cold_load.py).
+    response["Link"] = preload_links(["vendor/plotly.min.js", "js/job.js"])
+    return response
+
+
+def preload_links(scripts: Sequence[str]) -> str:
+    """A `Link` header value preloading these static scripts (their hashed URLs, as the page's tags name
+    them, so the preloaded responses are the ones the tags use)."""
+    return ", ".join(f"<{static(path)}>; rel=preload; as=script" for path in scripts)
 
 
 GRAFANA_DASHBOARD_PATH = "/d/efficiency/efficiency"  # uid of efficiency/deploy/grafana-dashboard.json

@@ -1,0 +1,44 @@
+"""How the job page asks the browser for its scripts on a first visit (issue 15, the cold load)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.templatetags.static import static
+from django.utils import timezone
+
+from jobs.models import Job
+
+
+@pytest.fixture
+def job_page(client, make_team, make_user):
+    team = make_team("llm")
+    client.force_login(make_user("alice", teams=[team]))
+    Job.objects.create(
+        external_id="77001", team=team, gpu_count=2, started_at=timezone.now() - timedelta(hours=1),
+        gpus=[{"hostname": "node-a", "gpu": str(i)} for i in range(2)],
+    )  # fmt: skip
+    return client.get("/jobs/77001/")
+
+
+@pytest.mark.django_db
+def test_the_response_headers_preload_the_scripts_the_page_tags_name(job_page):
+    assert job_page.status_code == 200
+    plotly, script = static("vendor/plotly.min.js"), static("js/job.js")
+    assert job_page["Link"] == f"<{plotly}>; rel=preload; as=script, <{script}>; rel=preload; as=script"
+    html = job_page.content.decode()
+    # The same URLs as the tags (a preload of another URL would be fetched twice).
+    assert f'src="{plotly}"' in html and f'src="{script}"' in html
+
+
+@pytest.mark.django_db
+def test_plotly_runs_as_soon_as_it_arrives_and_the_page_script_after_parsing(job_page):
+    html = job_page.content.decode()
+    tags = {m.group(1): m.group(0) for m in re.finditer(r'<script src="[^"]*/(plotly|job)[^"]*"[^>]*>', html)}
+    # async: evaluated while the rest of the page (mostly the figures' JSON) is still arriving; job.js waits
+    # for it by the tag's id (static/js/job.js whenPlotly).
+    assert " async" in tags["plotly"] and " defer" not in tags["plotly"]
+    assert 'id="plotly-js"' in tags["plotly"]
+    assert " defer" in tags["job"]
