@@ -12,7 +12,8 @@ import pytest
 
 from jobs.metrics import cluster, ingest
 from jobs.metrics.prometheus import PrometheusClient, Selector
-from jobs.metrics.signals import SIGNALS, fetch_job_signals
+from jobs.metrics.signal_queries import fetch_job_signals
+from jobs.metrics.signals import SIGNALS
 from jobs.models import Job, JobSeries
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics

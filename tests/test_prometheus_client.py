@@ -29,13 +29,8 @@ from jobs.metrics.prometheus import (
     plan_chunks,
     to_unix,
 )
-from jobs.metrics.signals import (
-    DEFAULT_DISABLED,
-    SIGNALS,
-    aggregate_query,
-    fetch_job_signals,
-    window_total_query,
-)
+from jobs.metrics.signal_queries import aggregate_query, fetch_job_signals, window_total_query
+from jobs.metrics.signals import DEFAULT_DISABLED, SIGNALS
 from jobs.simulate import SimResult, SimSpec, backfill, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, free_port, prometheus_binary
 

@@ -13,7 +13,8 @@ import pytest
 
 from jobs.metrics.prometheus import PrometheusClient, Selector
 from jobs.metrics.sampling import GAP_FACTOR, coverage_note, time_weighted_mean
-from jobs.metrics.signals import COUNT, MAX, MEAN, SAMPLED, SIGNALS, fetch_job_signals, grid
+from jobs.metrics.signal_queries import fetch_job_signals
+from jobs.metrics.signals import COUNT, MAX, MEAN, SAMPLED, SIGNALS, grid
 from jobs.simulate import DEFAULT_START, backfill
 from tests.prom_server import PrometheusProcess, prometheus_binary
 

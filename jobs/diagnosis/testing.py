@@ -1,11 +1,12 @@
 """Turn simulator output into what ingestion would give the diagnosis, without Prometheus (pure numpy).
 
-`signals_from_sim` reproduces what `jobs.metrics.signals.fetch_job_signals` returns when the simulated job was
-backfilled into Prometheus and read back: raw exporter values scaled to the registry's units, counters
-turned into rate(x[5m]), Prometheus's 5-minute lookback (a lost scrape reads as the previous value, longer
-holes as no data), cross-GPU mean/min/max/count, throttle-reason shares, XID max/non-zero count and the
-per-GPU matrices. `input_from_sim` adds the KPIs (MFU from the simulated throughput, cost and waste from a
-price) as `DiagnosisInput`. Used by the unit tests and for quick experiments.
+`signals_from_sim` reproduces what `jobs.metrics.signal_queries.fetch_job_signals` returns when the
+simulated job was backfilled into Prometheus and read back: raw exporter values scaled to the registry's
+units, counters turned into rate(x[5m]), Prometheus's 5-minute lookback (a lost scrape reads as the
+previous value, longer holes as no data), cross-GPU mean/min/max/count, throttle-reason shares, XID
+max/non-zero count and the per-GPU matrices. `input_from_sim` adds the KPIs (MFU from the simulated
+throughput, cost and waste from a price) as `DiagnosisInput`. Used by the unit tests and for quick
+experiments.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
+from jobs.metrics.signal_queries import missing_reason
 from jobs.metrics.signals import (
     COUNT,
     MAX,
@@ -28,7 +30,6 @@ from jobs.metrics.signals import (
     JobSignals,
     Reading,
     SignalSeries,
-    missing_reason,
 )
 from jobs.simulate import SimResult
 

@@ -46,9 +46,17 @@ from jobs.metrics.promql import (
 )
 from jobs.metrics.sampling import DEFAULT_SCRAPE_INTERVAL_S, lattice_point, step_window_s
 from jobs.metrics.sampling import rate_window_s as _rate_window
+from jobs.metrics.signal_queries import (
+    DCGM_NAME_REGEX,
+    aggregate_query,
+    base_vector,
+    missing_reason,
+    per_gpu_matrix,
+    per_gpu_query,
+    stats_from_series,
+)
 from jobs.metrics.signals import (
     COUNT,
-    DCGM_NAME_REGEX,
     MAX,
     MEAN,
     MIN,
@@ -60,13 +68,7 @@ from jobs.metrics.signals import (
     JobSignals,
     Signal,
     SignalSeries,
-    aggregate_query,
-    base_vector,
     grid,
-    missing_reason,
-    per_gpu_matrix,
-    per_gpu_query,
-    stats_from_series,
 )
 
 _VALUE, _SAMPLES = "value", "samples"  # stat tags of the per-GPU aggregate read (explicit GPU lists)

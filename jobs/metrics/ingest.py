@@ -37,7 +37,8 @@ from jobs.metrics import archive, cluster
 from jobs.metrics.discovery import discover
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import GpuRef, Selector
-from jobs.metrics.signals import SIGNALS, JobSignals, fetch_job_signals, window_total_query
+from jobs.metrics.signal_queries import fetch_job_signals, window_total_query
+from jobs.metrics.signals import SIGNALS, JobSignals
 from jobs.models import Job, JobSeries
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def _record_missing(job: Job, sigs: JobSignals) -> None:
     job.missing_signals = sorted(sigs.missing)
     if sigs.missing and not sigs.signals:
         # Not 30 fields switched off: the selector finds no GPU. Say so once, with the query that found none.
-        from jobs.metrics.signals import DCGM_NAME_REGEX
+        from jobs.metrics.signal_queries import DCGM_NAME_REGEX
 
         queries = " or ".join(job_selector(job).series_selectors(DCGM_NAME_REGEX))
         reason = f"{NO_GPUS_MATCHED}: no DCGM series for {queries} in the window"

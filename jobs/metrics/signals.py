@@ -1,38 +1,27 @@
-"""Registry of the DCGM fields the product reads, the PromQL that reads them, and the per-job result.
+"""Registry of the DCGM fields the product reads, the readiness panel's view of it, and the per-job result
+(`JobSignals`: aggregate series per signal, optional per-GPU rows). The PromQL that reads these fields and
+one job's read (`fetch_job_signals`) are in jobs.metrics.signal_queries.
 
-Pure: no Django and no HTTP. `fetch_job_signals` takes any client with `range()` and `label_values()`
-(`jobs.metrics.prometheus.PrometheusClient`).
+Pure: no Django and no HTTP.
 
-Every signal is aggregated across the job's GPUs on the server (one query per signal returns mean, min,
-max and count series, told apart by a `stat` label), so the number of queries grows with the number of
-signals, never with the number of GPUs. A second, optional query per signal returns one series per GPU
-(`by (Hostname, hostname, exported_*, gpu)`) at a coarse step for the heatmap.
-
-Values are normalised in PromQL to the registry's `unit` (ratios 0-1 for utilisations; GPU_UTIL and
-MEM_COPY_UTIL arrive in percent, and so does DCGM 4.6's `DCGM_FI_DEV_GPU_UTIL_RATIO` despite its name:
-DCGM still stores NVML's integer percent; NVLINK_BANDWIDTH_TOTAL, field 449, arrives as an instantaneous
-MB/s rate although the exporter declares it `counter`, and is read as a gauge into B/s). Missing signals
-are reported with a reason, never as zeros.
+Values are normalised to the registry's `unit` (ratios 0-1 for utilisations; GPU_UTIL and MEM_COPY_UTIL
+arrive in percent, and so does DCGM 4.6's `DCGM_FI_DEV_GPU_UTIL_RATIO` despite its name: DCGM still stores
+NVML's integer percent; NVLINK_BANDWIDTH_TOTAL, field 449, arrives as an instantaneous MB/s rate although
+the exporter declares it `counter`, and is read as a gauge into B/s). Missing signals are reported with a
+reason, never as zeros.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from jobs.metrics.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key
 from jobs.metrics.sampling import (
-    DEFAULT_SCRAPE_INTERVAL_S,
     coverage_from_stats,
-    lattice_point,
-    step_window_s,
-)
-from jobs.metrics.sampling import (
-    rate_window_s as _rate_window,  # the parameter of fetch_job_signals has its name
 )
 
 MEAN, MIN, MAX, COUNT = "mean", "min", "max", "count"
@@ -259,159 +248,6 @@ def signal_for_metric(metric: str) -> Signal | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# PromQL
-
-
-def _over_time(signal: Signal) -> str:
-    """How a gauge-like field's samples inside one step become that step's value."""
-    if signal.reading is Reading.CODE:
-        return "max_over_time"  # any non-zero code in the step matters; an average of codes means nothing
-    if signal.reading is Reading.BITMASK:
-        # Neither an average nor a max of bitmasks is a bitmask: keep the state at the end of the step.
-        return "last_over_time"
-    return "avg_over_time"
-
-
-def base_vector(
-    signal: Signal,
-    selector: Selector,
-    rate_window_s: float = DEFAULT_RATE_WINDOW_S,
-    *,
-    step_s: float = DEFAULT_STEP_S,
-    metrics: Sequence[str] | None = None,
-) -> str:
-    """Per-GPU instant vector of `signal` in its normalised unit, one value per step of `step_s`.
-
-    Evaluated at grid time t, a gauge reads `avg_over_time(x[step - 1ms])`: the mean of the samples in
-    (t - step, t] (see `jobs.metrics.sampling.step_window_s` for the millisecond), so a step coarser than the
-    scrape interval averages every sample instead of keeping the last, and a step without any sample
-    returns nothing (NaN on the grid) instead of the 5-minute lookback's stale value. Counters are turned
-    into rates over `rate_window_s` (callers pass `jobs.metrics.sampling.rate_window_s`). `metrics` narrows
-    the names to those known to exist (the poll cycle's discovery); default all of `signal.metrics`.
-    """
-    names = _names(signal, metrics)
-    if signal.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER):
-        expr = selector.select_range(names, "rate", rate_window_s)
-    else:
-        expr = selector.select_range(names, _over_time(signal), step_window_s(step_s))
-    return f"({expr})" if signal.scale == 1.0 else f"({expr}) * {signal.scale!r}"
-
-
-def _names(signal: Signal, metrics: Sequence[str] | None) -> tuple[str, ...]:
-    if metrics is None:
-        return signal.metrics
-    names = tuple(m for m in signal.metrics if m in set(metrics))
-    if not names:
-        raise ValueError(f"{signal.key}: none of {signal.metrics} among the given metric names")
-    return names
-
-
-def _by(labels: Sequence[str]) -> str:
-    return f" by ({', '.join(labels)})" if labels else ""
-
-
-def _tag(expr: str, stat: str) -> str:
-    # label_replace with an empty source label and regex always matches: it just adds stat="...".
-    return f'label_replace({expr}, "{STAT_LABEL}", "{stat}", "", "")'
-
-
-def sampled_vector(
-    signal: Signal,
-    selector: Selector,
-    *,
-    step_s: float = DEFAULT_STEP_S,
-    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
-    by: Sequence[str] = (),
-    metrics: Sequence[str] | None = None,
-) -> str:
-    """How many GPUs' worth of each step the raw samples cover: samples of all GPUs in (t - step, t]
-    times scrape interval / step (4 GPUs scraped without a miss read 4.0; see `coverage_from_stats`);
-    `by` keeps one such series per value of those labels (one per job in the poll cycle)."""
-    counted = selector.select_range(_names(signal, metrics), "count_over_time", step_window_s(step_s))
-    return f"sum{_by(by)}({counted}) * {scrape_interval_s / step_s!r}"
-
-
-def aggregate_query(
-    signal: Signal,
-    selector: Selector,
-    rate_window_s: float = DEFAULT_RATE_WINDOW_S,
-    *,
-    step_s: float = DEFAULT_STEP_S,
-    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
-    by: Sequence[str] = (),
-    metrics: Sequence[str] | None = None,
-) -> str:
-    """One query whose series (labelled `stat`) are the cross-GPU aggregates in `signal.stats`, plus
-    SAMPLED (the coverage of each step), all on the grid of `step_s`.
-
-    Cross-GPU min and max are taken over each GPU's mean of the step, so they still compare GPUs (the
-    least busy one) rather than mixing in every sample's jitter. `by` (the poll cycle: the job label)
-    aggregates per value of those labels instead of over everything selected; NONZERO then has no
-    `or vector(0)` (a labelless 0 belongs to no job): the caller writes 0 where it is missing.
-    """
-    base = base_vector(signal, selector, rate_window_s, step_s=step_s, metrics=metrics)
-    grouped = _by(by)
-    parts: list[str] = []
-    for stat in signal.stats:
-        if stat == MEAN:
-            parts.append(_tag(f"avg{grouped}({base})", MEAN))
-        elif stat in (MIN, MAX, COUNT):
-            parts.append(_tag(f"{stat}{grouped}({base})", stat))
-        elif stat == NONZERO and by:
-            parts.append(_tag(f"count{grouped}({base} != 0)", NONZERO))
-        elif stat == NONZERO:
-            # `count(x != 0)` is empty, not 0, when no GPU has an error: `or vector(0)` keeps a line.
-            parts.append(_tag(f"(count({base} != 0) or vector(0))", NONZERO))
-        else:  # a throttle reason: share of reporting GPUs with that bit set
-            bit = THROTTLE_BITS[stat]
-            parts.append(_tag(f"avg{grouped}(floor({base} / {bit}) % 2)", stat))
-    sampled = sampled_vector(
-        signal, selector, step_s=step_s, scrape_interval_s=scrape_interval_s, by=by, metrics=metrics
-    )
-    parts.append(_tag(sampled, SAMPLED))
-    return " or ".join(parts)
-
-
-def per_gpu_query(
-    signal: Signal,
-    selector: Selector,
-    rate_window_s: float = DEFAULT_RATE_WINDOW_S,
-    *,
-    step_s: float = DEFAULT_STEP_S,
-    by: Sequence[str] = HOST_LABEL_SPELLINGS,
-    metrics: Sequence[str] | None = None,
-) -> str:
-    """One series per GPU, keyed by every host-label spelling and `gpu`, one value per `step_s`.
-
-    `avg by` also merges copies of one GPU's series (an `hpc_job` label emits one per job); codes and
-    bitmasks use `max` because an average of codes means nothing. `by` replaces the host spellings
-    (the poll cycle passes the job label and the spellings that exist); `gpu` is always added.
-    """
-    base = base_vector(signal, selector, rate_window_s, step_s=step_s, metrics=metrics)
-    agg = "max" if signal.reading in (Reading.CODE, Reading.BITMASK) else "avg"
-    return f"{agg} by ({', '.join((*by, 'gpu'))}) ({base})"
-
-
-def window_total_query(signal: Signal, selector: Selector, window_s: float) -> str:
-    """Instant query (evaluate at the job's end) for a counter's total over the job across its GPUs:
-    energy in J for TOTAL_ENERGY_CONSUMPTION, GPU-seconds throttled for the *_VIOLATION counters."""
-    if signal.reading not in (Reading.ENERGY, Reading.RATE, Reading.COUNTER):
-        raise ValueError(f"{signal.key} is not a counter")
-    expr = selector.select_range(signal.metrics, "increase", window_s)
-    return f"sum({expr}) * {signal.scale!r}"
-
-
-def xid_codes_query(selector: Selector, window_s: float) -> str:
-    """Instant query (at the job's end): per GPU, the highest XID code seen in the window (0 = none)."""
-    sig = SIGNALS["xid_errors"]
-    expr = selector.select_range(sig.metrics, "max_over_time", window_s)
-    return f"max by ({', '.join((*HOST_LABEL_SPELLINGS, 'gpu'))}) ({expr})"
-
-
-DCGM_NAME_REGEX = "DCGM_FI_.+"
-
-
-# --------------------------------------------------------------------------------------------------
 # Readiness
 
 
@@ -539,155 +375,6 @@ def grid(start: float, end: float, step: float) -> np.ndarray:
 def heatmap_step(start: float, end: float, columns: int = 240, min_step_s: float = 30.0) -> float:
     """A whole-second step giving at most `columns` heatmap columns (never finer than the scrape)."""
     return float(max(min_step_s, np.ceil((end - start) / max(1, columns - 1))))
-
-
-def stats_from_series(series: Sequence[Any], timestamps: np.ndarray) -> dict[str, np.ndarray]:
-    """Aggregate-query series (objects with `labels` and `on_grid`) -> {stat: values on the grid}."""
-    out: dict[str, np.ndarray] = {}
-    for s in series:
-        stat = s.labels.get(STAT_LABEL)
-        if stat:
-            out[stat] = s.on_grid(timestamps)
-    return out
-
-
-def per_gpu_matrix(series: Sequence[Any], timestamps: np.ndarray) -> tuple[tuple[GpuKey, ...], np.ndarray]:
-    """Per-GPU series -> (sorted GPU keys, matrix gpus x time with NaN where a GPU has no sample)."""
-    rows: dict[GpuKey, np.ndarray] = {}
-    for s in series:
-        key = GpuKey(*gpu_key(s.labels))
-        row = s.on_grid(timestamps)
-        if key in rows:  # same GPU under two host spellings: keep what either has
-            row = np.where(np.isnan(rows[key]), row, rows[key])
-        rows[key] = row
-    keys = tuple(sorted(rows, key=lambda k: (k.hostname, int(k.gpu) if k.gpu.isdigit() else -1, k.gpu)))
-    matrix = np.vstack([rows[k] for k in keys]) if keys else np.empty((0, len(timestamps)))
-    return keys, matrix
-
-
-class RangeClient(Protocol):
-    """What `fetch_job_signals` needs from a client (PrometheusClient satisfies it)."""
-
-    def range(self, query: str, start: Any, end: Any, step: float | None = None) -> Sequence[Any]: ...
-
-    def label_values(
-        self, label: str, match: Sequence[str] = (), start: Any = None, end: Any = None
-    ) -> list[str]: ...
-
-
-def bounded_range(
-    client: RangeClient, query: str, start: float, end: float, step: float, max_points: int
-) -> list[Any]:
-    """`client.range` in parts of at most `max_points` grid points (the same grid: start + k*step), the
-    parts' series joined by label set: a large job's window read in queries that each stay well inside
-    Prometheus' point limit and the client's timeout."""
-    n_last = int(np.floor((end - start) / step + 1e-9))
-    parts: dict[tuple[tuple[str, str], ...], list[Any]] = {}
-    first = 0
-    while first <= n_last:
-        last = min(n_last, first + max_points - 1)
-        for s in client.range(query, start + first * step, start + last * step, step):
-            parts.setdefault(tuple(sorted(s.labels.items())), []).append(s)
-        first = last + 1
-    out: list[Any] = []
-    for chunks in parts.values():
-        if len(chunks) == 1:
-            out.append(chunks[0])
-        else:
-            out.append(
-                type(chunks[0])(
-                    chunks[0].labels,
-                    np.concatenate([c.timestamps for c in chunks]),
-                    np.concatenate([c.values for c in chunks]),
-                )
-            )
-    return out
-
-
-def missing_reason(signal: Signal, found_metric: bool) -> str:
-    """Human reason for a missing signal (shown next to the empty chart and in readiness)."""
-    if found_metric:
-        return "the metric exists but has no samples for this job's GPUs in the window"
-    if not signal.default_enabled:
-        return f"not collected: off in dcgm-exporter's default counters ({signal.enable_line})"
-    return "not collected although in the default counters: is the exporter scraped on these nodes?"
-
-
-def fetch_job_signals(
-    client: RangeClient,
-    selector: Selector,
-    start: float,
-    end: float,
-    step: float,
-    *,
-    keys: Iterable[str] | None = None,
-    per_gpu_step: float | None = None,
-    rate_window_s: float | None = None,
-    aggregates: bool = True,
-    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
-    max_samples: float | None = None,
-    gpus_hint: int = 1,
-) -> JobSignals:
-    """Read a job's signals: 1 presence query, then 1 aggregate (+1 per-GPU) range query per signal.
-
-    Every grid point t stands for the window (t - step, t] of its grid (`base_vector`): the aggregate
-    grid is start, start + step, ... as requested (ingestion passes a start aligned to the step); the
-    per-GPU grid always lies on multiples of `per_gpu_step` on the Unix clock, from the first one at or
-    after `start`, which is where `jobs.metrics.archive` puts it back, so per-GPU rows never shift or
-    collide on reload. `per_gpu_step` None skips the per-GPU matrices; `aggregates=False` reads only those
-    (signals then carry empty stats). Counters use `rate_window_s`, by default
-    `jobs.metrics.sampling.rate_window_s`, and never a window shorter than the grid's step.
-    `scrape_interval_s` scales the SAMPLED coverage stat. Queries name only the metric spellings the
-    presence look-up found (`X` or `X_RATIO`, not both OR-ed: that costs Prometheus 2.6-3x). `max_samples`
-    bounds the raw samples one range query may read (finalize of a large job): the range is split on the
-    same grid into parts of at most that many samples across the job's GPUs, so no single query can run
-    into the client's timeout (`gpus_hint`: the job's GPUs, for a per-GPU-only read).
-    """
-    if not scrape_interval_s > 0:
-        raise ValueError(f"scrape interval must be positive, got {scrape_interval_s}")
-    window = max(rate_window_s or _rate_window(step, scrape_interval_s), step)
-    duration(window)  # validates
-    wanted = [SIGNALS[k] for k in (keys if keys is not None else SIGNALS)]
-    present = set(client.label_values("__name__", selector.series_selectors(DCGM_NAME_REGEX), start, end))
-    ts = grid(start, end, step)
-    result = JobSignals(start, end, step, ts)
-
-    def read(query: str, t0: float, t1: float, step_s: float, gpus: float) -> Sequence[Any]:
-        if max_samples is None:
-            return client.range(query, t0, t1, step_s)
-        # Samples per grid point across the GPUs: each GPU has step / scrape samples in each window.
-        per_point = max(1.0, gpus) * max(1.0, step_s / scrape_interval_s)
-        return bounded_range(client, query, t0, t1, step_s, max(2, int(max_samples // per_point)))
-
-    gpus = float(max(1, gpus_hint))  # raised to the GPUs counted by the aggregates, as they are read
-    for sig in wanted:
-        found = any(m in present for m in sig.metrics)
-        if not found:
-            result.missing[sig.key] = missing_reason(sig, False)
-            continue
-        metrics = [m for m in sig.metrics if m in present]
-        stats: dict[str, np.ndarray] = {}
-        if aggregates:
-            query = aggregate_query(
-                sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s, metrics=metrics
-            )
-            stats = stats_from_series(read(query, start, end, step, gpus), ts)
-            # `count` is NaN wherever no GPU reported; `or vector(0)` lines do not count as data.
-            if COUNT not in stats or np.isnan(stats[COUNT]).all():
-                result.missing[sig.key] = missing_reason(sig, True)
-                continue
-            gpus = max(gpus, float(np.nanmax(stats[COUNT])))
-        series = SignalSeries(sig.key, sig.unit, ts, stats)
-        if per_gpu_step:
-            g0 = lattice_point(start, per_gpu_step)
-            g1 = max(end, g0)  # a window shorter than one per-GPU step still gets the point closing it
-            gts = grid(g0, g1, per_gpu_step)
-            gwindow = max(rate_window_s or _rate_window(per_gpu_step, scrape_interval_s), per_gpu_step)
-            query = per_gpu_query(sig, selector, gwindow, step_s=per_gpu_step, metrics=metrics)
-            series.gpus, series.per_gpu = per_gpu_matrix(read(query, g0, g1, per_gpu_step, gpus), gts)
-            series.gpu_timestamps = gts
-        result.signals[sig.key] = series
-    return result
 
 
 def describe(keys: Iterable[str] | None = None) -> list[Mapping[str, Any]]:

@@ -18,18 +18,14 @@ import pytest
 
 from jobs.diagnosis.testing import signals_from_sim
 from jobs.metrics.promql import Selector
-from jobs.metrics.signals import (
-    MAX,
-    MEAN,
-    MIN,
-    SIGNALS,
-    Reading,
+from jobs.metrics.signal_queries import (
     aggregate_query,
     base_vector,
     fetch_job_signals,
     per_gpu_query,
     window_total_query,
 )
+from jobs.metrics.signals import MAX, MEAN, MIN, SIGNALS, Reading
 from jobs.simulate import SimSpec, exporter_text, openmetrics_lines, simulate
 
 G, R, E, C, B = Reading.GAUGE, Reading.RATE, Reading.ENERGY, Reading.CODE, Reading.BITMASK

@@ -31,6 +31,7 @@ from jobs.metrics.sampling import (
     step_window_s,
     time_weighted_mean,
 )
+from jobs.metrics.signal_queries import aggregate_query, base_vector, fetch_job_signals, per_gpu_query
 from jobs.metrics.signals import (
     COUNT,
     MAX,
@@ -41,11 +42,7 @@ from jobs.metrics.signals import (
     GpuKey,
     JobSignals,
     SignalSeries,
-    aggregate_query,
-    base_vector,
-    fetch_job_signals,
     grid,
-    per_gpu_query,
 )
 
 JOB = Selector.from_labels({"hpc_job": "1"})

@@ -10,6 +10,16 @@ import pytest
 
 from jobs.metrics.prometheus import Series
 from jobs.metrics.promql import Selector
+from jobs.metrics.signal_queries import (
+    aggregate_query,
+    base_vector,
+    fetch_job_signals,
+    per_gpu_matrix,
+    per_gpu_query,
+    stats_from_series,
+    window_total_query,
+    xid_codes_query,
+)
 from jobs.metrics.signals import (
     COUNT,
     DEFAULT_DISABLED,
@@ -21,19 +31,11 @@ from jobs.metrics.signals import (
     THROTTLE_BITS,
     GpuKey,
     Reading,
-    aggregate_query,
-    base_vector,
     describe,
-    fetch_job_signals,
     grid,
     heatmap_step,
-    per_gpu_matrix,
-    per_gpu_query,
     readiness,
     signal_for_metric,
-    stats_from_series,
-    window_total_query,
-    xid_codes_query,
 )
 
 # Every field named in reference/dcgm.md's "Fields the product reads" table.
