@@ -192,6 +192,8 @@
     if (window.getComputedStyle(box).position === "static") { box.style.position = "relative"; }
     Array.prototype.forEach.call(box.querySelectorAll(".html-legend"), function (old) { box.removeChild(old); });
     var font = (el._fullLayout.font && el._fullLayout.font.family) || "sans-serif";
+    // Read once: reading them after each legend is appended would lay the page out again per legend.
+    var left = el.offsetLeft, top = el.offsetTop;
     rows.forEach(function (row) {
       if (!row.items.length && !(row.spec.title && row.spec.title.text)) { return; }
       var div = document.createElement("div");
@@ -200,8 +202,8 @@
       div.setAttribute("aria-label", "Legend: " + String((row.spec.title && row.spec.title.text) || "").replace(/<[^>]*>/g, ""));
       var s = div.style;
       s.position = "absolute";
-      s.left = (el.offsetLeft + size.l + (row.spec.x || 0) * size.w) + "px";
-      s.top = (el.offsetTop + size.t + (1 - (row.spec.y === undefined ? 1 : row.spec.y)) * size.h) + "px";
+      s.left = (left + size.l + (row.spec.x || 0) * size.w) + "px";
+      s.top = (top + size.t + (1 - (row.spec.y === undefined ? 1 : row.spec.y)) * size.h) + "px";
       s.transform = "translateY(-100%)";
       s.fontFamily = font; s.fontSize = "11px"; s.lineHeight = "16px";
       s.padding = "1px 4px"; s.background = row.spec.bgcolor || "rgba(255,255,255,0.85)";
