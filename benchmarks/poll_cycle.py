@@ -16,7 +16,9 @@ throughput query, and runs `--cycles` one-minute cycles from T0 + `--history-min
 Per cycle it prints wall time, CPU split (this process = Python + the Postgres client; the Prometheus
 process; the Postgres backend of this connection, when /proc shows it), Prometheus requests (DCGM signal
 queries and look-ups / per-job throughput queries / per-job energy queries) and archive rows written.
-Steady state is the second and later cycles; cycle 1 and every fifth one also read the per-GPU rows.
+Steady state is the second and later cycles. Cycle 1 reads every job's per-GPU rows (each job's first poll);
+after it each cycle reads those of the fifth of the jobs whose minute it is (`ingest.per_gpu_due`): the
+per-GPU column is how many jobs' rows the cycle read.
 The jobs' last diagnoses are spread over the 10 minutes before cycle 1, so a tenth of them are re-diagnosed
 in each cycle as in steady state (`--no-stagger-diagnosis`: all of them in cycle 1, as after a cold start).
 """
@@ -213,7 +215,7 @@ def main() -> None:
                     report = ingest.poll_cycle(client, now=now)
                     per_gpu, stale = report["per_gpu"], report["stale"]
                 else:
-                    per_gpu, stale = True, 0
+                    per_gpu, stale = n_jobs, 0
                     for job in ingest.running_jobs():
                         stale += bool(ingest.poll_job(job, client, now=now).ingest_error)
                 wall = time.perf_counter() - w0
@@ -228,7 +230,7 @@ def main() -> None:
                 pg_cpu = f"{g1 - g0:.1f}" if g0 is not None and g1 is not None else "?"
                 k = counter.by_kind
                 total = sum(k.values())
-                print(f"{c + 1:5d}  {'yes' if per_gpu else 'no':7s}  {wall:6.1f}  {cpu:12.1f}  "
+                print(f"{c + 1:5d}  {int(per_gpu):7d}  {wall:6.1f}  {cpu:12.1f}  "
                       f"{prom_cpu:>16s}  {pg_cpu:>14s}  {total:6d} "
                       f"({k['signals']}/{k['mig']}/{k['throughput']}/{k['energy']}){'':10s}"
                       f"  {rows['rows']:5d}  {stale}",

@@ -1,6 +1,7 @@
-"""The poll cycle's energy reads (issue #14): energy over a job's whole window is one instant query per job,
-so the cycle spreads them: a job's first poll reads it, then each job once per POLL_PER_GPU_STEP_S in the
-minute its id picks (a fifth of the jobs per cycle), instead of every job on each per-GPU cycle."""
+"""The poll cycle's per-job work at the 5-minute cadence, spread over the cycles (issue #14): energy over a
+job's whole window (one instant query per job) and the per-GPU rows (the heatmap's). A job's first poll
+reads both; then each job once per POLL_PER_GPU_STEP_S in the minute its id picks (a fifth of the jobs per
+cycle), instead of every job in one cycle out of five."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.metrics import ingest
+from jobs.metrics import cluster, ingest
 from jobs.models import Job
 from tests.prom_server import prometheus_binary
 from tests.test_cycle_throughput import START, Recording, _register, local_cache, prom, sims  # noqa: F401
@@ -92,3 +93,57 @@ def test_a_cycle_sends_only_the_due_jobs_energy_queries_and_keeps_the_others_val
             elif key in labelled:  # read again: the counter only grows
                 assert value is not None and value >= last[key], (m, key)
             last[key] = value
+
+
+@pytest.mark.prometheus
+@pytest.mark.django_db
+def test_a_cycle_reads_per_gpu_rows_only_for_the_jobs_whose_turn_it_is(
+    prom,  # noqa: F811
+    sims,  # noqa: F811
+    make_team,
+    settings,
+    local_cache,  # noqa: F811
+    monkeypatch,
+):
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed")
+    settings.PROMETHEUS_SCRAPE_INTERVAL_S = 30.0
+    settings.PROMETHEUS_INGESTION_LAG_S = 60.0
+    jobs = _register(sims, make_team("llm"))
+    by_pk = {j.pk: j for j in jobs.values()}
+    asked: list[tuple[set[int], str]] = []
+    request = cluster._per_gpu_request
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        found = request(*args, **kwargs)
+        if found is not None:
+            asked.append(({t.key for t, _ in found[0]}, found[2]))
+        return found
+
+    monkeypatch.setattr(cluster, "_per_gpu_request", spy)
+    client = Instants(prom.url)
+    ingest.poll_cycle(client, now=START + timedelta(minutes=40))
+    assert set().union(*(keys for keys, _ in asked)) == set(by_pk)  # first polls: every job
+    reads = dict.fromkeys(by_pk, 0)
+    for m in range(41, 41 + SLOTS):
+        asked.clear()
+        ingest.poll_cycle(client, now=START + timedelta(minutes=m))
+        due = {pk for pk in by_pk if (m + int(START.timestamp()) // 60) % SLOTS == pk % SLOTS}
+        read = set().union(*(keys for keys, _ in asked)) if asked else set()
+        assert read == due, m
+        for pk in read:
+            reads[pk] += 1
+        for keys, query in asked:  # each query selects only the due jobs of its group
+            for pk, job in by_pk.items():
+                if job.selector:
+                    value = job.selector["hpc_job"]
+                    escaped = value.replace(".", "\\\\.")  # how a regex alternative spells it in PromQL
+                    named = f'"{value}"' in query or escaped in query
+                    assert named == (pk in keys), (m, pk, query)
+    assert set(reads.values()) == {1}
+    for job in jobs.values():  # the heatmap's rows are there for every job
+        job.refresh_from_db()
+        from jobs.metrics import archive
+
+        per_gpu = archive.load_per_gpu(job, "gpu_util")
+        assert per_gpu is not None and per_gpu.per_gpu is not None and per_gpu.per_gpu.shape[0] == 2

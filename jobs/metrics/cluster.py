@@ -15,7 +15,8 @@ signal, each OR-ing every label spelling and metric name), so 1,000 GPUs took 75
   `namespace` + `pod`) are one group per label-name set, aggregated on the server `avg/min/max/count by
   (<job labels>)`; jobs with explicit GPU lists are one group read per GPU (`Hostname`, `gpu`) and
   aggregated here (a GPU carries no job label to group by);
-- on per-GPU cycles (every POLL_PER_GPU_STEP_S), one per-GPU query per present signal and group.
+- for the jobs whose per-GPU turn it is (each job every POLL_PER_GPU_STEP_S, a fifth of them per cycle),
+  one per-GPU query per present signal and group.
 
 So requests per cycle grow with the number of signals, not of jobs. Selectors that cannot be grouped
 (regex values, a label stored under two spellings at once, nothing to match) are returned as `fallback`
@@ -116,7 +117,9 @@ class Target:
     """One running job as the cycle sees it: how it is selected and which window it needs.
 
     `start`/`end`: the aggregate grid (start on the step's grid); `gpu_start`: where its per-GPU rows are
-    read from. Exactly one of `labels` (a label selector, as stored) and `gpus` ((host, gpu) pairs).
+    read from; `per_gpu`: whether this cycle reads them (a cycle reads them for the jobs whose turn it
+    is, jobs.metrics.ingest.per_gpu_due). Exactly one of `labels` (a label selector, as stored) and `gpus`
+    ((host, gpu) pairs).
     """
 
     key: int
@@ -125,6 +128,7 @@ class Target:
     gpu_start: float
     labels: Mapping[str, Any] | None = None
     gpus: tuple[tuple[str, str], ...] = ()
+    per_gpu: bool = True
 
 
 @dataclass(slots=True)
@@ -401,16 +405,29 @@ def _per_gpu_request(
     per_gpu_step: float,
     scrape: float,
 ) -> tuple[list[tuple[Target, tuple[str, ...]]], float, str] | None:
-    """The per-GPU query of a signal for the group's jobs that have it: (those jobs, the query's start on
-    the per-GPU lattice, the query); None when no job has the signal."""
-    wanting = [(t, v) for t, v in group.members if sig.key in out[t.key].signals]
+    """The per-GPU query of a signal for the group's jobs that have it and whose per-GPU rows this cycle
+    reads (`Target.per_gpu`): (those jobs, the query's start on the per-GPU lattice, the query, which
+    selects only them); None when there are none."""
+    wanting = [(t, v) for t, v in group.members if t.per_gpu and sig.key in out[t.key].signals]
     if not wanting:
         return None
     lo = min(lattice_point(t.gpu_start, per_gpu_step) for t, _ in wanting)
     gwindow = max(_rate_window(per_gpu_step, scrape), per_gpu_step)
     by = (*group.labels, *discovery.host_labels)
-    query = per_gpu_query(sig, group.selector, gwindow, step_s=per_gpu_step, by=by, metrics=names)
+    selector = _members_selector(group, wanting, discovery) if len(wanting) < len(group.members) else None
+    query = per_gpu_query(sig, selector or group.selector, gwindow, step_s=per_gpu_step, by=by, metrics=names)
     return wanting, lo, query
+
+
+def _members_selector(
+    group: _Group, members: Sequence[tuple[Target, tuple[str, ...]]], discovery: Discovery
+) -> Selector | None:
+    """A selector of only `members` of the group, built as `plan` builds the group's (a superset where a
+    group has several labels: `_split` keeps each job's own series); None to use the group's."""
+    if group.labels:
+        return Selector([[_any(n, [values[i] for _, values in members]) for i, n in enumerate(group.labels)]])
+    refs = sorted({pair for t, _ in members for pair in t.gpus})
+    return Selector.from_gpus([{"hostname": h, "gpu": g} for h, g in refs]).restricted(discovery.labels)
 
 
 def _split(series: Sequence[Any], group: _Group) -> dict[int, list[Any]]:

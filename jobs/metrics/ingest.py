@@ -143,8 +143,8 @@ class PollWindow:
 
 #: A poll re-reads from one step before `data_until`: the point closing the window that holds it.
 POLL_OVERLAP_S = POLL_STEP_S
-#: Per-GPU rows are read every POLL_PER_GPU_STEP_S (every 5th cycle) from this far before `data_until`,
-#: so a slow or skipped per-GPU cycle leaves no hole (the archive merges overlapping windows).
+#: Per-GPU rows are read every POLL_PER_GPU_STEP_S (`per_gpu_due`) from this far before `data_until`,
+#: so a slow or skipped cycle leaves no hole (the archive merges overlapping windows).
 PER_GPU_LOOKBACK_S = 3 * POLL_PER_GPU_STEP_S
 
 
@@ -461,30 +461,34 @@ def ingest_once(client: PrometheusClient | None = None) -> dict[str, Any]:
 #: The Django cache key of the last cycle's figures (read by /metrics): finished_at (Unix s), duration_s,
 #: requests (to Prometheus), jobs (polled), stale (jobs left with an ingest error).
 POLL_CYCLE_CACHE_KEY = "efficiency:poll_cycle"
-_PER_GPU_CACHE_KEY = "efficiency:poll_cycle_per_gpu_at"
 _LOCK_KEY = "efficiency:poll_cycle_lock"
 _LOCK_S = 600  # a cycle that died holding the lock blocks the next ones at most this long
 
 
-def per_gpu_due(now: datetime) -> bool:
-    """Whether this cycle reads per-GPU rows: once per POLL_PER_GPU_STEP_S (every 5th one-minute cycle),
-    when `now` has passed a multiple of that step since the last per-GPU read."""
-    last = cache.get(_PER_GPU_CACHE_KEY)
-    step = POLL_PER_GPU_STEP_S
-    return last is None or math.floor(now.timestamp() / step) > math.floor(float(last) / step)
+def _in_slot(job: Job, now: datetime) -> bool:
+    """True in one one-minute cycle of every POLL_PER_GPU_STEP_S, the minute the job's id picks: work done
+    per job at that cadence is spread evenly over the cycles (a fifth of the jobs in each) instead of all
+    of it landing in one cycle out of five. A job's first poll always counts as due (see callers)."""
+    slots = max(1, round(POLL_PER_GPU_STEP_S / POLL_CYCLE_S))
+    return math.floor(now.timestamp() / POLL_CYCLE_S) % slots == job.pk % slots
+
+
+def per_gpu_due(job: Job, now: datetime) -> bool:
+    """Whether this cycle reads the job's per-GPU rows (the heatmap's, at POLL_PER_GPU_STEP_S): on its first
+    poll, then once per POLL_PER_GPU_STEP_S in its minute (`_in_slot`). Reading every job's rows in the
+    same cycle made that cycle 1.5-2x a steady one at 4,000 GPUs (81.5 s against 40.7-58.9 s, #14); spread,
+    each cycle reads a fifth of them. A cycle that skips a minute delays those jobs' rows by one step;
+    PER_GPU_LOOKBACK_S re-reads enough that no window is lost."""
+    return job.data_until is None or _in_slot(job, now)
 
 
 def energy_due(job: Job, now: datetime) -> bool:
     """Whether this cycle reads the job's energy. Energy over the whole job is one instant query per job
     (each job has its own window, so it cannot be read cluster-wide): read on a job's first poll and then
-    once per POLL_PER_GPU_STEP_S, in the minute of that step its id picks, so each cycle sends a fifth of
-    the jobs' energy queries instead of all of them on the per-GPU cycles (500 at 4,000 GPUs, #14).
-    Between reads the last value is kept; a cycle that skips a minute delays that minute's jobs by one step.
+    once per POLL_PER_GPU_STEP_S in its minute (`_in_slot`), so each cycle sends a fifth of the jobs'
+    energy queries (at 4,000 GPUs, 100 rather than 500 in one cycle). Between reads the last value is kept.
     """
-    if job.data_until is None:
-        return True
-    slots = max(1, round(POLL_PER_GPU_STEP_S / POLL_CYCLE_S))
-    return math.floor(now.timestamp() / POLL_CYCLE_S) % slots == job.pk % slots
+    return job.data_until is None or _in_slot(job, now)
 
 
 def _target(job: Job, now: datetime) -> cluster.Target | None:
@@ -492,13 +496,14 @@ def _target(job: Job, now: datetime) -> cluster.Target | None:
     win = poll_window(job, now)
     if win.end <= win.start:
         return None
+    wide = per_gpu_due(job, now)
     if job.gpus:
         refs = [GpuRef.coerce(g) for g in job.gpus]
         job_selector(job)  # validates (the same errors as a per-job poll)
         pairs = tuple(sorted({(r.hostname, str(r.gpu)) for r in refs}))
-        return cluster.Target(job.pk, win.start, win.end, win.gpu_start, gpus=pairs)
+        return cluster.Target(job.pk, win.start, win.end, win.gpu_start, gpus=pairs, per_gpu=wide)
     job_selector(job)
-    return cluster.Target(job.pk, win.start, win.end, win.gpu_start, labels=dict(job.selector))
+    return cluster.Target(job.pk, win.start, win.end, win.gpu_start, labels=dict(job.selector), per_gpu=wide)
 
 
 def poll_cycle(client: PrometheusClient | None = None, now: datetime | None = None) -> dict[str, Any]:
@@ -546,11 +551,11 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
         else:
             done[job.pk] = job
     grouped = targets
-    with_gpu = per_gpu_due(now)
+    with_gpu = sum(t.per_gpu for t in grouped)  # jobs whose per-GPU rows this cycle reads
     scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
     try:
         result = cluster.read_cycle(
-            client, grouped, step=POLL_STEP_S, per_gpu_step=POLL_PER_GPU_STEP_S if with_gpu else None,
+            client, grouped, step=POLL_STEP_S, per_gpu_step=POLL_PER_GPU_STEP_S,
             scrape_interval_s=scrape, workers=cluster.CYCLE_QUERY_WORKERS,
         )  # fmt: skip
     except PrometheusError as exc:  # discovery failed: Prometheus is down for everyone
@@ -600,8 +605,6 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
         except Exception as exc:
             log.exception("job %s: poll failed", jobs[key].external_id)
             done[key] = _mark_stale(jobs[key], exc, now)
-    if with_gpu and result.signals:
-        cache.set(_PER_GPU_CACHE_KEY, now.timestamp(), None)
     stale = sorted(j.external_id for j in done.values() if j.ingest_error)
     polled = sorted(j.external_id for j in done.values() if not j.ingest_error)
     stats = {
