@@ -131,7 +131,7 @@ def _make_job(team, gpu, external_id: str, running: bool):
 
 
 def _fill_series(job, step: int, gpu_step: int, keys: list[str], gpu_keys: list[str]) -> int:
-    # jobs.metrics.archive.s own row builder, so the archive has exactly the production layout.
+    # jobs.metrics.archive's own row builder, so the archive has exactly the production layout.
     from jobs.metrics.archive import rows_for, upsert
 
     sigs, derived = _synthetic_signals(step, gpu_step, keys, gpu_keys)

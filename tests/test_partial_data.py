@@ -107,6 +107,10 @@ def test_a_poll_over_partial_data_loses_no_sample_once_the_rest_arrives(make_tea
     backfill(tmp_path / "late.om", tsdb)  # the rest arrives (overlapping blocks: Prometheus merges them)
     reference = register_job(registration_body(sim, team=team, ended=False, external_id="4001-ref")).job
     now = START + timedelta(minutes=140)
+    # Each job's per-GPU rows are read once per 5 minutes, in the minute its id picks (ingest.per_gpu_due);
+    # the reference's first poll reads them whenever it runs: compare in one of the job's minutes.
+    while not ingest.per_gpu_due(job, now):
+        now += timedelta(minutes=1)
     with PrometheusProcess(tsdb) as prom:
         ingest.poll_cycle(PrometheusClient(prom.url, timeout_s=20, retries=0), now=now)
     job.refresh_from_db()

@@ -1,0 +1,141 @@
+"""One read of a job's archive per poll (`Snapshot`): the summary's and the alert rules' later reads answered
+from it as the database would, a write merged into it as `upsert` merges it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from django.db import connection
+
+from jobs.metrics.archive.layout import (
+    _F4,
+    CHUNK_POINTS,
+    EXTREMES,
+    GPU_STAT,
+    Points,
+    _padded,
+    utc,
+)
+from jobs.metrics.archive.read import (
+    Chunk,
+    _assemble,
+    _per_gpu_series,
+)
+from jobs.metrics.archive.write import (
+    _chunked,
+    _coarser,
+    _merge,
+)
+from jobs.metrics.signals import JobSignals, SignalSeries
+from jobs.models import Job, JobSeries
+
+_HeldKey = tuple[str, str, str, int, int]  # signal, stat, GPU, step, chunk start (Unix s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """One chunk a Snapshot holds, with its row's start and end as stored (the window filter's columns)."""
+
+    chunk: Chunk
+    start: float  # Unix s
+    end: float
+
+
+class Snapshot:
+    """A job's archive read once (one query) for every read a poll makes of it afterwards: the cross-GPU
+    chunks of every signal and level, and the per-GPU chunks of `per_gpu` signals. Its readers answer what
+    `load_job_signals` / `load_per_gpu` (without point budgets) would read from the database, from the same
+    chunks filtered in Python by the same predicates; `merge(rows)` applies a write to it as `upsert`
+    merges it, so later reads see the archive as it is after that write without reading it again (the
+    poll cycle writes every job's derived series in one upsert after all jobs, #14)."""
+
+    def __init__(self, job: Job, per_gpu: Iterable[str] = ()) -> None:
+        self.job = job
+        self.gpu_signals = frozenset(per_gpu)
+        self._held: dict[_HeldKey, _Held] = {}
+        table = connection.ops.quote_name(JobSeries._meta.db_table)
+        # Start and end as epoch seconds (float8: exact for the whole microseconds stored; cheaper to parse
+        # than timestamptz, and the window test below compares them as the database compares the columns).
+        sql = (
+            f"SELECT signal, stat, gpu_key, step_seconds, extract(epoch from start)::float8, "
+            f'extract(epoch from "end")::float8, "values" FROM {table} '
+            f"WHERE job_id = %s AND ((stat <> %s AND stat <> ALL(%s)) OR (stat = %s AND signal = ANY(%s)))"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [job.pk, GPU_STAT, list(EXTREMES), GPU_STAT, sorted(self.gpu_signals)])
+            rows = cursor.fetchall()
+        held = self._held
+        for signal, stat, gpu_key, step, start, end, blob in rows:
+            data = bytes(blob)
+            count = len(data) // 4
+            if count:
+                chunk = Chunk(signal, stat, gpu_key, step, start + step, count, data)
+                held[(signal, stat, gpu_key, step, round(start))] = _Held(chunk, start, end)
+
+    def _chunks(
+        self, *, per_gpu: bool, signals: Iterable[str] | None, window: tuple[float, float] | None
+    ) -> list[Chunk]:
+        """`_fetch`'s WHERE clause (without stats or steps) on the held chunks."""
+        wanted = None if signals is None else set(signals)
+        if per_gpu and (wanted is None or not wanted <= self.gpu_signals):
+            raise ValueError(
+                f"per-GPU rows of {sorted(wanted or ())} were not read (held: {self.gpu_signals})"
+            )
+        # The bounds as the query would pass them (microseconds, `utc`), so the comparisons are the same.
+        lo, hi = (utc(window[0]).timestamp(), utc(window[1]).timestamp()) if window is not None else (0, 0)
+        out = []
+        for held in self._held.values():
+            c = held.chunk
+            if (c.stat == GPU_STAT) != per_gpu or (wanted is not None and c.signal not in wanted):
+                continue
+            if window is not None and not (held.start < hi and held.end >= lo):
+                continue
+            out.append(c)
+        return out
+
+    def load_job_signals(
+        self,
+        *,
+        per_gpu: bool | Iterable[str] = True,
+        signals: Iterable[str] | None = None,
+        window: tuple[float, float] | None = None,
+    ) -> JobSignals | None:
+        """What `load_job_signals(job, per_gpu=..., signals=..., window=...)` reads, from this snapshot."""
+        agg = self._chunks(per_gpu=False, signals=signals, window=window)
+
+        def gpu_chunks(names: list[str]) -> list[Chunk]:
+            return self._chunks(per_gpu=True, signals=names, window=window)
+
+        return _assemble(self.job, agg, per_gpu, window, gpu_chunks)
+
+    def load_per_gpu(self, signal: str, window: tuple[float, float] | None = None) -> SignalSeries | None:
+        """What `load_per_gpu(job, signal, window)` reads, from this snapshot."""
+        return _per_gpu_series(signal, self._chunks(per_gpu=True, signals=[signal], window=window), window)
+
+    def merge(self, rows: Sequence[Points]) -> None:
+        """Apply `upsert(rows)` to the held chunks (the same chunking, merge and tier refresh), so the
+        snapshot shows the archive after that write. Levels it does not hold (the extremes, per-GPU rows
+        of other signals) are skipped: nothing it holds is computed from them."""
+        level = [r for r in rows if r.times.size and r.job_id == self.job.pk]
+        while level:
+            new, mask = _chunked(level)
+            old = {k: _padded(held.chunk.blob) for k in new if (held := self._held.get(k[1:])) is not None}
+            merged = _merge(new, old)
+            for key, arr in merged.items():
+                self._put(key[1:], arr)
+            level = [p for p in _coarser(merged, mask) if p.stat not in EXTREMES]
+
+    def _put(self, key: _HeldKey, arr: np.ndarray) -> None:
+        signal, stat, gpu_key, step, start = key
+        if stat in EXTREMES or (stat == GPU_STAT and signal not in self.gpu_signals):
+            return
+        values = np.asarray(arr, dtype=_F4)
+        finite = np.isfinite(values)
+        if not finite.any():  # `_store` writes no row (and a stored one had values, which the merge keeps)
+            return
+        end = int(CHUNK_POINTS - np.argmax(finite[::-1]))
+        data = np.where(finite, values, np.float32("nan")).astype(_F4)[:end].tobytes()
+        chunk = Chunk(signal, stat, gpu_key, step, float(start) + step, end, data)
+        self._held[key] = _Held(chunk, float(start), utc(start + end * step).timestamp())
