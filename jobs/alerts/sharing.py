@@ -51,7 +51,14 @@ from django.utils import timezone
 from jobs.evaluation.catalog import GpuSpec, mig_profile, mig_slice
 from jobs.evaluation.schema import GpuSharing, SharedWith
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
-from jobs.metrics.promql import GpuRef, Matcher, Selector, label_spellings, regex_any, regex_escape
+from jobs.metrics.promql import (
+    GpuRef,
+    Matcher,
+    Selector,
+    label_spellings,
+    regex_any,
+    regex_batches,
+)
 from jobs.models import Job, JobSeries
 
 CODE = "shared_gpu"
@@ -320,17 +327,7 @@ def _explicit_pairs(job: Job) -> frozenset[tuple[str, str]] | None:
 
 
 def _label_batches(members: list[tuple[Job, dict[str, str]]]) -> list[list[tuple[Job, dict[str, str]]]]:
-    batches: list[list[tuple[Job, dict[str, str]]]] = []
-    size = 0
-    for member in members:
-        cost = sum(len(regex_escape(v)) + 1 for v in member[1].values())
-        if batches and size + cost <= MIG_BATCH_CHARS:
-            batches[-1].append(member)
-            size += cost
-        else:
-            batches.append([member])
-            size = cost
-    return batches
+    return regex_batches(members, lambda member: member[1].values(), MIG_BATCH_CHARS)
 
 
 def _read_label_batch(

@@ -21,9 +21,9 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 HOST_LABELS: tuple[str, ...] = ("Hostname", "hostname")
 UUID_LABELS: tuple[str, ...] = ("UUID", "uuid")
@@ -105,6 +105,28 @@ def regex_matcher(name: str, pattern: str, *, negate: bool = False) -> str:
 def regex_escape(literal: str) -> str:
     """Quote RE2 metacharacters so `literal` matches only itself (Go's regexp.QuoteMeta)."""
     return "".join(f"\\{ch}" if ch in _REGEX_META else ch for ch in literal)
+
+
+T = TypeVar("T")
+
+
+def regex_batches(
+    items: Iterable[T], literals: Callable[[T], Iterable[str]], max_chars: int
+) -> list[list[T]]:
+    """`items` in order, cut into batches whose escaped regex alternatives (`literals` of each item, one
+    `|` each) stay within `max_chars`, so one query's matcher stays bounded; an item longer than that is a
+    batch of its own."""
+    batches: list[list[T]] = []
+    size = 0
+    for item in items:
+        cost = sum(len(regex_escape(v)) + 1 for v in literals(item))
+        if batches and size + cost <= max_chars:
+            batches[-1].append(item)
+            size += cost
+        else:
+            batches.append([item])
+            size = cost
+    return batches
 
 
 def regex_any(literals: Iterable[str]) -> str:

@@ -34,7 +34,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jobs.metrics.promql import label_matcher, regex_any, regex_escape, regex_matcher, validate_label_name
+from jobs.metrics.promql import (
+    label_matcher,
+    regex_any,
+    regex_batches,
+    regex_matcher,
+    validate_label_name,
+)
 
 JOB_PLACEHOLDER = "$job"
 FREE_FORM_MARK = "# free-form PromQL set by staff\n"
@@ -458,14 +464,4 @@ def grouped_query(template: str, job_label: str, external_ids: Sequence[str]) ->
 def id_batches(external_ids: Sequence[str], max_chars: int = MAX_GROUP_REGEX_CHARS) -> list[list[str]]:
     """The ids (sorted, deduplicated) cut into batches whose escaped regex stays within `max_chars` (one
     id longer than that is a batch of its own)."""
-    batches: list[list[str]] = []
-    size = 0
-    for value in sorted(set(external_ids)):
-        cost = len(regex_escape(value)) + 1
-        if batches and size + cost <= max_chars:
-            batches[-1].append(value)
-            size += cost
-        else:
-            batches.append([value])
-            size = cost
-    return batches
+    return regex_batches(sorted(set(external_ids)), lambda value: (value,), max_chars)
