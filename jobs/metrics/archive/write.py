@@ -135,8 +135,8 @@ def _store(chunks: dict[_Key, np.ndarray]) -> int:
                 continue
             end = ends[i]
             # COPY's text format, built here in one pass (psycopg's write_row per row cost ~17 us a row,
-            # seconds on a per-GPU cycle): times as Unix seconds (whole seconds: chunk starts lie on the
-            # clock), the values as bytea hex (its backslash escaped for COPY).
+            # seconds for a 4k-GPU cycle's per-GPU rows): times as Unix seconds (whole seconds: chunk
+            # starts lie on the clock), the values as bytea hex (its backslash escaped for COPY).
             rows.append(
                 f"{job_id}\t{_copy_text(signal)}\t{_copy_text(stat)}\t{_copy_text(gpu_key)}\t{step}\t"
                 f"{start}\t{start + end * step}\t\\\\x{data[i, :end].tobytes().hex()}\n"
@@ -312,7 +312,7 @@ def prune_raw(now: datetime, retention_days: int) -> int:
         return int(cursor.rowcount)
 
 
-#: Chunks `_merge_all` merges per numpy pass (bounds its matrices on a 4k-GPU per-GPU cycle).
+#: Chunks `_merge_all` merges per numpy pass (bounds its matrices when a 4k-GPU cycle writes per-GPU rows).
 _MERGE_BATCH = 4096
 
 
