@@ -50,3 +50,21 @@ def test_the_plotly_bundle_asks_v8_to_compile_all_of_it_off_the_main_thread() ->
     bundle = Path(__file__).resolve().parents[1] / "static" / "vendor" / "plotly.min.js"
     with bundle.open(encoding="utf-8") as f:
         assert f.readline() == "//# allFunctionsCalledOnLoad\n"
+
+
+@pytest.mark.django_db
+def test_the_page_shows_no_template_comment_as_text(job_page):
+    # Django's {# #} comments end at the line's end: a multi-line one is rendered as page text.
+    html = job_page.content.decode()
+    assert "{#" not in html and "#}" not in html and "{% comment" not in html
+
+
+def test_no_template_has_a_multi_line_hash_comment() -> None:
+    templates = Path(__file__).resolve().parents[1] / "templates"
+    found = [
+        f"{path.relative_to(templates)}:{path.read_text(encoding='utf-8')[: m.start()].count(chr(10)) + 1}"
+        for path in sorted(templates.rglob("*.html"))
+        for m in re.finditer(r"\{#(.*?)#\}", path.read_text(encoding="utf-8"), re.S)
+        if "\n" in m.group(1)
+    ]
+    assert found == [], "use {% comment %} for comments over several lines: " + ", ".join(found)
