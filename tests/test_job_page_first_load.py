@@ -68,3 +68,13 @@ def test_no_template_has_a_multi_line_hash_comment() -> None:
         if "\n" in m.group(1)
     ]
     assert found == [], "use {% comment %} for comments over several lines: " + ", ".join(found)
+
+
+@pytest.mark.django_db
+def test_so_far_is_said_of_a_running_job_only(job_page, client):
+    assert re.search(r"</span> GPU-h so far</p>", job_page.content.decode())
+    job = Job.objects.get(external_id="77001")
+    job.ended_at, job.status = job.started_at + timedelta(minutes=30), Job.Status.FINALIZED
+    job.save()
+    html = client.get("/jobs/77001/").content.decode()
+    assert re.search(r"</span> GPU-h</p>", html) and "so far" not in html
