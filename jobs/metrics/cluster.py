@@ -170,11 +170,11 @@ def plan(targets: Iterable[Target], discovery: Discovery) -> tuple[list[_Group],
         by_labels[names].append((t, tuple(spelled[n] for n in names)))
     groups: list[_Group] = []
     for names, members in sorted(by_labels.items()):
-        matchers = [_any(n, [values[i] for _, values in members]) for i, n in enumerate(names)]
-        groups.append(_Group(names, Selector([matchers]), members))
+        selector = _selector_of(names, members, discovery)
+        assert selector is not None  # a label group's selector always exists
+        groups.append(_Group(names, selector, members))
     if explicit:
-        refs = sorted({pair for t in explicit for pair in t.gpus})
-        union = Selector.from_gpus([{"hostname": h, "gpu": g} for h, g in refs]).restricted(discovery.labels)
+        union = _selector_of((), [(t, ()) for t in explicit], discovery)
         if union is None:  # pragma: no cover - host_labels was non-empty
             fallback += [t.key for t in explicit]
         else:
@@ -414,18 +414,20 @@ def _per_gpu_request(
     lo = min(lattice_point(t.gpu_start, per_gpu_step) for t, _ in wanting)
     gwindow = max(_rate_window(per_gpu_step, scrape), per_gpu_step)
     by = (*group.labels, *discovery.host_labels)
-    selector = _members_selector(group, wanting, discovery) if len(wanting) < len(group.members) else None
+    selector = _selector_of(group.labels, wanting, discovery) if len(wanting) < len(group.members) else None
     query = per_gpu_query(sig, selector or group.selector, gwindow, step_s=per_gpu_step, by=by, metrics=names)
     return wanting, lo, query
 
 
-def _members_selector(
-    group: _Group, members: Sequence[tuple[Target, tuple[str, ...]]], discovery: Discovery
+def _selector_of(
+    labels: tuple[str, ...], members: Sequence[tuple[Target, tuple[str, ...]]], discovery: Discovery
 ) -> Selector | None:
-    """A selector of only `members` of the group, built as `plan` builds the group's (a superset where a
-    group has several labels: `_split` keeps each job's own series); None to use the group's."""
-    if group.labels:
-        return Selector([[_any(n, [values[i] for _, values in members]) for i, n in enumerate(group.labels)]])
+    """The selector of `members` (a group's, or the part of it a query reads): each job label matching any
+    of their values (a superset where a group has several labels: `_split` keeps each job's own series),
+    or, for explicit GPUs (`labels` empty), their (host, gpu) pairs in the spellings that exist (None when
+    no host label exists)."""
+    if labels:
+        return Selector([[_any(n, [values[i] for _, values in members]) for i, n in enumerate(labels)]])
     refs = sorted({pair for t, _ in members for pair in t.gpus})
     return Selector.from_gpus([{"hostname": h, "gpu": g} for h, g in refs]).restricted(discovery.labels)
 

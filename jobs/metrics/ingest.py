@@ -465,30 +465,25 @@ _LOCK_KEY = "efficiency:poll_cycle_lock"
 _LOCK_S = 600  # a cycle that died holding the lock blocks the next ones at most this long
 
 
-def _in_slot(job: Job, now: datetime) -> bool:
-    """True in one one-minute cycle of every POLL_PER_GPU_STEP_S, the minute the job's id picks: work done
-    per job at that cadence is spread evenly over the cycles (a fifth of the jobs in each) instead of all
-    of it landing in one cycle out of five. A job's first poll always counts as due (see callers)."""
+def per_gpu_due(job: Job, now: datetime) -> bool:
+    """Whether this cycle reads the job's per-GPU rows (the heatmap's, at POLL_PER_GPU_STEP_S) and its energy
+    total (`energy_due`): on its first poll, then once per POLL_PER_GPU_STEP_S, in the minute of that step
+    the job's id picks. Work done per job at that cadence is spread evenly over the cycles (a fifth of the
+    jobs in each) instead of landing in one cycle out of five: reading every job's rows in the same cycle
+    made it 1.5-2x a steady one at 4,000 GPUs (81.5 s against 40.7-58.9 s, #14). A cycle that skips a
+    minute delays those jobs by one step; PER_GPU_LOOKBACK_S re-reads enough that no window is lost."""
+    if job.data_until is None:
+        return True
     slots = max(1, round(POLL_PER_GPU_STEP_S / POLL_CYCLE_S))
     return math.floor(now.timestamp() / POLL_CYCLE_S) % slots == job.pk % slots
 
 
-def per_gpu_due(job: Job, now: datetime) -> bool:
-    """Whether this cycle reads the job's per-GPU rows (the heatmap's, at POLL_PER_GPU_STEP_S): on its first
-    poll, then once per POLL_PER_GPU_STEP_S in its minute (`_in_slot`). Reading every job's rows in the
-    same cycle made that cycle 1.5-2x a steady one at 4,000 GPUs (81.5 s against 40.7-58.9 s, #14); spread,
-    each cycle reads a fifth of them. A cycle that skips a minute delays those jobs' rows by one step;
-    PER_GPU_LOOKBACK_S re-reads enough that no window is lost."""
-    return job.data_until is None or _in_slot(job, now)
-
-
 def energy_due(job: Job, now: datetime) -> bool:
-    """Whether this cycle reads the job's energy. Energy over the whole job is one instant query per job
-    (each job has its own window, so it cannot be read cluster-wide): read on a job's first poll and then
-    once per POLL_PER_GPU_STEP_S in its minute (`_in_slot`), so each cycle sends a fifth of the jobs'
-    energy queries (at 4,000 GPUs, 100 rather than 500 in one cycle). Between reads the last value is kept.
-    """
-    return job.data_until is None or _in_slot(job, now)
+    """Whether this cycle reads the job's energy total: in the same cycles as its per-GPU rows. Energy over
+    the whole job is one instant query per job (each job has its own window, so it cannot be read
+    cluster-wide); spread so, each cycle sends a fifth of them (100 rather than 500 at 4,000 GPUs). Between
+    reads the last value is kept."""
+    return per_gpu_due(job, now)
 
 
 def _target(job: Job, now: datetime) -> cluster.Target | None:
