@@ -52,6 +52,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=f"{CHROMIUM} is absent (Debian package 'chromium')"))
 
 
+@pytest.fixture(scope="module")
+def sims() -> dict[str, Any]:
+    """The simulated jobs the page tests register (tests.browser.data), once per test module."""
+    from tests.browser import data
+
+    return data.simulate_all()
+
+
+@pytest.fixture(scope="module")
+def prom(sims: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Prometheus holding the simulated jobs' DCGM series, once per test module."""
+    from tests.browser import data
+
+    with data.prometheus_with(sims, tmp_path_factory.mktemp("browser-prom")) as server:
+        yield server
+
+
+@pytest.fixture
+def member(catalog: None, make_team: Any, make_user: Any) -> Any:
+    """alice, a member of the team "LLM pretraining" (a test module may define its own)."""
+    return make_user("alice", teams=[make_team("llm", "LLM pretraining")])
+
+
 @pytest.fixture
 def catalog(transactional_db: None) -> None:
     """The seeded GPU catalog and price book. live_server needs committed data, so browser tests are

@@ -13,23 +13,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.prometheus]
 db = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(scope="module")
-def sims():
-    return data.simulate_all()
-
-
-@pytest.fixture(scope="module")
-def prom(sims, tmp_path_factory):
-    with data.prometheus_with(sims, tmp_path_factory.mktemp("first-load-prom")) as server:
-        yield server
-
-
-@pytest.fixture
-def member(catalog, make_team, make_user):
-    team = make_team("llm", "LLM pretraining")
-    return make_user("alice", teams=[team])
-
-
 @pytest.fixture
 def job(prom, sims, member):
     job = data.register(sims["7001"], member.teams.get(), ended=True)
