@@ -16,6 +16,7 @@ from django.http import StreamingHttpResponse
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs.evaluation.schema import Evaluation, encode
 from jobs.metrics import archive
 from jobs.metrics.signals import GpuKey, JobSignals, SignalSeries
 from jobs.models import Job
@@ -43,6 +44,8 @@ def jobs(team, make_team):
             ended_at=start + timedelta(hours=hours), gpu_count=8, gpu_hours=8.0 * hours, mfu=0.3,
             cost_usd=20.0 * hours, cost_per_day_usd=480.0, waste_per_day_usd=160.0,
             waste_lower_bound_per_day_usd=160.0, status=Job.Status.FINALIZED,
+            # The totals read the stored evaluation's duration (templatetags.units.job_duration_s).
+            evaluation=encode(Evaluation(duration_s=hours * 3600.0, gpu_hours=8.0 * hours)),
         )  # fmt: skip
         fields.update(kw)
         return Job.objects.create(**fields)

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs.evaluation.schema import Evaluation, encode
 from jobs.models import Finding, Job
 from jobs.outputs import exporter
 from jobs.outputs.leaderboard import iso_week, team_rows
@@ -38,13 +39,13 @@ def jobs(db, make_team, week):
         gpu_count=8, gpu_hours=192.0, cost_usd=480.0, mfu=0.3, cost_per_day_usd=480.0,
         waste_per_day_usd=160.0,
         waste_lower_bound_per_day_usd=160.0, efficiency_waste_per_day_usd=160.0, idle_waste_per_day_usd=0.0,
-        status=Job.Status.FINALIZED,
+        status=Job.Status.FINALIZED, evaluation=encode(Evaluation(duration_s=86_400.0, gpu_hours=192.0)),
     )  # fmt: skip
     b = Job.objects.create(
         team=team, external_id="B-2", name="no-mfu", started_at=start, ended_at=start + timedelta(hours=10),
         gpu_count=4, gpu_hours=40.0, cost_usd=100.0, mfu=None, cost_per_day_usd=240.0, waste_per_day_usd=None,
         waste_lower_bound_per_day_usd=48.0, idle_waste_per_day_usd=48.0, waste_unknown_reason=REASON,
-        status=Job.Status.FINALIZED,
+        status=Job.Status.FINALIZED, evaluation=encode(Evaluation(duration_s=36_000.0, gpu_hours=40.0)),
     )  # fmt: skip
     Finding.objects.create(
         job=b, code="launch_overhead", severity="warning", confidence=0.7, title="Tiny kernels",

@@ -121,10 +121,16 @@ def money_header(label: str, unit: str) -> str:
 
 
 def job_duration_s(job: Any) -> float | None:
-    """The evaluated job's duration, from its stored GPU-hours (= GPUs × duration ÷ 3600 s)."""
-    if job.gpu_hours is None or not job.gpu_count:
+    """The evaluated job's duration in seconds, as its stored evaluation has it (`Evaluation.duration_s`).
+
+    Never rebuilt from the GPU-hours: those are GPU-equivalents × duration, and on shared (time-sliced) or
+    MIG GPUs the GPU-equivalents are GPUs × the job's share (jobs.alerts.sharing), so dividing by the GPU
+    count gave share × duration (8 GPUs at 4 GPU-equivalents for a day: half a day, half the total).
+    None before the first evaluation (or after a schema change)."""
+    evaluated = job.evaluated
+    if evaluated is None:
         return None
-    return float(job.gpu_hours) * 3600.0 / job.gpu_count
+    return float(evaluated.duration_s)
 
 
 @register.filter

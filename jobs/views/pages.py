@@ -63,6 +63,8 @@ _LIST_FIELDS = (
     "ended_at", "mfu", "sm_active_mean", "gpu_hours", "cost_usd", "waste_per_day_usd",
     "waste_lower_bound_per_day_usd", "waste_unknown_reason",
     "team__name", "team__slug", "gpu_model__name",
+    # The totals read the stored evaluation's duration (templatetags.units.job_duration_s).
+    "evaluation",
 )  # fmt: skip
 _SORTS = {
     "mfu": "mfu",

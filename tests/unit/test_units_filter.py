@@ -8,6 +8,7 @@ import pytest
 from django.template import Context, Template
 
 from jobs.evaluation.costs import Amount, total_waste
+from jobs.evaluation.schema import Evaluation
 from jobs.templatetags.units import (
     job_cost_total,
     job_duration_s,
@@ -75,8 +76,8 @@ def test_in_a_template() -> None:
     assert out == "$90.68 this week | Cost ($ this week)"
 
 
-# A two-hour job on 8 GPUs: gpu_hours = 8 × 2 h = 16 GPU-h, so its duration is 2 h = 7,200 s = 1/12 day.
-def _job(**kw: object) -> SimpleNamespace:
+# A two-hour job on 8 GPUs: its evaluation stored duration 2 h = 7,200 s = 1/12 day (and 16 GPU-h).
+def _job(duration_s: float | None = 7200.0, **kw: object) -> SimpleNamespace:
     base: dict[str, object] = {
         "gpu_hours": 16.0,
         "gpu_count": 8,
@@ -87,6 +88,12 @@ def _job(**kw: object) -> SimpleNamespace:
     }
     base.update(kw)
     job = SimpleNamespace(**base)
+    gpu_hours = base["gpu_hours"]
+    job.evaluated = (
+        None
+        if duration_s is None
+        else Evaluation(duration_s=duration_s, gpu_hours=float(gpu_hours) if gpu_hours is not None else 0.0)
+    )
     job.waste_amount = Amount.of(
         job.waste_per_day_usd, job.waste_lower_bound_per_day_usd, job.waste_unknown_reason
     )
@@ -113,8 +120,21 @@ def test_job_totals_unknown_stay_unknown() -> None:
     assert job_cost_total(no_price).usd is None
     assert job_waste_total(no_price).usd is None
     assert job_waste_total(no_price).reason == "no price for the job's GPU model and tier"
-    not_evaluated = _job(gpu_hours=None)
+    not_evaluated = _job(duration_s=None, gpu_hours=None)
+    assert job_duration_s(not_evaluated) is None
     assert job_waste_total(not_evaluated).usd is None
+
+
+def test_the_total_on_shared_gpus_uses_the_stored_duration_not_gpu_hours_over_gpus() -> None:
+    # Issue 25: 8 time-sliced GPUs at 4 GPU-equivalents (share 0.5) for a day. GPU-hours are charged per
+    # share: 4 x 24 h = 96 GPU-h; waste/day (already per share) $182.94. Over one day the total is $182.94;
+    # 96 GPU-h / 8 GPUs = 12 h rebuilt the duration as half a day and showed $91.47.
+    shared = _job(duration_s=86_400.0, gpu_hours=96.0, gpu_count=8, waste_per_day_usd=182.94,
+                  waste_lower_bound_per_day_usd=182.94)  # fmt: skip
+    assert job_duration_s(shared) == pytest.approx(86_400.0)
+    total = job_waste_total(shared)
+    assert total.usd == pytest.approx(182.94)
+    assert money(total, "total") == "$183 total"  # format_usd: whole dollars from $100
 
 
 def test_job_waste_total_keeps_the_lower_bound() -> None:
