@@ -12,7 +12,12 @@ traffic over PCIe while GPU_UTIL reads ~100 %) with SM active (or, without it, t
 its healthy level points at exposed collectives, at a lower confidence, naming the resolution and the
 nsys capture (`-t nccl`) that confirms it. Cannot see: which collective, the overlap, a single slow rank.
 
-A trace measures it directly: communication kernel time not overlapped with compute.
+A trace measures it directly: communication kernel time not overlapped with compute. With the traces of
+several ranks of one capture (`jobs.diagnosis.cross_rank`) it also tells a late rank from the network: the
+rank that arrives last waits least in NCCL, so its NCCL time is the collective itself and the others' extra
+NCCL time is waiting for it; the finding then says so, and keeps as its impact only the collective's own
+part (the waiting is the straggler finding's). Cannot see from one rank's trace: whether it waits for a
+peer or for the network.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import cross_rank as X
 from jobs.diagnosis import detectors as D
 from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
@@ -111,6 +117,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     if "metrics" not in sources and trace_windows:
         # A trace-only finding covers what the trace captured, not the whole job.
         windows = A.merge_windows(trace_windows)
+    late = _late_rank(inp, evidence) if trace_share else None
+    if late is not None:
+        # The skew is the straggler's cost: what is left here is the collective itself.
+        trace_share *= late.least_ms / max(late.least_ms + late.wait_ms, 1e-9)
     exposed = max(trace_share, stats_share)
     if exposed:
         base = max(base, 0.7) + (0.1 if "metrics" in sources else 0.0)
@@ -130,6 +140,12 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         else f"In the captured trace window, communication not overlapped with compute takes "
         f"{100 * exposed:.1f} % of the time"
     )
+    if late is not None:
+        title += (
+            f"; most of the NCCL time is waiting for {late.late_names}, which arrives last (it spends "
+            f"{late.least_ms:.3g} ms per step in NCCL, the others up to {late.most_ms:.3g} ms): a late rank, "
+            "not the network"
+        )
     return Finding(
         code=CODE,
         severity=severity,
@@ -240,6 +256,20 @@ def _trace(
             windows.extend(r.windows)
             if r.source not in sources:
                 sources.append(r.source)
+    return worst
+
+
+def _late_rank(inp: DiagnosisInput, evidence: list[Evidence]) -> X.Imbalance | None:
+    """The worst cross-rank imbalance with named late ranks, its decomposition added to `evidence`."""
+    found = [c for c in X.imbalances(inp) if c.late]
+    if not found:
+        return None
+    worst = found[0]
+    evidence += [
+        Evidence("collective itself: the late rank's NCCL time per step", round(worst.least_ms, 3), "ms"),
+        Evidence(f"waiting for {worst.late_names}: mean over ranks per step", round(worst.wait_ms, 3), "ms"),
+        Evidence("NCCL time per step, least to most", f"{worst.least_ms:.3g}-{worst.most_ms:.3g}", "ms"),
+    ]
     return worst
 
 

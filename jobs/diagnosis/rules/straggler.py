@@ -7,14 +7,22 @@ small clock deficit counts; activity must be well below. Idle GPUs are left to i
 Resolution: per-GPU levels over the whole job, valid in both regimes; a rank that is slow only for a
 few steps, or slow by less than the peers' spread, is not seen; a straggler inside each step (every rank
 waits for a different one) looks like communication_wait.
+
+Traces of several ranks of one capture (`jobs.diagnosis.cross_rank`): the rank with the least NCCL kernel
+time per step arrived last at the collectives and the others waited for it; named when the spread of NCCL
+time is a real share of the step. Cannot see from traces: whether the same rank is late in every step
+(per-rank totals over the captured steps), or why it is late beyond its compute time per step.
 """
 
 from __future__ import annotations
 
+import statistics
 import warnings
 
 import numpy as np
 
+from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import cross_rank as X
 from jobs.diagnosis import detectors as D
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
@@ -65,8 +73,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     activity = [k for k in used if k != "sm_clock"]
     flagged = {g: hits for g, hits in candidates.items() if _supported(f, g, hits, activity)}
     node = _node_straggler(f)
+    trace = X.imbalances(inp)
     if not flagged and node is None:
-        return None
+        return _trace_finding(trace) if trace else None
     evidence: list[Evidence] = []
     worst = 0.0
     strong = False
@@ -95,6 +104,12 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     names = sorted(flagged) if flagged else []
     missing = f.missing(["sm_active", "clock_throttle_reasons"])
     base = 0.85 if strong else 0.55
+    sources = ["metrics"]
+    if trace and trace[0].late:
+        # The traces name who the others wait for: the same cause seen in the collectives.
+        evidence += trace[0].evidence()
+        sources += sorted({r.source for r in trace[0].ranks})
+        base = min(base + 0.05, 0.95)
     label = f"node {node[0]}" if node is not None and not names else ", ".join(names[:4])
     more = f" and {len(names) - 4} more" if len(names) > 4 else ""
     return Finding(
@@ -107,7 +122,59 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         windows=f.whole_window,
         impact=busy_share(f) * clamp01(worst),
         missing_signals=missing,
-        sources=["metrics"],
+        sources=sources,
+    )
+
+
+def _trace_finding(found: list[X.Imbalance]) -> Finding:
+    """The finding from the ranks' traces alone: who the others wait for, with each rank's numbers."""
+    worst = found[0]
+    late = worst.late
+    step = worst.step_ms
+    if late:
+        one = len(late) == 1
+        title = (
+            f"Straggler: {worst.late_names} {'arrives' if one else 'arrive'} last at the collectives; the "
+            f"other ranks wait for {'it' if one else 'them'} {worst.wait_ms:.3g} ms per step on average "
+            f"({100 * worst.wait_share:.1f} % of the {step:.3g} ms step)"
+        )
+    else:
+        title = (
+            f"Ranks imbalanced: {X.rank_names(worst.longest)} wait{'s' if len(worst.longest) == 1 else ''} "
+            f"{worst.most_ms:.3g} ms per step in NCCL while the others wait {worst.least_ms:.3g} ms: "
+            "most ranks are slower than these"
+        )
+    evidence = worst.evidence()
+    if late:
+        mine = [r.compute_ms for r in late if r.compute_ms is not None]
+        peers = [r.compute_ms for r in worst.ranks if r not in late and r.compute_ms is not None]
+        if mine and peers:
+            # More compute on the late rank: load imbalance (uneven shards); the same compute: a host-side
+            # delay or a slower GPU/node before the collective.
+            evidence.append(
+                Evidence(
+                    "late rank(s): compute per step vs the other ranks' median",
+                    round(max(mine) / statistics.median(peers), 2),
+                    "x",
+                )
+            )
+    for other in found[1:]:
+        evidence.append(Evidence("another capture: late ranks", other.late_names or "none named"))
+    warn = bool(late) and worst.wait_share >= X.WARN_WAIT_SHARE
+    return Finding(
+        code=CODE,
+        severity=Severity.WARNING if warn else Severity.INFO,
+        # Per-rank totals of the captured steps: a one-off late step looks the same as a persistent one.
+        confidence=confidence(0.75 if min(r.steps for r in worst.ranks) >= 3 else 0.65),
+        title=title,
+        recommendation=RECOMMENDATION
+        + " In the traces, compare the late rank's step with the others' before the collective: more "
+        "compute there means uneven work (shard sizes, sequence lengths, embedding tables); the same "
+        "compute means a host-side delay (data loading, Python) or a slower GPU.",
+        evidence=evidence,
+        windows=A.merge_windows(worst.windows),
+        impact=clamp01(worst.wait_share),
+        sources=sorted({r.source for r in worst.ranks}),
     )
 
 
