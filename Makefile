@@ -70,7 +70,7 @@ demo: migrate $(DEMO_SECRET_FILE)
 	$(DEMO_ENV) $(PY) manage.py collectstatic --noinput -v0
 	@mkdir -p $(VAR)/run
 	@$(MAKE) --no-print-directory _stop_app
-	$(DEMO_ENV) $(VENV)/bin/gunicorn efficiency.wsgi --bind $(WEB_ADDR) --workers 2 --timeout 60 --daemon \
+	$(DEMO_ENV) $(VENV)/bin/gunicorn --config gunicorn.conf.py --bind $(WEB_ADDR) --workers 2 --daemon \
 	  --pid $(VAR)/run/web.pid --access-logfile $(VAR)/run/web-access.log --error-logfile $(VAR)/run/web.log
 	$(DEMO_ENV) $(VENV)/bin/celery -A efficiency worker --loglevel INFO --concurrency 2 --detach \
 	  --pidfile $(VAR)/run/worker.pid --logfile $(VAR)/run/worker.log

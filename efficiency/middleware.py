@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.middleware import LoginRequiredMiddleware as _DjangoLoginRequired
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, UnreadablePostError
 from django.urls import reverse
 
 # Machines authenticate to these with tokens (DRF does that inside the view), or they are public probes.
@@ -67,7 +67,7 @@ def _refuse(request: HttpRequest, status: int, message: str) -> HttpResponse:
             response["WWW-Authenticate"] = "Token"
     else:
         response = HttpResponse(f"{message}\n", status=status, content_type="text/plain; charset=utf-8")
-    if status == 413:
+    if status in (408, 413):
         response["Connection"] = "close"  # the unread body must not be taken for the next request
     return response
 
@@ -121,6 +121,13 @@ class RequestLimitsMiddleware:
         install_upload_limit(request)
         return self.get_response(request)
 
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        """A body that stopped arriving (the web server's body timeouts, `efficiency.webserver`, or a
+        client that went away) is the client's 408, not a server error with a traceback."""
+        if isinstance(exception, UnreadablePostError):
+            return _refuse(request, 408, "request body not received in time")
+        return None
+
 
 class ApiErrorMiddleware:
     """An unexpected exception under /api/ that DRF did not handle becomes a JSON 500 with an error id
@@ -133,8 +140,8 @@ class ApiErrorMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if not request.path_info.startswith("/api/"):
-            return None
+        if not request.path_info.startswith("/api/") or isinstance(exception, UnreadablePostError):
+            return None  # RequestLimitsMiddleware answers an unreadable body (408)
         from jobs.api.errors import json_500
 
         return json_500(exception, request.path_info)
