@@ -34,6 +34,16 @@ SHORTER_THAN_LAUNCH_PCT = 50.0
 HOST_SYNC_IDLE_PCT = 5.0
 HOST_SYNC_IDLE_WARN_PCT = 10.0
 
+#: A warning needs a pattern that repeats in the steady state (issue #24): over several profiled steps,
+#: at least this many steps and this share of them show it (each at least host_analysis'
+#: STEP_SHARE_MIN_PCT of its step); over a single window (one step, or no ProfilerStep), at least this many
+#: distinct idle gaps show it and no single gap holds most of it (a one-off -- a lazy cudaFree of the first
+#: forward pass, a checkpoint -- is not the steady state).
+REPEAT_MIN_STEPS = 2
+REPEAT_STEP_SHARE_PCT = 50.0
+REPEAT_MIN_GAPS = 3
+ONE_OFF_GAP_PCT = 50.0
+
 #: tensor_cores_idle: share of compute-kernel time in SIMT (CUDA-core) GEMM/convolution kernels at or
 #: above this, when compute is a real part of the step (COMPUTE_MIN_PCT of the GPU span).
 SIMT_COMPUTE_PCT = 30.0

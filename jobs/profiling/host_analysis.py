@@ -31,6 +31,19 @@ Three sections of a rank's trace analysis, all measured over the same steps (`tb
   loader, the optimizer on the host, untraced time). Also the idle gaps by length and how much of the
   launch gaps the host was busy (in a traced op or runtime call).
 
+Window and phases (issue #24): with ``ProfilerStep#N`` ranges the sections cover those steps. Without
+them the steady state is the GPU span from the first kernel to the last GPU activity (`steady_steps`),
+and the host time before the first kernel is *start-up* (lazy CUDA context, cuBLAS/cuDNN handles and
+workspaces -- typically ``cudaFree``/``cudaMalloc`` inside the first operator --, module loading,
+``torch.compile``, warm-up), reported in the ``phases`` section with the blocking calls it holds, never
+as steady-state idle or blocking. The host's own extent (the TensorBoard plugin's step without
+ProfilerStep) would count that start-up as GPU idle: 81.5 % instead of 63.2 % of the GPU span on the
+issue's trace.
+
+Repetition: ``gpu_idle_attribution`` also says how often host blocking idled the GPU -- in how many
+steps (at least `STEP_SHARE_MIN_PCT` of the step) and in how many distinct idle gaps -- so a rule can
+tell a pattern of the steady state from a one-off.
+
 Pure numpy over the columnar event model; no Django.
 """
 
@@ -64,6 +77,10 @@ from jobs.profiling.units import NS_PER_US, ms, pct
 LAUNCH_GAP_MAX_NS = 1_000 * NS_PER_US
 #: Idle gap length buckets (microseconds; the last is open-ended). 30 us is HTA's consecutive-kernel delay.
 GAP_EDGES_US: tuple[int, ...] = (0, 30, 1_000, 10_000)
+#: A step counts as showing host-sync idle when that idle is at least this share of the step (%).
+STEP_SHARE_MIN_PCT = 1.0
+#: Longest list of per-step values carried in a result.
+MAX_STEP_VALUES = 200
 #: Longest call-site label kept (operator stacks of templated C++ names grow long).
 MAX_SITE_CHARS = 200
 MAX_SITES = 10
@@ -257,12 +274,149 @@ def _steps_union(steps: TbSteps) -> iv.Intervals:
     return iv.union(steps.starts, steps.ends)
 
 
+def steady_steps(rank: RankTrace, steps: TbSteps) -> TbSteps:
+    """The steps the host analysis measures: ProfilerStep ranges as given, else the GPU's steady state.
+
+    Without ProfilerStep the plugin's single "step" is the host's traced extent, start-up included. The
+    steady state is [first kernel start, last GPU activity end) -- kernels, copies and memsets; a copy
+    before the first kernel (weights moved to the GPU) belongs to start-up. With no kernel at all it is
+    the whole GPU span.
+    """
+    if steps.source == "ProfilerStep":
+        return steps
+    gpu = rank.gpu
+    work = gpu.kind != OpKind.SYNC
+    if not work.any():
+        return steps
+    kernels = gpu.kind == OpKind.KERNEL
+    start = int(gpu.start_ns[kernels].min()) if kernels.any() else int(gpu.start_ns[work].min())
+    end = int(gpu.end_ns[work].max())
+    if end <= start:
+        return steps
+    return TbSteps(
+        np.array([start], dtype=np.int64), np.array([end], dtype=np.int64), ["steady state"], 0, "gpu_span"
+    )
+
+
+def _host_extent_start(rank: RankTrace) -> int | None:
+    """Earliest host event (operator, runtime call, host annotation) of the rank."""
+    lows = [int(t.start_ns.min()) for t in (rank.cpu_ops, rank.runtime) if len(t)]
+    host_ann = rank.annotations.source != AnnotationSource.GPU
+    if host_ann.any():
+        lows.append(int(rank.annotations.start_ns[host_ann].min()))
+    return min(lows) if lows else None
+
+
+def phases(
+    trace: Trace, rank: RankTrace, steps: TbSteps, blocking: _Blocking, window: iv.Intervals
+) -> dict[str, Any]:
+    """The ``phases`` section: where the analysed window lies, and the start-up before it.
+
+    Start-up runs from the first host event to the window's start (the first kernel without
+    ProfilerStep, the first step with it). Its blocking calls are listed here, not in ``host_blocking``.
+    """
+    gpu = rank.gpu
+    work = gpu.kind != OpKind.SYNC
+    kernels = gpu.kind == OpKind.KERNEL
+    win = steps.window
+    host_start = _host_extent_start(rank)
+    out: dict[str, Any] = {
+        "basis": steps.source,
+        "note": (
+            "ProfilerStep ranges (the steady state the profiler schedule captured)"
+            if steps.source == "ProfilerStep"
+            else "no ProfilerStep: the steady state is the GPU span from the first kernel to the last GPU "
+            "activity; the host time before the first kernel is start-up (lazy init, compile, warm-up)"
+        ),
+        "window_ms": ms(iv.total(window)),
+        "gpu_span_ms": ms(int(gpu.end_ns[work].max() - gpu.start_ns[work].min())) if work.any() else None,
+        "first_kernel_ms": None,
+        "startup_ms": None,
+        "startup_blocked_ms": 0.0,
+        "startup_blocking": [],
+    }
+    if win is None:
+        return out
+    origin = host_start if host_start is not None else win[0]
+    origin = min(origin, int(gpu.start_ns[work].min())) if work.any() else origin
+    if kernels.any():
+        out["first_kernel_ms"] = ms(int(gpu.start_ns[kernels].min()) - origin)
+    startup = max(win[0] - origin, 0)
+    out["startup_ms"] = ms(startup)
+    if startup <= 0:
+        return out
+    rt, cpu = rank.runtime, rank.cpu_ops
+    names = trace.strings
+    by_kind: dict[tuple[str, str], list[int]] = {}
+    blocked_parts: list[iv.Intervals] = []
+    rows = [
+        (k, int(rt.start_ns[i]), int(rt.dur_ns[i]), api_name(names[int(rt.name[i])]))
+        for k, i in zip(blocking.rt_kind, blocking.rt_index.tolist(), strict=True)
+    ] + [
+        (ITEM, int(cpu.start_ns[i]), int(cpu.dur_ns[i]), names[int(cpu.name[i])]) for i in blocking.item_index
+    ]
+    for kind, start, dur, name in rows:
+        if start >= win[0]:
+            continue  # inside the window: steady state
+        part = iv.clip(iv.union(np.array([start]), np.array([start + dur])), origin, win[0])
+        blocked_parts.append(part)
+        row = by_kind.setdefault((kind, name), [0, 0])
+        row[0] += 1
+        row[1] += iv.total(part)
+    out["startup_blocked_ms"] = ms(iv.total(_union_of(blocked_parts)))
+    out["startup_blocking"] = [
+        {"kind": kind, "call": name, "count": c, "time_ms": ms(t)}
+        for (kind, name), (c, t) in sorted(by_kind.items(), key=lambda kv: -kv[1][1])[:MAX_SITES]
+    ]
+    return out
+
+
+def _in_window(blocking: _Blocking, rank: RankTrace, window: iv.Intervals) -> _Blocking:
+    """The blocking calls that overlap the window."""
+    rt, cpu = rank.runtime, rank.cpu_ops
+
+    def overlaps(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        ws, we = window
+        if ws.size == 0:
+            return np.zeros(start.size, dtype=bool)
+        # The last window interval starting before the call's end must end after the call's start.
+        idx = np.searchsorted(ws, end, side="left") - 1
+        ok = idx >= 0
+        ok[ok] = we[idx[ok]] > start[ok]
+        return ok
+
+    ri, ci = blocking.rt_index, blocking.item_index
+    keep_rt = overlaps(rt.start_ns[ri], (rt.start_ns + rt.dur_ns)[ri])
+    keep_item = overlaps(cpu.start_ns[ci], (cpu.start_ns + cpu.dur_ns)[ci])
+    return _Blocking(
+        ri[keep_rt],
+        [k for k, keep in zip(blocking.rt_kind, keep_rt.tolist(), strict=True) if keep],
+        ci[keep_item],
+    )
+
+
+def _per_step(idle_sync: iv.Intervals, steps: TbSteps) -> list[float]:
+    """Host-sync idle in each step, as % of that step."""
+    out: list[float] = []
+    for s, e in zip(steps.starts.tolist(), steps.ends.tolist(), strict=True):
+        if e > s:
+            out.append(round(100.0 * iv.total(iv.clip(idle_sync, s, e)) / (e - s), 4))
+    return out
+
+
 def host_analysis(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, Any]:
-    """The ``host_blocking``, ``input_pipeline`` and ``gpu_idle_attribution`` sections of one rank."""
+    """The ``host_blocking``, ``input_pipeline``, ``gpu_idle_attribution`` and ``phases`` sections.
+
+    `steps` are the TensorBoard plugin's steps; without ProfilerStep they are replaced by the GPU's
+    steady state (`steady_steps`).
+    """
+    steps = steady_steps(rank, steps)
     window = _steps_union(steps)
     window_ns = iv.total(window)
-    blocking, copy_memory = _blocking(trace, rank)
+    all_blocking, copy_memory = _blocking(trace, rank)
     rt, cpu = rank.runtime, rank.cpu_ops
+    # Calls outside the window (start-up before the first kernel or step) are reported in `phases`.
+    blocking = _in_window(all_blocking, rank, window)
 
     # --- blocked host time, per thread, inside the steps
     b_start = np.concatenate([rt.start_ns[blocking.rt_index], cpu.start_ns[blocking.item_index]])
@@ -376,6 +530,15 @@ def host_analysis(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, An
             {"lower_us": lo, "upper_us": hi, "count": int(sel.sum()), "time_ms": ms(int(gap_len[sel].sum()))}
         )
     input_ns, sync_ns, other_ns = iv.total(idle_input), iv.total(idle_sync), iv.total(other)
+    # Repetition: distinct idle gaps holding host-sync idle, and steps where it is a real share.
+    sync_gaps, largest_gap_ns = 0, 0
+    if idle_sync[0].size and idle[0].size:
+        gap_of = np.searchsorted(idle[0], idle_sync[0], side="right") - 1
+        ok = gap_of >= 0
+        per_gap = np.bincount(gap_of[ok], weights=(idle_sync[1] - idle_sync[0])[ok].astype(np.float64))
+        sync_gaps = int((per_gap > 0).sum())
+        largest_gap_ns = int(per_gap.max()) if per_gap.size else 0
+    step_sync = _per_step(idle_sync, steps) if has_gpu else []
     attribution: dict[str, Any] = {
         "basis": steps.source,
         "steps": int(steps.starts.size),
@@ -394,6 +557,11 @@ def host_analysis(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, An
         "launch_gap_max_us": LAUNCH_GAP_MAX_NS / NS_PER_US,
         "launch_gaps_host_busy_pct": pct(iv.total(iv.intersect(launch, host_busy_any)), launch_ns),
         "idle_gaps": gaps,
+        "host_sync_gaps": sync_gaps,
+        "host_sync_largest_gap_pct": pct(largest_gap_ns, sync_ns),
+        "host_sync_steps": sum(1 for v in step_sync if v >= STEP_SHARE_MIN_PCT),
+        "host_sync_step_min_pct": STEP_SHARE_MIN_PCT,
+        "host_sync_step_pcts": step_sync[:MAX_STEP_VALUES],
     }
     loader_ns = iv.total(loader)
     input_pipeline = {
@@ -408,6 +576,7 @@ def host_analysis(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, An
         "host_blocking": host_blocking,
         "input_pipeline": input_pipeline,
         "gpu_idle_attribution": attribution,
+        "phases": phases(trace, rank, steps, all_blocking, window),
     }
 
 

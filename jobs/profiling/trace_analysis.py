@@ -223,13 +223,24 @@ def launch_start_of(gpu: GpuOps, runtime: RuntimeCalls) -> npt.NDArray[np.float6
 def idle_breakdown(
     gpu: GpuOps, runtime: RuntimeCalls, consecutive_kernel_delay_ns: int, clamp_negative_gaps: bool = True
 ) -> dict[str, Any]:
-    """HTA's idle time breakdown (host wait / kernel wait / other), per stream and summed over streams.
+    """Idle time of one rank's GPU split into host wait / kernel wait / other, on the union of its streams.
 
-    A negative gap (overlapping ops on one stream, normally only an artefact of microsecond rounding)
-    counts as zero unless `clamp_negative_gaps` is off, which sums it like HTA does.
+    The rank-level figures are measured on the union of GPU activity (kernels, copies, memsets) over all
+    streams of all devices of the rank: an instant is idle only when no stream is busy, so idle never
+    exceeds the span. Each idle gap of that union is *host wait* when the op that ends it was launched
+    (its runtime call started) after the gap began, else *kernel wait* when it is shorter than
+    `consecutive_kernel_delay_ns`, else *other* -- HTA's per-stream rule applied to the merged timeline.
+
+    HTA's own breakdown is per stream (`get_idle_time_breakdown`); summing its rows over streams counts
+    an instant once per idle stream, which exceeds the span whenever streams idle together (issue #24:
+    22.4 ms of "idle" in a 13.0 ms span). Those rows are kept in `streams`, and their sum, labelled as
+    such, in `per_stream_sum` (equal to HTA's summed percentages). A negative gap between ops on one
+    stream (an artefact of microsecond rounding) counts as zero there unless `clamp_negative_gaps` is
+    off, which sums it like HTA does.
     """
     ops = gpu.take(gpu.kind != OpKind.SYNC)
-    empty: dict[str, Any] = {
+    delay_us = consecutive_kernel_delay_ns / NS_PER_US
+    empty_sum: dict[str, Any] = {
         "host_wait_pct": None,
         "kernel_wait_pct": None,
         "other_pct": None,
@@ -237,12 +248,89 @@ def idle_breakdown(
         "kernel_wait_ms": 0.0,
         "other_ms": 0.0,
         "idle_ms": 0.0,
-        "consecutive_kernel_delay_us": consecutive_kernel_delay_ns / NS_PER_US,
+        "stream_count": 0,
+    }
+    empty: dict[str, Any] = {
+        **{k: v for k, v in empty_sum.items() if k != "stream_count"},
+        "basis": _IDLE_BASIS,
+        "span_ms": None,
+        "idle_pct": None,
+        "consecutive_kernel_delay_us": delay_us,
+        "per_stream_sum": empty_sum,
         "streams": [],
     }
     if len(ops) == 0:
         return empty
     launch = launch_start_of(ops, runtime)
+    union = _union_idle(ops.start_ns, ops.end_ns, launch, consecutive_kernel_delay_ns)
+    streams, sums = _per_stream_idle(ops, launch, consecutive_kernel_delay_ns, clamp_negative_gaps)
+    per_stream_total = sums["host"] + sums["kernel"] + sums["other"]
+    u_total = union["host"] + union["kernel"] + union["other"]
+    return {
+        "basis": _IDLE_BASIS,
+        "host_wait_pct": pct(union["host"], u_total),
+        "kernel_wait_pct": pct(union["kernel"], u_total),
+        "other_pct": pct(union["other"], u_total),
+        "host_wait_ms": ms(union["host"]),
+        "kernel_wait_ms": ms(union["kernel"]),
+        "other_ms": ms(union["other"]),
+        "idle_ms": ms(u_total),
+        "span_ms": ms(union["span"]),
+        "idle_pct": pct(u_total, union["span"]),
+        "consecutive_kernel_delay_us": delay_us,
+        "per_stream_sum": {
+            "note": (
+                "HTA's per-stream idle time summed over streams: an instant counts once per idle stream, "
+                "so this can exceed the span."
+            ),
+            "stream_count": len(streams),
+            "host_wait_pct": pct(sums["host"], per_stream_total),
+            "kernel_wait_pct": pct(sums["kernel"], per_stream_total),
+            "other_pct": pct(sums["other"], per_stream_total),
+            "host_wait_ms": ms(sums["host"]),
+            "kernel_wait_ms": ms(sums["kernel"]),
+            "other_ms": ms(sums["other"]),
+            "idle_ms": ms(per_stream_total),
+        },
+        "streams": streams[:MAX_LISTED],
+    }
+
+
+_IDLE_BASIS = "union of GPU activity over all streams (an instant is idle when no stream is busy)"
+
+
+def _union_idle(
+    start: npt.NDArray[np.int64],
+    end: npt.NDArray[np.int64],
+    launch: npt.NDArray[np.float64],
+    consecutive_kernel_delay_ns: int,
+) -> dict[str, int]:
+    """Idle gaps of the union of [start, end) intervals, split into host/kernel/other (ns), and the span."""
+    # Ops that start together after a gap sort by launch time, so the gap is read from the earliest
+    # launched of them: it is host wait only when even that one was launched after the gap began.
+    order = np.lexsort((launch, start))
+    s, e, lau = start[order], end[order], launch[order]
+    running_end = np.maximum.accumulate(e)
+    prev_end = np.empty_like(running_end)
+    prev_end[0] = s[0]
+    prev_end[1:] = running_end[:-1]
+    gap = np.maximum(s - prev_end, 0)
+    is_gap = gap > 0
+    host = is_gap & (lau > prev_end)  # NaN launch compares False: not host wait
+    kernel = is_gap & ~host & (gap < consecutive_kernel_delay_ns)
+    other = is_gap & ~host & ~kernel
+    return {
+        "host": int(gap[host].sum()),
+        "kernel": int(gap[kernel].sum()),
+        "other": int(gap[other].sum()),
+        "span": int(running_end[-1] - s[0]),
+    }
+
+
+def _per_stream_idle(
+    ops: GpuOps, launch: npt.NDArray[np.float64], consecutive_kernel_delay_ns: int, clamp_negative_gaps: bool
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """HTA's per-(device, stream) idle rows, largest first, and their sums per category (ns)."""
     order = np.lexsort((ops.start_ns, ops.stream, ops.device))
     dev, stream = ops.device[order], ops.stream[order]
     start, end, launch = ops.start_ns[order], ops.end_ns[order], launch[order]
@@ -281,20 +369,8 @@ def idle_breakdown(
                 "other_pct": pct(o, tot),
             }
         )
-    total = totals["host"] + totals["kernel"] + totals["other"]
     streams.sort(key=lambda s: -s["idle_ms"])
-    del streams[MAX_LISTED:]
-    return {
-        "host_wait_pct": pct(totals["host"], total),
-        "kernel_wait_pct": pct(totals["kernel"], total),
-        "other_pct": pct(totals["other"], total),
-        "host_wait_ms": ms(totals["host"]),
-        "kernel_wait_ms": ms(totals["kernel"]),
-        "other_ms": ms(totals["other"]),
-        "idle_ms": ms(total),
-        "consecutive_kernel_delay_us": consecutive_kernel_delay_ns / NS_PER_US,
-        "streams": streams,
-    }
+    return streams, totals
 
 
 def step_times(trace: Trace, rank: RankTrace) -> dict[str, Any]:

@@ -9,6 +9,12 @@ fires on that GPU idle: a host that blocks while the GPU keeps working (the CPU 
 GPU-bound step) costs nothing. What it cannot see: Python frames (the site is the operator stack), and
 other processes (a DataLoader worker's syncs are not in the training process's trace).
 
+Only the steady state counts: without ProfilerStep the analysis window starts at the first kernel, so
+start-up blocking (lazy cudaFree/cudaMalloc of the first operator) is reported in the analysis' `phases`,
+never here. A warning needs the pattern to repeat (`TT.REPEAT_*`): in several profiled steps, or -- in a
+single window -- in several idle gaps with no one gap holding most of it. A one-off is at most info, and
+its impact is the recurring part only.
+
 Analyses stored before those sections existed are read with the old criteria (synchronize calls per step,
 CPU time in them).
 """
@@ -73,10 +79,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             if hit is None:
                 continue
             measured = True
-            idle_sync, warn = hit
+            _, warn, recurring = hit
             if warn:
                 severity = Severity.WARNING
-            impact = max(impact, clamp01(idle_sync / 100.0))
+            impact = max(impact, clamp01(recurring / 100.0))
         else:
             legacy = _legacy(r, evidence)
             if legacy is None:
@@ -122,13 +128,39 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     )
 
 
+def repetition(r: A.RankView) -> tuple[bool, float, str | None]:
+    """Whether a rank's host-sync idle repeats in the steady state: (repeats?, recurring share, how).
+
+    The recurring share is the host-sync idle (% of the window) without a one-off gap. Analyses made
+    before the repetition keys existed count as repeating (their old criteria stand).
+    """
+    idle_sync = r.attribution("host_sync_pct") or 0.0
+    steps = r.attribution("steps") or 0.0
+    with_sync = r.attribution("host_sync_steps")
+    gaps = r.attribution("host_sync_gaps")
+    largest = r.attribution("host_sync_largest_gap_pct")
+    if steps >= TT.REPEAT_MIN_STEPS and with_sync is not None:
+        share = 100.0 * with_sync / steps
+        repeats = with_sync >= TT.REPEAT_MIN_STEPS and share >= TT.REPEAT_STEP_SHARE_PCT
+        return repeats, idle_sync * min(1.0, share / 100.0), f"in {int(with_sync)} of {int(steps)} steps"
+    if gaps is None or largest is None:
+        return True, idle_sync, None
+    one_off = largest >= TT.ONE_OFF_GAP_PCT
+    repeats = gaps >= TT.REPEAT_MIN_GAPS and not one_off
+    recurring = idle_sync * (1.0 - largest / 100.0) if one_off else idle_sync
+    how = f"in {int(gaps)} idle gaps, the largest holding {largest:.1f} % of it"
+    return repeats, recurring, how
+
+
 def _attributed(
     r: A.RankView, evidence: list[Evidence], kinds: dict[str, float]
-) -> tuple[float, bool] | None:
-    """Evidence from the host_blocking and gpu_idle_attribution sections: (GPU idle %, warning?)."""
+) -> tuple[float, bool, float] | None:
+    """Evidence from the host_blocking and gpu_idle_attribution sections: (GPU idle %, warning?,
+    recurring GPU idle %)."""
     idle_sync = r.attribution("host_sync_pct")
     if idle_sync is None or idle_sync < TT.HOST_SYNC_IDLE_PCT:
         return None
+    repeats, recurring, how = repetition(r)
     blocked = r.n("host_blocking", "step_pct")
     evidence += [
         Evidence(
@@ -144,6 +176,15 @@ def _attributed(
         ),
         Evidence(f"{r.label}: GPU idle", _round(r.attribution("idle_pct")), "% of step"),
     ]
+    if how is not None:
+        evidence.append(
+            Evidence(
+                f"{r.label}: host-sync idle {how}"
+                + ("" if repeats else " (not a repeating pattern of the steady state)"),
+                round(recurring, 2),
+                "% of step recurring",
+            )
+        )
     for row in A.items(r.data, "host_blocking", "by_kind"):
         kind = str(row.get("kind"))
         kinds[kind] = kinds.get(kind, 0.0) + (A.num(row.get("time_ms")) or 0.0)
@@ -156,7 +197,7 @@ def _attributed(
                 "% of step",
             )
         )
-    return idle_sync, idle_sync >= TT.HOST_SYNC_IDLE_WARN_PCT
+    return idle_sync, repeats and recurring >= TT.HOST_SYNC_IDLE_WARN_PCT, recurring
 
 
 def _legacy(r: A.RankView, evidence: list[Evidence]) -> tuple[float, bool] | None:
