@@ -52,6 +52,24 @@ class Severity(StrEnum):
         return ("info", "warning", "critical").index(self.value)
 
 
+#: The catch-all finding: the waste that no other finding explains. It ranks below every specific cause and
+#: the job page shows it once, as a footer line under the findings, never as the top finding.
+REMAINDER_CODE = "unexplained_waste"
+
+
+def rank_key(
+    code: str, waste_per_day_usd: float | None, severity: str, confidence: float
+) -> tuple[bool, float, int, float, str]:
+    """The one order of a job's findings (page, leaderboard main finding, weekly email, diagnosis output):
+    specific causes before the unexplained remainder, then most $/day first (unknown dollars below every
+    known amount, $0 included), then the more severe, then the more confident, then the code (stable).
+
+    `jobs.models.jobs.FINDING_RANK_ORDER` is the same key in SQL (tests/test_finding_rank.py: equal).
+    """
+    usd = -1.0 if waste_per_day_usd is None else waste_per_day_usd
+    return (code == REMAINDER_CODE, -usd, -Severity(severity).rank, -confidence, code)
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """One number behind a finding, with its unit ("ratio", "%", "MHz", "s", "GB/s", "count", ...)."""

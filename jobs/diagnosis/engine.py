@@ -26,7 +26,15 @@ from __future__ import annotations
 import logging
 
 from jobs.diagnosis import thresholds as T
-from jobs.diagnosis.base import SYMPTOM_CODES, DiagnosisInput, Evidence, Finding, Severity
+from jobs.diagnosis.base import (
+    REMAINDER_CODE,
+    SYMPTOM_CODES,
+    DiagnosisInput,
+    Evidence,
+    Finding,
+    Severity,
+    rank_key,
+)
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import RULES, shared_gpu
 
@@ -37,7 +45,7 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "false_saturation": frozenset(RULES) - SYMPTOM_CODES - {"gpu_errors", "idle_gpus"},
     "baseline_regression": frozenset(RULES) - SYMPTOM_CODES,
 }
-UNEXPLAINED = "unexplained_waste"
+UNEXPLAINED = REMAINDER_CODE
 
 
 def diagnose(inp: DiagnosisInput, *, codes: tuple[str, ...] | None = None) -> list[Finding]:
@@ -67,10 +75,16 @@ def diagnose(inp: DiagnosisInput, *, codes: tuple[str, ...] | None = None) -> li
         kept = account_unexplained(catch_all[0], findings, inp)
         if kept is not None:
             findings.append(kept)
-    findings.sort(
-        key=lambda f: (-usd_or_unknown(f.waste_per_day_usd), -f.severity.rank, -f.confidence, f.code)
-    )
+    findings.sort(key=lambda f: rank_key(f.code, f.waste_per_day_usd, f.severity, f.confidence))
+    for f in findings:
+        f.title = sentence_case(f.title)
     return findings
+
+
+def sentence_case(title: str) -> str:
+    """A finding's title as a sentence: its first letter upper-case ("MFU 51 % worse", not "mfu 51 % worse");
+    the rest is left as the rule wrote it (names such as "NVLink" or "XID" keep their case)."""
+    return title[:1].upper() + title[1:]
 
 
 #: Codes that may warn on few samples: an XID is a fact in one sample; unexplained money is money.

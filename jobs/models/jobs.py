@@ -313,6 +313,24 @@ class PromotionOverride(models.Model):
         return f"{self.job} into {self.baseline}: {self.reason[:40]}"
 
 
+#: The one order of a job's findings in SQL, equal to `jobs.diagnosis.base.rank_key` (a unit test holds them
+#: equal): specific causes before the unexplained remainder ("unexplained_waste", shown as a footer line),
+#: most $/day first (unknown last), then critical > warning > info, then the more confident, then the code.
+#: The catch-all finding's code (jobs.diagnosis.base.REMAINDER_CODE; the models sit below the diagnosis).
+REMAINDER_CODE = "unexplained_waste"
+FINDING_RANK_ORDER = [
+    models.Case(models.When(code=REMAINDER_CODE, then=models.Value(1)), default=models.Value(0)).asc(),
+    models.F("waste_per_day_usd").desc(nulls_last=True),
+    models.Case(
+        models.When(severity="critical", then=models.Value(2)),
+        models.When(severity="warning", then=models.Value(1)),
+        default=models.Value(0),
+    ).desc(),
+    models.F("confidence").desc(),
+    models.F("code").asc(),
+]
+
+
 class Finding(models.Model):
     """A diagnosis of one job: a stable code, its evidence and windows, the fix, and the $/day it explains."""
 
@@ -342,7 +360,7 @@ class Finding(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = [models.F("waste_per_day_usd").desc(nulls_last=True), "code"]
+        ordering = FINDING_RANK_ORDER
         constraints = [models.UniqueConstraint(fields=["job", "code"], name="finding_unique_per_job_code")]
 
     def __str__(self) -> str:

@@ -45,6 +45,7 @@ from django.utils import timezone
 from jobs.evaluation.costs import Amount, format_usd
 from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.models import Finding, Job, Membership, PriceEntry, ReportDelivery, Team
+from jobs.models.jobs import FINDING_RANK_ORDER, REMAINDER_CODE
 from jobs.outputs.leaderboard import Period, TeamRow, iso_week, team_rows, worst_jobs
 from jobs.templatetags import units
 
@@ -221,9 +222,11 @@ def _absolute(path: str) -> str:
 
 def _main_findings(job_ids: list[int]) -> dict[int, Finding]:
     best: dict[int, Finding] = {}
-    # Same order as the job page: most $/day first, then the code as a stable tie-break.
-    for finding in Finding.objects.filter(job_id__in=job_ids).order_by(
-        "job_id", F("waste_per_day_usd").desc(nulls_last=True), "code"
+    # The job page's order (FINDING_RANK_ORDER); the unexplained remainder is never a job's main finding.
+    for finding in (
+        Finding.objects.filter(job_id__in=job_ids)
+        .exclude(code=REMAINDER_CODE)
+        .order_by("job_id", *FINDING_RANK_ORDER)
     ):
         best.setdefault(finding.job_id, finding)
     return best

@@ -38,7 +38,8 @@ from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.ingest import NO_GPUS_MATCHED
 from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
-from jobs.models import Artifact, Finding, Job, PromotionOverride
+from jobs.models import Artifact, Finding, Job
+from jobs.models.jobs import REMAINDER_CODE
 from jobs.permissions import can_write_team, readable_job_or_404
 from jobs.profiling.safe_json import make_storable
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
@@ -182,6 +183,15 @@ def finding_views(
             )
         )  # fmt: skip
     return out
+
+
+def _findings_and_remainder(views: list[FindingView]) -> dict[str, Any]:
+    """The page's findings split as they are shown: the specific causes as the ranked list, and the
+    unexplained remainder once, as a footer line under it ("$X/day not explained by the findings above")."""
+    return {
+        "findings": [v for v in views if v.finding.code != REMAINDER_CODE],
+        "remainder": next((v for v in views if v.finding.code == REMAINDER_CODE), None),
+    }
 
 
 #: At most this many windows per finding travel to the page (the charts redraw them at every zoom).
@@ -576,7 +586,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
             )
         ],
         "target_mfu": reference_mfu(job),
-        "findings": finding_views(findings, span_s, marks, wholes=[b["whole"] for b in bands]),
+        **_findings_and_remainder(finding_views(findings, span_s, marks, wholes=[b["whole"] for b in bands])),
         "artifacts": artifacts,
         "kinds": Artifact.Kind.choices,
         "figures": figures,

@@ -32,6 +32,7 @@ from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.health import run_checks
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, PromotionOverride, Team
+from jobs.models.jobs import FINDING_RANK_ORDER, REMAINDER_CODE
 from jobs.outputs.budget import budget_use
 from jobs.outputs.leaderboard import (
     MAX_YEAR,
@@ -335,10 +336,13 @@ def leaderboard_context(request: HttpRequest) -> dict[str, Any]:
 
 
 def _attach_main_finding(jobs: list[Job]) -> None:
-    """Set `main_finding` (most $/day) on each job, in one query."""
+    """Set `main_finding` on each job, in one query: its top specific finding in the page's order
+    (`FINDING_RANK_ORDER`); the unexplained remainder is never a job's main finding."""
     by_job: dict[int, Finding] = {}
-    for f in Finding.objects.filter(job__in=[j.pk for j in jobs]).order_by(
-        "job_id", F("waste_per_day_usd").desc(nulls_last=True), "code"
+    for f in (
+        Finding.objects.filter(job__in=[j.pk for j in jobs])
+        .exclude(code=REMAINDER_CODE)
+        .order_by("job_id", *FINDING_RANK_ORDER)
     ):
         by_job.setdefault(f.job_id, f)
     for job in jobs:

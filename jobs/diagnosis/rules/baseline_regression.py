@@ -27,6 +27,12 @@ RECOMMENDATION = (
     "versions and nodes with the baseline runs, and read the other findings for the cause."
 )
 _PRIMARY = ("mfu", "tokens_per_second_per_gpu", "step_time_ms")
+#: How a primary metric is named in a title (a sentence: "MFU 51 % worse", not "mfu 51 % worse").
+METRIC_TITLES = {"mfu": "MFU", "tokens_per_second_per_gpu": "Tokens/s per GPU", "step_time_ms": "Step time"}
+
+
+def _metric_title(metric: str) -> str:
+    return METRIC_TITLES.get(metric, metric.replace("_", " "))
 
 
 def check(inp: DiagnosisInput, f: Features) -> Finding | None:
@@ -88,7 +94,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         code=CODE,
         severity=severity,
         confidence=confidence(0.9, missing=missing),
-        title=f"{metric.replace('_', ' ')} {100 * shortfall:.0f} % worse than this config's baseline",
+        title=f"{_metric_title(metric)} {100 * shortfall:.0f} % worse than this config's baseline",
         recommendation=RECOMMENDATION,
         evidence=evidence,
         windows=windows or f.whole_window,
