@@ -10,6 +10,10 @@ string/blob size, and a progress handler that aborts any query after `timeout_s`
 views) are read, by name, and every table -- even CUPTI_ACTIVITY_KIND_KERNEL or TARGET_INFO_GPU -- may be
 missing, because nsys creates tables lazily and column sets differ across export schema versions
 (3.24, 3.25, ...).
+
+The capture window is where the events are: first to last GPU op, CUDA API call or NVTX range. The
+session's ANALYSIS_DETAILS.duration (reported as `session_duration_s`) covers the whole session: a
+trimmed export of 300 ms of events from a 138 s session keeps 138 s there.
 """
 
 from __future__ import annotations
@@ -320,7 +324,8 @@ def _parse(reader: GuardedSQLite) -> Trace:
     nvtx, nvtx_pid = _read_nvtx(reader, resolve, present)
     devices = _read_devices(reader)
     unix_offset = _session_start(reader)
-    window = _analysis_window(reader)
+    session = _analysis_window(reader)
+    window = _event_window(all_ops, runtime, nvtx)
 
     ranks = _split_by_device(all_ops, op_pid, runtime, rt_pid, nvtx, nvtx_pid, devices, unix_offset, window)
     if not ranks:
@@ -342,7 +347,10 @@ def _parse(reader: GuardedSQLite) -> Trace:
             if unix_offset is not None
             else "unknown: the export has no TARGET_INFO_SESSION_START_TIME"
         ),
-        "capture_window": "ANALYSIS_DETAILS.duration" if window is not None else "event extent",
+        # The window is where the events are: a trimmed export (300 ms of a 138 s session) keeps the
+        # session's ANALYSIS_DETAILS.duration, which says nothing about what the export holds.
+        "capture_window": "event extent (GPU ops, CUDA API calls, NVTX ranges)",
+        "session_duration_s": None if session is None else round((session[1] - session[0]) / 1e9, 6),
     }
     return Trace(source="nsys", strings=strings, ranks=ranks, metadata=metadata, warnings=warnings)
 
@@ -506,7 +514,23 @@ def _session_start(reader: GuardedSQLite) -> int | None:
     return None
 
 
+def _event_window(ops: GpuOps, runtime: RuntimeCalls, nvtx: Annotations) -> tuple[int, int] | None:
+    """[first event start, last event end) over GPU ops, runtime calls and NVTX ranges (ns)."""
+    lows: list[int] = []
+    highs: list[int] = []
+    for start, dur in (
+        (ops.start_ns, ops.dur_ns),
+        (runtime.start_ns, runtime.dur_ns),
+        (nvtx.start_ns, nvtx.dur_ns),
+    ):
+        if start.size:
+            lows.append(int(start.min()))
+            highs.append(int((start + np.maximum(dur, 0)).max()))
+    return (min(lows), max(highs)) if lows else None
+
+
 def _analysis_window(reader: GuardedSQLite) -> tuple[int, int] | None:
+    """The session's analysed range [0, ANALYSIS_DETAILS.duration): reported, not used as the window."""
     table = "ANALYSIS_DETAILS"
     if table in reader.tables and reader.col(table, "duration") != "NULL":
         row = reader.one(f"SELECT duration FROM {table} LIMIT 1")

@@ -195,12 +195,18 @@ CAPTURES: dict[str, tuple[str | None, int, float | None, float | None, list[int]
         [1],
         2,
     ),
-    "nsys/nsysai_h100_2gpu_train_300ms.sqlite": (None, 0, 1779782330.1768, 1779782449.6201, [], None),
+    # nsys: the events' own extent (issue #24), not [0, ANALYSIS_DETAILS.duration) of the session. By hand
+    # (sqlite3): session start utcEpochNs 1779782330176752435; first event an NVTX range at
+    # 60 111 430 336 ns, last an NVTX range ending at 60 411 416 408 ns: 299.99 ms, where the session's
+    # duration says 119.44 s.
+    "nsys/nsysai_h100_2gpu_train_300ms.sqlite": (None, 0, 1779782390.2882, 1779782390.5882, [], None),
+    # Session start 1776781226557295056 ns; first event a runtime call at 1 304 349 703 ns, last one
+    # ending at 1 540 180 135 ns (the session's duration: 1.87 s).
     "nsys/nsysai_minimal_rtx3080.sqlite": (
         "NVIDIA GeForce RTX 3080",
         1,
-        1776781226.5573,
-        1776781228.4289,
+        1776781227.8616,
+        1776781228.0975,
         [],
         None,
     ),

@@ -223,3 +223,25 @@ def _diagnose(analysis: dict[str, Any], dtype: str = "bf16") -> dict[str, Findin
         )
     )
     return {f.code: f for f in findings}
+
+
+# ------------------------------------------------------------------ nsys: the window of the events
+
+
+def test_a_trimmed_nsys_export_gets_the_window_of_its_events_not_the_session() -> None:
+    # nsysai_h100_2gpu_train_300ms: 300 ms of events cut from a session whose ANALYSIS_DETAILS.duration
+    # is 119 443 348 968 ns. By hand (sqlite3): events from 60 111 430 336 ns (an NVTX range) to
+    # 60 411 416 408 ns (an NVTX range's end): 299.986 ms; GPU ops alone 60 111 469 003 (a sync record)
+    # to 60 411 390 119 ns (the last kernel's end).
+    from jobs.profiling.nsys import parse_nsys
+
+    analysis = analyze_trace(parse_nsys(sample_or_skip("nsys/nsysai_h100_2gpu_train_300ms.sqlite")))
+    assert analysis["metadata"]["session_duration_s"] == pytest.approx(119.443349)
+    cap = analysis["capture"]
+    assert cap["end_unix"] - cap["start_unix"] == pytest.approx(0.299986, abs=1e-6)
+    findings = _diagnose(analysis)
+    trace_findings = [f for f in findings.values() if any(s.endswith("trace") for s in f.sources)]
+    assert trace_findings, "the sample's trace rules fire"
+    for f in trace_findings:
+        for start, end in f.windows:
+            assert end - start == pytest.approx(0.299986, abs=1e-6), f.code
