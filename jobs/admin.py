@@ -23,6 +23,7 @@ from jobs.models import (
     PriceEntry,
     PromotionOverride,
     ReportDelivery,
+    SsoIdentity,
     Team,
 )
 
@@ -176,3 +177,21 @@ class PolicyActionAdmin(admin.ModelAdmin):
     list_display = ["at", "team", "job", "kind", "outcome", "actor", "target"]
     list_filter = ["kind", "outcome", "team"]
     raw_id_fields = ["job", "incident"]
+
+
+@admin.register(SsoIdentity)
+class SsoIdentityAdmin(admin.ModelAdmin):
+    """Provider identities (issuer + subject) and the account each signs in as. Adding one here is how an
+    admin links a staff or superuser account to SSO: a login never matches those by email (jobs.sso)."""
+
+    list_display = ["user", "subject", "issuer", "linked_by", "email_at_link", "created_at", "last_login_at"]
+    search_fields = ["subject", "user__username", "email_at_link"]
+    list_filter = ["issuer", "linked_by"]
+    autocomplete_fields = ["user"]
+    readonly_fields = ["linked_by", "email_at_link", "created_at", "last_login_at"]
+
+    def save_model(self, request: HttpRequest, obj: SsoIdentity, form: Any, change: bool) -> None:
+        """An identity created here is an admin's explicit link."""
+        if not change:
+            obj.linked_by = "admin"
+        super().save_model(request, obj, form, change)

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 
 from jobs.artifacts import parse_artifact, store_upload
-from jobs.evaluation.baselines import promote
+from jobs.evaluation.baselines import SYSTEM, promote
 from jobs.findings import run_diagnosis
 from jobs.metrics.ingest import ingest_once
 from jobs.models import Finding, Job, Membership, Team
@@ -371,7 +371,7 @@ def finish() -> dict[str, Any]:
             and not candidate.findings.exclude(severity=Finding.Severity.INFO).exists()
         )
         if healthy and not candidate.baselines.exists():
-            promote(candidate)
+            promote(candidate, SYSTEM)
             promoted += 1
     for other in Job.objects.filter(external_id__startswith="demo-h"):
         run_diagnosis(other)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.evaluation.baselines import promote
+from jobs.evaluation.baselines import SYSTEM, promote
 from jobs.evaluation.refresh import reevaluate
 from jobs.models import Artifact, Finding, PriceEntry, ProgressSample
 from jobs.registry import register_job
@@ -116,7 +116,7 @@ def test_promoting_a_baseline_moves_the_reference_of_its_jobs(
     assert slow.waste_per_day_usd == pytest.approx(128.0, rel=1e-3)
     fast = job("fast", 0.60)
     with django_capture_on_commit_callbacks(execute=True):
-        promote(fast)
+        promote(fast, SYSTEM)
     slow.refresh_from_db()
     # Reference = the baseline's MFU median 0.60: waste = 384 × (1 − 0.30 / 0.60) = $192.
     assert slow.evaluated is not None and slow.evaluated.reference_mfu == pytest.approx(0.60, rel=1e-4)

@@ -25,7 +25,14 @@ from jobs.api.serializers import (
 )
 from jobs.artifact_review import Review, ReviewError, review_artifact
 from jobs.artifacts import UploadError, requeue, store_upload
-from jobs.evaluation.baselines import BaselineError, promote, retire
+from jobs.evaluation.baselines import (
+    OVERRIDE_REASON_MAX,
+    BaselineError,
+    PromotionForbidden,
+    UnhealthyRun,
+    promote,
+    retire,
+)
 from jobs.metrics.throughput import own_job_selector_problem
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs.summary import job_summary, summary_queryset
@@ -120,8 +127,8 @@ class JobArtifactsMixin:
 
 
 def _summary(request: Request, job: Job) -> dict[str, Any]:
-    """The job summary as the caller may read it: its baseline's runs of other teams are not named (a
-    baseline pools every team's runs of one config; read policy, jobs.permissions)."""
+    """The job summary as the caller may read it: only readable runs of its baseline are named (baselines
+    are team-scoped, so these are the job's team's runs; the filter is the read policy's backstop)."""
     body = job_summary(job)
     baseline = body.get("baseline")
     if baseline and baseline.get("runs") and readable_team_ids(request.user) is not None:
@@ -286,9 +293,16 @@ class ArtifactViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class PromoteSerializer(serializers.Serializer):
-    """Body of POST /api/v1/baselines/: the finished job to add to its config's baseline."""
+    """Body of POST /api/v1/baselines/: the finished job to add to its team's baseline of its config."""
 
     job = serializers.CharField(help_text="external id of a finished job")
+    override_reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=OVERRIDE_REASON_MAX,
+        help_text="why a run with warning-or-worse gpu_errors/throttling/straggler findings is a healthy "
+        "reference anyway (recorded with who and which findings); without it such a run is refused (409)",
+    )
 
 
 class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
@@ -297,9 +311,18 @@ class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = BaselineSerializer
     permission_classes = [IsAuthenticated, TeamScopedWrite]
 
-    @extend_schema(request=PromoteSerializer, responses={201: BaselineSerializer})
+    @extend_schema(
+        request=PromoteSerializer,
+        responses={
+            201: BaselineSerializer,
+            400: OpenApiResponse(description="not finished, no fingerprint or no numbers yet"),
+            403: OpenApiResponse(description="not a member of the job's team"),
+            409: OpenApiResponse(description="health findings and no override_reason"),
+        },
+    )
     def create(self, request: Request) -> Response:
-        """Promote a finished job: it joins (or starts) the active baseline of its config fingerprint."""
+        """Promote a finished job: it joins (or starts) its own team's active baseline of its config
+        fingerprint. Every rule is jobs.evaluation.baselines.promote's (the job page calls it too)."""
         body = PromoteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         job = readable_job_or_404(
@@ -307,13 +330,17 @@ class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
             Job.objects.select_related("team", "gpu_model"),
             external_id=body.validated_data["job"],
         )
-        if not can_write_team(request.user, job.team):
-            raise PermissionDenied(f"you are not a member of team {job.team.slug!r}")
         try:
-            baseline = promote(job, request.user)
+            promotion = promote(
+                job, request.user, override_reason=body.validated_data.get("override_reason", "")
+            )
+        except PromotionForbidden as exc:
+            raise PermissionDenied(str(exc)) from None
+        except UnhealthyRun as exc:
+            return Response({"job": [str(exc)], "findings": exc.codes}, status=status.HTTP_409_CONFLICT)
         except BaselineError as exc:
             raise ValidationError({"job": str(exc)}) from None
-        return Response(BaselineSerializer(baseline).data, status=status.HTTP_201_CREATED)
+        return Response(BaselineSerializer(promotion.baseline).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: BaselineSerializer})
     @action(detail=True, methods=["post"])

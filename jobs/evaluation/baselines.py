@@ -1,13 +1,25 @@
 """Baselines: promote healthy finished runs to a model + config baseline, retire it, compare a job with it.
 
 A baseline holds robust statistics (jobs.evaluation.robust.summarize: median, scaled MAD, IQR, n, min, max)
-of a few per-run numbers over every run promoted to it. One active baseline per config fingerprint (a database
-constraint); promoting another run of the same fingerprint extends it. Retired baselines stay for history.
+of a few per-run numbers over every run promoted to it. Baselines are team-scoped: one active baseline per
+team and config fingerprint (a database constraint); another team running the same model and config gets
+its own. Promoting another run of the team's fingerprint extends it. Retired baselines stay for history.
+
+`promote` is the only way into a baseline and holds every rule (the job page, `POST /api/v1/baselines/`
+and the demo loader all call it; nothing else decides): the promoter may write the job's team; the run is
+finished, has a fingerprint and numbers; it is healthy (no warning-or-worse `gpu_errors`, `throttling` or
+`straggler` finding) unless an override reason is given, which is then recorded as a PromotionOverride; and
+it joins its own team's baseline only.
+
+What a job is compared with (its page, the API summary, the reference MFU its waste is measured against,
+the diagnosis' `baseline_regression`, the compare page's noise): the active baseline of its own team and
+fingerprint (`active_baseline`). Another team's runs never move a team's reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,12 +28,56 @@ from django.utils import timezone
 
 from jobs.enqueue import enqueue
 from jobs.evaluation.robust import RegressionCheck, Summary, canonical_config, check_regression, summarize
-from jobs.models import Baseline, Job
+from jobs.models import Baseline, Finding, Job, PromotionOverride
+from jobs.permissions import can_write_team
 from jobs.registry import config_fields
+
+log = logging.getLogger(__name__)
+
+#: Finding codes that say the hardware or its health was off (XID errors, throttled clocks, a slow GPU): a
+#: run with one of them at warning or worse is not a healthy reference unless someone says why it is.
+HEALTH_FINDING_CODES = ("gpu_errors", "throttling", "straggler")
+#: PromotionOverride.reason's column width.
+OVERRIDE_REASON_MAX = 500
 
 
 class BaselineError(ValueError):
-    """A promotion that cannot be done; the message says why (shown to the user)."""
+    """A promotion that cannot be done; the message says why (shown to the user). The API answers 400."""
+
+
+class PromotionForbidden(BaselineError):
+    """The promoter may not write the job's team (the API answers 403, the page too)."""
+
+
+class UnhealthyRun(BaselineError):
+    """The run has warning-or-worse hardware/health findings and no override reason was given (409)."""
+
+    def __init__(self, blockers: Sequence[Finding]) -> None:
+        self.blockers = list(blockers)
+        names = ", ".join(f"{f.code} ({f.severity})" for f in self.blockers)
+        super().__init__(
+            f"this run has hardware or health findings ({names}), so it is not a healthy reference; "
+            "give an override reason to promote it regardless"
+        )
+
+    @property
+    def codes(self) -> list[str]:
+        """The blocking findings' codes, sorted."""
+        return sorted({f.code for f in self.blockers})
+
+
+class _System:
+    """The service itself (the demo loader, management commands): promotes without a user's team rights."""
+
+    is_authenticated = False
+
+    def __repr__(self) -> str:
+        return "SYSTEM"
+
+
+#: Pass as `promote(..., actor=SYSTEM)` for promotions the service makes on its own (no person's rights
+#: apply); every request path passes the requesting user instead.
+SYSTEM: Any = _System()
 
 
 @dataclass(frozen=True)
@@ -77,53 +133,115 @@ def stats_for(runs: list[Job]) -> dict[str, dict[str, Any]]:
     return {m.key: asdict(summarize([m.read(run) for run in runs])) for m in METRICS}
 
 
-def promote(job: Job, user: Any = None) -> Baseline:
-    """Add a finished job to the active baseline of its config fingerprint (created when there is none) and
-    recompute the baseline's statistics over all its runs. Idempotent for a job already in the baseline.
+def health_blockers(findings: Sequence[Finding]) -> list[Finding]:
+    """The findings (of one job) that stop a plain promote: hardware/health codes at warning or worse."""
+    blocking = (Finding.Severity.WARNING, Finding.Severity.CRITICAL)
+    return [f for f in findings if f.code in HEALTH_FINDING_CODES and f.severity in blocking]
 
-    Raises BaselineError when the job cannot serve as a baseline (still running, no fingerprint, no numbers).
+
+@dataclass(frozen=True)
+class Promotion:
+    """What `promote` did: the baseline the run is in, whether it was added now (False: it already was),
+    and the override recorded for it (None for a healthy run)."""
+
+    baseline: Baseline
+    added: bool
+    override: PromotionOverride | None
+
+    @property
+    def runs(self) -> int:
+        """Runs in the baseline now."""
+        return self.baseline.runs.count()
+
+
+def promote(job: Job, actor: Any, *, override_reason: str = "") -> Promotion:
+    """Add a finished, healthy job to its own team's active baseline of its config fingerprint (created
+    when there is none) and recompute the baseline's statistics over all its runs.
+
+    `actor` is the requesting user (or token's user), or SYSTEM for the service's own promotions.
+    `override_reason`: why a run with warning-or-worse hardware/health findings is a healthy reference
+    anyway; recorded (who, which findings, why) as a PromotionOverride. Ignored for a healthy run.
+
+    Idempotent: a job already in the baseline changes nothing (its first override stays the record).
+    Raises PromotionForbidden (the actor may not write the job's team), UnhealthyRun (health findings and
+    no reason), BaselineError (running, no fingerprint, no numbers).
     """
+    if actor is not SYSTEM and not can_write_team(actor, job.team_id):
+        raise PromotionForbidden("only members of the job's team can promote it to a baseline")
     if not job.config_fingerprint:
         raise BaselineError("the job has no config fingerprint (model name and config are needed)")
     if job.ended_at is None or job.status == Job.Status.RUNNING:
         raise BaselineError("only finished jobs can become baselines: a running job's numbers still change")
     if all(m.read(job) is None for m in METRICS):
         raise BaselineError("the job has no MFU, throughput or DCGM numbers yet; wait for its data")
+    reason = " ".join(override_reason.split())[:OVERRIDE_REASON_MAX]
+    blockers = health_blockers(list(job.findings.all()))
+    if blockers and not reason:
+        raise UnhealthyRun(blockers)
+    user = actor if getattr(actor, "is_authenticated", False) else None
     for attempt in range(2):
         try:
             with transaction.atomic():
-                return _promote_locked(job, user)
+                promotion = _promote_locked(job, user, blockers, reason)
         except IntegrityError:
-            # Another request created the active baseline for this fingerprint between our read and insert.
+            # Another request created the team's active baseline for this fingerprint between our read
+            # and insert: the second attempt finds and extends it.
             if attempt:
                 raise
+        else:
+            if promotion.override is not None and promotion.added:
+                log.warning(
+                    "job %s promoted to baseline %s despite %s by %s: %s",
+                    job.external_id,
+                    promotion.baseline.pk,
+                    ", ".join(promotion.override.finding_codes),
+                    user.get_username() if user is not None else actor,
+                    reason,
+                )
+            return promotion
     raise AssertionError("unreachable")
 
 
-def _promote_locked(job: Job, user: Any) -> Baseline:
+def _promote_locked(job: Job, user: Any, blockers: list[Finding], reason: str) -> Promotion:
+    # The team is part of the key: a run joins only its own team's baseline (never another team's with
+    # the same model and config, whose statistics it would move).
     baseline = (
         Baseline.objects.select_for_update()
-        .filter(fingerprint=job.config_fingerprint, retired_at__isnull=True)
+        .filter(team_id=job.team_id, fingerprint=job.config_fingerprint, retired_at__isnull=True)
         .first()
     )
     if baseline is None:
         baseline = Baseline.objects.create(
             fingerprint=job.config_fingerprint,
             model_name=job.model_name or "unnamed",
-            team=job.team,
+            team_id=job.team_id,
             config=config_of(job),
-            created_by=user if getattr(user, "is_authenticated", False) else None,
+            created_by=user,
+        )
+    override = None
+    if blockers:
+        override = PromotionOverride.objects.filter(baseline=baseline, job=job).first()
+    if baseline.runs.filter(pk=job.pk).exists():
+        return Promotion(baseline, added=False, override=override)
+    if blockers and override is None:
+        override = PromotionOverride.objects.create(
+            baseline=baseline,
+            job=job,
+            user=user,
+            finding_codes=sorted({f.code for f in blockers}),
+            reason=reason,
         )
     baseline.runs.add(job)
     baseline.stats = stats_for(list(baseline.runs.all()))
     baseline.save(update_fields=["stats", "updated_at"])
     _reference_changed(baseline)
-    return baseline
+    return Promotion(baseline, added=True, override=override)
 
 
 def jobs_of_baseline(baseline: Baseline) -> list[int]:
-    """Jobs whose reference MFU is this baseline's (same config fingerprint)."""
-    return list(Job.objects.filter(config_fingerprint=baseline.fingerprint).values_list("pk", flat=True))
+    """Jobs whose reference MFU is this baseline's (its team's jobs of the same config fingerprint)."""
+    jobs = Job.objects.filter(team_id=baseline.team_id, config_fingerprint=baseline.fingerprint)
+    return list(jobs.values_list("pk", flat=True))
 
 
 def _reference_changed(baseline: Baseline) -> None:
@@ -160,7 +278,7 @@ class MetricComparison:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A job against the active baseline of its fingerprint."""
+    """A job against its team's active baseline of its fingerprint."""
 
     baseline: Baseline
     rows: list[MetricComparison]
@@ -201,17 +319,22 @@ def compare_with(job: Job, baseline: Baseline) -> Comparison:
 
 
 def active_baseline(job: Job) -> Baseline | None:
-    """The active baseline of the job's fingerprint with its runs prefetched, or None."""
+    """The active baseline of the job's own team and fingerprint with its runs prefetched, or None.
+
+    Every comparison reads this one (job page, API summary, reference MFU, diagnosis, compare noise): a
+    job is measured against its own team's healthy runs, never another team's baseline."""
     if not job.config_fingerprint:
         return None
     return (
-        Baseline.objects.filter(fingerprint=job.config_fingerprint, retired_at__isnull=True)
+        Baseline.objects.filter(
+            team_id=job.team_id, fingerprint=job.config_fingerprint, retired_at__isnull=True
+        )
         .prefetch_related("runs")
         .first()
     )
 
 
 def compare(job: Job) -> Comparison | None:
-    """The job against its active baseline, or None when its config has no baseline."""
+    """The job against its team's active baseline, or None when its config has none in its team."""
     baseline = active_baseline(job)
     return compare_with(job, baseline) if baseline is not None else None

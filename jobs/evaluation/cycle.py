@@ -10,7 +10,7 @@ cycle's signals are read and passes it down store_poll -> update_summary -> load
   of the grid from the archived derived series, and records in `repairs` the earlier part it had to read
   in full (the archive did not hold it from the same query), for the cycle to archive;
 - `lookups`: a memo of the database look-ups whose answer depends on a key shared by many jobs (price
-  book entries per GPU model and tier, the active baseline per config fingerprint, GPU models by id).
+  book entries per GPU model and tier, the active baseline per team and config fingerprint, GPU models by id).
 
 It lives for one cycle only: prices, baselines and MIG layouts can change between cycles, and nothing
 here is global. The per-job paths (poll_job, finalize, re-evaluation) pass no context and read as before.

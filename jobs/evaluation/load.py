@@ -340,9 +340,11 @@ def prices_for(job: Job, cycle: CycleContext | None = None) -> tuple[list[tuple[
 def reference_for(job: Job, cycle: CycleContext | None = None) -> tuple[float, str]:
     """The MFU waste is measured against: the active baseline's median, else the organisation's target
     for the job's dtype (FP8 against the FP8 peak has its own target; see settings.TARGET_MFU_FP8).
-    `cycle`: the baseline is looked up once per config fingerprint for the cycle."""
+    `cycle`: the baseline is looked up once per team and config fingerprint for the cycle (baselines are
+    team-scoped: a job is measured against its own team's healthy runs only)."""
     if cycle is not None and job.config_fingerprint:
-        baseline = cycle.lookups.get(("baseline", job.config_fingerprint), lambda: active_baseline(job))
+        key = ("baseline", job.team_id, job.config_fingerprint)
+        baseline = cycle.lookups.get(key, lambda: active_baseline(job))
     else:
         baseline = active_baseline(job)
     if baseline is not None:

@@ -4,6 +4,7 @@ importable from `jobs.models` (Django finds them here)."""
 
 from jobs.models.artifacts import Artifact, ArtifactQuerySet
 from jobs.models.catalog import GpuModel, PriceEntry
+from jobs.models.identity import SsoIdentity
 from jobs.models.jobs import Baseline, Finding, Job, JobSeries, ProgressSample, PromotionOverride
 from jobs.models.notifications import (
     AlertDelivery,
@@ -34,5 +35,6 @@ __all__ = [
     "ProgressSample",
     "PromotionOverride",
     "ReportDelivery",
+    "SsoIdentity",
     "Team",
 ]

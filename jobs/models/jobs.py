@@ -266,7 +266,8 @@ class JobSeries(models.Model):
 
 
 class Baseline(models.Model):
-    """Healthy reference for a model + config fingerprint: robust statistics over one or more runs."""
+    """A team's healthy reference for a model + config fingerprint: robust statistics over one or more of
+    its runs. Team-scoped: another team with the same fingerprint has its own (jobs.evaluation.baselines)."""
 
     fingerprint = models.CharField(max_length=64, db_index=True)
     model_name = models.CharField(max_length=200)
@@ -285,9 +286,9 @@ class Baseline(models.Model):
         ordering = ["model_name", "-created_at"]
         constraints = [
             models.UniqueConstraint(
-                fields=["fingerprint"],
+                fields=["team", "fingerprint"],
                 condition=Q(retired_at__isnull=True),
-                name="one_active_baseline_per_fingerprint",
+                name="one_active_baseline_per_team_fingerprint",
             )
         ]
 

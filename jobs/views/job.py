@@ -601,7 +601,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         ),
         "can_write": can_write,
         "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
-        "promote_blockers": _health_blockers(findings) if can_write else [],
+        "promote_blockers": baselines.health_blockers(findings) if can_write else [],
         "readiness": _readiness(job),
         "resolution": resolution(figures["archive_step_s"]),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
@@ -745,71 +745,41 @@ def job_artifact_reparse(request: HttpRequest, external_id: str, artifact_id: in
     return HttpResponseRedirect(reverse("job-detail", args=[job.external_id]) + "#artifacts")
 
 
-#: Finding codes that say the hardware or its health was off (XID errors, throttled clocks, a slow GPU): a
-#: run with one of them at warning or worse is not a healthy reference unless someone says why it is.
-HEALTH_FINDING_CODES = ("gpu_errors", "throttling", "straggler")
-PROMOTE_REASON_MAX = 500
-
-
-def _health_blockers(findings: Sequence[Finding]) -> list[Finding]:
-    blocking = (Finding.Severity.WARNING, Finding.Severity.CRITICAL)
-    return [f for f in findings if f.code in HEALTH_FINDING_CODES and f.severity in blocking]
-
-
-def promote_blockers(job: Job) -> list[Finding]:
-    """The job's hardware/health findings at warning or worse, which stop a plain promote."""
-    return _health_blockers(list(job.findings.all()))
-
-
 @require_POST
 def job_promote_baseline(request: HttpRequest, external_id: str) -> HttpResponse:
-    """Add this finished job to its config's baseline (team members and staff). A run with warning-or-worse
-    hardware/health findings is refused unless "promote anyway" is ticked with a reason (logged)."""
+    """Add this finished job to its team's baseline of its config (jobs.evaluation.baselines.promote holds
+    every rule: team members and staff; a run with warning-or-worse hardware/health findings only with
+    "promote anyway" ticked and a reason, which is recorded)."""
     job = _job_or_404(request, external_id)
-    if not can_write_team(request.user, job.team):
-        raise PermissionDenied("Only members of the job's team can promote it to a baseline.")
     target = reverse("job-detail", args=[job.external_id]) + "#baseline"
-    blockers = promote_blockers(job)
-    reason = " ".join((request.POST.get("reason") or "").split())[:PROMOTE_REASON_MAX]
-    if blockers and not (request.POST.get("promote_anyway") == "1" and reason):
-        names = ", ".join(f"{f.title} ({f.get_severity_display().lower()})" for f in blockers)
+    anyway = request.POST.get("promote_anyway") == "1"
+    reason = (request.POST.get("reason") or "") if anyway else ""
+    try:
+        promotion = baselines.promote(job, request.user, override_reason=reason)
+    except baselines.PromotionForbidden:
+        raise PermissionDenied("Only members of the job's team can promote it to a baseline.") from None
+    except baselines.UnhealthyRun as exc:
+        names = ", ".join(f"{f.title} ({f.get_severity_display().lower()})" for f in exc.blockers)
         messages.error(
             request,
             f"Not promoted: this run has hardware or health findings ({names}), so it is not a healthy "
             'reference. Tick "promote anyway" and give a reason to promote it regardless.',
             extra_tags="at-baseline",
         )
-        return HttpResponseRedirect(target)
-    try:
-        baseline = baselines.promote(job, request.user)
     except baselines.BaselineError as exc:
         messages.error(request, f"Not promoted: {exc}.", extra_tags="at-baseline")
     else:
-        runs = baseline.runs.count()
-        if blockers:
-            # The first override of a run is the record; promoting the same run again changes nothing.
-            PromotionOverride.objects.get_or_create(
-                baseline=baseline,
-                job=job,
-                defaults={
-                    "user": request.user if request.user.is_authenticated else None,
-                    "finding_codes": sorted({f.code for f in blockers}),
-                    "reason": reason,
-                },
-            )
-            logger.warning(
-                "job %s promoted to baseline %s despite %s by %s: %s",
-                job.external_id,
-                baseline.pk,
-                ", ".join(f.code for f in blockers),
-                request.user.get_username(),
-                reason,
-            )
+        baseline, override = promotion.baseline, promotion.override
         messages.success(
             request,
-            f"Added to the {baseline.model_name} baseline [{baseline.fingerprint[:8]}], now {runs} run(s). "
-            "Waste of jobs with this config is measured against its median MFU from their next update."
-            + (f" Promoted despite {', '.join(f.code for f in blockers)}: {reason}" if blockers else ""),
+            f"Added to the {baseline.model_name} baseline [{baseline.fingerprint[:8]}], now "
+            f"{promotion.runs} run(s). Waste of this team's jobs with this config is measured against its "
+            "median MFU from their next update."
+            + (
+                f" Promoted despite {', '.join(override.finding_codes)}: {override.reason}"
+                if override is not None
+                else ""
+            ),
             extra_tags="at-baseline",
         )
     return HttpResponseRedirect(target)
