@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class Review(StrEnum):
     """What a user can do to an artifact's place in the diagnosis."""
 
-    CONFIRM = "confirm"  # it belongs to this job despite the run check's mismatch
+    CONFIRM = "confirm"  # it belongs to this job despite the run check's mismatch, or though unverifiable
     EXCLUDE = "exclude"  # keep it listed, leave it out of findings and dollars
     INCLUDE = "include"  # undo an exclusion
 
@@ -38,8 +38,11 @@ def review_artifact(artifact: Artifact, action: Review | str, user: Any) -> Arti
     with transaction.atomic():
         art = Artifact.objects.select_for_update().get(pk=artifact.pk)
         if action is Review.CONFIRM:
-            if art.run_check != Artifact.RunCheck.MISMATCH:
-                raise ReviewError("only an artifact that does not match its job needs confirming")
+            if art.run_check not in (Artifact.RunCheck.MISMATCH, Artifact.RunCheck.UNVERIFIABLE):
+                raise ReviewError(
+                    "only an artifact that does not match its job, or that carries nothing to check, "
+                    "needs confirming"
+                )
             art.confirmed_at, art.confirmed_by = timezone.now(), user
         elif action is Review.EXCLUDE:
             art.excluded_at, art.excluded_by = timezone.now(), user

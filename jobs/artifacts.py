@@ -445,6 +445,11 @@ def run_check(artifact: Artifact, analysis: dict[str, Any]) -> RunCheckResult:
         gpu_count=job.gpu_count,
         start_unix=job.started_at.timestamp(),
         end_unix=job.ended_at.timestamp() if job.ended_at else None,
+        hosts=tuple(
+            str(g["hostname"])
+            for g in (job.gpus if isinstance(job.gpus, list) else [])
+            if isinstance(g, dict) and g.get("hostname")
+        ),
     )
 
     def canonical(name: str) -> str | None:

@@ -14,13 +14,17 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput, diagnose
+from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput
 from jobs.diagnosis import Finding as Diagnosis
+from jobs.diagnosis.belonging import diagnose_checked
 from jobs.evaluation.baselines import active_baseline
-from jobs.evaluation.load import reference_mfu
+from jobs.evaluation.load import DEFAULT_STEP_S, reference_mfu
+from jobs.evaluation.monitoring_logs import with_monitoring_logs
 from jobs.metrics.archive import load_for_evaluation
-from jobs.models import Finding, Job
+from jobs.metrics.signals import JobSignals, grid
+from jobs.models import Artifact, Finding, Job
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +42,35 @@ def _step_time_ms(job: Job, artifacts: list[ArtifactAnalysis]) -> float | None:
     return sorted(medians)[len(medians) // 2] if medians else None
 
 
+def _with_logs(job: Job, signals: JobSignals | None) -> tuple[JobSignals | None, float | None]:
+    """The signals with the job's uploaded nvidia-smi logs where DCGM has none (as the evaluation reads
+    them: jobs.evaluation.monitoring_logs), and the log's interval when GPU utilisation came from one."""
+    end = min(job.ended_at or timezone.now(), timezone.now()).timestamp()
+    if signals is not None:
+        ts, step = signals.timestamps, float(signals.step)
+    else:
+        ts, step = grid(job.started_at.timestamp(), end, DEFAULT_STEP_S), float(DEFAULT_STEP_S)
+    got = with_monitoring_logs(job, signals, ts, step, end)
+    return got.signals, got.interval_s
+
+
 def build_input(job: Job) -> DiagnosisInput:
     """Everything the rules read about `job`: archived signals, KPIs, active baseline, parsed artifacts."""
-    artifacts = [
-        ArtifactAnalysis(kind=a.kind, analysis=a.analysis, name=a.original_name, rank=a.rank)
-        for a in job.artifacts.used_in_diagnosis().order_by("uploaded_at", "pk")
-        if isinstance(a.analysis, dict) and a.analysis
-    ]
+    return build_checked_input(job)[0]
+
+
+def build_checked_input(job: Job) -> tuple[DiagnosisInput, list[ArtifactAnalysis]]:
+    """`build_input` and the artifacts in it whose run check could verify nothing (no GPU, time, rank or
+    host to compare; `jobs.diagnosis.belonging`) and that no user has confirmed."""
+    artifacts: list[ArtifactAnalysis] = []
+    unverified: list[ArtifactAnalysis] = []
+    for a in job.artifacts.used_in_diagnosis().order_by("uploaded_at", "pk"):
+        if not isinstance(a.analysis, dict) or not a.analysis:
+            continue
+        art = ArtifactAnalysis(kind=a.kind, analysis=a.analysis, name=a.original_name, rank=a.rank)
+        artifacts.append(art)
+        if a.run_check == Artifact.RunCheck.UNVERIFIABLE and a.confirmed_at is None:
+            unverified.append(art)
     gpu = job.gpu_model
     baseline = active_baseline(job)
     # At the resolution the evaluation reads (archive.EVALUATION_MAX_POINTS: the tiers for a long job), so a
@@ -54,7 +80,10 @@ def build_input(job: Job) -> DiagnosisInput:
     # The coarser of the scrape interval and the archive's step is what a pattern must outlast to be seen.
     scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)
     interval = max(scrape, float(signals.step)) if signals is not None else scrape
-    return DiagnosisInput(
+    signals, log_interval = _with_logs(job, signals)
+    if log_interval is not None:  # utilisation from an uploaded nvidia-smi log: its own sampling interval
+        interval = log_interval
+    inp = DiagnosisInput(
         signals=signals,
         gpu_count=job.gpu_count,
         dtype=job.dtype,
@@ -76,6 +105,7 @@ def build_input(job: Job) -> DiagnosisInput:
         material_waste_usd_per_day=settings.UNEXPLAINED_WASTE_MIN_USD_PER_DAY,
         sharing=evaluated.sharing if evaluated is not None else None,
     )
+    return inp, unverified
 
 
 def _utc(ts: float | None) -> datetime | None:
@@ -104,7 +134,8 @@ def run_diagnosis(job: Job) -> list[Finding]:
     """Diagnose `job` and store its findings in place (one row per code); returns them, costliest first."""
     with transaction.atomic():
         locked = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job.pk)
-        diagnoses = diagnose(build_input(locked))
+        inp, unverified = build_checked_input(locked)
+        diagnoses = diagnose_checked(inp, unverified)
         stored: list[Finding] = []
         for d in diagnoses:
             row, _ = Finding.objects.update_or_create(job=locked, code=d.code, defaults=_fields(d))

@@ -14,7 +14,7 @@ from typing import Any
 
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
-from jobs.profiling.capture import capture_from_nvidia_smi
+from jobs.profiling.capture import capture_from_nvidia_smi, make_capture
 
 KEYS_USED: dict[str, tuple[str, ...]] = {
     "trace (kineto / nsys_sqlite: trace_analysis.analyze_trace)": (
@@ -35,7 +35,8 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "launch_gaps_host_busy_pct,idle_gaps[].{lower_us,upper_us,count}}",
         "ranks[].input_pipeline.{dataloader_step_pct,iterator}",
         "ranks[].host_blocking.{step_pct,cpu_time_pct,by_kind[].{kind,count,time_ms},sites[].{site,step_pct}}",
-        "capture.{start_unix,end_unix} (nvidia-smi: start_unix_s, end_unix_s, gpus[].name when absent)",
+        "capture.{start_unix,end_unix} (nvidia-smi: start_unix_s, end_unix_s, gpus[].name when absent;"
+        " dstat: host, start_unix_s, end_unix_s)",
     ),
     "py-spy (pyspy.analyze_pyspy)": (
         "classes_pct",
@@ -161,7 +162,24 @@ def capture_of(analysis: Any) -> Mapping[str, Any] | None:
         return block
     if get(analysis, "format") == "nvidia_smi_csv":
         return capture_from_nvidia_smi(analysis)
+    if get(analysis, "format") == "dstat_csv":
+        return capture_from_dstat(analysis)
     return None
+
+
+def capture_from_dstat(analysis: Mapping[str, Any]) -> dict[str, Any]:
+    """The capture block of a dstat analysis (`monitoring.analyze_dstat`): the "Host:" line, and the time
+    range when the log has a time column (dstat knows no GPU and no rank)."""
+    host = analysis.get("host")
+    start = num(analysis.get("start_unix_s"))
+    return make_capture(
+        start_unix=start,
+        end_unix=analysis.get("end_unix_s"),
+        hosts=[host] if isinstance(host, str) else [],
+        source="dstat time column (first to last sample)"
+        if start is not None
+        else "unknown: the dstat log has no time column",
+    )
 
 
 def capture_window(art: ArtifactAnalysis) -> list[tuple[float, float]]:

@@ -11,6 +11,10 @@ inside the job's window, rank among the job's GPUs)::
      "world_size": int | None,
      "source": str}                # how start_unix was obtained, or why it is unknown
 
+and, only when the file names them (artifacts without GPU, time or rank are matched by these):
+``"hosts": [str, ...]`` (dstat's "Host:"), ``"pids": [int, ...]`` and ``"commands": [str, ...]`` (py-spy's
+``process PID:"command"`` frames).
+
 Every number is finite or None (never NaN/Inf), every string at most `MAX_CHARS` characters, lists at
 most `MAX_ITEMS` long. `make_capture` enforces that whatever the parser hands it.
 """
@@ -47,6 +51,9 @@ def make_capture(
     ranks: Iterable[Any] = (),
     world_size: Any = None,
     source: str,
+    hosts: Iterable[Any] = (),
+    pids: Iterable[Any] = (),
+    commands: Iterable[Any] = (),
 ) -> dict[str, Any]:
     """A capture block that satisfies the contract (see the module docstring), from loose inputs.
 
@@ -68,7 +75,7 @@ def make_capture(
         if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size > 0
         else None
     )
-    return {
+    out: dict[str, Any] = {
         "gpu_names": names,
         "start_unix": start,
         "end_unix": end,
@@ -76,6 +83,14 @@ def make_capture(
         "world_size": world,
         "source": _text(source + note),
     }
+    # The optional keys appear only when known, so captures of files that never carry them stay as they were.
+    host_list = list(dict.fromkeys(_text(h.strip()) for h in hosts if isinstance(h, str) and h.strip()))
+    pid_list = sorted({int(p) for p in pids if isinstance(p, int) and not isinstance(p, bool) and p > 0})
+    command_list = list(dict.fromkeys(_text(c) for c in commands if isinstance(c, str) and c.strip()))
+    for key, values in (("hosts", host_list), ("pids", pid_list), ("commands", command_list)):
+        if values:
+            out[key] = values[:MAX_ITEMS]
+    return out
 
 
 def capture_from_nvidia_smi(analysis: Mapping[str, Any]) -> dict[str, Any]:

@@ -639,6 +639,20 @@ def _hot_frames(profile: Profile, total: float, top_n: int, cache: dict[Frame, s
     }
 
 
+_PROCESS_PARTS = re.compile(r'^process (\d+):"(.*)"$', re.DOTALL)
+
+
+def processes_of(profile: Profile) -> dict[str, list[Any]]:
+    """{"pids": [...], "commands": [...]} from py-spy's synthetic ``process PID:"command"`` frames
+    (written with --subprocesses; empty lists without them)."""
+    seen: dict[int, str] = {}
+    for stack in profile.stacks:
+        for frame in stack:
+            if frame.kind == "process" and (m := _PROCESS_PARTS.match(frame.func)):
+                seen.setdefault(int(m.group(1)), m.group(2))
+    return {"pids": sorted(seen), "commands": list(dict.fromkeys(seen.values()))}
+
+
 @guarded("py-spy profile")
 def analyze_pyspy(
     source: bytes | str | Path,
@@ -685,6 +699,9 @@ def analyze_pyspy(
         **_hot_frames(profile, total, top_n, cache),
         "icicle": _icicle(profile, max_nodes),
         # py-spy's raw and speedscope outputs record sample counts or weights, never when they were taken
-        # or on which GPU: the capture block says so, and the run check has nothing to compare.
-        "capture": make_capture(source="py-spy: unknown: py-spy profiles carry no wall-clock time"),
+        # or on which GPU: the capture block says so. With --subprocesses its process frames name the
+        # pid and command line, which the run check can show and match (jobs.profiling.run_check).
+        "capture": make_capture(
+            source="py-spy: unknown: py-spy profiles carry no wall-clock time", **processes_of(profile)
+        ),
     }

@@ -13,6 +13,14 @@ sides are known:
   clock skew between the node that captured and the scheduler that registered the job.
 * **Rank**: the upload's rank (or the ranks in the file) must be below the job's GPU count, and a world
   size stated in the file must equal it (one process per GPU, the launchers' default).
+* **Host**: a host the file names (dstat's "Host:" line, capture key `hosts`) must be one of the job's
+  hosts (its explicit GPU mapping), compared by short name ("node7.cluster" is "node7").
+
+Files that carry none of these (py-spy: no GPU, no time, no rank; a dstat log of a job without a host
+mapping) are `unverifiable`: the diagnosis still shows what they say, but they never raise a finding's
+confidence, severity or dollars (`jobs.diagnosis.belonging`) until a user confirms them. The pids and
+command lines py-spy records (capture keys `pids`, `commands`) have nothing on the job to be compared with;
+they are shown to the user who decides.
 
 What it cannot see: a file from another job of the same GPU model, captured in the same window, on a rank
 that exists in this job — the metadata is identical. The user can exclude such an artifact by hand.
@@ -38,6 +46,7 @@ class JobFacts:
     gpu_count: int
     start_unix: float
     end_unix: float | None  # None while running: up to now
+    hosts: tuple[str, ...] = ()  # hostnames of the job's explicit GPU mapping; () when unknown
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,15 @@ def _ints(values: Any) -> list[int]:
     if not isinstance(values, Sequence) or isinstance(values, str):
         return []
     return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def short_host(name: str) -> str:
+    """A hostname as compared: lower case, its first DNS label ("Node7.cluster.local" -> "node7"); an IPv4
+    address stays whole."""
+    text = name.strip().lower()[:200]
+    if text.replace(".", "").isdigit():
+        return text
+    return text.split(".", 1)[0]
 
 
 def check_run(
@@ -130,6 +148,23 @@ def check_run(
         checked.append("world size")
         if world != job.gpu_count:
             mismatches.append(f"the trace is from a {world}-rank run; the job has {job.gpu_count} GPUs")
+
+    listed_hosts = cap.get("hosts")
+    file_hosts: set[str] = (
+        {short_host(h) for h in listed_hosts if isinstance(h, str)}
+        if isinstance(listed_hosts, list)
+        else set()
+    )
+    job_hosts = {short_host(h) for h in job.hosts}
+    file_hosts.discard("")
+    job_hosts.discard("")
+    if file_hosts and job_hosts:
+        checked.append("host")
+        if not file_hosts & job_hosts:
+            mismatches.append(
+                f"captured on host {', '.join(sorted(file_hosts)[:4])}, not one of the job's hosts "
+                f"({', '.join(sorted(job_hosts)[:8])})"
+            )
 
     if mismatches:
         return RunCheckResult("mismatch", mismatches, checked)
