@@ -8,6 +8,7 @@ instead of running with a silently wrong value.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -104,6 +105,26 @@ def env_list(name: str, default: list[str], *, env: Mapping[str, str] | None = N
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+_HOST_NAME = re.compile(r"(?=.{1,253}\.?$)((?!-)[a-z0-9_-]{1,63}(?<!-)\.)*(?!-)[a-z0-9_-]{1,63}(?<!-)\.?")
+
+
+def env_hosts(name: str, default: list[str], *, env: Mapping[str, str] | None = None) -> list[str]:
+    """A comma-separated list of host names, IP addresses and CIDR networks (``hooks.internal,10.0.0.0/8,
+    ::1``), lowercased; a malformed entry is an error (an allow-list typo must not pass silently)."""
+    import ipaddress
+
+    hosts = [item.lower() for item in env_list(name, default, env=env)]
+    for host in hosts:
+        try:
+            ipaddress.ip_network(host.strip("[]"), strict=False)
+            continue
+        except ValueError:
+            pass
+        if "/" in host or ":" in host or not _HOST_NAME.fullmatch(host):
+            raise EnvError(f"{name}: {host!r} is not a host name, an IP address or a CIDR network")
+    return hosts
 
 
 def env_choice(

@@ -15,6 +15,7 @@ from efficiency.env import (
     env_bool,
     env_choice,
     env_float,
+    env_hosts,
     env_int,
     env_list,
     env_str,
@@ -302,6 +303,19 @@ ALERT_DELIVERY_MAX_ATTEMPTS = env_int("ALERT_DELIVERY_MAX_ATTEMPTS", 6, min_valu
 ALERT_RETRY_BACKOFF_S = env_float("ALERT_RETRY_BACKOFF_S", 30.0, min_value=0.0, max_value=3600.0)
 ALERT_WEBHOOK_TIMEOUT_S = env_float("ALERT_WEBHOOK_TIMEOUT_S", 10.0, min_value=0.1, max_value=120.0)
 ALERT_STALE_CLAIM_S = env_float("ALERT_STALE_CLAIM_S", 600.0, min_value=1.0, max_value=3000.0)
+# Outbound requests to webhook URLs (jobs.alerts.outbound): a host resolving to any internal address
+# (loopback, private, link-local, unique-local, ...) is refused unless listed here (host names, IP
+# addresses, CIDR networks); at most this many bytes of a reply are read, then dropped (status code only).
+ALERT_ALLOWED_HOSTS = env_hosts("ALERT_ALLOWED_HOSTS", [])
+ALERT_WEBHOOK_MAX_RESPONSE_BYTES = env_int(
+    "ALERT_WEBHOOK_MAX_RESPONSE_BYTES", 64 * 1024, min_value=0, max_value=10 * 1024 * 1024
+)
+# The poll cycle's Redis lock: held with this TTL and renewed by a heartbeat every third of it while the
+# cycle runs, so a killed worker frees it within the TTL (jobs.locks). A poller whose last completed cycle
+# is older than POLL_STALLED_AFTER_S marks the service degraded (/healthz, /metrics) and holds the
+# ingestion_stale alerts, which would otherwise fire for every job (jobs.service_health).
+POLL_CYCLE_LOCK_TTL_S = env_int("POLL_CYCLE_LOCK_TTL_S", 90, min_value=3, max_value=600)
+POLL_STALLED_AFTER_S = env_float("POLL_STALLED_AFTER_S", 150.0, min_value=10.0, max_value=86_400.0)
 # Idle-GPU policy (jobs.alerts.policy): only teams listed here may have jobs cancelled, only when the team
 # enabled its policy; IDLE_POLICY_DRY_RUN=true logs every action without doing it, whatever the team says.
 IDLE_POLICY_TEAMS = env_list("IDLE_POLICY_TEAMS", [])

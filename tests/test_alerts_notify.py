@@ -112,6 +112,8 @@ def _alert_settings(settings):
     settings.ALERT_STALE_MINUTES = 10
     settings.ALERT_RETRY_BACKOFF_S = 0
     settings.ALERT_STALE_CLAIM_S = 600
+    # The receivers below listen on loopback, which outbound requests refuse unless allowed (issue 23).
+    settings.ALERT_ALLOWED_HOSTS = ["127.0.0.1"]
 
 
 def _subscribe(team=None, user=None, channel="webhook", url="", secret="", email_addr="", rules=()):

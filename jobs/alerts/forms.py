@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from django import forms
+from django.conf import settings
 
-from jobs.alerts import rules, secrets
+from jobs.alerts import outbound, rules, secrets
 from jobs.models import AlertIncident, AlertSubscription, IdlePolicy
 
 
@@ -17,7 +17,7 @@ class SubscriptionForm(forms.Form):
     email = forms.EmailField(required=False, help_text="Email channel: the address (empty: your own).")
     url = forms.CharField(
         required=False,
-        max_length=2000,
+        max_length=outbound.MAX_URL_LENGTH,
         widget=forms.PasswordInput(render_value=False),
         label="Webhook URL",
         help_text="Stored encrypted; shown afterwards as its host only.",
@@ -39,10 +39,22 @@ class SubscriptionForm(forms.Form):
         data = super().clean() or {}
         channel = data.get("channel")
         if channel and channel != AlertSubscription.Channel.EMAIL:
-            url = (data.get("url") or "").strip()
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                self.add_error("url", "An http(s) URL is required for a webhook.")
+            # The rules of jobs.alerts.outbound, so what is stored is what can be sent: http(s), a valid
+            # host and port, and (known without DNS) no IP literal that the sender would refuse.
+            try:
+                target = outbound.parse_url(data.get("url") or "")
+            except outbound.BadUrl as exc:
+                self.add_error("url", f"Not a usable webhook URL: {exc}.")
+                return data
+            problem = outbound.literal_problem(target, outbound.AllowList.parse(settings.ALERT_ALLOWED_HOSTS))
+            if problem is not None:
+                self.add_error(
+                    "url",
+                    f"Webhook URLs may not point at internal addresses ({problem}); an operator can allow "
+                    "a host with ALERT_ALLOWED_HOSTS.",
+                )
+                return data
+            data["target"] = target
         return data
 
     def save(self, *, team: Any = None, user: Any = None, created_by: Any = None) -> AlertSubscription:
@@ -53,9 +65,8 @@ class SubscriptionForm(forms.Form):
             sub.email = data.get("email") or ""
         else:
             url = data["url"].strip()
-            parts = urlsplit(url)
             sub.url_encrypted = secrets.seal(url)
-            sub.url_hint = f"{parts.scheme}://{parts.hostname}{':' + str(parts.port) if parts.port else ''}/…"
+            sub.url_hint = data["target"].hint
             sub.secret_encrypted = secrets.seal(data.get("secret") or "")
         sub.save()
         return sub

@@ -30,7 +30,6 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.db.models import F, Q
@@ -38,7 +37,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.alerts import secrets
+from jobs.alerts import outbound, secrets
 from jobs.models import AlertDelivery, AlertIncident, AlertSubscription
 
 log = logging.getLogger(__name__)
@@ -212,27 +211,28 @@ def alertmanager_payload(m: Message) -> dict[str, Any]:
 
 
 def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> int:
-    if urlsplit(url).scheme not in ("http", "https"):
-        raise DeliveryError("webhook URL must be http(s)", transient=False)
+    """POST through jobs.alerts.outbound (internal addresses refused, no redirects, bounded time and reply
+    size); the status code only: a receiver's reply body is never stored or shown (issue 23: a
+    subscription to Prometheus' query API showed its answer on the alerts page)."""
     data = json.dumps(body, separators=(",", ":"), default=str).encode()
     try:
-        response = requests.post(
+        reply = outbound.post(
             url,
-            data=data,
-            headers={"Content-Type": "application/json", "User-Agent": "efficiency-alerts/1", **headers},
-            timeout=settings.ALERT_WEBHOOK_TIMEOUT_S,
-            allow_redirects=False,
+            data,
+            {"Content-Type": "application/json", "User-Agent": "efficiency-alerts/1", **headers},
+            allowed=outbound.AllowList.parse(settings.ALERT_ALLOWED_HOSTS),
+            timeout_s=settings.ALERT_WEBHOOK_TIMEOUT_S,
+            max_bytes=settings.ALERT_WEBHOOK_MAX_RESPONSE_BYTES,
         )
-    except requests.RequestException as exc:
-        raise DeliveryError(f"{type(exc).__name__}: {exc}", transient=True) from exc
-    if 200 <= response.status_code < 300:
-        return response.status_code
-    transient = response.status_code >= 500 or response.status_code in _TRANSIENT_HTTP
-    raise DeliveryError(
-        f"HTTP {response.status_code}: {response.text[:300]}",
-        transient=transient,
-        status=response.status_code,
-    )
+    except outbound.OutboundError as exc:
+        raise DeliveryError(str(exc), transient=exc.transient) from exc
+    status = reply.status
+    if 200 <= status < 300:
+        return status
+    if 300 <= status < 400:
+        raise DeliveryError(f"HTTP {status}: redirects are not followed", transient=False, status=status)
+    transient = status >= 500 or status in _TRANSIENT_HTTP
+    raise DeliveryError(f"HTTP {status}", transient=transient, status=status)
 
 
 def _send_webhook(sub: AlertSubscription, m: Message) -> int:

@@ -25,7 +25,12 @@ RECENT_DAYS = 14
 
 def team_alerts(request: HttpRequest, slug: str) -> HttpResponse:
     """Open and recent incidents of a team, its subscriptions and delivery log, its idle-GPU policy."""
-    team = readable_team_or_404(request.user, slug)
+    return _team_page(request, readable_team_or_404(request.user, slug))
+
+
+def _team_page(
+    request: HttpRequest, team: Team, form: SubscriptionForm | None = None, status: int = 200
+) -> HttpResponse:
     can_write = can_write_team(request.user, team)
     base = AlertIncident.objects.filter(team=team).select_related("job", "finding")
     policy = IdlePolicy.objects.filter(team=team).first()
@@ -41,14 +46,14 @@ def team_alerts(request: HttpRequest, slug: str) -> HttpResponse:
         "deliveries": AlertDelivery.objects.filter(incident__team=team)
         .select_related("incident__job")
         .order_by("-created_at")[:100],
-        "form": SubscriptionForm(),
+        "form": form or SubscriptionForm(),
         "policy": policy,
         "policy_form": IdlePolicyForm(instance=policy or IdlePolicy(team=team)),
         "policy_allowed": team.slug in settings.IDLE_POLICY_TEAMS,
         "policy_dry_run_forced": settings.IDLE_POLICY_DRY_RUN,
         "policy_actions": PolicyAction.objects.filter(team=team).select_related("job")[:50],
     }
-    return render(request, "jobs/alerts_team.html", context)
+    return render(request, "jobs/alerts_team.html", context, status=status)
 
 
 def _back(slug: str | None) -> HttpResponseRedirect:
@@ -61,13 +66,10 @@ def team_subscription_add(request: HttpRequest, slug: str) -> HttpResponse:
     if not can_write_team(request.user, team):
         raise PermissionDenied("only members of the team can change its alert subscriptions")
     form = SubscriptionForm(request.POST)
-    if form.is_valid():
-        form.save(team=team, created_by=request.user)
-        messages.success(request, "Subscription added.")
-    else:
-        messages.error(
-            request, "Subscription not added: " + "; ".join(str(m) for e in form.errors.values() for m in e)
-        )
+    if not form.is_valid():  # the page again with the form's errors: 400, nothing stored
+        return _team_page(request, team, form, status=400)
+    form.save(team=team, created_by=request.user)
+    messages.success(request, "Subscription added.")
     return _back(slug)
 
 
@@ -108,12 +110,14 @@ def team_idle_policy(request: HttpRequest, slug: str) -> HttpResponse:
 def my_alerts(request: HttpRequest) -> HttpResponse:
     """One's own subscriptions (incidents of jobs one owns) and the incidents of those jobs."""
     user = request.user
+    status = 200
     if request.method == "POST":
         form = SubscriptionForm(request.POST)
         if form.is_valid():
             form.save(user=user, created_by=user)
             messages.success(request, "Subscription added.")
             return _back(None)
+        status = 400  # the form again with its errors
     else:
         form = SubscriptionForm()
     incidents = (
@@ -129,4 +133,5 @@ def my_alerts(request: HttpRequest) -> HttpResponse:
             "subscriptions": AlertSubscription.objects.filter(user_id=user.pk or 0),
             "incidents": incidents,
         },
+        status=status,
     )
