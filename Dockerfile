@@ -12,4 +12,6 @@ RUN DEBUG=false SECRET_KEY=collectstatic-only ALLOWED_HOSTS=localhost python man
     && mkdir -p /data/media && chown -R efficiency /data
 USER efficiency
 EXPOSE 8000
-CMD ["gunicorn", "efficiency.wsgi", "--bind", "0.0.0.0:8000", "--workers", "4", "--timeout", "120"]
+# Threaded workers with request-head and body timeouts (gunicorn.conf.py, efficiency/webserver.py);
+# WEB_CONCURRENCY workers x GUNICORN_THREADS threads. In compose, nginx is in front (efficiency/deploy/nginx.conf).
+CMD ["gunicorn", "--config", "gunicorn.conf.py"]

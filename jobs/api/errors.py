@@ -6,7 +6,7 @@ import logging
 import uuid
 from typing import Any
 
-from django.http import JsonResponse
+from django.http import JsonResponse, UnreadablePostError
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -30,11 +30,20 @@ def log_unexpected(exc: BaseException, where: str) -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF's answer for API exceptions, 404 and PermissionDenied; for anything else a JSON 500
-    `{"detail": ..., "error_id": ...}` (never an HTML debug page), with the id and traceback logged."""
+    """DRF's answer for API exceptions, 404 and PermissionDenied; 408 for a body that stopped arriving;
+    for anything else a JSON 500 `{"detail": ..., "error_id": ...}` (never an HTML debug page), with the
+    id and traceback logged."""
     response = drf_exception_handler(exc, context)
     if response is not None:
         return response
+    if isinstance(exc, UnreadablePostError):
+        # The body stopped arriving (efficiency.webserver's body timeouts, or the client went away): the
+        # client's 408, not a 500 with a traceback; the rest of the body is never read.
+        return Response(
+            {"detail": "request body not received in time"},
+            status=status.HTTP_408_REQUEST_TIMEOUT,
+            headers={"Connection": "close"},
+        )
     request = context.get("request")
     error_id = log_unexpected(exc, getattr(request, "path", "?"))
     set_rollback()
