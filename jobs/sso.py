@@ -6,8 +6,12 @@ every login and the /oidc/ views answer 404, so local accounts work exactly as w
 On each SSO login the backend
 - verifies the ID token fully (signature against the provider's JWKS, issuer, audience = our client id,
   expiry, nonce; mozilla-django-oidc itself skips the audience and issuer checks, so we do them here);
-- finds the account by verified email, or creates one named by ``OIDC_USERNAME_CLAIM`` (default
-  ``preferred_username``, falling back to the email); it never takes over a local account by user name;
+- finds the account by the provider identity, (issuer, subject), once linked (jobs.models.SsoIdentity);
+  at the identity's first login it links an existing account by verified email under jobs.sso_email's
+  rules (exact NFKC + casefold comparison in Python, no look-alike addresses, never a staff or superuser
+  account, never one linked to another identity), or creates one named by ``OIDC_USERNAME_CLAIM``
+  (default ``preferred_username``, falling back to the email); it never takes over a local account by
+  user name; a linked user's email follows the provider only when verified and no other account has it;
 - sets ``is_staff`` from ``OIDC_STAFF_GROUP`` (when configured; superusers keep staff);
 - syncs team memberships from the groups claim (``efficiency.sso_config.teams_from_groups``).
 
@@ -18,7 +22,8 @@ manages that the groups no longer grant. A membership an admin created (no marke
 removed by SSO, even when the user is in or leaves the matching provider group.
 
 A refused login (bad signature, wrong audience or issuer, expired token, wrong nonce, unverified email,
-a user name held by another account, the provider's own error) logs in nobody: the login page shows why.
+a user name held by another account, an administrator's email, the provider's own error) logs in nobody:
+the login page shows why.
 """
 
 from __future__ import annotations
@@ -36,17 +41,19 @@ from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import Group, User
 from django.contrib.auth.views import LogoutView
 from django.core.exceptions import SuspiciousOperation
-from django.db import transaction
-from django.db.models import QuerySet
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.encoding import smart_str
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from efficiency.sso_config import SsoConfig, teams_from_groups
-from jobs.models import Membership, Team
+from jobs.models import Membership, SsoIdentity, Team
+from jobs.sso_email import Account, match_account, may_take_email
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,9 @@ MANAGED_GROUP_PREFIX = "oidc-managed:"
 MAX_GROUPS = 1000
 # Clock skew tolerated on exp/iat/nbf between us and the provider.
 LEEWAY_S = 60
+# SsoIdentity's column widths (OIDC Core 2: sub is at most 255 ASCII characters).
+SUBJECT_MAX = 255
+ISSUER_MAX = 500
 
 # Why this request's SSO attempt was refused, for the login page's message: the backend has the request,
 # the callback view (which shows the message) does not see the backend's exceptions. Kept in the request's
@@ -118,6 +128,19 @@ def _groups(claims: dict[str, Any], claim: str) -> list[str]:
 def _verified(value: object) -> bool:
     # Some providers (e.g. AWS Cognito) send the boolean as a string.
     return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def _accounts() -> list[Account]:
+    """Every account with an email, as jobs.sso_email's rules see it. The comparison key (NFKC + casefold)
+    is computed in Python, so the database cannot narrow the rows; read at an identity's first login and
+    when a linked user's email changes, not at every login."""
+    linked = SsoIdentity.objects.filter(user=OuterRef("pk"))
+    rows = (
+        User.objects.exclude(email="")
+        .annotate(linked=Exists(linked))
+        .values_list("pk", "email", "is_staff", "is_superuser", "linked")
+    )
+    return [Account(pk, email, staff or superuser, has) for pk, email, staff, superuser, has in rows]
 
 
 class SsoBackend(OIDCAuthenticationBackend):
@@ -235,10 +258,56 @@ class SsoBackend(OIDCAuthenticationBackend):
         user: User | None = ModelBackend.get_user(self, user_id)
         return user
 
-    def filter_users_by_claims(self, claims: dict[str, Any]) -> QuerySet[User]:
-        """Accounts with the (verified) email address, the one link between SSO and local accounts."""
-        users: QuerySet[User] = self.UserModel.objects.filter(email__iexact=claims["email"])
-        return users
+    def get_or_create_user(self, access_token: str, id_token: str, payload: dict[str, Any]) -> User:
+        """The account of this provider identity (the ID token's verified iss and sub): its linked account
+        once linked; at its first login an existing account by verified email (jobs.sso_email) or a new
+        account, and the link is stored. Replaces the library's email lookup (``email__iexact``)."""
+        claims = self.get_userinfo(access_token, id_token, payload)
+        self.verify_claims(claims)
+        issuer, subject = smart_str(payload.get("iss")), smart_str(payload.get("sub"))
+        if not subject or len(subject) > SUBJECT_MAX or len(issuer) > ISSUER_MAX:
+            raise SsoRefused("the ID token's subject or issuer is empty or too long to be an identity")
+        with transaction.atomic():
+            identity = (
+                SsoIdentity.objects.select_for_update()
+                .select_related("user")
+                .filter(issuer=issuer, subject=subject)
+                .first()
+            )
+            if identity is not None:
+                identity.last_login_at = timezone.now()
+                identity.save(update_fields=["last_login_at"])
+                return self.update_user(identity.user, claims)
+            user, linked_by = self._first_login_account(claims)
+            try:
+                with transaction.atomic():
+                    SsoIdentity.objects.create(
+                        issuer=issuer,
+                        subject=subject,
+                        user=user,
+                        email_at_link=str(claims["email"])[:254],
+                        linked_by=linked_by,
+                        last_login_at=timezone.now(),
+                    )
+            except IntegrityError:
+                # The same identity's first login ran twice at once; the other one linked it (and this
+                # transaction's new account, if any, is rolled back with the refusal).
+                raise SsoRefused(
+                    "this sign-in was being linked by another login at the same time; try again"
+                ) from None
+            log.info("SSO linked %s at %s to user %s (%s)", subject, issuer, user.get_username(), linked_by)
+            return user
+
+    def _first_login_account(self, claims: dict[str, Any]) -> tuple[User, str]:
+        """An identity's first login: the existing account its verified email links to, else a new one."""
+        verified = _verified(claims.get("email_verified"))
+        match = match_account(str(claims["email"]), verified, _accounts())
+        if match.refusal is not None:
+            raise SsoRefused(match.refusal)
+        if match.account is not None:
+            user = self.UserModel.objects.get(pk=match.account.pk)
+            return self.update_user(user, claims), "email"
+        return self.create_user(claims), "first-login"
 
     def get_username(self, claims: dict[str, Any]) -> str:
         """The username claim (default preferred_username), or the email when it is absent."""
@@ -262,9 +331,19 @@ class SsoBackend(OIDCAuthenticationBackend):
         return self.update_user(user, claims)
 
     def update_user(self, user: User, claims: dict[str, Any]) -> User:
-        """Names, email, staff flag and team memberships from the claims, on every login."""
+        """Names, email, staff flag and team memberships from the claims, on every login. The email only
+        when verified and held by no other account (jobs.sso_email.may_take_email)."""
         groups = _groups(claims, self.config.groups_claim)
-        user.email = claims["email"]
+        email = str(claims["email"])
+        if email != user.email:
+            if may_take_email(user.pk, email, _verified(claims.get("email_verified")), _accounts()):
+                user.email = email
+            else:
+                log.warning(
+                    "SSO kept %s's email: the provider's %r is unverified or another account's",
+                    user.get_username(),
+                    email,
+                )
         for field, claim in (("first_name", "given_name"), ("last_name", "family_name")):
             value = claims.get(claim)
             if isinstance(value, str):

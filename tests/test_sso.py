@@ -17,7 +17,7 @@ from django.contrib.auth.models import Group
 
 from efficiency.env import EnvError
 from efficiency.sso_config import SsoConfig, TeamGrant, load_sso_config, parse_team_map, teams_from_groups
-from jobs.models import Membership
+from jobs.models import Membership, SsoIdentity
 from tests.oidc_provider import OidcProvider
 
 STAFF_GROUP = "efficiency-admins"
@@ -522,3 +522,209 @@ def test_failed_sso_logins_lock_out_neither_sso_nor_password_logins(
     client.logout()
     make_user("bob")
     assert client.post("/login/", {"username": "bob", "password": "pw-correct-horse"}).status_code == 302
+
+
+# -- account linking: (issuer, subject) once linked; email only at the first login (issue 23, item 4) ------
+
+
+@pytest.fixture(scope="module")
+def second_provider():
+    """Another provider (another issuer and signing key) that a deployment might move to."""
+    served = OidcProvider().start()
+    yield served
+    served.stop()
+
+
+def _sso_against(settings, sso, provider) -> None:
+    endpoints = provider.endpoints()
+    settings.SSO = replace(
+        sso,
+        issuer=endpoints["issuer"],
+        authorization_endpoint=endpoints["authorization_endpoint"],
+        token_endpoint=endpoints["token_endpoint"],
+        userinfo_endpoint=endpoints["userinfo_endpoint"],
+        jwks_endpoint=endpoints["jwks_uri"],
+        end_session_endpoint=endpoints["end_session_endpoint"],
+        client_id=provider.client_id,
+        client_secret=provider.client_secret,
+    )
+
+
+def _identities() -> set[tuple[str, str, str]]:
+    return {(i.issuer, i.subject, i.user.username) for i in SsoIdentity.objects.select_related("user").all()}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("local", "claimed"),
+    [
+        ("alice", "alıce@example.com"),  # dotless ı: Postgres' UPPER() makes it ALICE (iexact matched)
+        ("sam", "ſam@example.com"),  # long s: UPPER() makes it SAM, NFKC and casefold make it "s"
+        ("alice", "ａlice@example.com"),  # full-width a: NFKC makes it "a"
+        ("alice", "ALİCE@example.com"),  # dotted capital İ: lower-cases to i + combining dot
+    ],
+)
+def test_a_look_alike_verified_email_does_not_sign_in_as_the_local_account(
+    client, provider, sso, make_user, local, claimed
+):
+    victim = make_user(local)  # <local>@example.com
+    provider.user = {**_claims(groups=[], username="mallory", email=claimed), "sub": "sub-mallory"}
+
+    response = _sso_login(client)
+
+    assert response["Location"] == "/"
+    user = _logged_in_user(client)
+    assert user is not None and user.pk != victim.pk and user.username == "mallory"
+    victim.refresh_from_db()
+    assert victim.email == f"{local}@example.com" and victim.has_usable_password()
+    assert not SsoIdentity.objects.filter(user=victim).exists()
+
+
+@pytest.mark.django_db
+def test_the_look_alike_attack_premise_holds_in_postgres(make_user):
+    # What the old lookup (email__iexact, run as UPPER() = UPPER()) found for the provider's addresses.
+    alice, sam = make_user("alice"), make_user("sam")
+    users = get_user_model().objects
+    assert list(users.filter(email__iexact="alıce@example.com")) == [alice]
+    assert list(users.filter(email__iexact="ſam@example.com")) == [sam]
+
+
+@pytest.mark.django_db
+def test_a_verified_email_links_a_plain_account_once_then_the_subject_alone_signs_in(
+    client, provider, sso, make_user, settings
+):
+    local = make_user("asmith", password="pw-correct-horse")
+    provider.user = _claims(groups=[], username="alice.smith", email="ASmith@Example.com")
+    _sso_login(client)
+    assert _logged_in_user(client) == local
+    identity = SsoIdentity.objects.get(user=local)
+    assert (identity.issuer, identity.subject, identity.linked_by) == (sso.issuer, "sub-alice.smith", "email")
+
+    # Later logins find her by subject, whatever email the provider sends, even an unverified one.
+    client.logout()
+    provider.user = _claims(groups=[], username="alice.smith", email="a.smith@corp.example", verified=False)
+    settings.SSO = replace(sso, require_verified_email=False)
+    _sso_login(client)
+    assert _logged_in_user(client) == local
+    local.refresh_from_db()
+    # The verified address of the link stays: an unverified one never replaces the account's.
+    assert local.email == "ASmith@Example.com"
+
+
+@pytest.mark.django_db
+def test_a_changed_email_at_the_provider_keeps_the_user_and_takes_over_no_other_account(
+    client, provider, sso, make_user
+):
+    provider.user = _claims(groups=[])  # sub-alice, alice@corp.example
+    _sso_login(client)
+    alice = _logged_in_user(client)
+    bob = make_user("bob")  # bob@example.com, a local account
+    client.logout()
+
+    # Alice's address at the provider becomes bob's (a reassigned or edited address, verified).
+    provider.user = _claims(groups=[], email="bob@example.com")
+    _sso_login(client)
+
+    assert _logged_in_user(client) == alice
+    alice.refresh_from_db()
+    bob.refresh_from_db()
+    assert alice.email == "alice@corp.example"  # not bob's: he keeps it, and his password resets
+    assert bob.email == "bob@example.com" and bob.has_usable_password()
+    assert not SsoIdentity.objects.filter(user=bob).exists()
+
+    # A new address nobody else has follows the provider.
+    client.logout()
+    provider.user = _claims(groups=[], email="alice.liddell@corp.example")
+    _sso_login(client)
+    alice.refresh_from_db()
+    assert _logged_in_user(client) == alice and alice.email == "alice.liddell@corp.example"
+
+
+@pytest.mark.django_db
+def test_the_same_subject_at_a_second_provider_is_another_identity(
+    client, provider, second_provider, sso, settings
+):
+    provider.user = _claims(groups=[])  # sub-alice
+    _sso_login(client)
+    alice = _logged_in_user(client)
+    client.logout()
+
+    _sso_against(settings, sso, second_provider)
+    second_provider.user = {**_claims(groups=[], username="mallory", email="mallory@corp.example")}
+    second_provider.user["sub"] = "sub-alice"  # the same subject string, another issuer
+    _sso_login(client)
+
+    mallory = _logged_in_user(client)
+    assert mallory is not None and mallory != alice and mallory.username == "mallory"
+    assert _identities() == {
+        (provider.issuer, "sub-alice", "alice"),
+        (second_provider.issuer, "sub-alice", "mallory"),
+    }
+
+
+@pytest.mark.django_db
+def test_an_account_linked_to_one_identity_is_not_linked_to_another_by_email(
+    client, provider, second_provider, sso, settings
+):
+    provider.user = _claims(groups=[])
+    _sso_login(client)
+    client.logout()
+    _sso_against(settings, sso, second_provider)
+    second_provider.user = {**_claims(groups=[], username="alice-2"), "sub": "someone-else"}
+    _sso_login(client)
+    assert _logged_in_user(client) is None
+    page = client.get("/login/").content.decode().replace("&#x27;", "'")
+    assert "already linked to another single sign-on identity" in page
+    assert len(_identities()) == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["superuser", "staff"])
+def test_an_administrators_email_does_not_sign_in_as_the_administrator(client, provider, sso, kind):
+    users = get_user_model().objects
+    if kind == "superuser":
+        admin = users.create_superuser("root", "root@example.com", "pw-correct-horse")
+    else:
+        admin = users.create_user("root", "root@example.com", "pw-correct-horse", is_staff=True)
+    provider.user = {**_claims(groups=[STAFF_GROUP], username="root-sso", email="root@example.com")}
+
+    _sso_login(client)
+
+    assert _logged_in_user(client) is None
+    page = client.get("/login/").content.decode()
+    assert "belongs to an administrator account" in page
+    assert not SsoIdentity.objects.exists() and not users.filter(username="root-sso").exists()
+    admin.refresh_from_db()
+    assert admin.email == "root@example.com"
+
+
+@pytest.mark.django_db
+def test_an_admin_links_an_administrator_explicitly_and_then_it_signs_in(client, admin_client, provider, sso):
+    root = get_user_model().objects.get(username="admin")  # pytest-django's admin_client superuser
+    # The admin site's form: the explicit link (issuer, subject) -> account.
+    response = admin_client.post(
+        "/admin/jobs/ssoidentity/add/",
+        {"issuer": sso.issuer, "subject": "sub-root", "user": root.pk},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert SsoIdentity.objects.get().linked_by == "admin"
+    provider.user = {**_claims(groups=[STAFF_GROUP], username="root", email=root.email), "sub": "sub-root"}
+
+    _sso_login(client)
+
+    assert _logged_in_user(client) == root
+
+
+@pytest.mark.django_db
+def test_an_unverified_email_is_matched_to_no_account_even_when_the_provider_is_trusted_without_it(
+    client, provider, sso, settings, make_user
+):
+    settings.SSO = replace(sso, require_verified_email=False)
+    local = make_user("asmith")  # asmith@example.com
+    provider.user = _claims(groups=[], username="alice.smith", email="asmith@example.com", verified=False)
+
+    _sso_login(client)
+
+    user = _logged_in_user(client)
+    assert user is not None and user != local and user.username == "alice.smith"
+    assert SsoIdentity.objects.get().linked_by == "first-login"
