@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
@@ -39,3 +39,8 @@ class EvaluationContext:
     usd_per_kwh: float
     #: The job's share of GPUs other jobs also used, or of MIG slices (None = its GPUs were its own).
     sharing: GpuSharing | None = None
+    #: Signal key -> where its values came from, for signals (partly) from an uploaded monitoring log
+    #: (jobs.evaluation.monitoring_signals); absent keys are DCGM's.
+    signal_sources: dict[str, str] = field(default_factory=dict)
+    #: What the page says about those sources (which log, which GPUs, a log not used and why).
+    source_notes: tuple[str, ...] = ()

@@ -9,6 +9,7 @@ import numpy as np
 
 from jobs.evaluation.context import EvaluationContext
 from jobs.evaluation.kpis import compute_kpis
+from jobs.evaluation.monitoring_signals import LOG_SOURCE
 from jobs.evaluation.schema import DERIVED_MFU, DERIVED_THROUGHPUT, CrossCheckResult, Evaluation, WasteSplit
 
 #: Signals whose means the pages show, and so whose coverage the evaluation keeps.
@@ -50,7 +51,16 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
     util_per_gpu = None
     gts = util.gpu_timestamps if util is not None else None
     if util is not None and util.per_gpu is not None and gts is not None and gts.size and ctx.timestamps.size:
-        util_per_gpu = util.per_gpu if gts[0] <= ctx.timestamps[0] + ctx.step_s else None
+        # A monitoring log's rows are its own samples inside the job's window (monitoring_signals): they
+        # span the part of the window the log covers, as its cross-GPU statistics do.
+        from_log = ctx.signal_sources.get(idle_key, "").startswith(LOG_SOURCE)
+        util_per_gpu = util.per_gpu if from_log or gts[0] <= ctx.timestamps[0] + ctx.step_s else None
+    idle_signal = _IDLE_SIGNALS[idle_key]
+    if idle_key in ctx.signal_sources:
+        source = ctx.signal_sources[idle_key]
+        idle_signal = (
+            f"utilization.gpu {source}" if source.startswith(LOG_SOURCE) else f"{idle_signal} ({source})"
+        )
     power = sigs.get("power_usage") if sigs is not None else None
     k = compute_kpis(
         start=ctx.start,
@@ -78,12 +88,12 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         gpu_util_min=stat(idle_key, "min"),
         gpu_util_max=stat(idle_key, "max"),
         idle_mean=stat(idle_key, "mean"),
-        idle_signal=_IDLE_SIGNALS[idle_key],
+        idle_signal=idle_signal,
         flops_convention=ctx.flops_convention,
         gpu_equivalents=ctx.sharing.gpu_equivalents if ctx.sharing is not None else None,
         peak_equivalents=ctx.sharing.peak_equivalents if ctx.sharing is not None else None,
     )
-    notes = list(k.notes)
+    notes = [*ctx.source_notes, *k.notes]
     if ctx.sharing is not None:
         notes.append(
             f"shared GPUs: charged for {ctx.sharing.label}; MFU against {ctx.sharing.peak_equivalents:.2f} "
@@ -142,6 +152,7 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         variants=dict(k.variants),
         notes=notes,
         sharing=ctx.sharing,
+        signal_sources=dict(ctx.signal_sources),
     )
     derived: dict[str, np.ndarray] = {}
     if ctx.tokens_per_second is not None:

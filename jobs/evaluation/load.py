@@ -20,6 +20,7 @@ from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
 from jobs.evaluation.cycle import CycleContext, RecentThroughput
 from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
+from jobs.evaluation.monitoring_logs import with_monitoring_logs
 from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError, Series
 from jobs.metrics.signals import JobSignals, grid
@@ -401,6 +402,8 @@ def load_context(
     except PrometheusError as exc:
         tps, source = None, f"the throughput query failed: {exc}"
         log.warning("job %s: throughput query failed: %s", job.external_id, exc)
+    # Uploaded nvidia-smi logs fill the signals DCGM lacks (DCGM wins where both have samples).
+    logs = with_monitoring_logs(job, sigs, ts, step, end.timestamp(), cycle)
     prices, label = prices_for(job, cycle)
     reference, ref_source = reference_for(job, cycle)
     gpu = job.gpu_model
@@ -414,7 +417,7 @@ def load_context(
         gpu_name=job.gpu_model_name,
         peak_flops_per_gpu=gpu.peak_flops(job.dtype) if gpu else None,
         peak_clock_mhz=float(gpu.peak_clock_mhz) if gpu and gpu.peak_clock_mhz else None,
-        signals=sigs,
+        signals=logs.signals,
         timestamps=ts,
         step_s=step,
         tokens_per_second=tps,
@@ -427,4 +430,6 @@ def load_context(
         energy_j=job.energy_j,
         usd_per_kwh=settings.ENERGY_USD_PER_KWH,
         sharing=sharing_for(job, client, now, neighbours, cycle.mig if cycle is not None else None),
+        signal_sources=logs.sources,
+        source_notes=tuple(logs.notes),
     )

@@ -98,6 +98,9 @@ class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
     notes: list[str] = []
     #: None = the job's GPUs were its own (or sharing could not be checked); see GpuSharing.
     sharing: GpuSharing | None = None
+    #: Signal key -> where its values came from when not (only) DCGM, e.g. "from the uploaded nvidia-smi
+    #: log 'gpu.csv' (2 GPU(s), 1 s samples)" (jobs.evaluation.monitoring_signals); empty = all DCGM.
+    signal_sources: dict[str, str] = {}
 
 
 def encode(evaluation: Evaluation) -> dict[str, Any]:

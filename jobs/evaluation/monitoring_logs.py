@@ -1,0 +1,102 @@
+"""Read a job's uploaded nvidia-smi logs as signals where DCGM has none (Django side of
+jobs.evaluation.monitoring_signals).
+
+Only logs the diagnosis may use are read (`Artifact.objects.used_in_diagnosis`: parsed, not excluded, and
+whose run check did not find them foreign to the job, e.g. captured outside its time, unless a user
+confirmed them); within those, only the job's window and, when the log covers more GPUs than the job
+has, the job's registered GPUs (`monitoring_signals.pick_gpus`). The newest upload wins where two logs
+overlap. dstat logs carry host CPU, disk and network only: no GPU signal comes from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jobs.evaluation.cycle import CycleContext
+from jobs.evaluation.monitoring_signals import LogSignals, describe, log_signals, merge
+from jobs.metrics.signals import JobSignals
+from jobs.models import Artifact, Job
+
+#: Logs read per job at most (the newest); an old log beyond them is still listed on the page.
+MAX_LOGS = 8
+
+
+@dataclass
+class MonitoringMerge:
+    """The job's signals with its logs', where each signal came from, and what the page should say."""
+
+    signals: JobSignals | None
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    #: The sampling interval of the log the GPU utilisation came from (None: DCGM's, or no log).
+    interval_s: float | None = None
+
+
+def _job_gpu_ids(job: Job) -> list[str]:
+    ids = []
+    for item in job.gpus or []:
+        if isinstance(item, Mapping) and item.get("gpu") not in (None, ""):
+            ids.append(str(item["gpu"]))
+    return ids
+
+
+def _has_logs(job: Job, cycle: CycleContext | None) -> bool:
+    """Whether the job may have a parsed nvidia-smi log; in a poll cycle one query answers for all jobs."""
+    if cycle is None:
+        return True
+
+    def jobs_with_logs() -> frozenset[int]:
+        return frozenset(
+            Artifact.objects.filter(kind=Artifact.Kind.NVIDIA_SMI, status=Artifact.Status.DONE)
+            .values_list("job_id", flat=True)
+            .distinct()
+        )
+
+    found: frozenset[int] = cycle.lookups.get(("jobs_with_nvidia_smi_logs",), jobs_with_logs)
+    return job.pk in found
+
+
+def with_monitoring_logs(
+    job: Job,
+    sigs: JobSignals | None,
+    ts: np.ndarray,
+    step: float,
+    end_unix: float,
+    cycle: CycleContext | None = None,
+) -> MonitoringMerge:
+    """`sigs` (DCGM, fresh or archived; None when the job has none) with the job's nvidia-smi logs
+    filling what DCGM lacks, on the evaluation grid `ts` (step `step`)."""
+    if not _has_logs(job, cycle):
+        return MonitoringMerge(sigs)
+    artifacts = (
+        Artifact.objects.used_in_diagnosis()
+        .filter(job=job, kind=Artifact.Kind.NVIDIA_SMI)
+        .order_by("-uploaded_at", "-pk")[:MAX_LOGS]
+    )
+    start = job.started_at.timestamp()
+    logs: list[tuple[str, LogSignals]] = []
+    notes: list[str] = []
+    gpu_ids = _job_gpu_ids(job)
+    for art in artifacts:
+        analysis = art.analysis if isinstance(art.analysis, dict) else {}
+        got = log_signals(
+            analysis, ts, step, start=start, end=end_unix, job_gpus=gpu_ids, gpu_count=job.gpu_count
+        )
+        if got.series:
+            logs.append((describe(art.original_name, analysis, got), got))
+        elif got.note:
+            notes.append(f"the uploaded nvidia-smi log {art.original_name!r} was not used: {got.note}")
+    merged, sources = merge(sigs, logs, start=start, end=end_unix, step=step, ts=ts)
+    interval = None
+    util_source = sources.get("gpu_util", "")
+    for text, got in logs:
+        if util_source == text:
+            interval = got.interval_s
+    if sources:
+        keys = ", ".join(sorted(sources))
+        texts = sorted(set(sources.values()))
+        notes.insert(0, f"{keys}: " + "; ".join(texts) + " (DCGM wins where both have samples)")
+    return MonitoringMerge(merged, sources, notes, interval)
