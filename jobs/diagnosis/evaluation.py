@@ -25,7 +25,15 @@ from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import Finding
 from jobs.metrics.signals import DEFAULT_DISABLED
 from jobs.simulate import SCENARIOS, SimResult, SimSpec, simulate
-from jobs.simulate.exporter import Exporter, Workload, collective_wait, healthy, input_stall, tiny_kernels
+from jobs.simulate.exporter import (
+    Exporter,
+    Workload,
+    collective_at_sm,
+    collective_wait,
+    healthy,
+    input_stall,
+    tiny_kernels,
+)
 
 BASELINE_SCENARIO = "baseline_regression"
 VARIANTS: dict[str, frozenset[str]] = {
@@ -273,21 +281,31 @@ def run_direct(
 # --------------------------------------------------------------------------------- variant matrix
 
 MATRIX_SCRAPES_S = (5.0, 15.0, 30.0, 60.0)
-MATRIX_STEPS_S = (0.2, 2.0, 20.0, 120.0)
+#: Step times: 0.2-10 s (far below to around the sampling) and 120 s (resolved at every scrape up to 30 s).
+MATRIX_STEPS_S = (0.2, 2.0, 10.0, 120.0)
+#: NVML's utilisation window, the two ends of "between 1 second and 1/6 second, depending on the product"
+#: (NVML API reference, nvmlUtilization_t): every job is recorded at each.
+MATRIX_NVML_WINDOWS_S = (1.0 / 6.0, 1.0)
+#: Mean SM activity of the comm-bound variants (NCCL spinning, heavy NVLink): no SM ceiling may hide them.
+MATRIX_COMM_SM = (0.2, 0.35, 0.5, 0.65, 0.8)
 
 
-def matrix_workloads(step_s: float) -> list[tuple[str, Workload]]:
-    """The variants at one step time: healthy, input stall synchronised / staggered across nodes,
-    collective wait with NCCL spinning / a host-side drop x link traffic in the troughs / idle links,
-    and tiny kernels (launch-bound, the step time does not matter)."""
+def matrix_workloads(step_s: float, comm_sm: Sequence[float] = MATRIX_COMM_SM) -> list[tuple[str, Workload]]:
+    """The variants at one step time: healthy, input stall synchronised / staggered across nodes (30 % of
+    the step) and the seed's 2/3 wait, collective wait with NCCL spinning / a host-side drop x link traffic
+    in the troughs / idle links, collectives spinning at each mean SM activity of `comm_sm`, and tiny
+    kernels (launch-bound, the step time does not matter)."""
     out: list[tuple[str, Workload]] = [("healthy", healthy(step_s))]
     for sync in ("synchronised", "staggered"):
         out.append((f"input stall, {sync}", input_stall(step_s, 0.3, sync=sync)))
+    out.append(("input stall 2/3 of the step", input_stall(step_s, 2.0 / 3.0)))
     for mode in ("spin", "drop"):
         for links in ("troughs", "idle"):
             out.append(
                 (f"collective {mode}, links {links}", collective_wait(step_s, 0.3, mode=mode, links=links))
             )
+    for sm in comm_sm:
+        out.append((f"collective spin at SM {sm:.0%}", collective_at_sm(step_s, sm)))
     out.append(("tiny kernels", tiny_kernels(min(step_s, 2.0))))
     return out
 
@@ -297,25 +315,29 @@ def matrix_jobs(
     seed: int = 0,
     scrapes: Sequence[float] = MATRIX_SCRAPES_S,
     steps: Sequence[float] = MATRIX_STEPS_S,
+    windows: Sequence[float] = MATRIX_NVML_WINDOWS_S,
+    comm_sm: Sequence[float] = MATRIX_COMM_SM,
     duration_s: float = 3600.0,
     gpus: int = 16,
     id_prefix: str = "matrix",
 ) -> list[EvalJob]:
-    """One job per (scrape interval, step time, variant): 16 GPUs on 2 nodes, noise drawn per job, ~1 %
-    failed scrapes, every third job with a node lost for 10 minutes and every other job with
+    """One job per (scrape interval, step time, NVML window, variant): 16 GPUs on 2 nodes, noise drawn per
+    job, ~1 % failed scrapes, every third job with a node lost for 10 minutes and every other job with
     dcgm-exporter's default counters (no SM_ACTIVE, no NVLink TX/RX). The regime is the planted step's:
     resolved when the step spans at least regimes.RESOLVED_MIN_SAMPLES scrapes."""
     rng = np.random.default_rng(seed)
     jobs: list[EvalJob] = []
     for scrape in scrapes:
         for step in steps:
-            for name, workload in matrix_workloads(step):
+            for window, (name, workload) in (
+                (w, v) for w in windows for v in matrix_workloads(step, comm_sm)
+            ):
                 n = len(jobs)
                 default_counters = n % 2 == 1
                 exporter = Exporter(
                     scrape_s=scrape,
                     collect_s=30.0,
-                    nvml_window_s=float(rng.choice([1.0 / 6.0, 0.5, 1.0])),
+                    nvml_window_s=float(window),
                     failed_scrapes=0.01,
                     node_lost=(float(rng.uniform(0.2, 0.8)), 600.0) if n % 3 == 0 else None,
                     noise=float(rng.uniform(0.005, 0.03)),
@@ -333,11 +355,15 @@ def matrix_jobs(
                     exporter=exporter,
                 )
                 regime = "resolved" if step >= R.RESOLVED_MIN_SAMPLES * scrape else "unresolved"
-                variant = f"{name}; step {step:g} s; scrape {scrape:g} s" + (
+                variant = f"{name}; step {step:g} s; scrape {scrape:g} s; NVML window {_window(window)}" + (
                     "; default counters" if default_counters else ""
                 )
                 jobs.append(EvalJob(spec.job_id or "", name, workload.code, spec, variant, regime=regime))
     return jobs
+
+
+def _window(seconds: float) -> str:
+    return "1/6 s" if abs(seconds - 1.0 / 6.0) < 1e-9 else f"{seconds:g} s"
 
 
 def format_matrix(outcomes: Sequence[Outcome], *, title: str = "") -> str:
@@ -346,9 +372,24 @@ def format_matrix(outcomes: Sequence[Outcome], *, title: str = "") -> str:
     groups: list[tuple[str, list[Outcome]]] = [("all", list(outcomes))]
     for regime in ("resolved", "unresolved"):
         groups.append((regime, [o for o in outcomes if o.job.regime == regime]))
+    windows = sorted({o.job.spec.exporter.nvml_window_s for o in outcomes if o.job.spec.exporter is not None})
+    if len(windows) > 1:
+        for w in windows:
+            groups.append(
+                (
+                    f"NVML window {_window(w)}",
+                    [
+                        o
+                        for o in outcomes
+                        if o.job.spec.exporter is not None and o.job.spec.exporter.nvml_window_s == w
+                    ],
+                )
+            )
     codes = sorted({o.job.truth for o in outcomes if o.job.truth})
     header = f"{'code':<22}" + "".join(f"{g:>24}" for g, _ in groups)
-    lines.append("Precision / recall (TP FP FN) per code at warning+, by regime of the planted step")
+    lines.append(
+        "Precision / recall (TP FP FN) per code at warning+, by regime of the planted step and NVML window"
+    )
     lines.append(header)
     reports = [(g, score(os_)) for g, os_ in groups if os_]
     for code in codes:

@@ -249,6 +249,9 @@ class Features:
                 "pcie": pcie,
             },
             busy_average=average,
+            long_idle=max(
+                int(np.ceil(T.IDLE_MIN_STRETCH_S / (data.step if data is not None else self.step))), 2
+            ),
         )
         if lk is not None and self.util_key != "gpu_util":
             # GR_ENGINE_ACTIVE is a collect-interval average, not a point sample: its spread says nothing.

@@ -11,6 +11,32 @@ A stored DCGM sample is the end of a chain of windows (reference/sampling.md):
   latest collection to every scrape until the next one (DCGM docs, "Configure Prometheus for DCGM
   Exporter"); Prometheus keeps one sample per scrape interval (often 15-30 s) at a per-target offset.
 
+What a cause looks like in these samples, derived per window (the rules cite this):
+
+* a GPU that waits a share w of every step of length S (input, a host barrier) with nothing resident:
+  the *mean* of GPU_UTIL's point samples is 1 - w at any window and any scrape (each window is a random
+  phase of the step; the mean of random phases is the duty). The spread depends on the window W: with
+  W <= the idle stretch (1/6 s window, or 1 s inside a 1.3 s wait) some samples read 0 and others ~100 %;
+  with W of the order of S or longer, or the wait cut into several pieces per step, every sample averages
+  a whole cycle and reads ~1 - w (the seed's case 1 at 15 s with a 1 s window: 2 s steps waiting 2/3 of
+  the step, no sample at 0 %, mean 33 %). So a low *mean* is idle time whatever the spread: at a 33 %
+  mean the GPU has no kernel two thirds of the time, which tiny kernels cannot produce (a launch-bound
+  stream keeps a kernel resident most of the time: the seed's run 2 reads 68 %, launch-bound jobs in the
+  field ~95 % with low SM activity). Below `T.UNRESOLVED_UTIL_IDLE_MAX` the look is an idle GPU waiting
+  on the host side; only above it does a narrow spread with small kernels mean launch gaps.
+* the profiling fields are collect-interval averages (DCGM: 30 s by default): whatever the window,
+  SM/tensor/DRAM activity reads duty x the per-kernel level; dividing by the mean utilisation gives the
+  activity while a kernel is resident (`Looks.per_busy`).
+* an exposed collective in which NCCL kernels spin: GPU_UTIL ~100 % (a kernel is resident), SM activity at
+  the level NCCL's channels occupy (one CTA per channel on a few dozen SMs, ~0.1-0.2) in the wait and the
+  compute level outside it, so the mean SM activity lands anywhere between (20-80 % for waits of 90-10 %
+  of the step); the tensor pipes are idle in the wait; the links carry the collective's data. The
+  signature is the *combination* (busy GPU, tensor pipes below their healthy level, link traffic), not an
+  SM ceiling (the seed's case 2: GPU_UTIL 100 %, SM 64.5 %, tensor low, heavy NVLink).
+* a Prometheus scrape is the last collected value (dcgm-exporter serves its latest collection): at 5 s
+  scrapes a 30 s collect interval repeats each value ~6 times, at 60 s half the collections are never
+  seen; patterns are resolved only when they span `RESOLVED_MIN_SAMPLES` distinct samples.
+
 Two regimes follow:
 
 * **resolved**: a pattern whose period spans at least `RESOLVED_MIN_SAMPLES` samples (a minute or more at
@@ -33,6 +59,7 @@ from typing import Literal
 
 import numpy as np
 
+from jobs.diagnosis import detectors as D
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence
 
@@ -221,6 +248,7 @@ def looks(
     util: np.ndarray | None,
     levels: dict[str, np.ndarray | None],
     busy_average: np.ndarray | None = None,
+    long_idle: int | None = None,
 ) -> Looks | None:
     """The four looks as levels from per-GPU utilisation samples (G, T) (or a (T,) mean) and the means of
     sm_active, tensor_active, dram_active, nvlink (B/s per direction) and pcie (B/s). None without util.
@@ -228,14 +256,24 @@ def looks(
     `busy_average` (GR_ENGINE_ACTIVE, a collect-interval average of the same busy share) gives the mean
     when present: GPU_UTIL's point samples are biased when the step divides the collect interval (they
     land at the same few phases of the step), the average is not. The spread still comes from the point
-    samples: only they see inside a step."""
+    samples: only they see inside a step. `long_idle`: runs of at least this many idle samples on a GPU
+    are left out (a GPU idle for minutes is idle_gpus, not a partial level of its steps)."""
     if util is None:
         return None
-    u = np.atleast_2d(np.asarray(util, dtype=np.float64))
+    u = raw = np.atleast_2d(np.asarray(util, dtype=np.float64))
+    if long_idle is not None and long_idle > 0:
+        # Long idle stretches of a GPU are idle_gpus' (allocated, unused), not a level of its steps.
+        u = u.copy()
+        for row in u:
+            for a, b in D.idle_gaps(row, threshold=T.IDLE_UTIL_MAX):
+                if b - a >= long_idle:
+                    row[a:b] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        med = np.nanmedian(u, axis=1)
-    working = np.isfinite(med) & (med > T.IDLE_UTIL_MAX)
+        # The mean of the point samples, not their median: with a 1/6 s window a GPU that computes a third
+        # of every 2 s step reads 0 in two thirds of its samples (median 0) yet works a third of the time.
+        level = np.nanmean(u, axis=1)
+    working = np.isfinite(level) & (level > T.IDLE_UTIL_MAX)
     if not working.any():
         return None
     cells = u[working]
@@ -245,7 +283,8 @@ def looks(
     counts = np.isfinite(cells).sum(axis=1)
     avg = None if busy_average is None else np.atleast_2d(np.asarray(busy_average, dtype=np.float64))
     if avg is not None and avg.shape == u.shape:
-        avg = avg[working]  # the same working GPUs (idle GPUs are idle_gpus, not a partial level)
+        # The same working GPUs and samples (idle GPUs and long idle stretches are idle_gpus, not a level).
+        avg = np.where(np.isfinite(u) | ~np.isfinite(raw), avg, np.nan)[working]
     mean = _mean(avg)
     return Looks(
         util_mean=mean if mean is not None else float(vals.mean()),
@@ -266,9 +305,11 @@ def looks(
 
 
 def host_side_stall(lk: Looks) -> bool:
-    """Utilisation well below 100 % with idle links and no heavy copies, and either idle stretches at
-    least an NVML window long (the point samples spread, some near 0) or healthy kernels when resident:
-    the GPU waits for the host / input pipeline (seed: "GPU utilisation low with long GPU idle")."""
+    """Utilisation well below 100 % with idle links and no heavy copies, and either a mean so low that the
+    GPU is idle most of the time (at or below UNRESOLVED_UTIL_IDLE_MAX, whatever the spread: see the
+    module docstring), idle stretches at least an NVML window long (the point samples spread, some near
+    0) or healthy kernels when resident: the GPU waits for the host / input pipeline (seed: "GPU
+    utilisation low with long GPU idle")."""
     if (
         lk.util_mean is None
         or lk.util_mean > T.UNRESOLVED_UTIL_PARTIAL_MAX
@@ -276,6 +317,8 @@ def host_side_stall(lk: Looks) -> bool:
         or lk.copies_heavy
     ):
         return False
+    if lk.util_mean <= T.UNRESOLVED_UTIL_IDLE_MAX:
+        return True
     spread = lk.spread or 0.0
     if spread >= T.UNRESOLVED_SPREAD_WIDE:
         return True
@@ -292,20 +335,35 @@ def small_kernels(lk: Looks) -> bool:
 
 def launch_bound(lk: Looks) -> bool:
     """Idle time spread in gaps much shorter than an NVML window (utilisation below 100 % yet every point
-    sample reads about the same), small kernels, idle links (seed: "dense, very short kernels")."""
+    sample reads about the same), small kernels, idle links (seed: "dense, very short kernels"). Only
+    above UNRESOLVED_UTIL_IDLE_MAX: a GPU without a kernel most of the time is waiting, not launching."""
     if lk.util_mean is None or lk.links_busy or lk.copies_heavy:
+        return False
+    if lk.util_mean <= T.UNRESOLVED_UTIL_IDLE_MAX:
         return False
     narrow = (lk.spread or 0.0) <= T.UNRESOLVED_SPREAD_NARROW
     return narrow and lk.util_mean <= T.UNRESOLVED_UTIL_PARTIAL_MAX and small_kernels(lk)
 
 
 def collective(lk: Looks) -> bool:
-    """Heavy link traffic while SM/tensor stay well below their healthy level: either NCCL spins (util ~100
-    %) or the GPU drops out while the collective's data moves (seed: "collective communication wait")."""
-    if lk.util_mean is None or not (
-        lk.links_busy or (lk.copies_heavy and lk.util_mean >= T.UTIL_SATURATED_MIN)
-    ):
+    """Collective traffic on the links while the tensor pipes stay below their healthy level: NCCL spins
+    (GPU_UTIL ~100 %, SM activity anywhere from NCCL's channel level up: no SM ceiling) or the GPU drops
+    out while the collective's data moves (seed: "collective communication wait"). The tensor level is
+    read per unit of busy time; without the tensor field, SM activity per unit of busy time below a
+    healthy step's stands in."""
+    # The traffic must exceed what a healthy step's overlapped gradients carry (NVLINK_BUSY_BPS): below
+    # it a tensor deficit is tensor_cores_idle or memory_bound, which carry the same ~40 GB/s. An exposed
+    # collective of ~12 % of the step (mean SM ~80 %) averages ~33 GB/s and is not separable here.
+    busy_links = lk.links_busy or (
+        lk.copies_heavy and lk.util_mean is not None and lk.util_mean >= T.UTIL_SATURATED_MIN
+    )
+    if lk.util_mean is None or not busy_links:
         return False
-    if lk.sm is not None:
-        return lk.sm < T.COMM_SM_MAX
-    return lk.tensor is not None and lk.tensor < T.COMM_TENSOR_MAX
+    if lk.links_busy and lk.util_mean <= T.UNRESOLVED_UTIL_PARTIAL_MAX:
+        # Drop: the GPUs empty while collective-sized traffic moves (an input stall leaves the links quiet).
+        # Per unit of busy time the kernels look healthy here; the idle time is the wait.
+        return True
+    tensor, sm = lk.per_busy(lk.tensor), lk.per_busy(lk.sm)
+    if tensor is not None:
+        return tensor < T.COMM_TENSOR_MAX
+    return sm is not None and sm < T.COMM_SM_MAX

@@ -132,6 +132,11 @@ NVLINK_BUSY_BPS = 50e9
 UNRESOLVED_TROUGH_UTIL = 0.10
 #: Mean utilisation at or below this is "well below 100 %" (a busy GPU's samples read 85-100 %).
 UNRESOLVED_UTIL_PARTIAL_MAX = 0.80
+#: Mean utilisation at or below this: no kernel resident at least half of the time, whatever the spread of
+#: the point samples (their mean is the duty at any NVML window; regimes' docstring). Tiny kernels do not
+#: idle a GPU that long (the seed's launch-bound run reads 68 %, field launch-bound jobs ~95 % with low SM
+#: activity): the GPU waits on the host side.
+UNRESOLVED_UTIL_IDLE_MAX = 0.50
 #: p90 - p10 of the GPU_UTIL point samples at or above this: the GPU alternates between idle stretches at
 #: least an NVML window (1/6-1 s) long and busy ones. At or below the narrow value every window reads the
 #: same: the idle time comes in gaps much shorter than a window (between kernels). NVML's integer percent
@@ -142,11 +147,13 @@ UNRESOLVED_SPREAD_NARROW = 0.20
 #: empty (tiny kernels); a healthy GEMM-dominated step keeps ~0.9 SM and ~0.5 tensor while resident.
 UNRESOLVED_SMALL_KERNEL_SM = 0.65
 UNRESOLVED_SMALL_KERNEL_TENSOR = 0.35
-#: Collective wait at unresolved resolution: SM active (or tensor active) well below the healthy 0.85 (0.5)
-#: while the links are busy. NCCL runs one CTA per channel on a few dozen SMs, so a rank waiting in a
-#: collective reads ~0.1-0.2 SM active; a third of the step in the wait brings the mean below 0.75.
-COMM_SM_MAX = 0.75
-COMM_TENSOR_MAX = 0.40
+#: Collective wait at unresolved resolution, per unit of busy time, while the links are busy: tensor
+#: active below a healthy bf16 step's level (~0.5-0.55 while resident: TENSOR_ACTIVE_HEALTHY) -- the tensor
+#: pipes idle while NCCL waits -- or, without the tensor field, SM active below a healthy step's (0.85).
+#: No SM ceiling with the tensor field: NCCL runs one CTA per channel on a few dozen SMs (~0.1-0.2 SM active
+#: in the wait), so the mean SM activity of a comm-bound step lands anywhere in 20-80 % (seed case 2: 64.5 %).
+COMM_SM_MAX = 0.85
+COMM_TENSOR_MAX = 0.50
 #: Base confidence of a finding read from levels (no shape, no phase): honest, lower than a pattern's.
 UNRESOLVED_CONFIDENCE = 0.5
 #: Below this many utilisation samples per GPU (or, for a periodic pattern, this many cycles) a finding is

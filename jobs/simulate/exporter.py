@@ -267,8 +267,13 @@ def collective_wait(
     mode: Literal["spin", "drop"] = "spin",
     links: Literal["troughs", "idle"] = "troughs",
     link_bps: float = 200e9,
+    compute_sm: float = 0.9,
+    compute_tensor: float = 0.55,
 ) -> Workload:
     """Each step ends in an exposed collective of `wait_share` of the step, ranks in lock-step.
+
+    `compute_sm` / `compute_tensor`: SM and tensor activity while the step computes (a dense bf16 step:
+    0.9 / 0.55); the wait runs NCCL at SM 0.15 with the tensor pipes idle.
 
     spin: NCCL kernels stay resident while they wait (GPU_UTIL high, few SMs: NCCL runs one CTA per
     channel on a few dozen of the SMs); drop: a host-side barrier, nothing resident (GPU_UTIL drops).
@@ -284,9 +289,25 @@ def collective_wait(
     )
     return Workload(
         "communication_wait",
-        (Phase("compute", step_s - wait, duty=0.99, sm=0.9, tensor=0.55, dram=0.4, nvlink_bps=10e9), waiting),
+        (
+            Phase("compute", step_s - wait, duty=0.99, sm=compute_sm, tensor=compute_tensor, dram=0.4,
+                  nvlink_bps=10e9),
+            waiting,
+        ),
         label=f"collective {mode}, links {links}",
-    )
+    )  # fmt: skip
+
+
+def collective_at_sm(step_s: float, sm_mean: float, *, compute_sm: float = 0.9) -> Workload:
+    """An exposed collective with NCCL spinning, its share of the step chosen so that the job's mean SM
+    activity is `sm_mean`: mean = (1 - w) x 0.99 x compute_sm + w x 0.15 (the NCCL channels' level), so
+    w = (0.99 compute_sm - sm_mean) / (0.99 compute_sm - 0.15). 20 % -> w = 0.93, 80 % -> w = 0.12."""
+    busy = 0.99 * compute_sm
+    if not 0.15 < sm_mean < busy:
+        raise ValueError(f"mean SM activity {sm_mean} outside (0.15, {busy:.3f}) for compute SM {compute_sm}")
+    wait = (busy - sm_mean) / (busy - 0.15)
+    w = collective_wait(step_s, wait, mode="spin", links="troughs", compute_sm=compute_sm)
+    return Workload(w.code, w.phases, label=f"collective spin at SM {sm_mean:.0%}")
 
 
 def tiny_kernels(step_s: float = 1.0, *, duty: float = 0.68) -> Workload:

@@ -209,9 +209,13 @@ def test_idle_gpus_prints_the_evaluations_idle_share() -> None:
 def test_the_variant_matrix_scores_both_regimes() -> None:
     from jobs.diagnosis.evaluation import format_matrix, matrix_jobs, run_direct
 
-    jobs = matrix_jobs(scrapes=(15.0,), steps=(2.0, 120.0), duration_s=1800.0)
-    # 2 steps x 8 variants; 120 s spans 8 samples at 15 s (resolved), 2 s does not (unresolved).
-    assert len(jobs) == 16 and {j.regime for j in jobs} == {"resolved", "unresolved"}
+    jobs = matrix_jobs(
+        scrapes=(15.0,), steps=(2.0, 120.0), windows=(1.0,), comm_sm=(0.65,), duration_s=1800.0
+    )
+    # 2 steps x 10 variants (healthy, 3 input stalls, 4 collectives, 1 at SM 65 %, tiny kernels); 120 s
+    # spans 8 samples at 15 s (resolved), 2 s does not (unresolved).
+    assert len(jobs) == 20 and {j.regime for j in jobs} == {"resolved", "unresolved"}
+    assert all(j.spec.exporter is not None and j.spec.exporter.nvml_window_s == 1.0 for j in jobs)
 
     def diagnose_job(job, sim):  # type: ignore[no-untyped-def]
         inp = input_from_sim(sim)

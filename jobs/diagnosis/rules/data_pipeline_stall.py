@@ -14,6 +14,20 @@ stretches at least an NVML window long) or healthy kernels when resident, points
 at a lower confidence; the finding names the resolution and the capture (py-spy, nsys) that confirms it.
 Cannot see: whether the host waits on the DataLoader, a tokenizer, host syncs or the file system.
 
+What a sample is, and what a stall looks like in it (jobs.diagnosis.regimes' docstring derives it): a
+GPU_UTIL sample is NVML's share of its last 1/6-1 s window with a kernel resident, read when dcgm-exporter
+collects (30 s by default) and served to every scrape until the next collection; the profiling fields are
+collect-interval averages. A step of S seconds waiting w of it: the mean of the point samples is ~1 - w at
+any window and scrape (the evidence that the GPU idles), their spread depends on the window (1/6 s: 0 or
+~100 %; 1 s over a 2 s step with the wait cut per micro-batch: every sample ~1 - w, none at 0 %), and only
+a stall period of >= 4 samples (60 s at 15 s scrapes) shows as gaps. So below a 50 % mean the GPU waits
+more than it works whatever the spread (the seed's case 1: 33 %), and that is called an input/host stall,
+not launch overhead.
+
+Kind (jobs.diagnosis.kinds): a serving job's utilisation follows its requests, so the metric readings
+here are never applied to `kind == "inference"` (its utilisation is judged against the load in
+unexplained_waste / idle_gpus); with the kind unknown a metrics-only finding is info.
+
 A trace shows GPU idle time whose gaps start when the host launches late (HTA's host wait) and a
 DataLoader share of the step; py-spy shows the input pipeline hot in the training process.
 """
@@ -26,6 +40,7 @@ import numpy as np
 
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import detectors as D
+from jobs.diagnosis import kinds as K
 from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis import trace_thresholds as TT
@@ -49,10 +64,12 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     base, impact = 0.0, 0.0
     severity = Severity.INFO
     windows: list[tuple[float, float]] = []
-    gaps = _gaps(f)
+    # A server's utilisation follows its requests: never an input stall (traces and py-spy still count).
+    serving = K.is_serving(inp.kind)
+    gaps = None if serving else _gaps(f)
     # A handful of "regular" gaps (too few cycles to warn) may be aliasing of a short step: when the
     # unresolved look applies with enough samples, it is the better reading.
-    lk = f.looks
+    lk = None if serving else f.looks
     look = (
         lk is not None
         and lk.util_mean is not None
@@ -61,7 +78,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     )
     if gaps is not None and look and _warn_if_enough(f, len(gaps[0])) is Severity.INFO:
         gaps = None
-    stagger = _staggered(f) if gaps is None else None
+    stagger = _staggered(f) if gaps is None and not serving else None
     if stagger is not None and look and _warn_if_enough(f, stagger[2]) is Severity.INFO:
         stagger = None
     unresolved = False
@@ -91,7 +108,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
                 )
             )
         windows = D.merge_windows(D.run_windows(rs, f.timestamps, f.step), gap_s=0.0)
-        impact = share
+        impact = max(share, _idle_level(f, evidence))
         sources.append("metrics")
     elif stagger is not None:
         hosts, share, gap_count, overlap = stagger
@@ -103,7 +120,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             Evidence("GPU time in idle gaps", round(100 * share, 1), "%"),
             *f.resolution.evidence("resolved"),
         ]
-        impact = share
+        impact = max(share, _idle_level(f, evidence))
         sources.append("metrics")
         windows = f.whole_window
     else:
@@ -147,7 +164,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     )
     # GR_ENGINE_ACTIVE stands in for a missing GPU_UTIL; say so and trust it a little less.
     missing = f.missing(["gpu_util"]) if "metrics" in sources else []
-    return Finding(
+    finding = Finding(
         code=CODE,
         severity=severity,
         confidence=confidence(
@@ -165,6 +182,20 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         missing_signals=missing,
         sources=sources,
     )
+    return K.gate_unknown(finding, inp.kind)
+
+
+def _idle_level(f: Features, evidence: list[Evidence]) -> float:
+    """1 - the mean utilisation of the working GPUs: the idle time itself. The gap samples alone undercount
+    it when samples between the gaps also hold idle time (a 1/6 s window lands in a sub-second wait as
+    often as the wait lasts); the mean of point samples is the duty at any window. Appends its evidence."""
+    lk = f.looks
+    if lk is None or lk.util_mean is None:
+        return 0.0
+    evidence.append(
+        Evidence("GPU_UTIL mean over the working GPUs (idle the rest)", round(100 * lk.util_mean, 1), "%")
+    )
+    return clamp01(1.0 - lk.util_mean)
 
 
 def _gaps(f: Features) -> tuple[list[D.Run], float, D.Periodicity | None, float | None] | None:

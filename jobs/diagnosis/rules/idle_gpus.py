@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from jobs.diagnosis import detectors as D
+from jobs.diagnosis import kinds as K
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features, GpuData
@@ -59,7 +60,7 @@ def _reported_share(inp: DiagnosisInput, own: float, *, estimate: bool = False) 
 
 
 def _recommendation(inp: DiagnosisInput) -> str:
-    return SERVING_RECOMMENDATION if inp.kind == "inference" else RECOMMENDATION
+    return SERVING_RECOMMENDATION if K.is_serving(inp.kind) else RECOMMENDATION
 
 
 def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:

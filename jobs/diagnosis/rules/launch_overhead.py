@@ -8,6 +8,14 @@ well below a GEMM-dominated step's and idle links: the host cannot launch kernel
 "dense, very short kernels"), at a lower confidence, naming the nsys capture that confirms it. Cannot
 see: kernel durations, launch gaps or host syncs (which look the same at this resolution).
 
+What a sample is (jobs.diagnosis.regimes): GPU_UTIL is NVML's share of a 1/6-1 s window with a kernel
+resident, the profiling fields collect-interval averages. Tiny kernels with microsecond launch gaps keep a
+kernel resident most of every window (the seed's run 2: 68 %; launch-bound jobs in the field ~95 % with low
+SM activity) and every window reads the same; a mean at or below 50 % is a GPU without work most of the
+time (a host/input wait), whatever the spread, and is not read as launch-bound. On a serving job
+(kind inference) partial utilisation is load, so the unresolved look is not applied; with the kind
+unknown it is info.
+
 A trace confirms it: most kernels shorter than 10 us, the GPU waiting between kernels for the next launch,
 kernels shorter than their own CPU launch call (HTA's launch statistics).
 """
@@ -15,6 +23,7 @@ kernels shorter than their own CPU launch call (HTA's launch statistics).
 from __future__ import annotations
 
 from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import kinds as K
 from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis import trace_thresholds as TT
@@ -63,7 +72,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         windows = f.whole_window
     unresolved = False
     lk = f.looks
-    if not sources and lk is not None and lk.util_mean is not None and R.launch_bound(lk):
+    # A server's partial utilisation is its load (jobs.diagnosis.kinds), not launch gaps of a step loop.
+    serving = K.is_serving(inp.kind)
+    if not sources and not serving and lk is not None and lk.util_mean is not None and R.launch_bound(lk):
         unresolved = True
         base = T.UNRESOLVED_CONFIDENCE
         evidence += lk.evidence() + f.resolution.evidence("unresolved")
@@ -98,7 +109,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         if trace_hits or stats_hits
         else f"Launch-bound: the GPU reads {pct(util)} busy while tensor and DRAM pipes are nearly idle"
     )
-    return Finding(
+    finding = Finding(
         code=CODE,
         severity=severity,
         confidence=confidence(
@@ -114,6 +125,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         missing_signals=missing,
         sources=sources,
     )
+    # Only the unresolved look reads partial utilisation as launch gaps; the busy-but-quiet level check
+    # reads the same on any job.
+    return K.gate_unknown(finding, inp.kind) if unresolved else finding
 
 
 def _trace(

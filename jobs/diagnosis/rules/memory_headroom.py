@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jobs.diagnosis import kinds as K
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
@@ -45,14 +46,14 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     severity = Severity.WARNING if share < T.HEADROOM_USED_LOW else Severity.INFO
     if f.samples_per_gpu < T.MIN_SAMPLES_TO_WARN:
         severity = Severity.INFO
-    return Finding(
+    finding = Finding(
         code=CODE,
         severity=severity,
         confidence=confidence(
             0.85 if source == "exporter" else 0.7, missing=missing, coverage=f.coverage("fb_used")
         ),
         title=f"GPU memory mostly unused: at most {pct(share)} of the frame buffer in use",
-        recommendation=SERVING_RECOMMENDATION if inp.kind == "inference" else RECOMMENDATION,
+        recommendation=SERVING_RECOMMENDATION if K.is_serving(inp.kind) else RECOMMENDATION,
         evidence=[
             Evidence("frame buffer used, busiest GPU, 95th percentile", round(used), "MiB"),
             Evidence(
@@ -67,6 +68,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         missing_signals=missing,
         sources=["metrics"],
     )
+    # A larger micro-batch (training) or more sequences per batch (serving): with the kind unknown, info.
+    return K.gate_unknown(finding, inp.kind)
 
 
 def _usage(inp: DiagnosisInput, f: Features) -> tuple[float | None, float | None, str, list[str]]:

@@ -6,6 +6,10 @@ idle waste: the stated lower bound) reaches `DiagnosisInput.material_waste_usd_p
 that much is left, and gives it exactly what is left. Its evidence says what the signals show at their
 resolution (the four looks as levels), which signals are missing, and what to capture next.
 
+On a serving job (kind inference) the unused capacity is read against the load (jobs.diagnosis.kinds:
+utilisation, its correlation with tokens/s where exported) and the advice is right-sizing, batching and
+autoscaling, not a capture of training steps.
+
 What it cannot see: anything — it is the statement that the metrics at this resolution did not name a
 cause. A per-step pattern shorter than ~4 samples, a cause only a trace shows (host syncs, pageable
 copies, a slow kernel) and a wrong reference MFU all end here.
@@ -13,6 +17,7 @@ copies, a slow kernel) and a wrong reference MFU all end here.
 
 from __future__ import annotations
 
+from jobs.diagnosis import kinds as K
 from jobs.diagnosis import regimes as R
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01
 from jobs.diagnosis.features import Features
@@ -51,8 +56,13 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             "reference MFU", None if inp.reference_mfu is None else round(100 * inp.reference_mfu, 1), "%"
         ),
     ]
+    serving = K.is_serving(inp.kind)
+    reading = K.load_reading(f) if serving else None
     lk = f.looks
-    if lk is not None:
+    if reading is not None:
+        # A server's utilisation is judged against its load (jobs.diagnosis.kinds), not as step causes.
+        evidence += reading.evidence()
+    elif lk is not None:
         evidence += lk.evidence()
     if f.sigs is not None and f.timestamps.size:
         evidence += f.resolution.evidence("unresolved")
@@ -66,8 +76,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         confidence=0.3,
         title="Waste that no finding explains",
         recommendation=(
-            "The metrics at this resolution do not name a cause for this job's lost MFU. Check the job's "
-            "model shape and dtype (a wrong FLOPs count or peak makes MFU wrong), enable the missing "
+            K.SERVING_ADVICE
+            if serving
+            else "The metrics at this resolution do not name a cause for this job's lost MFU. Check the "
+            "job's model shape and dtype (a wrong FLOPs count or peak makes MFU wrong), enable the missing "
             "signals listed in the evidence (dcgm-exporter counters CSV), and capture a few steps."
             + R.capture("any")
         ),
