@@ -6,6 +6,7 @@ from __future__ import annotations
 import email
 import email.policy
 import logging
+import re
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -241,6 +242,41 @@ def test_top_five_jobs_with_their_main_finding_and_absolute_links(week):
     _, text, html = render_report(report)
     assert f"{SITE}/jobs/101/" in text and f'href="{SITE}/jobs/101/"' in html
     assert "Fix: Raise num_workers to 8" in text
+
+
+@pytest.mark.django_db
+def test_jobs_under_a_dollar_are_summed_in_one_line_and_the_text_part_wraps(week):
+    """The issue's email listed a $0.05 job as a top wasting job, and its text part ran 3,330 px wide."""
+    llm = Team.objects.create(slug="llm", name="LLM")
+    add_member(llm, "alice", "alice@example.com")
+    make_job(llm, "big", week.start + timedelta(hours=1), 24, waste_per_day_usd=100.0)  # $100 in the week
+    # 0.05 $/day for 24 h = $0.05, and 0.02 $/day = $0.02: under MIN_LISTED_WASTE_USD ($1).
+    make_job(llm, "tiny", week.start + timedelta(hours=1), 24, waste_per_day_usd=0.05)
+    make_job(llm, "tinier", week.start + timedelta(hours=1), 24, waste_per_day_usd=0.02)
+    Finding.objects.create(
+        job=Job.objects.get(external_id="big"), code="host_sync", severity="warning", confidence=0.8,
+        title="The CPU waits on the GPU every step", waste_per_day_usd=60.0,
+        recommendation="Remove the .item() call in the training loop " * 6,
+    )  # fmt: skip
+    report = build_report(llm, week)
+    assert [j.external_id for j in report.top_jobs] == ["big"]
+    assert report.small_jobs == 2 and report.small_jobs_waste_usd == pytest.approx(0.07)
+    _, text, html = render_report(report)
+    assert "2 more jobs wasted under $1.00 each: $0.07 in total." in text
+    assert "2 more jobs wasted under $1.00 each: $0.07 in total." in html
+    assert "tiny" not in text
+    for line in text.splitlines():
+        # Only a single word longer than the width (a URL) may exceed it, alone on its line.
+        assert len(line) <= reports.TEXT_WIDTH or " " not in line.strip(), line
+    assert "Remove the .item() call in the training loop Remove" in text.replace("\n      ", " ")
+
+
+def test_wrap_text_keeps_list_indents_and_whole_urls():
+    url = "https://efficiency.example.com/jobs/" + "x" * 80 + "/"
+    wrapped = reports.wrap_text("- " + "word " * 30 + "\n   " + url, width=40)
+    lines = wrapped.splitlines()
+    assert all(len(line) <= 40 for line in lines[:-1])
+    assert lines[1].startswith("  word") and lines[-1] == "   " + url
 
 
 @pytest.mark.django_db
@@ -498,9 +534,13 @@ def test_preview_page_renders_and_escapes_user_text(client, week, tmp_path):
     response = client.get(f"/teams/llm/reports/{week.label}/")
     assert response.status_code == 200
     body = response.content.decode()
-    assert "<script" not in body  # neither the job name nor any inline script
+    # Neither the job name nor any inline script: the only script is the page's own static file.
+    assert re.findall(r"<script\b[^>]*>", body) == [
+        m for m in re.findall(r"<script\b[^>]*>", body) if re.search(r'src="/static/js/[\w.]+\.js"', m)
+    ]
     assert "<img" not in body
-    assert "<iframe" in body and " sandbox " in body
+    # The email's frame runs no script (no allow-scripts); same-origin only so the page can size it.
+    assert "<iframe" in body and 'sandbox="allow-same-origin"' in body and "allow-scripts" not in body
     # Escaped twice in srcdoc (the email escapes it, then the attribute does), once in the text part.
     assert "&amp;lt;script&amp;gt;alert(1)&amp;lt;/script&amp;gt;" in body
     assert '<pre id="email-text">' in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body

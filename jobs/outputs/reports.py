@@ -26,7 +26,9 @@ message while the worker died before recording it.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
+import textwrap
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from email.utils import make_msgid
@@ -56,6 +58,11 @@ logger = logging.getLogger(__name__)
 # below Celery's broker visibility timeout (1 h), so the redelivered task finds the row claimable again.
 STALE_CLAIM_TIMEOUT = timedelta(minutes=30)
 TOP_JOBS = 5
+#: A top job whose (known) waste in the week is below this is not worth a block of its own: such jobs are
+#: summed into one line ("2 more jobs wasted under $1.00 each: $0.07 in total"). Stated in the email.
+MIN_LISTED_WASTE_USD = 1.0
+#: The text part is wrapped at this width (RFC 5322 recommends lines of at most 78 characters).
+TEXT_WIDTH = 78
 _MAX_ERROR_CHARS = 2000
 _NA = "n/a"
 
@@ -106,6 +113,9 @@ class WeeklyReport:
     top_jobs: tuple[JobLine, ...]
     price_tiers: tuple[str, ...]
     recipients: tuple[str, ...]
+    #: Top jobs whose known waste was under MIN_LISTED_WASTE_USD: how many and their waste (one line).
+    small_jobs: int = 0
+    small_jobs_waste_usd: float = 0.0
 
     @property
     def has_activity(self) -> bool:
@@ -281,6 +291,9 @@ def build_report(team: Team, period: Period, *, now: datetime | None = None) -> 
     position = next((i for i, r in enumerate(rows) if r.team_id == team.pk), None)
     previous = period.previous()
     previous_row = next((r for r in team_rows(previous, now) if r.team_id == team.pk), None)
+    lines = _job_lines(worst_jobs(period, limit=TOP_JOBS, team_id=team.pk, now=now))
+    # A lower bound under the threshold stays listed: its total is unknown, so it may be large.
+    small = [j for j in lines if not j.waste_is_lower_bound and j.waste_usd < MIN_LISTED_WASTE_USD]
     return WeeklyReport(
         team=team,
         period=period,
@@ -289,9 +302,11 @@ def build_report(team: Team, period: Period, *, now: datetime | None = None) -> 
         previous_row=previous_row,
         rank=position + 1 if position is not None else None,
         teams_ranked=len(rows),
-        top_jobs=_job_lines(worst_jobs(period, limit=TOP_JOBS, team_id=team.pk, now=now)),
+        top_jobs=tuple(j for j in lines if j not in small),
         price_tiers=_price_tiers(team, period),
         recipients=tuple(report_recipients(team)),
+        small_jobs=len(small),
+        small_jobs_waste_usd=sum(j.waste_usd for j in small),
     )
 
 
@@ -391,6 +406,13 @@ def _context(report: WeeklyReport) -> dict[str, object]:
         "kpis": kpis,
         "chart": [{"label": c[0], "value": c[1], "pct": c[2], "color": c[3]} for c in chart],
         "jobs": jobs,
+        "small_jobs": (
+            f"{report.small_jobs} more job{'s' if report.small_jobs != 1 else ''} wasted under "
+            f"{_usd(MIN_LISTED_WASTE_USD)} each: {_usd(report.small_jobs_waste_usd)} in total."
+            if report.small_jobs
+            else ""
+        ),
+        "min_listed": _usd(MIN_LISTED_WASTE_USD),
         "price_tiers": ", ".join(report.price_tiers) or _NA,
         "target_mfu": _pct(settings.TARGET_MFU),
         "target_mfu_fp8": _pct(settings.TARGET_MFU_FP8),
@@ -416,9 +438,33 @@ def render_report(report: WeeklyReport) -> tuple[str, str, str]:
     else:
         subject = f"{ctx['team_name']} {report.period.label}: no GPU hours"
     ctx["subject"] = subject
-    text = render_to_string("emails/weekly_report.txt", ctx)
+    text = wrap_text(render_to_string("emails/weekly_report.txt", ctx))
     html = render_to_string("emails/weekly_report.html", ctx)
     return subject, text, html
+
+
+def wrap_text(text: str, width: int = TEXT_WIDTH) -> str:
+    """`text` with every line longer than `width` wrapped at word boundaries, continuation lines indented
+    like the line's text (after a "- " or "1. " marker), so lists stay lists. Words longer than the width
+    (URLs) are kept whole on a line of their own: a broken URL is worse than a long line."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip(" "))]
+        marker = re.match(r"\s*(?:-\s|\d+\.\s)?\s*", line)
+        indent = " " * (marker.end() if marker else 0)
+        wrapped = textwrap.wrap(
+            line[len(lead) :],
+            width=width,
+            initial_indent=lead,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        out.extend(wrapped or [line])
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------------------------- sending
