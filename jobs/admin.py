@@ -107,8 +107,17 @@ class FindingAdmin(admin.ModelAdmin):
 
 @admin.register(Baseline)
 class BaselineAdmin(admin.ModelAdmin):
+    """Baselines for inspection and retiring (set retired at). Runs join a baseline only through
+    jobs.evaluation.baselines.promote (its team and health rules), so runs, team and statistics are read-only
+    here and baselines are not added here."""
+
     list_display = ["model_name", "fingerprint", "team", "created_at", "retired_at"]
     list_filter = ["team"]
+    readonly_fields = ["fingerprint", "model_name", "team", "config", "runs", "stats", "created_by"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Baselines are created by promoting a run (job page or API), never by hand."""
+        return False
 
 
 @admin.register(PromotionOverride)

@@ -277,3 +277,28 @@ def test_the_migration_splits_a_pooled_baseline_by_its_runs_teams(catalog, make_
     assert list(split.runs.all()) == [a1] and split.retired_at is None
     assert split.fingerprint == pooled.fingerprint and split.stats["mfu"]["median"] == pytest.approx(0.20)
     assert PromotionOverride.objects.get().baseline == split
+
+
+@pytest.mark.django_db
+def test_the_admin_neither_adds_baselines_nor_edits_their_runs(admin_client, two_teams):
+    t = two_teams
+    a1 = _run(t.a, "a1", 0.2)
+    assert admin_client.get("/admin/jobs/baseline/add/").status_code == 403
+    url = f"/admin/jobs/baseline/{t.b_baseline.pk}/change/"
+    assert admin_client.get(url).status_code == 200
+    # Every field of the model, as a full form would post them: only retired_at is taken.
+    form = {
+        "fingerprint": "x",
+        "model_name": "m",
+        "team": t.a.pk,
+        "config": "{}",
+        "runs": [a1.pk],
+        "stats": "{}",
+        "created_by": "",
+        "retired_at_0": "",
+        "retired_at_1": "",
+    }
+    assert admin_client.post(url, form).status_code == 302  # saved
+    t.b_baseline.refresh_from_db()
+    assert t.b_baseline.team == t.b
+    assert sorted(t.b_baseline.runs.values_list("external_id", flat=True)) == ["b1", "b2"]
