@@ -8,8 +8,11 @@ the tensor-core statistics count as neither (element-wise, reductions, NCCL, cop
 Name parts (cuBLAS/cuBLASLt, cuDNN, CUTLASS, xmma, FlashAttention, ROCm Tensile):
 
 * Tensor-core instruction families: ``hmma`` (half-precision MMA, Volta+), ``imma`` (integer MMA, Turing+),
-  ``wgmma``/``gmma`` (Hopper warpgroup MMA), ``tensorop`` (CUTLASS ``cutlass_80_tensorop_...``,
+  ``wgmma``/``gmma`` (Hopper warpgroup MMA), ``wmma`` (CUDA C++'s warp matrix API, ``nvcuda::wmma``,
+  and CUTLASS ``cutlass_75_wmma_tensorop_...``), ``tensorop`` (CUTLASS ``cutlass_80_tensorop_...``,
   ``MmaTensorOp``), ``tensor16x8x8`` (xmma's MMA shape suffix).
+* ``xmma`` (NVIDIA's GEMM/convolution kernel library behind cuBLAS/cuDNN) with no SIMT marker: its FP32
+  FFMA variants say ``ffma``/``f32f32_f32f32`` (SIMT, checked first); the others run on tensor cores.
 * cuBLAS/cuDNN/CUTLASS shape codes ``<p><M><N><K>`` glued to ``gemm``/``cudnn``/``fprop``/``dgrad``/
   ``wgrad``: ``h884`` (Volta HMMA.884, fp16), ``s884`` (fp16 inputs, fp32 accumulate), ``h1688``/``s1688``
   (Turing/Ampere m16n8k8; ``s1688`` on Ampere is TF32), ``h16816``/``s16816`` (Ampere m16n8k16), ``i8816``
@@ -54,7 +57,7 @@ class MathClass(StrEnum):
 
 
 _TENSOR_INSTRUCTION_RE = re.compile(
-    r"hmma|imma|wgmma|gmma|tensorop|tensor\d+x\d+x\d+|"
+    r"hmma|imma|wgmma|gmma|wmma|tensorop|tensor\d+x\d+x\d+|"
     r"(?<![a-z0-9])[hsic](?:884|1688|16816|32816|8816)(?:gemm|cudnn|fprop|dgrad|wgrad|conv)",
     re.IGNORECASE,
 )
@@ -72,7 +75,9 @@ _SIMT_RE = re.compile(
     r"dgrad_engine|wgrad_alg\d+_engine",
     re.IGNORECASE,
 )
-_MATMUL_RE = re.compile(r"gemm|xmma|cutlass|cudnn|conv|fprop|dgrad|wgrad|matmul|mma", re.IGNORECASE)
+# "conv" but not "convert" (convertFP32ToFP16 is a cast kernel).
+_MATMUL_RE = re.compile(r"gemm|xmma|cutlass|cudnn|conv(?!ert)|fprop|dgrad|wgrad|matmul|mma", re.IGNORECASE)
+_XMMA_RE = re.compile(r"xmma", re.IGNORECASE)
 _NOT_MATMUL_RE = re.compile(r"fbgemm|elementwise|reduce_kernel|quantize|dequant|_to_float|float_to_", re.I)
 _TENSOR_DTYPE_RE = re.compile(r"bf16|tf32|fp16|f16f16|e4m3|e5m2|fp8|i8i8|bfloat16|half", re.IGNORECASE)
 
@@ -97,6 +102,8 @@ def math_class(name: str) -> MathClass:
         return MathClass.TENSOR
     if _SIMT_RE.search(name) and not _NOT_MATMUL_RE.search(name):
         return MathClass.SIMT
+    if _XMMA_RE.search(name) and not _NOT_MATMUL_RE.search(name):
+        return MathClass.TENSOR
     if _MATMUL_RE.search(name) and not _NOT_MATMUL_RE.search(name) and _TENSOR_DTYPE_RE.search(name):
         return MathClass.TENSOR
     return MathClass.OTHER

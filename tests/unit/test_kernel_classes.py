@@ -118,6 +118,41 @@ KERNELS: list[tuple[str, MathClass, str]] = [
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL128", N, "NCCL: bf16 is the payload"),
     ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", N, "NCCL [sample: hta_v100_2rank_rank1]"),
     ("triton_poi_fused_add_cos_sin_0", N, "Triton pointwise [sample: hta_triton_cuLaunchKernel]"),
+    # --- issue #24: cuBLAS gemv is SIMT; wmma, xmma, CUTLASS tensorop and sm90 gmma are tensor-op
+    (
+        "void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, (int)128, (int)16, (int)4, "
+        "(int)4, (bool)0, (bool)0, cublasGemvParamsEx<int, cublasGemvTensorStridedBatched<const "
+        "__nv_bfloat16>, cublasGemvTensorStridedBatched<const __nv_bfloat16>, "
+        "cublasGemvTensorStridedBatched<__nv_bfloat16>, float>>(T13, T5, T5)",
+        S,
+        "gemv: cuBLAS matrix-vector on CUDA cores, despite bf16 and 'Tensor' in its parameter types",
+    ),
+    (
+        "void cutlass::Kernel<cutlass_75_wmma_tensorop_f16_s161616gemm_f16_32x32_128x2_tn_align8>("
+        "cutlass_75_wmma_tensorop_f16_s161616gemm_f16_32x32_128x2_tn_align8::Params)",
+        T,
+        "CUTLASS wmma tensorop (Turing)",
+    ),
+    (
+        "WMMAF16TensorCore(__half*, __half*, float*, float*)",
+        T,
+        "hand-written nvcuda::wmma kernel (nvprof log)",
+    ),
+    (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_"
+        "off_kernel__5x_cublas",
+        T,
+        "xmma without a SIMT marker (H100 cuBLAS bf16)",
+    ),
+    (
+        "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
+        "cutlass::gemm::collective::CollectiveMma<cutlass::gemm::MainloopSm90TmaGmmaWarpSpecialized<2, "
+        "cute::tuple<cute::C<1>, cute::C<2>, cute::C<1>>, cutlass::gemm::KernelTmaWarpSpecialized>>>>"
+        "(T1::Params)",
+        T,
+        "CUTLASS 3 sm90 Gmma mainloop (Hopper warpgroup MMA)",
+    ),
+    ("convertFP32ToFP16(__half *, float *, int)", N, "a cast: 'convert' is not 'conv', '__half' no GEMM"),
     ("triton_tem_fused_mm_0", N, "Triton matmul template: dtype not in the name"),
     ("cutlass_80_splitKreduce_kernel", N, "split-K reduction"),
     (
