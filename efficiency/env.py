@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -105,6 +106,29 @@ def env_list(name: str, default: list[str], *, env: Mapping[str, str] | None = N
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+#: Prometheus' own scrape-job label and its renamed copy: they name the scrape target (the exporter), not a
+#: workload, so a selector on them reads every GPU the exporter reports (issue 23).
+SCRAPE_JOB_LABELS = ("job", "exported_job")
+
+
+def env_job_labels(name: str, default: list[str], *, env: Mapping[str, str] | None = None) -> list[str]:
+    """A comma-separated list of job-identity label names (valid Prometheus label names), never the scrape
+    `job` label or `exported_job` (SCRAPE_JOB_LABELS); an empty list is an error (members could then
+    register no selector at all, which is a configuration mistake, not a policy)."""
+    labels = env_list(name, default, env=env)
+    if not labels:
+        raise EnvError(f"{name} is empty; list the exporter's job-identity labels, e.g. hpc_job,pod")
+    for label in labels:
+        if not _LABEL.fullmatch(label):
+            raise EnvError(f"{name}: {label!r} is not a valid Prometheus label name")
+        if label in SCRAPE_JOB_LABELS:
+            raise EnvError(
+                f"{name} names {label!r}, Prometheus' scrape-job label: it names the exporter, not a job, so "
+                "a selector on it would read every GPU; use the exporter's job label (e.g. hpc_job, pod)"
+            )
+    return labels
 
 
 _HOST_NAME = re.compile(r"(?=.{1,253}\.?$)((?!-)[a-z0-9_-]{1,63}(?<!-)\.)*(?!-)[a-z0-9_-]{1,63}(?<!-)\.?")

@@ -17,6 +17,7 @@ from efficiency.env import (
     env_float,
     env_hosts,
     env_int,
+    env_job_labels,
     env_list,
     env_str,
     env_url,
@@ -195,6 +196,19 @@ FILE_UPLOAD_TEMP_DIR = env_str("FILE_UPLOAD_TEMP_DIR", "") or None
 # Registered jobs: a window (start to end, or to now while running) longer than this is refused, so a
 # typo in started_at cannot make ingestion poll years of samples.
 MAX_JOB_WINDOW_DAYS = env_int("MAX_JOB_WINDOW_DAYS", 90, min_value=1, max_value=3660)
+# A job registered (or re-opened) as still running may have started at most this many days ago: a running
+# job's window is polled to now, so an old start on a running job re-reads weeks of samples every cycle.
+# 30 days is longer than any scheduler's usual time limit (Slurm sites cap MaxTime at days to weeks);
+# longer runs are chained jobs, each registered on its own.
+MAX_RUNNING_JOB_DAYS = env_int("MAX_RUNNING_JOB_DAYS", 30, min_value=1, max_value=3660)
+# The most GPUs one registration may list explicitly ("gpus"): a list is compared with every running
+# job's GPUs at registration and turned into PromQL matchers on each poll.
+MAX_JOB_GPUS = env_int("MAX_JOB_GPUS", 1024, min_value=1, max_value=100_000)
+# GPUs the platform declares time-sliced (shared by several jobs by design, e.g. the NVIDIA device
+# plugin's time-slicing config): "host/index" or UUID patterns with * and ? ("node-t*/*"). Only on these
+# (and on MIG instances the exporter labels) is a GPU's cost split between overlapping jobs, and may a
+# member register GPUs another team's running job holds (jobs.ownership).
+TIME_SLICED_GPUS = env_list("TIME_SLICED_GPUS", [])
 
 # Services
 REDIS_URL = env_url("REDIS_URL", "redis://127.0.0.1:56379/0", schemes=("redis", "rediss", "unix"))
@@ -256,9 +270,11 @@ THROUGHPUT_MAX_LOOKBACK_S = env_int("THROUGHPUT_MAX_LOOKBACK_S", 3600, min_value
 THROUGHPUT_QUERY_TIMEOUT_S = env_float("THROUGHPUT_QUERY_TIMEOUT_S", 5.0, min_value=0.5, max_value=120.0)
 # The label `$job` matches in a throughput template: `$job` becomes THROUGHPUT_JOB_LABEL="<external id>".
 THROUGHPUT_JOB_LABEL = env_str("THROUGHPUT_JOB_LABEL", "job_id")
-# A non-staff job selector must match its job label exactly (no regex): one of these label names.
-SELECTOR_JOB_LABELS = env_list(
-    "SELECTOR_JOB_LABELS", ["job_id", "hpc_job", "slurm_job_id", "job", "pod", "exported_pod", "exported_job"]
+# A member's job selector must match its job label exactly (no regex): one of these label names, the
+# exporter's job-identity labels. Never Prometheus' scrape `job` label (nor `exported_job`): it names the
+# exporter, so {"job": "<exporter>"} reads every GPU; env_job_labels refuses them.
+SELECTOR_JOB_LABELS = env_job_labels(
+    "SELECTOR_JOB_LABELS", ["job_id", "hpc_job", "slurm_job_id", "pod", "exported_pod"]
 )
 # Grafana with efficiency/deploy/grafana-dashboard.json imported: job pages link to it (empty: no link).
 GRAFANA_URL = env_url("GRAFANA_URL", "", schemes=("http", "https")) if env_str("GRAFANA_URL", "") else ""

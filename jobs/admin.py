@@ -132,16 +132,21 @@ class PromotionOverrideAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Tokens are created here; the key is shown once in a message and only its hash is stored."""
 
-    list_display = ["name", "user", "prefix", "created_at", "last_used_at", "revoked_at"]
-    fields = ["user", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_display = ["name", "user", "kind", "cluster", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["kind"]
+    fields = ["user", "name", "kind", "cluster", "prefix", "created_at", "last_used_at", "revoked_at"]
     readonly_fields = ["prefix", "created_at", "last_used_at"]
     autocomplete_fields = ["user"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> Any:
+        # What a token may do is fixed when it is issued: a user token never becomes a scheduler's.
+        return [*self.readonly_fields, "kind", "cluster"] if obj is not None else self.readonly_fields
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
-        token, key = ApiToken.issue(obj.user, obj.name)
+        token, key = ApiToken.issue(obj.user, obj.name, kind=obj.kind, cluster=obj.cluster)
         obj.pk, obj.prefix, obj.key_hash = token.pk, token.prefix, token.key_hash
         messages.warning(request, f"Token for {obj.user}: {key} — copy it now, it will not be shown again.")
 

@@ -30,6 +30,7 @@ from jobs.evaluation.baselines import SYSTEM, promote
 from jobs.findings import run_diagnosis
 from jobs.metrics.ingest import ingest_once
 from jobs.models import Finding, Job, Membership, Team
+from jobs.ownership import Claimant
 from jobs.registry import register_job
 from jobs.simulate import (
     SCENARIOS,
@@ -187,7 +188,7 @@ def register(demo: DemoJob, result: SimResult, teams: dict[str, Team], now: date
     )
     if body["ended_at"] is not None and body["ended_at"] >= now:
         body["ended_at"] = None  # still running as far as the demo's clock goes
-    return register_job(body).job
+    return register_job(body, Claimant.platform(Job.Provenance.DEMO, "demo loader")).job
 
 
 BACKFILL_TIMEOUT_S = 1800.0

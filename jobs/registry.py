@@ -14,6 +14,7 @@ from django.utils import timezone
 from jobs.evaluation.catalog import match_gpu_name, match_mig_name, mig_profile
 from jobs.evaluation.robust import config_fingerprint
 from jobs.models import GpuModel, Job, ProgressSample
+from jobs.ownership import Claimant, check_claim, provenance_after
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,17 @@ def check_moment(value: datetime | None, *, now: datetime | None = None) -> str 
 
 
 def check_window(started: datetime, ended: datetime | None, *, now: datetime | None = None) -> str | None:
-    """Why a job's window is too long (MAX_JOB_WINDOW_DAYS, from start to end or now), or None."""
+    """Why a job's window is too long, or None: from start to end at most MAX_JOB_WINDOW_DAYS; a running
+    job (no end) started at most MAX_RUNNING_JOB_DAYS ago (it is polled up to now, every cycle)."""
     days = settings.MAX_JOB_WINDOW_DAYS
     end = ended or now or timezone.now()
+    running_days = settings.MAX_RUNNING_JOB_DAYS
+    if ended is None and end - started > timedelta(days=running_days):
+        return (
+            f"the job is still running (no ended_at) and started {(end - started).days} days ago; a running "
+            f"job started at most {running_days} days ago (MAX_RUNNING_JOB_DAYS): send its ended_at, or "
+            "register each part of a chained run as its own job"
+        )
     if end - started > timedelta(days=days):
         still = "" if ended else " (the job is still running)"
         return (
@@ -129,11 +138,16 @@ _REGISTERED_FIELDS = (
 
 
 @transaction.atomic
-def register_job(data: dict[str, Any]) -> Registration:
+def register_job(data: dict[str, Any], claimant: Claimant | None = None) -> Registration:
     """Create the job, or update it in place when the external id is known (scheduler retries are safe).
 
-    `data` is a validated JobRegisterSerializer payload. The caller has checked the team permission.
+    `data` is a validated JobRegisterSerializer payload; `claimant` who registers it (an API caller's
+    `Claimant.of(user, token)`; platform code calling directly is `import` by default). What it may claim
+    is jobs.ownership's `check_claim`, asked here with the stored job locked; this function is the one
+    writer of the job's provenance (registered_by, cluster, registered_via); jobs.ownership.OwnershipError
+    when the claim is refused.
     """
+    claimant = claimant or Claimant.platform(Job.Provenance.IMPORT, "import (registry called directly)")
     model = dict(data["model"])
     values: dict[str, Any] = {field: data.get(field) for field in _REGISTERED_FIELDS if field in data}
     values.update(
@@ -150,12 +164,18 @@ def register_job(data: dict[str, Any]) -> Registration:
     )
     for optional in ("micro_batch", "global_batch", "tokens_per_step"):
         values.setdefault(optional, None)
-    job = Job.objects.select_for_update().filter(external_id=data["external_id"]).first()
+    job = (
+        # of=self: lock the job row only, not its team's row (registrations of one team run concurrently).
+        Job.objects.select_for_update(of=("self",))
+        .select_related("team")
+        .filter(external_id=data["external_id"])
+        .first()
+    )
+    check_claim(claimant, data, job)
+    values["registered_by"], values["cluster"], values["registered_via"] = provenance_after(claimant, job)
     created = job is None
     if job is None:
         job = Job(external_id=data["external_id"])
-    elif job.team_id != values["team"].pk:
-        raise RegistryError(f"job {job.external_id!r} is registered to another team")
     for field, value in values.items():
         setattr(job, field, value)
     if job.ended_at is not None and job.ended_at < job.started_at:

@@ -50,9 +50,11 @@ def idle_job(make_team, make_user, settings):
     team = make_team("llm")
     make_user("alice", teams=[team])
     now = timezone.now()
+    # Registered by the cluster's scheduler integration: the only jobs the policy may cancel (jobs.ownership).
     job = Job.objects.create(
         external_id="48213", name="pretrain", team=team, owner="alice", gpu_count=8,
         selector={"hpc_job": "48213"}, started_at=now - timedelta(hours=2),
+        registered_by="scheduler", cluster="slurm-a", registered_via="scheduler token 'prolog' of slurm-a",
     )  # fmt: skip
     incident = AlertIncident.objects.create(
         rule="gpus_idle", job=job, team=team, started_at=now - timedelta(minutes=12), opened_at=now,
@@ -124,18 +126,32 @@ def test_nothing_happens_without_the_policy_enabled_or_once_the_gpus_are_busy(id
 
 
 @pytest.mark.django_db
-def test_kubernetes_action_deletes_the_pod_with_the_service_account_token(idle_job, settings, tmp_path):
+def test_kubernetes_action_suspends_the_pods_owning_job_with_the_service_account_token(
+    idle_job, settings, tmp_path
+):
     job, _, now = idle_job
     seen: list[tuple[str, str, str]] = []
+    pod = {
+        "kind": "Pod",
+        "metadata": {
+            "name": "pretrain-7b-0",
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "pretrain-7b", "controller": True}
+            ],
+        },
+    }
 
     class Api(BaseHTTPRequestHandler):
-        def do_DELETE(self) -> None:
+        def _answer(self) -> None:
             seen.append((self.command, self.path, self.headers.get("Authorization", "")))
-            body = json.dumps({"kind": "Pod", "metadata": {"name": "pretrain-7b-0"}}).encode()
+            obj = pod if "/pods/" in self.path else {"kind": "Job", "metadata": {"name": "pretrain-7b"}}
+            body = json.dumps(obj).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
             self.wfile.write(body)
+
+        do_GET = do_PATCH = do_DELETE = _answer
 
         def log_message(self, *args: object) -> None:
             pass
@@ -157,5 +173,12 @@ def test_kubernetes_action_deletes_the_pod_with_the_service_account_token(idle_j
         server.server_close()
     cancel = next(a for a in actions if a.kind == "cancel")
     assert cancel.outcome == "done", cancel.detail
-    assert seen == [("DELETE", "/api/v1/namespaces/llm/pods/pretrain-7b-0", "Bearer sa-token")]
+    # Behaviour change (issue 23): the pod is not deleted (its Job would start a new one); its owning Job is
+    # found through ownerReferences and suspended.
+    assert seen == [
+        ("GET", "/api/v1/namespaces/llm/pods/pretrain-7b-0", "Bearer sa-token"),
+        ("GET", "/apis/batch/v1/namespaces/llm/jobs/pretrain-7b", "Bearer sa-token"),
+        ("PATCH", "/apis/batch/v1/namespaces/llm/jobs/pretrain-7b", "Bearer sa-token"),
+    ]
+    assert cancel.detail == "suspended Job llm/pretrain-7b"
     assert cancel.target == "pod llm/pretrain-7b-0 (job 48213)"

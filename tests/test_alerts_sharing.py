@@ -96,7 +96,9 @@ PRICE = 6.88  # H100 on demand, USD per GPU-hour (the seeded price book)
 
 
 @pytest.fixture
-def jobs(prom, sims, make_team, catalog):
+def jobs(prom, sims, make_team, catalog, settings):
+    # node-t is declared time-sliced by the platform: only then is an overlap a share (jobs.ownership).
+    settings.TIME_SLICED_GPUS = ["node-t/*"]
     team = make_team("llm")
     client = PrometheusClient(prom.url, timeout_s=10, retries=0)
     out = {}
@@ -243,8 +245,9 @@ def test_a_job_registered_on_a_mig_device_name_is_charged_and_measured_as_its_sl
 @pytest.mark.prometheus
 @pytest.mark.django_db
 def test_a_job_joining_a_gpu_re_evaluates_the_job_already_on_it(
-    prom, sims, make_team, catalog, celery_eager, django_capture_on_commit_callbacks
+    prom, sims, make_team, catalog, celery_eager, django_capture_on_commit_callbacks, settings
 ):
+    settings.TIME_SLICED_GPUS = ["node-t/*"]
     team = make_team("llm")
     client = PrometheusClient(prom.url, timeout_s=10, retries=0)
     with django_capture_on_commit_callbacks(execute=True):

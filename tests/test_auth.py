@@ -69,8 +69,10 @@ def test_another_teams_token_cannot_register_or_change_its_jobs(make_team, make_
     )
     progress = {"timestamp": "2026-11-23T09:00:00Z", "step": 1, "tokens": 10}
     assert outsider.post("/api/v1/jobs/48213/progress/", progress, format="json").status_code == 403
-    # Re-registering someone else's external id under your own team is refused too.
-    assert outsider.post("/api/v1/jobs/", job_body(team="vision"), format="json").status_code == 403
+    # Re-registering someone else's external id under your own team is refused too: 409 (was 403), with a
+    # message that does not say whether another team holds the id (jobs.ownership, issue 23).
+    taken = outsider.post("/api/v1/jobs/", job_body(team="vision"), format="json")
+    assert taken.status_code == 409 and "llm" not in str(taken.json())
     assert Job.objects.get().team == llm
     # Reading is allowed across teams.
     assert outsider.get("/api/v1/jobs/48213/").status_code == 200

@@ -24,7 +24,9 @@ def _job(team, name: str, gpus: list[tuple[str, int]], start_h: float, end_h: fl
 
 
 @pytest.fixture
-def jobs(db, make_team):
+def jobs(db, make_team, settings):
+    # Declared time-sliced by the platform: only then do overlapping claims share a GPU (jobs.ownership).
+    settings.TIME_SLICED_GPUS = ["n1/*", "n2/*"]
     team = make_team("llm")
     return [
         _job(team, "a", [("n1", 0), ("n1", 1)], 0, None, 3.9),

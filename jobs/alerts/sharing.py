@@ -3,7 +3,10 @@
 Detection (the seed's causes 4 and 7: "a GPU shared by several tasks competing for time slices ...
 utilisation is thinned out"; MIG slices, a scheduler giving one GPU to several jobs):
 - the same physical GPU (host/index, or UUID) in another job's explicit mapping, or among the GPUs its label
-  selector matched (the archived per-GPU keys), in an overlapping window: time-slicing (or a double booking);
+  selector matched (the archived per-GPU keys), in an overlapping window, on a GPU the platform declares
+  time-sliced (TIME_SLICED_GPUS): time-slicing. Elsewhere an overlap is a double booking, not a share: it
+  is not split (a member's claim must not lower another job's cost or raise its MFU), and a claim another
+  team's member registered by hand never lowers a job's share, MIG included (jobs.ownership.counts_against);
 - MIG: dcgm-exporter labels each instance's series with `GPU_I_ID` and `GPU_I_PROFILE` (e.g. `3g.40gb`,
   reference/dcgm.md "Labels"); `gpu`/`UUID` stay the parent GPU's. A job on a slice is billed for its
   compute slices / 7 of the GPU and its MFU is against the slice's SMs (jobs.evaluation.catalog.mig_slice).
@@ -60,6 +63,7 @@ from jobs.metrics.promql import (
     regex_batches,
 )
 from jobs.models import Job, JobSeries
+from jobs.ownership import counts_against
 
 CODE = "shared_gpu"
 
@@ -454,7 +458,8 @@ MAX_OTHERS = 500
 
 #: The fields of another job the comparison reads.
 _NEIGHBOUR_FIELDS = (
-    "pk", "external_id", "started_at", "ended_at", "data_until", "gpus", "selector", "evaluation",
+    "pk", "external_id", "started_at", "ended_at", "data_until", "gpus", "selector", "evaluation", "team",
+    "registered_by",
 )  # fmt: skip
 
 
@@ -601,8 +606,15 @@ def shared_gpus(
         other_mig = stored_mig(other)
         if not other_mig and client is not None and any(g in own_mig for g in common):
             other_mig = instances(other)  # a MIG neighbour not evaluated yet
-        usages += _usages(other, sorted(common), now, other_mig, other=True)
-        for gpu in sorted(common):
+        # Only a GPU known to be shared (MIG, or declared time-sliced by the platform) is split, and never
+        # by another team's hand-registered claim (jobs.ownership): a claim is not proof of use.
+        counted = [
+            g for g in sorted(common) if counts_against(job, other, g, mig=g in other_mig or g in own_mig)
+        ]
+        if not counted:
+            continue
+        usages += _usages(other, counted, now, other_mig, other=True)
+        for gpu in counted:
             shared.append(
                 SharedGpu(
                     gpu,

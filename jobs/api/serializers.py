@@ -119,7 +119,20 @@ class JobRegisterSerializer(serializers.Serializer):
     external_id = StrictCharField(max_length=200)
     name = StrictCharField(max_length=200, required=False, allow_blank=True, default="")
     team = serializers.SlugRelatedField(slug_field="slug", queryset=Team.objects.all())
-    owner = StrictCharField(max_length=150, required=False, allow_blank=True, default="")
+    owner = StrictCharField(
+        max_length=150,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="User name of who launched it; a member may name only a member of the job's team",
+    )
+    cluster = StrictCharField(
+        max_length=100,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="The scheduler cluster: set by a scheduler credential (its own cluster), never by a member",
+    )
     model = ModelConfigSerializer()
     kind = serializers.ChoiceField(
         choices=Job.Kind.choices,
@@ -208,6 +221,10 @@ class JobRegisterSerializer(serializers.Serializer):
         if bool(gpus) == bool(selector):
             raise serializers.ValidationError(
                 "give exactly one of 'gpus' (explicit mapping) or 'selector' (labels)"
+            )
+        if gpus and len(gpus) > settings.MAX_JOB_GPUS:
+            raise serializers.ValidationError(
+                {"gpus": f"{len(gpus)} GPUs listed; at most {settings.MAX_JOB_GPUS} (MAX_JOB_GPUS)"}
             )
         if gpus:
             keys = {(g["hostname"], g["gpu"]) for g in gpus}

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -33,11 +32,10 @@ from jobs.evaluation.baselines import (
     promote,
     retire,
 )
-from jobs.metrics.throughput import own_job_selector_problem
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs.summary import job_summary, summary_queryset
+from jobs.ownership import Claimant, OwnershipError, scheduler_jobs
 from jobs.permissions import (
-    can_write_team,
     is_staff,
     readable_job_or_404,
     readable_jobs,
@@ -146,6 +144,16 @@ def _refuse_free_form(data: dict[str, Any]) -> None:
 
 
 class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
+def _ownership_refusal(exc: OwnershipError) -> APIException:
+    """The HTTP answer to a refused claim: 400, 403 or 409 with the message under the field it is about."""
+    detail = {exc.field: [exc.message]}
+    if exc.status == status.HTTP_409_CONFLICT:
+        return Conflict(detail)
+    if exc.status == status.HTTP_403_FORBIDDEN:
+        return PermissionDenied(exc.message)
+    return ValidationError(detail)
+
+
     """Jobs, addressed by their external id (the scheduler's id)."""
 
     permission_classes = [IsAuthenticated, TeamScopedWrite]
@@ -162,6 +170,19 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
     def list(self, request: Request) -> Response:
         """Jobs, newest first; filter with ?team=slug&status=running."""
         qs = readable_jobs(request.user, Job.objects.select_related("team", "gpu_model")).order_by(
+        claimant = Claimant.of(request.user, request.auth)
+        if claimant.is_scheduler:
+            # A scheduler credential reads, updates and ends its own cluster's scheduler jobs, whatever the
+            # team; any other job is "not found" to it.
+            job = (
+                summary_queryset()
+                .filter(pk__in=scheduler_jobs(claimant).values("pk"))
+                .filter(external_id=external_id)
+                .first()
+            )
+            if job is None:
+                raise NotFound("No job matches the given query.")
+            return job
             "-started_at"
         )
         if team := request.query_params.get("team"):
@@ -197,22 +218,13 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
         """Register a job. Idempotent on external_id: re-posting updates it and answers 200."""
         body = JobRegisterSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        team = body.validated_data["team"]
-        if not can_write_team(request.user, team):
-            raise PermissionDenied(f"you are not a member of team {team.slug!r}")
         if not is_staff(request.user):
             _refuse_free_form(body.validated_data)
-            data = body.validated_data
-            problem = own_job_selector_problem(
-                data.get("selector") or {},
-                data.get("gpus") or [],
-                data["external_id"],
-                settings.SELECTOR_JOB_LABELS,
-            )
-            if problem:
-                raise ValidationError({"selector": [problem]})
+        # Who may claim this id, these GPUs, this selector, this owner: jobs.ownership, asked by the registry.
         try:
-            outcome = register_job(body.validated_data)
+            outcome = register_job(body.validated_data, Claimant.of(request.user, request.auth))
+        except OwnershipError as exc:
+            raise _ownership_refusal(exc) from None
         except RegistryConflict as exc:
             raise Conflict({"started_at": str(exc)}) from None
         except RegistryError as exc:

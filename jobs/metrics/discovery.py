@@ -115,6 +115,10 @@ def discover(client: PrometheusClient, now: datetime | None = None) -> dict[str,
                 selector={label: value},
                 started_at=s.first_seen,
                 discovered_by=label_matcher(label, value)[:300],
+                # Platform-seen (the exporter's label), not vouched for by a scheduler: a member cannot
+                # take its id, and the idle policy does not cancel it (jobs.ownership).
+                registered_by=Job.Provenance.DISCOVERY,
+                registered_via=f"discovery on {label}"[:200],
             )
             job.config_fingerprint = fingerprint_for(job)
             job.save()

@@ -37,6 +37,16 @@ class Job(models.Model):
         SELECTIVE = "selective", "Selective"
         FULL = "full", "Full"
 
+    class Provenance(models.TextChoices):
+        """Who registered the job (jobs.ownership: what each may claim, what may be done to the job)."""
+
+        MEMBER = "member", "Team member (by hand)"
+        SCHEDULER = "scheduler", "Scheduler integration (service credential)"
+        DISCOVERY = "discovery", "Discovery (exporter label)"
+        STAFF = "staff", "Staff"
+        IMPORT = "import", "Import (management command)"
+        DEMO = "demo", "Demo data"
+
     external_id = models.CharField(
         max_length=200, unique=True, help_text="The scheduler's id, e.g. a Slurm job id."
     )
@@ -150,6 +160,23 @@ class Job(models.Model):
     finalize_note = models.CharField(max_length=300, blank=True)
     discovered_by = models.CharField(
         max_length=300, blank=True, help_text="The label matcher a discovered job was registered from."
+    )
+
+    # Provenance, written by the registry only (jobs.registry via jobs.ownership): who vouches for the job's
+    # identity, GPUs and selector. Only `scheduler` jobs may be cancelled by the idle-GPU policy.
+    registered_by = models.CharField(
+        max_length=16,
+        choices=Provenance.choices,
+        default=Provenance.MEMBER,
+        help_text="Who registered the job: a team member by hand, a scheduler credential, discovery, staff.",
+    )
+    cluster = models.CharField(
+        max_length=100, blank=True, help_text="The scheduler cluster whose credential registered the job."
+    )
+    registered_via = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="The credential (token name and prefix) or user that registered it.",
     )
 
     created_at = models.DateTimeField(auto_now_add=True)

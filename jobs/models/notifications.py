@@ -201,7 +201,7 @@ class IdlePolicy(models.Model):
 
     class Action(models.TextChoices):
         COMMAND = "command", "Command hook (e.g. scancel)"
-        KUBERNETES = "kubernetes", "Kubernetes: delete the pod"
+        KUBERNETES = "kubernetes", "Kubernetes: suspend the owning Job/JobSet"
 
     team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="idle_policy")
     enabled = models.BooleanField(default=False)

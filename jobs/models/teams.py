@@ -60,10 +60,25 @@ class Membership(models.Model):
 
 
 class ApiToken(models.Model):
-    """A machine credential for the REST API. Only a hash of the key is stored; the key is shown once."""
+    """A machine credential for the REST API. Only a hash of the key is stored; the key is shown once.
+
+    A `user` token acts as its user (a member registers its own team's jobs). A `scheduler` token is the
+    cluster-scoped service credential of a scheduler integration (Slurm prolog/epilog, a Kubernetes
+    registrar): it registers, updates and ends jobs of any team on its `cluster`, declaring team and owner
+    (jobs.ownership); its user is only the account it is recorded under."""
+
+    class Kind(models.TextChoices):
+        USER = "user", "User (acts as its user)"
+        SCHEDULER = "scheduler", "Scheduler integration (cluster-scoped service credential)"
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100, help_text="What uses it, e.g. 'slurm prolog on cluster A'.")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.USER)
+    cluster = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="The scheduler cluster a scheduler token speaks for (required for kind=scheduler).",
+    )
     prefix = models.CharField(max_length=8, help_text="First characters of the key, to recognise it.")
     key_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -72,6 +87,12 @@ class ApiToken(models.Model):
 
     class Meta:
         verbose_name = "API token"
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(kind="scheduler") | ~models.Q(cluster=""),
+                name="apitoken_scheduler_has_cluster",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…) for {self.user}"
@@ -81,9 +102,23 @@ class ApiToken(models.Model):
         """sha256 of the key: tokens are long random strings, so a plain hash suffices (no guessing)."""
         return hashlib.sha256(key.encode()).hexdigest()
 
+    @property
+    def is_scheduler(self) -> bool:
+        """True for a cluster-scoped scheduler credential."""
+        return self.kind == self.Kind.SCHEDULER
+
     @classmethod
-    def issue(cls, user: object, name: str) -> tuple[ApiToken, str]:
-        """Create a token for `user`; returns the row and the plaintext key (shown once, never stored)."""
+    def issue(cls, user: object, name: str, *, kind: str = "user", cluster: str = "") -> tuple[ApiToken, str]:
+        """Create a token for `user`; returns the row and the plaintext key (shown once, never stored).
+
+        A scheduler token needs its `cluster` (ValueError without one)."""
+        if kind not in cls.Kind.values:
+            raise ValueError(f"unknown token kind {kind!r}; use one of {', '.join(cls.Kind.values)}")
+        cluster = cluster.strip()
+        if kind == cls.Kind.SCHEDULER and not cluster:
+            raise ValueError("a scheduler token needs the cluster it speaks for")
         key = secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, name=name, prefix=key[:8], key_hash=cls.hash_key(key))
+        token = cls.objects.create(
+            user=user, name=name, prefix=key[:8], key_hash=cls.hash_key(key), kind=kind, cluster=cluster
+        )
         return token, key

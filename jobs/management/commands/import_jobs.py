@@ -11,6 +11,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs.api.serializers import JobRegisterSerializer
+from jobs.models import Job
+from jobs.ownership import Claimant, OwnershipError
 from jobs.registry import RegistryError, register_job
 
 
@@ -43,8 +45,9 @@ class Command(BaseCommand):
                 errors.append(f"{label}: {json.dumps(serializer.errors)}")
                 continue
             try:
-                outcome = register_job(serializer.validated_data)
-            except RegistryError as exc:
+                importer = Claimant.platform(Job.Provenance.IMPORT, "manage.py import_jobs")
+                outcome = register_job(serializer.validated_data, importer)
+            except (RegistryError, OwnershipError) as exc:
                 errors.append(f"{label}: {exc}")
                 continue
             created += outcome.created
