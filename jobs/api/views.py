@@ -135,15 +135,6 @@ def _summary(request: Request, job: Job) -> dict[str, Any]:
     return body
 
 
-def _refuse_free_form(data: dict[str, Any]) -> None:
-    if data.get("throughput_query_free_form"):
-        raise PermissionDenied(
-            "only staff may set free-form PromQL (throughput_query_free_form); write throughput_query as a "
-            "template such as sum(rate(train_tokens_total{$job}[5m]))"
-        )
-
-
-class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
 def _ownership_refusal(exc: OwnershipError) -> APIException:
     """The HTTP answer to a refused claim: 400, 403 or 409 with the message under the field it is about."""
     detail = {exc.field: [exc.message]}
@@ -154,6 +145,15 @@ def _ownership_refusal(exc: OwnershipError) -> APIException:
     return ValidationError(detail)
 
 
+def _refuse_free_form(data: dict[str, Any]) -> None:
+    if data.get("throughput_query_free_form"):
+        raise PermissionDenied(
+            "only staff may set free-form PromQL (throughput_query_free_form); write throughput_query as a "
+            "template such as sum(rate(train_tokens_total{$job}[5m]))"
+        )
+
+
+class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
     """Jobs, addressed by their external id (the scheduler's id)."""
 
     permission_classes = [IsAuthenticated, TeamScopedWrite]
@@ -161,15 +161,6 @@ def _ownership_refusal(exc: OwnershipError) -> APIException:
     lookup_value_regex = r"[^/]+"
 
     def _get(self, request: Request, external_id: str) -> Job:
-        # Another team's job is "not found" under READ_SCOPE=team (jobs.permissions), on reads and writes.
-        job = readable_job_or_404(request.user, summary_queryset(), external_id=external_id)
-        self.check_object_permissions(request, job)
-        return job
-
-    @extend_schema(responses={200: _SUMMARY})
-    def list(self, request: Request) -> Response:
-        """Jobs, newest first; filter with ?team=slug&status=running."""
-        qs = readable_jobs(request.user, Job.objects.select_related("team", "gpu_model")).order_by(
         claimant = Claimant.of(request.user, request.auth)
         if claimant.is_scheduler:
             # A scheduler credential reads, updates and ends its own cluster's scheduler jobs, whatever the
@@ -183,6 +174,15 @@ def _ownership_refusal(exc: OwnershipError) -> APIException:
             if job is None:
                 raise NotFound("No job matches the given query.")
             return job
+        # Another team's job is "not found" under READ_SCOPE=team (jobs.permissions), on reads and writes.
+        job = readable_job_or_404(request.user, summary_queryset(), external_id=external_id)
+        self.check_object_permissions(request, job)
+        return job
+
+    @extend_schema(responses={200: _SUMMARY})
+    def list(self, request: Request) -> Response:
+        """Jobs, newest first; filter with ?team=slug&status=running."""
+        qs = readable_jobs(request.user, Job.objects.select_related("team", "gpu_model")).order_by(
             "-started_at"
         )
         if team := request.query_params.get("team"):
