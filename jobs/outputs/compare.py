@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from jobs.evaluation.costs import format_usd
 from jobs.evaluation.robust import Summary, check_regression, summarize
+from jobs.outputs.numbers import format_number
 
 Direction = Literal["higher", "lower", "neutral"]
 
@@ -368,7 +369,7 @@ def fmt(value: float | None, unit: Unit) -> str:
         return f"{value:,.0f} {unit}"
     if unit in ("ms", "kWh", "h"):
         return f"{value:,.1f} {unit}"
-    return f"{value:,.3g} {unit}"
+    return f"{format_number(value)} {unit}"
 
 
 def fmt_delta(delta: float | None, unit: Unit) -> str:

@@ -186,6 +186,7 @@ def kernel_name_diff(kb_a: Mapping[str, Any], kb_b: Mapping[str, Any], limit: in
                 "timing": timing,
             }
         )
+    _disambiguate(rows)
     # Known changes by size first, then the rows whose change is unknown by their known side's time.
     rows.sort(
         key=lambda r: (
@@ -208,6 +209,34 @@ def kernel_name_diff(kb_a: Mapping[str, Any], kb_b: Mapping[str, Any], limit: in
             for c in ("added", "removed", "increased", "decreased", "unchanged")
         },
     }
+
+
+def _common_prefix(texts: list[str]) -> int:
+    """Length of the characters all `texts` start with."""
+    first, last = min(texts), max(texts)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return n
+
+
+def _disambiguate(rows: list[dict[str, Any]], width: int = 48) -> None:
+    """Rows whose short names collide (one template, several instantiations: "gemv2T_kernel" three times)
+    get the part of their full names that differs, so the table never shows one name on several rows."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row["short_name"], []).append(row)
+    for short, group in groups.items():
+        if len(group) < 2:
+            continue
+        names = [str(r["name"]) for r in group]
+        prefix = _common_prefix(names)
+        suffix = _common_prefix([n[::-1] for n in names])
+        for row, name in zip(group, names, strict=True):
+            middle = name[prefix : max(prefix, len(name) - suffix)].strip(" ,<>") or name
+            if len(middle) > width:
+                middle = middle[: width - 1] + "…"
+            row["short_name"] = f"{short} ‹{middle}›"
 
 
 _TEMPORAL = (

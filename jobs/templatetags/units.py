@@ -51,6 +51,18 @@ def num(value: float | None, digits: int = 1) -> str:
 
 
 @register.filter
+def measure(value: float | None) -> str:
+    """A measured number as every page writes it (jobs.outputs.numbers.format_number): 7,140, 3.21, 8,942."""
+    return format_number(value)
+
+
+@register.filter
+def measure_delta(value: float | None) -> str:
+    """A change (B − A) as every page writes it: +7,060, −2.5, ±0."""
+    return format_number(value, signed=True)
+
+
+@register.filter
 def signed_usd(value: float | None) -> str:
     """A change in dollars with its sign: +$120, -$40 (typographic minus)."""
     if value is None:

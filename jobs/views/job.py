@@ -40,6 +40,7 @@ from jobs.metrics.sampling import coverage_note
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job
 from jobs.models.jobs import REMAINDER_CODE
+from jobs.outputs.numbers import format_number
 from jobs.permissions import can_write_team, readable_job_or_404
 from jobs.profiling.safe_json import make_storable
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
@@ -137,7 +138,7 @@ def _evidence(item: Any) -> str:
         return str(item)
     value = item.get("value")
     if isinstance(value, float):
-        value = f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+        value = format_number(value)
     unit = item.get("unit") or ""
     return f"{item.get('label', '')}: {value} {unit}".strip()
 

@@ -167,10 +167,10 @@ def _trace(
             }
             evidence += [
                 Evidence(f"{r.label}: GPU idle in launch gaps < 1 ms (captured window)", launch, "% of step"),
-                Evidence(f"{r.label}: idle gaps of 30 us - 1 ms", gaps.get((30.0, 1000.0)), "count"),
+                Evidence(f"{r.label}: idle gaps of 30 µs – 1 ms", gaps.get((30.0, 1000.0)), "count"),
                 Evidence(f"{r.label}: host busy during those gaps", busy, "%"),
                 Evidence(f"{r.label}: GPU idle", r.attribution("idle_pct"), "% of step"),
-                Evidence(f"{r.label}: kernels shorter than 10 us", tiny, "% of kernels"),
+                Evidence(f"{r.label}: kernels shorter than 10 µs", tiny, "% of kernels"),
                 Evidence(f"{r.label}: kernels shorter than their launch call", shorter, "%"),
             ]
             impacts.append(clamp01(launch / 100.0))
@@ -185,7 +185,7 @@ def _trace(
             if not waiting:
                 continue
             evidence += [
-                Evidence(f"{r.label}: kernels shorter than 10 us", tiny, "% of kernels"),
+                Evidence(f"{r.label}: kernels shorter than 10 µs", tiny, "% of kernels"),
                 Evidence(f"{r.label}: GPU idle", idle, "% of span"),
                 Evidence(f"{r.label}: kernels shorter than their launch call", shorter, "%"),
             ]
@@ -207,7 +207,7 @@ def _nsys_stats(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str
         if tiny is not None and tiny >= T.TINY_KERNEL_COUNT_PCT:
             hit = True
             evidence.append(
-                Evidence(f"{A.source_label(art)}: kernels shorter than 10 us", tiny, "% of kernels")
+                Evidence(f"{A.source_label(art)}: kernels shorter than 10 µs", tiny, "% of kernels")
             )
             if "nsys stats" not in sources:
                 sources.append("nsys stats")
