@@ -9,6 +9,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from jobs.evaluation.costs import Amount, format_usd, total_waste
+from jobs.outputs.numbers import format_number
 
 register = template.Library()
 
