@@ -4,6 +4,27 @@ Three layouts are accepted: `--page details` (long: one row per metric), `--page
 kernel launch, the second row holds the units) and `--print-summary per-kernel` (long, with
 Invocations/Minimum/Maximum/Average). `==PROF==` lines and program output before the header are ignored.
 Values are normalised: times to ns, sizes to bytes, rates to bytes/s, clocks to Hz, percents kept.
+
+Metric names follow the Nsight Compute metrics structure (Profiling Guide, "Metrics Structure" and
+"Metrics Reference", docs.nvidia.com/nsight-compute/ProfilingGuide): ``unit__counter`` with a roll-up
+``.sum``/``.avg``/``.min``/``.max`` and optionally a ratio ``.pct_of_peak_sustained_active`` (% of the
+peak sustained rate over the unit's active cycles) or ``.pct_of_peak_sustained_elapsed`` (over elapsed
+cycles); a base name given to ``--metrics`` without a roll-up is reported with all four roll-ups. The
+summary reads:
+
+* SOL throughputs (section "GPU Speed Of Light Throughput"): ``sm__throughput`` ("Compute (SM)
+  Throughput"), ``gpu__compute_memory_throughput`` ("Memory Throughput": the busiest of the memory units,
+  DRAM, L1 and L2 included) and ``dram__throughput`` / ``gpu__dram_throughput`` ("DRAM Throughput"), all in
+  % of peak. When the memory-throughput metric is absent its stand-in is the busiest of the DRAM, L1 and L2
+  throughputs present, as ncu defines it.
+* Tensor pipe: ``sm__pipe_tensor_cycles_active`` (cycles the tensor pipe was active; per sub-pipe
+  ``sm__pipe_tensor_op_hmma/imma/dmma/gmma_cycles_active`` on newer GPUs) and
+  ``sm__inst_executed_pipe_tensor[_op_*]`` (warp instructions the tensor pipe executed). As a share: the
+  ``.pct_of_peak_sustained_active/elapsed`` ratio when collected (the busiest sub-pipe), else
+  ``..._cycles_active.avg`` / ``sm__cycles_elapsed.avg`` (or / "SM Active Cycles"); an instruction
+  count alone says only whether the pipe ran (`tensor_pipe_instructions`).
+* ncu's own verdict: the SOLBottleneck rule's text in the details page (compute, memory or latency),
+  kept next to the verdict computed from the two throughputs (`bound`).
 """
 
 from __future__ import annotations
@@ -19,6 +40,8 @@ from typing import Any
 from jobs.profiling.detect import DEFAULT_MAX_BYTES, iter_lines, open_text
 from jobs.profiling.errors import ArtifactError
 from jobs.profiling.guard import checkpoint, guarded
+from jobs.profiling.kernel_classes import math_class
+from jobs.profiling.summary_blocks import KernelTotal, tensor_cores_block
 
 _TIME = {
     "nsecond": 1.0,
@@ -76,7 +99,11 @@ _CANONICAL: dict[str, tuple[str, ...]] = {
         "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
     ),
     "memory_throughput_bytes_per_s": ("memory throughput", "dram__bytes.sum.per_second"),
-    "dram_throughput_pct": ("dram throughput", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "dram_throughput_pct": (
+        "dram throughput",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+        "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+    ),
     "l1_throughput_pct": ("l1/tex cache throughput", "l1tex__throughput.avg.pct_of_peak_sustained_active"),
     "l2_throughput_pct": ("l2 cache throughput", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
     "achieved_occupancy_pct": ("achieved occupancy", "sm__warps_active.avg.pct_of_peak_sustained_active"),
@@ -90,11 +117,7 @@ _CANONICAL: dict[str, tuple[str, ...]] = {
     "dram_frequency_hz": ("dram frequency", "dram__cycles_elapsed.avg.per_second"),
     "elapsed_cycles": ("elapsed cycles", "gpc__cycles_elapsed.max"),
     "sm_active_cycles": ("sm active cycles", "sm__cycles_active.avg"),
-    "tensor_pipe_active_pct": (
-        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
-        "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
-    ),
+    "sm_elapsed_cycles": ("sm__cycles_elapsed.avg",),
     "dynamic_shared_memory_per_block_bytes": ("dynamic shared memory per block",),
     "static_shared_memory_per_block_bytes": ("static shared memory per block",),
     "num_sms": ("# sms", "device__attribute_multiprocessor_count"),
@@ -125,6 +148,20 @@ _SLUG = re.compile(r"[^a-z0-9]+")
 #: Metric values beyond this magnitude are unknown; at most this many CSV columns are read.
 MAX_VALUE = 1e30
 MAX_COLUMNS = 4096
+# Tensor-pipe metrics (see the module docstring), matched on the raw name: any roll-up, any sub-pipe.
+_TENSOR_PIPE_PCT = re.compile(
+    r"^sm__(?:inst_executed_)?pipe_tensor\w*\.(?:avg|max|sum)\.pct_of_peak_sustained_(active|elapsed)$"
+)
+_TENSOR_PIPE_CYCLES = re.compile(r"^sm__pipe_tensor\w*_cycles_active\.avg$")
+_TENSOR_PIPE_INST = re.compile(r"^sm__inst_executed_pipe_tensor\w*\.sum$")
+# ncu's SOLBottleneck rule texts (details page, Rule Description) and the verdict each gives.
+_SOL_VERDICTS = (
+    ("memory is more heavily utilized than compute", "memory"),
+    ("compute is more heavily utilized than memory", "compute"),
+    ("latency issues", "latency"),
+    ("low compute throughput and memory bandwidth", "latency"),
+    ("greater than 80.0% of the available compute or memory", "high_throughput"),
+)
 # ncu's own SOL rule: both throughputs below 60 % of peak point at latency, not bandwidth or compute.
 LATENCY_BOUND_PCT = 60.0
 BALANCED_MARGIN_PCT = 10.0
@@ -266,8 +303,8 @@ def _parse_long(header: list[str], rows: Iterator[list[str]]) -> list[dict[str, 
     assert value_i is not None  # guaranteed by the caller's layout check
     launches: dict[tuple[str, str], dict[str, Any]] = {}
     for cells in rows:
-        if len(cells) <= max(name_i, value_i) or not cells[name_i].strip():
-            continue  # rule rows (empty metric name) and truncated lines
+        if len(cells) <= max(name_i, value_i):
+            continue  # truncated lines
         ident = _identity(header, cells)
         key = (ident.get("id", ""), ident.get("kernel", ""))
         launch = launches.get(key)
@@ -276,11 +313,65 @@ def _parse_long(header: list[str], rows: Iterator[list[str]]) -> list[dict[str, 
             launch["instances"] = min(max(int(_number(ident.get("invocations", "")) or 1), 1), 2**40)
             launch.pop("invocations", None)
             launches[key] = launch
+        if not cells[name_i].strip():
+            # A rule row (empty metric name): keep ncu's own SOL verdict.
+            verdict = _rule_verdict(header, cells)
+            if verdict is not None:
+                launch.setdefault("ncu_verdict", verdict)
+            continue
         unit = cells[unit_i] if unit_i is not None and unit_i < len(cells) else ""
         value, suffix = normalize_value(cells[value_i], unit)
         metric = _metric_key(cells[name_i], suffix)
         launch["metrics"].setdefault(metric, value)
+        _note_tensor(launch, cells[name_i], value, suffix)
     return list(launches.values())
+
+
+def _rule_verdict(header: list[str], cells: list[str]) -> str | None:
+    """ncu's verdict from a SOLBottleneck rule row of the details page, or None for other rows."""
+    col = {h.lower(): i for i, h in enumerate(header)}
+    rule_i, text_i = col.get("rule name"), col.get("rule description")
+    if rule_i is None or text_i is None or max(rule_i, text_i) >= len(cells):
+        return None
+    if cells[rule_i].strip() != "SOLBottleneck":
+        return None
+    text = cells[text_i].lower()
+    return next((verdict for phrase, verdict in _SOL_VERDICTS if phrase in text), None)
+
+
+def _note_tensor(launch: dict[str, Any], name: str, value: Any, suffix: str) -> None:
+    """Keep the tensor-pipe counters of a launch by their raw names (`_tensor_pipe` reads them)."""
+    raw = name.strip().lower()
+    if not _is_num(value) or not raw.startswith(("sm__pipe_tensor", "sm__inst_executed_pipe_tensor")):
+        return
+    if (
+        (raw.startswith("sm__inst_executed_pipe_tensor") and raw.endswith(".sum") and suffix != "pct")
+        or (suffix == "pct" and _TENSOR_PIPE_PCT.match(raw))
+        or _TENSOR_PIPE_CYCLES.match(raw)
+    ):
+        launch.setdefault("_tensor", {})[raw] = float(value)
+
+
+def _tensor_pipe(launch: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
+    """(tensor pipe active %, how it was measured, tensor-pipe warp instructions) of one launch."""
+    counters: dict[str, float] = launch.get("_tensor", {})
+    instructions = next((v for k, v in counters.items() if _TENSOR_PIPE_INST.match(k)), None)
+    pcts = {k: v for k, v in counters.items() if _TENSOR_PIPE_PCT.match(k)}
+    if pcts:
+        # The busiest sub-pipe (hmma, imma, ...) or the whole pipe, whichever was collected.
+        name = max(pcts, key=lambda k: pcts[k])
+        return pcts[name], name, instructions
+    cycles = {k: v for k, v in counters.items() if _TENSOR_PIPE_CYCLES.match(k)}
+    metrics = launch["metrics"]
+    for denominator, label in (
+        ("sm_elapsed_cycles", "sm__cycles_elapsed.avg"),
+        ("sm_active_cycles", "SM Active Cycles"),
+    ):
+        base = metrics.get(denominator)
+        if cycles and _is_num(base) and base > 0:
+            name = max(cycles, key=lambda k: cycles[k])
+            return min(100.0, 100.0 * cycles[name] / base), f"{name} / {label}", instructions
+    return None, None, instructions
 
 
 def _parse_wide(header: list[str], rows: Iterator[list[str]]) -> list[dict[str, Any]]:
@@ -303,6 +394,7 @@ def _parse_wide(header: list[str], rows: Iterator[list[str]]) -> list[dict[str, 
                 continue
             value, suffix = normalize_value(cell, unit)
             launch["metrics"].setdefault(_metric_key(title, suffix), value)
+            _note_tensor(launch, title, value, suffix)
         launches.append(launch)
     return launches
 
@@ -338,6 +430,28 @@ def _aggregate(name: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
                 metric_values.setdefault(key, []).append((float(value), weight))
     metrics = {key: _round(_weighted(vals)) for key, vals in metric_values.items()}
     sm, mem = metrics.get("sm_throughput_pct"), metrics.get("memory_throughput_pct")
+    mem_basis = "memory_throughput_pct" if mem is not None else None
+    if mem is None:
+        # ncu's "Memory Throughput" is the busiest memory unit: stand in with the busiest one collected.
+        parts = {k: metrics.get(k) for k in ("dram_throughput_pct", "l1_throughput_pct", "l2_throughput_pct")}
+        known = {k: v for k, v in parts.items() if v is not None}
+        if known:
+            mem_basis = max(known, key=lambda k: known[k])
+            mem = known[mem_basis]
+    tensor: list[tuple[float, float]] = []
+    tensor_how: str | None = None
+    instructions = 0.0
+    has_instructions = False
+    for launch, duration in zip(launches, durations, strict=True):
+        value, how, inst = _tensor_pipe(launch)
+        weight = (duration if _is_num(duration) else 0.0) * launch["instances"]
+        if value is not None:
+            tensor.append((value, weight))
+            tensor_how = tensor_how or how
+        if inst is not None:
+            has_instructions = True
+            instructions += inst * launch["instances"]
+    verdicts = Counter(str(launch["ncu_verdict"]) for launch in launches if launch.get("ncu_verdict"))
     first = launches[0]
     return {
         "kernel": name,
@@ -345,15 +459,20 @@ def _aggregate(name: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
         "total_duration_ms": round(total_ns / 1e6, 6) if total_ns else None,
         "avg_duration_us": round(total_ns / instances / 1e3, 4) if total_ns and instances else None,
         "sm_throughput_pct": sm,
-        "memory_throughput_pct": mem,
+        "memory_throughput_pct": _round(mem),
         "dram_throughput_pct": metrics.get("dram_throughput_pct"),
         "achieved_occupancy_pct": metrics.get("achieved_occupancy_pct"),
         "theoretical_occupancy_pct": metrics.get("theoretical_occupancy_pct"),
         "registers_per_thread": metrics.get("registers_per_thread"),
-        "tensor_pipe_active_pct": metrics.get("tensor_pipe_active_pct"),
+        "memory_throughput_basis": mem_basis,
+        "tensor_pipe_active_pct": _round(_weighted(tensor)),
+        "tensor_pipe_metric": tensor_how,
+        "tensor_pipe_instructions": int(instructions) if has_instructions else None,
+        "math_class": str(math_class(name)),
         "block_dim": first.get("block_dim"),
         "grid_dim": first.get("grid_dim"),
         "bound": _bound(sm, mem),
+        "ncu_verdict": verdicts.most_common(1)[0][0] if verdicts else None,
         "metrics": metrics,
     }
 
@@ -387,8 +506,21 @@ def analyze_ncu(
 
     bound_counts = Counter(k["bound"] for k in kernels)
     bound_time: dict[str, float] = {}
+    verdict_time: dict[str, float] = {}
     for k in kernels:
         bound_time[k["bound"]] = bound_time.get(k["bound"], 0.0) + (k["total_duration_ms"] or 0.0)
+        if k["ncu_verdict"]:
+            verdict_time[k["ncu_verdict"]] = verdict_time.get(k["ncu_verdict"], 0.0) + (
+                k["total_duration_ms"] or 0.0
+            )
+    tensor_cores = tensor_cores_block(
+        (KernelTotal(k["kernel"], (k["total_duration_ms"] or 0.0) * 1e6, k["launches"]) for k in kernels),
+        "ncu: profiled kernel durations per name",
+    )
+    pipe = [(k["tensor_pipe_active_pct"], k["total_duration_ms"] or 0.0) for k in kernels]
+    pipe_known = [(v, w) for v, w in pipe if v is not None]
+    tensor_cores["tensor_pipe_active_pct"] = _round(_weighted(pipe_known))
+    tensor_cores["tensor_pipe_measured_kernels"] = len(pipe_known)
     devices = sorted({str(launch.get("device")) for launch in launches if launch.get("device")})
     return {
         "format": "ncu_csv",
@@ -407,6 +539,11 @@ def analyze_ncu(
         "bound_time_share_pct": {
             name: round(100.0 * t / total_ms, 3) for name, t in sorted(bound_time.items()) if total_ms
         },
+        # ncu's own SOLBottleneck verdicts (details page), as shares of the profiled kernel time.
+        "ncu_verdict_time_share_pct": {
+            name: round(100.0 * t / total_ms, 3) for name, t in sorted(verdict_time.items()) if total_ms
+        },
+        "tensor_cores": tensor_cores,
         "kernels": kernels[:top_n],
         "kernels_truncated": max(0, len(kernels) - top_n),
     }

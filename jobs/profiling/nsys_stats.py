@@ -15,6 +15,12 @@ from typing import Any
 from jobs.profiling.detect import DEFAULT_MAX_BYTES
 from jobs.profiling.guard import guarded
 from jobs.profiling.nsys_stats_parse import SUPPORTED_REPORTS, NsysStats, parse_nsys_stats
+from jobs.profiling.summary_blocks import (
+    KernelTotal,
+    kernel_breakdown_block,
+    memcpy_block,
+    tensor_cores_block,
+)
 
 __all__ = ["SUPPORTED_REPORTS", "NsysStats", "analyze_nsys_stats", "parse_nsys_stats"]
 
@@ -29,6 +35,10 @@ _API_SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds)+$")
 
 def _ms(ns: float | None) -> float | None:
     return None if ns is None else round(ns / 1e6, 6)
+
+
+def _ns(ms: float | None) -> float | None:
+    return None if ms is None else ms * 1e6
 
 
 def _us(ns: float | None) -> float | None:
@@ -71,31 +81,7 @@ def _kernel_summary(
                 "max_us": _us(r.get("max")),
             }
         )
-    thr = TINY_KERNEL_US * 1e3
-    trace_kernels = [t for t in trace or [] if not str(t.get("name", "")).startswith("[CUDA ")]
-    tiny_count: float
-    tiny_time: float
-    all_count: float
-    all_time: float
-    if trace_kernels:
-        method = "per_instance"
-        tiny = [t for t in trace_kernels if (t.get("duration") or 0.0) < thr]
-        tiny_count, tiny_time = len(tiny), sum(t.get("duration") or 0.0 for t in tiny)
-        all_count, all_time = len(trace_kernels), sum(t.get("duration") or 0.0 for t in trace_kernels)
-    else:
-        # Without per-launch data a kernel's launches count as tiny when its average is under the threshold,
-        # unless min/max prove all (max < thr) or none (min >= thr) are.
-        method = "estimated_from_avg"
-        tiny_count = tiny_time = 0.0
-        for r in rows:
-            lo, hi, avg = r.get("min"), r.get("max"), r.get("avg")
-            is_tiny = (hi is not None and hi < thr) or (
-                not (lo is not None and lo >= thr) and avg is not None and avg < thr
-            )
-            if is_tiny:
-                tiny_count += r.get("count") or 0.0
-                tiny_time += r.get("total_time") or 0.0
-        all_count, all_time = instances, total
+    method, tiny_count, tiny_time, all_count, all_time = _tiny_kernels(rows, trace)
     nccl = [r for r in rows if NCCL_NAME.search(str(r.get("name", "")))]
     nccl_time = sum(r.get("total_time") or 0.0 for r in nccl)
     return {
@@ -112,6 +98,44 @@ def _kernel_summary(
         "nccl_time_share_pct": _pct(nccl_time, total),
         "nccl_instances": int(sum(r.get("count") or 0.0 for r in nccl)),
     }
+
+
+def _tiny_kernels(
+    rows: list[dict[str, Any]], trace: list[dict[str, Any]] | None
+) -> tuple[str, float, float, float, float]:
+    """(method, tiny launches, tiny time, all launches, all time) for kernels under TINY_KERNEL_US."""
+    thr = TINY_KERNEL_US * 1e3
+    trace_kernels = [t for t in trace or [] if not str(t.get("name", "")).startswith("[CUDA ")]
+    if trace_kernels:
+        tiny = [t for t in trace_kernels if (t.get("duration") or 0.0) < thr]
+        return (
+            "per_instance",
+            len(tiny),
+            sum(t.get("duration") or 0.0 for t in tiny),
+            len(trace_kernels),
+            sum(t.get("duration") or 0.0 for t in trace_kernels),
+        )
+    # Without per-launch data a kernel's launches count as tiny when its average is under the threshold,
+    # unless min/max prove all (max < thr) or none (min >= thr) are.
+    tiny_count = tiny_time = 0.0
+    for r in rows:
+        lo, hi, avg = r.get("min"), r.get("max"), r.get("avg")
+        is_tiny = (hi is not None and hi < thr) or (
+            not (lo is not None and lo >= thr) and avg is not None and avg < thr
+        )
+        if is_tiny:
+            tiny_count += r.get("count") or 0.0
+            tiny_time += r.get("total_time") or 0.0
+    instances = sum(r.get("count") or 0.0 for r in rows)
+    total = sum(r.get("total_time") or 0.0 for r in rows)
+    return "estimated_from_avg", tiny_count, tiny_time, instances, total
+
+
+def _kernel_totals(rows: list[dict[str, Any]]) -> list[KernelTotal]:
+    return [
+        KernelTotal(str(r.get("name") or ""), float(r.get("total_time") or 0.0), float(r.get("count") or 0.0))
+        for r in rows
+    ]
 
 
 def _kernels_from_trace(trace: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -274,12 +298,32 @@ def analyze_nsys_stats(
     trace = reports.get("cuda_gpu_trace")
     kern_rows = reports.get("cuda_gpu_kern_sum") or (_kernels_from_trace(trace) if trace else None)
     mem_time, mem_size = reports.get("cuda_gpu_mem_time_sum", []), reports.get("cuda_gpu_mem_size_sum", [])
+    memory_ops = _memcpy_summary(mem_time, mem_size) if mem_time or mem_size else None
     return {
         "format": "nsys_stats_csv",
         "reports_found": sorted(reports),
         "reports_skipped": stats.skipped[:50],
         "kernels": _kernel_summary(kern_rows, trace, top_n) if kern_rows else None,
-        "memory_ops": _memcpy_summary(mem_time, mem_size) if mem_time or mem_size else None,
+        "memory_ops": memory_ops,
+        # The trace analysis' blocks, where a summary holds what they are made of.
+        "tensor_cores": (
+            tensor_cores_block(_kernel_totals(kern_rows), "nsys stats: summed kernel time per name")
+            if kern_rows
+            else None
+        ),
+        "kernel_breakdown": (
+            kernel_breakdown_block(_kernel_totals(kern_rows), _tiny_kernels(kern_rows, trace)[1:3])
+            if kern_rows
+            else None
+        ),
+        "memcpy": (
+            memcpy_block(
+                (o["operation"], _ns(o["total_time_ms"]), o["count"], o["total_bytes"])
+                for o in memory_ops["by_operation"]
+            )
+            if memory_ops
+            else None
+        ),
         "cuda_api": _api_summary(reports["cuda_api_sum"], top_n) if "cuda_api_sum" in reports else None,
         "nvtx": _nvtx_summary(reports["nvtx_sum"], top_n) if "nvtx_sum" in reports else None,
         "gpu_trace": _trace_summary(trace) if trace else None,

@@ -1,7 +1,12 @@
 """memory_bound: device memory is the bottleneck: DRAM interface busy, tensor pipes waiting for data.
 
 DCGM: DRAM_ACTIVE near its practical maximum (~0.8) with tensor activity low. Nsight Compute confirms it
-per kernel (memory throughput well above SM throughput).
+per kernel: memory throughput (SOL "Memory Throughput", or DRAM/L1/L2 throughput when that is not
+collected) at least 60 % of peak and 10 points above SM throughput, or ncu's own SOLBottleneck verdict
+"Memory is more heavily utilized than Compute"; the share of profiled kernel time in such kernels.
+
+What ncu cannot tell: the kernels it did not profile (its filters sample launches), and how much of the
+job's GPU time the profiled kernels take (kernel time only, no timeline).
 
 Resolution: a level check over the job, valid in both regimes; memory-bound phases shorter than the
 DCGM collect interval are averaged with compute phases, so a step that is memory-bound only part of the
@@ -44,11 +49,25 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         impact = busy_share(f) * clamp01(1.0 - (tensor or 0.0) / T.TENSOR_ACTIVE_HEALTHY)
         sources.append("metrics")
     for art in A.ncu(inp):
-        share = A.getnum(art.analysis, "bound_time_share_pct", "memory")
+        ours = A.getnum(art.analysis, "bound_time_share_pct", "memory")
+        theirs = A.getnum(art.analysis, "ncu_verdict_time_share_pct", "memory")
+        share = max((v for v in (ours, theirs) if v is not None), default=None)
         if share is not None and share >= T.NCU_MEMORY_BOUND_PCT:
-            evidence.append(
-                Evidence(f"{A.source_label(art)}: kernel time in memory-bound kernels", share, "%")
-            )
+            label = A.source_label(art)
+            evidence += [
+                Evidence(f"{label}: kernel time in memory-bound kernels (throughputs)", ours, "%"),
+                Evidence(f"{label}: kernel time ncu's SOL rule calls memory-bound", theirs, "%"),
+                Evidence(
+                    f"{label}: memory throughput, duration-weighted",
+                    A.getnum(art.analysis, "duration_weighted_memory_throughput_pct"),
+                    "% of peak",
+                ),
+                Evidence(
+                    f"{label}: SM throughput, duration-weighted",
+                    A.getnum(art.analysis, "duration_weighted_sm_throughput_pct"),
+                    "% of peak",
+                ),
+            ]
             base = max(base, 0.6) + (0.1 if sources else 0.0)
             sources.append("ncu")
     if not sources:

@@ -2,6 +2,15 @@
 
 Seed: a job that claims bf16 with PIPE_TENSOR_ACTIVE below 30 % wastes its compute. Memory-bound work also
 leaves the tensor pipes idle; that has its own rule, so high DRAM activity keeps this one quiet.
+
+Sources: DCGM (tensor vs SM activity), a trace's kernels, and the summary formats -- an `nsys stats`
+kernel summary or an Nsight Compute CSV -- whose `tensor_cores` block classifies the same kernel names
+with the same classifier (`jobs.profiling.kernel_classes`: tensor-op vs SIMT; cuBLAS gemv is SIMT).
+
+What it cannot see: from kernel names, whether a SIMT matmul *could* be tensor-core shaped (the job's
+dtype says it should); from a summary, the share of wall time the kernels take (no timeline: the
+impact is a share of summed kernel time, an upper bound of the GPU time it costs); from ncu, the
+kernels it did not profile (ncu samples the launches its filters select).
 """
 
 from __future__ import annotations
@@ -9,7 +18,15 @@ from __future__ import annotations
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis import trace_thresholds as TT
-from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
+from jobs.diagnosis.base import (
+    ArtifactAnalysis,
+    DiagnosisInput,
+    Evidence,
+    Finding,
+    Severity,
+    clamp01,
+    confidence,
+)
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import busy_share, pct, ratio_ev, saturated
 from jobs.evaluation.catalog import normalise_dtype
@@ -70,6 +87,15 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         windows += r.windows
         base = max(base, 0.5 if hit < 0.05 else 0.65)
         impact = max(impact, hit)
+    for art in [*A.nsys_stats(inp), *A.ncu(inp)]:
+        hit = _summary(art, evidence)
+        if hit is None:
+            continue
+        label = "nsys stats" if A.get(art.analysis, "format") == "nsys_stats_csv" else "ncu"
+        if label not in sources:
+            sources.append(label)
+        base = max(base, 0.6)
+        impact = max(impact, hit)
     if not sources:
         return None
     if "metrics" in sources and len(sources) > 1:
@@ -79,6 +105,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         f"{f' while SMs are {pct(sm)} active' if sm is not None else ''}"
         if "metrics" in sources
         else f"A {dtype} job whose compute kernels in the captured trace window rarely use tensor cores"
+        if windows
+        else f"A {dtype} job whose profiled compute kernels rarely use tensor cores"
     )
     return Finding(
         code=CODE,
@@ -129,3 +157,30 @@ def _trace(r: A.RankView, evidence: list[Evidence]) -> float | None:
         return clamp01(compute / 100.0 * simt / 100.0 * TT.SIMT_TIME_SAVED)
     # Older analyses without the SIMT share: half of the non-tensor compute time, as before.
     return clamp01(compute / 100.0 * (1.0 - share / 100.0) * 0.5)
+
+
+def _summary(art: ArtifactAnalysis, evidence: list[Evidence]) -> float | None:
+    """The impact an `nsys stats` or ncu `tensor_cores` block shows, or None.
+
+    Same criterion as a trace: SIMT (CUDA-core) matmuls take at least `TT.SIMT_COMPUTE_PCT` of the
+    compute-kernel time. Shares are of summed kernel time (a summary has no span).
+    """
+    block = A.get(art.analysis, "tensor_cores")
+    simt = A.getnum(block, "simt_compute_time_pct")
+    share = A.getnum(block, "tensor_core_compute_time_pct")
+    if simt is None or simt < TT.SIMT_COMPUTE_PCT:
+        return None
+    label = A.source_label(art)
+    evidence += [
+        Evidence(f"{label}: compute-kernel time in tensor-core kernels", share, "%"),
+        Evidence(f"{label}: compute-kernel time in SIMT (CUDA-core) matmuls, e.g. cuBLAS gemv", simt, "%"),
+    ]
+    pipe = A.getnum(block, "tensor_pipe_active_pct")
+    if pipe is not None:
+        evidence.append(Evidence(f"{label}: tensor pipe active (ncu, duration-weighted)", pipe, "%"))
+    for k in A.items(block, "top_simt_kernels")[:3]:
+        evidence.append(
+            Evidence(f"{label}: SIMT kernel {str(k.get('name', '?'))[:120]}", A.num(k.get("time_ms")), "ms")
+        )
+    compute = A.getnum(block, "compute_share_of_kernel_time_pct")
+    return clamp01((compute if compute is not None else 100.0) / 100.0 * simt / 100.0 * TT.SIMT_TIME_SAVED)
