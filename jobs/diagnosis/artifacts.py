@@ -26,7 +26,8 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "ranks[].launch_stats.gpu_shorter_than_launch_pct",
         "ranks[].memcpy.{by_kind[].{copy_kind,time_ms},pageable_bytes_pct}",
         "ranks[].sync.{cpu_sync_calls,cpu_sync_ms,gpu_sync_count,cpu_sync_by_call[].name}",
-        "ranks[].comm_compute_overlap.{communication_ms,overlap_pct}",
+        "ranks[].comm_compute_overlap.{communication_ms,computation_ms,overlap_pct}",
+        "ranks[].window.{profiler_steps,excludes_last_profiler_step} (cross_rank: steps analysed)",
         "ranks[].tensor_cores.tensor_core_compute_time_pct",
         "ranks[].step_times.{count,median_ms}",
         "ranks[].step_breakdown.{steps,dataloader_pct,communication_pct}",
@@ -39,6 +40,7 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         " dstat: host, start_unix_s, end_unix_s)",
     ),
     "py-spy (pyspy.analyze_pyspy)": (
+        "capture.{pids,commands} (shown; nothing on the job to check them against)",
         "classes_pct",
         "input_pipeline_pct",
         "hot_inclusive[].{label,class,inclusive_pct}",
