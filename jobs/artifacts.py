@@ -37,6 +37,7 @@ from jobs.evaluation.refresh import reevaluate
 from jobs.models import Artifact, Job
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError, ParserBug
+from jobs.profiling.monitoring_common import parse_zone
 from jobs.profiling.run_check import JobFacts, RunCheckResult, check_run
 from jobs.profiling.safe_json import clean_text, make_storable
 from jobs.registry import resolve_gpu_model
@@ -208,12 +209,17 @@ def store_upload(
     user: Any = None,
     filename: str | None = None,
     parse: bool = True,
+    time_zone: str | None = None,
 ) -> Artifact:
     """Store an uploaded file for `job` (deduplicated by sha256) and queue its parsing.
 
     `upload` is a Django UploadedFile or any binary file object. Re-uploading the same bytes to the
-    same job returns the existing artifact (re-queued for parsing if it had failed).
+    same job returns the existing artifact (re-queued for parsing if it had failed, or if `time_zone`
+    changed). `time_zone` (IANA name or offset such as +02:00): the zone of a monitoring log's zone-less
+    timestamps (nvidia-smi, dstat print the host's local time); kept in the analysis' `upload_options`
+    (no model field), read by every parse of the artifact.
     """
+    options = upload_options(time_zone)
     name = Path(filename or getattr(upload, "name", "") or "upload").name[:255]
     if kind and kind not in Artifact.Kind.values:
         raise UploadError(f"unknown kind {kind!r}; use one of {', '.join(Artifact.Kind.values)}")
@@ -240,19 +246,52 @@ def store_upload(
                     "original_name": name,
                     "size_bytes": size,
                     "uploaded_by": user if getattr(user, "is_authenticated", False) else None,
+                    "analysis": {UPLOAD_OPTIONS: options} if options else {},
                 },
             )
-            requeue = created or artifact.status == Artifact.Status.FAILED or (kind and kind != artifact.kind)
+            new_options = bool(options) and options != _options_of(artifact)
+            requeue = (
+                created
+                or artifact.status == Artifact.Status.FAILED
+                or (kind and kind != artifact.kind)
+                or new_options
+            )
             if not created and requeue:
                 artifact.kind = final_kind
                 artifact.status, artifact.error = Artifact.Status.QUEUED, ""
                 artifact.parse_attempts, artifact.parse_started_at = 0, None
-                artifact.save(update_fields=["kind", "status", "error", "parse_attempts", "parse_started_at"])
+                fields = ["kind", "status", "error", "parse_attempts", "parse_started_at"]
+                if new_options:
+                    artifact.analysis = {UPLOAD_OPTIONS: options}
+                    fields.append("analysis")
+                artifact.save(update_fields=fields)
             if requeue and parse:
                 transaction.on_commit(lambda: _enqueue(artifact.pk))
     finally:
         temp.unlink(missing_ok=True)
     return artifact
+
+
+#: Key of the upload's options (the time zone of a monitoring log) inside Artifact.analysis.
+UPLOAD_OPTIONS = "upload_options"
+
+
+def upload_options(time_zone: str | None) -> dict[str, str]:
+    """The options an upload keeps for its parses; UploadError when the time zone is unknown."""
+    text = (time_zone or "").strip()
+    if not text:
+        return {}
+    try:
+        _, name = parse_zone(text)
+    except ArtifactError as exc:
+        raise UploadError(str(exc)) from None
+    return {"timezone": name}
+
+
+def _options_of(artifact: Artifact) -> dict[str, str]:
+    analysis = artifact.analysis if isinstance(artifact.analysis, dict) else {}
+    options = analysis.get(UPLOAD_OPTIONS)
+    return {k: v for k, v in options.items() if isinstance(v, str)} if isinstance(options, dict) else {}
 
 
 def _detect(name: str, path: Path, given: str | None = None) -> str:
@@ -295,9 +334,15 @@ def requeue(artifact: Artifact) -> Artifact:
 
 
 def analyze_file(
-    path: str | Path, kind: str, *, rank: int | None = None, filename: str | None = None
+    path: str | Path,
+    kind: str,
+    *,
+    rank: int | None = None,
+    filename: str | None = None,
+    time_zone: str | None = None,
 ) -> dict:
-    """Parse and analyse one artifact file of a known kind; raises ArtifactError with a user-facing reason."""
+    """Parse and analyse one artifact file of a known kind; raises ArtifactError with a user-facing reason.
+    `time_zone`: the zone of a monitoring log's zone-less timestamps (UTC when None, stated in the result)."""
     from jobs.profiling import kineto, monitoring, ncu, nsys, nsys_stats, pyspy, trace_analysis
 
     path = Path(path)
@@ -316,9 +361,9 @@ def analyze_file(
     if kind in (Artifact.Kind.PYSPY_RAW, Artifact.Kind.PYSPY_SPEEDSCOPE):
         return pyspy.analyze_pyspy(path, max_bytes=limit, filename=name)
     if kind == Artifact.Kind.NVIDIA_SMI:
-        return monitoring.analyze_nvidia_smi(path, max_bytes=limit)
+        return monitoring.analyze_nvidia_smi(path, max_bytes=limit, timezone=time_zone)
     if kind == Artifact.Kind.DSTAT:
-        return monitoring.analyze_dstat(path, max_bytes=limit)
+        return monitoring.analyze_dstat(path, max_bytes=limit, timezone=time_zone)
     raise ArtifactError(f"no parser for kind {kind!r}")
 
 
@@ -364,6 +409,7 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
         log.info("artifact %s already %s; duplicate parse message ignored", artifact.pk, artifact.status)
         return artifact
     now = timezone.now()
+    options = _options_of(artifact)
     Artifact.objects.filter(pk=artifact.pk).update(
         status=Artifact.Status.PARSING, error="", parse_started_at=now, parse_attempts=F("parse_attempts") + 1
     )
@@ -379,9 +425,16 @@ def parse_artifact(artifact_id: int) -> Artifact | None:
     try:
         # A worker without the blob on its disk parses a temporary copy, deleted as soon as the parse ends.
         with local_copy(artifact.sha256) as path:
-            analysis = sanitize_json(
-                analyze_file(path, artifact.kind, rank=artifact.rank, filename=artifact.original_name)
+            analyzed = analyze_file(
+                path,
+                artifact.kind,
+                rank=artifact.rank,
+                filename=artifact.original_name,
+                time_zone=options.get("timezone"),
             )
+            if options:
+                analyzed[UPLOAD_OPTIONS] = options  # kept for the next parse of the same upload
+            analysis = sanitize_json(analyzed)
     except ParserBug as exc:  # always a bug in our parser, not in the file: logged with its traceback
         log.error("artifact %s: parser bug: %s", artifact.pk, exc, exc_info=exc)
         return _failed(artifact, str(exc))

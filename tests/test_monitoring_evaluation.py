@@ -138,3 +138,40 @@ def test_a_node_log_of_more_gpus_than_the_job_uses_only_the_jobs_registered_gpus
     assert ev is not None and ev.idle_share == pytest.approx(0.0)
     assert "2 GPU(s)" in ev.signal_sources["gpu_util"]
     assert not Finding.objects.filter(job=job, code="idle_gpus").exists()
+
+
+@pytest.mark.django_db
+def test_the_upload_sets_the_logs_time_zone_and_the_analysis_states_it(
+    two_gpu_job: tuple[Job, datetime],
+    make_user: Any,
+    api_client_for: Any,
+    celery_eager: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    job, start = two_gpu_job
+    client = api_client_for(make_user("alice", teams=[job.team]))
+    url = f"/api/v1/jobs/{job.external_id}/artifacts/"
+    data = _log(start, 240, 120)
+    bad = client.post(url, {"file": SimpleUploadedFile("gpu.csv", data), "timezone": "Mars/Olympus"})
+    assert bad.status_code == 400 and "unknown time zone" in str(bad.json()["file"])
+    # The host was on UTC+02:00: its local 'start' wall-clock time is 2 h before the job started in UTC,
+    # so the log now lies outside the job's window and is not used.
+    with django_capture_on_commit_callbacks(execute=True):
+        got = client.post(url, {"file": SimpleUploadedFile("gpu.csv", data), "timezone": "+02:00"})
+    assert got.status_code == 201, got.content
+    artifact = Artifact.objects.get(pk=got.json()["id"])
+    assert artifact.status == Artifact.Status.DONE, artifact.error
+    zone = artifact.analysis["time_zone"]
+    assert zone["zone"] == "UTC+02:00" and zone["source"] == "given on upload" and zone["assumed"] is False
+    assert artifact.analysis["start_unix_s"] == pytest.approx(start.timestamp() - 7200 + 0.002, abs=1e-3)
+    assert artifact.analysis["upload_options"] == {"timezone": "UTC+02:00"}
+    # The same bytes again without a zone: UTC, re-parsed, now inside the job's window.
+    with django_capture_on_commit_callbacks(execute=True):
+        again = client.post(url, {"file": SimpleUploadedFile("gpu.csv", data), "timezone": "UTC"})
+    assert again.status_code == 201 and again.json()["id"] == artifact.pk
+    artifact.refresh_from_db()
+    assert artifact.analysis["time_zone"]["zone"] == "UTC"
+    job.refresh_from_db()
+    assert job.evaluated is not None and job.evaluated.idle_share == pytest.approx(0.25)

@@ -64,6 +64,13 @@ class ArtifactUploadSerializer(serializers.Serializer):
         choices=Artifact.Kind.choices, required=False, help_text="auto-detected if omitted"
     )
     rank = serializers.IntegerField(min_value=0, max_value=INT32_MAX, required=False, allow_null=True)
+    timezone = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=64,
+        help_text="zone of a monitoring log's local timestamps (nvidia-smi, dstat print the host's local "
+        "time): an IANA name such as Europe/Berlin, UTC, or an offset such as +02:00; UTC if omitted",
+    )
 
 
 class ArtifactSerializer(serializers.ModelSerializer):
@@ -94,7 +101,8 @@ class JobArtifactsMixin:
     )
     @action(detail=True, methods=["get", "post"], parser_classes=[MultiPartParser])
     def artifacts(self, request: Request, external_id: str) -> Response:
-        """Upload a profiling artifact (multipart `file`, optional `kind` and `rank`), or list the job's."""
+        """Upload a profiling artifact (multipart `file`, optional `kind`, `rank` and `timezone`), or list
+        the job's."""
         if request.method == "POST":
             # Login/token and team from the headers before the body is parsed (the middleware did the
             # same for the URL; this holds when the view is reached another way), then the size limit.
@@ -118,6 +126,7 @@ class JobArtifactsMixin:
                 kind=body.validated_data.get("kind"),
                 rank=body.validated_data.get("rank"),
                 user=request.user,
+                time_zone=body.validated_data.get("timezone") or None,
             )
         except UploadError as exc:
             raise ValidationError({"file": str(exc)}) from None

@@ -719,7 +719,12 @@ def job_artifact_upload(request: HttpRequest, external_id: str) -> HttpResponse:
         return HttpResponseRedirect(target)
     try:
         artifact = store_upload(
-            job, upload, kind=kind, rank=int(rank_text) if rank_text else None, user=request.user
+            job,
+            upload,
+            kind=kind,
+            rank=int(rank_text) if rank_text else None,
+            user=request.user,
+            time_zone=(request.POST.get("timezone") or "").strip() or None,
         )
     except UploadError as exc:
         messages.error(request, f"Upload of {upload.name} refused: {exc}", extra_tags="at-artifacts")
