@@ -22,10 +22,61 @@ class EnvError(ValueError):
     """A configuration variable is missing or malformed."""
 
 
+#: Every variable this process read from its real environment, in the order read: name -> whether it was
+#: set (non-blank). The staff settings page lists them with their effective values (jobs.views.settings_page).
+READS: dict[str, bool] = {}
+
+#: Names whose values are secrets: shown as "set" / "not set", never as a value.
+_SECRET_NAME = re.compile(r"SECRET|PASSWORD|TOKEN|(?<![A-Z])KEY(?![A-Z])|_KEY|CREDENTIAL", re.IGNORECASE)
+
+
 def _raw(name: str, env: Mapping[str, str] | None) -> str | None:
     source = os.environ if env is None else env
     value = source.get(name)
+    if env is None:
+        READS[name] = value is not None and value.strip() != ""
     return None if value is None else value.strip()
+
+
+@dataclass(frozen=True)
+class EffectiveSetting:
+    """One environment variable as the staff settings page shows it."""
+
+    name: str
+    value: str
+    source: str  # "environment" or "default"
+    secret: bool
+
+
+def mask(name: str, value: object) -> tuple[str, bool]:
+    """`value` as it may be shown: a secret name's value hidden, a URL's password replaced by ***."""
+    if _SECRET_NAME.search(name):
+        return ("set (hidden)" if value not in (None, "", [], ()) else "not set"), True
+    text = ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    parts = urlsplit(text) if "://" in text else None
+    if parts is not None and parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return text.replace(parts.netloc, netloc, 1), True
+    return text, False
+
+
+def effective_settings(
+    reads: Mapping[str, bool], lookup: Mapping[str, object], environ: Mapping[str, str]
+) -> list[EffectiveSetting]:
+    """The variables read at start-up (`reads`), each with the value in force: the Django setting of the
+    same name when there is one (`lookup`), else the raw environment value, else "default"; sorted by name.
+    Secrets are masked (`mask`)."""
+    rows = []
+    for name in sorted(reads):
+        if name in lookup:
+            value: object = lookup[name]
+        elif reads[name]:
+            value = environ.get(name, "")
+        else:
+            value = "(default: see README, Configuration)"
+        shown, secret = mask(name, value)
+        rows.append(EffectiveSetting(name, shown, "environment" if reads[name] else "default", secret))
+    return rows
 
 
 def env_str(name: str, default: str | None = None, *, env: Mapping[str, str] | None = None) -> str:

@@ -8,6 +8,7 @@ from jobs.views import exports
 from jobs.views import reports as report_views
 from jobs.views.artifact_review import job_artifact_review
 from jobs.views.compare import job_compare
+from jobs.views.settings_page import effective_settings_page
 
 urlpatterns = [
     path("", views.job_list, name="job-list"),
@@ -51,4 +52,5 @@ urlpatterns = [
     path("baselines/<int:pk>/retire/", views.baseline_retire, name="baseline-retire"),
     path("catalog/", views.gpu_catalog, name="gpu-catalog"),
     path("readiness/", views.cluster_readiness, name="cluster-readiness"),
+    path("settings/", effective_settings_page, name="effective-settings"),
 ]

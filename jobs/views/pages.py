@@ -323,7 +323,10 @@ def leaderboard_context(request: HttpRequest) -> dict[str, Any]:
     return {
         "period": period,
         "previous": previous,
-        "next": iso_week(period.end.date()) if by == "week" else month(period.end.date()),
+        # No link into the future: the period after the current one has no data yet.
+        "next": (iso_week(period.end.date()) if by == "week" else month(period.end.date()))
+        if period.end <= timezone.now()
+        else None,
         "by": by,
         "table": table,
         "sort": sort,
