@@ -36,6 +36,8 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "launch_gaps_host_busy_pct,idle_gaps[].{lower_us,upper_us,count}}",
         "ranks[].input_pipeline.{dataloader_step_pct,iterator}",
         "ranks[].host_blocking.{step_pct,cpu_time_pct,by_kind[].{kind,count,time_ms},sites[].{site,step_pct}}",
+        "ranks[].gpu_idle_attribution.{steps,host_sync_steps,host_sync_gaps,host_sync_largest_gap_pct}",
+        "ranks[].phases.{basis,window_start_unix,window_end_unix}",
         "capture.{start_unix,end_unix} (nvidia-smi: start_unix_s, end_unix_s, gpus[].name when absent;"
         " dstat: host, start_unix_s, end_unix_s)",
     ),
@@ -50,8 +52,16 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "kernels.{tiny_instance_share_pct,nccl_time_share_pct,total_time_ms}",
         "cuda_api.{sync_calls,sync_share_of_api_pct}",
         "memory_ops.by_operation[].{operation,total_time_ms}",
+        "tensor_cores.{simt_compute_time_pct,tensor_core_compute_time_pct,compute_share_of_kernel_time_pct,"
+        "top_simt_kernels[].{name,time_ms}}",
     ),
-    "ncu (ncu.analyze_ncu)": ("format == ncu_csv", "bound_time_share_pct.memory"),
+    "ncu (ncu.analyze_ncu)": (
+        "format == ncu_csv",
+        "bound_time_share_pct.memory",
+        "ncu_verdict_time_share_pct.memory",
+        "duration_weighted_{memory,sm}_throughput_pct",
+        "tensor_cores.{simt_compute_time_pct,tensor_core_compute_time_pct,tensor_pipe_active_pct,...}",
+    ),
 }
 
 
@@ -135,7 +145,17 @@ class RankView:
 
     @property
     def windows(self) -> list[tuple[float, float]]:
-        """The capture window of the artifact this rank came from (see `capture_window`)."""
+        """The window this rank's analysis measured, on the wall clock.
+
+        Without ProfilerStep that is the steady state (`phases.window_*_unix`: first kernel to last GPU
+        activity), so a finding does not cover the start-up before it; otherwise the capture window of
+        the artifact (see `capture_window`).
+        """
+        if get(self.data, "phases", "basis") == "gpu_span":
+            start = self.n("phases", "window_start_unix")
+            end = self.n("phases", "window_end_unix")
+            if start is not None and end is not None and start <= end:
+                return [(start, end)]
         return capture_window(self.artifact)
 
 

@@ -334,9 +334,16 @@ def phases(
         "startup_ms": None,
         "startup_blocked_ms": 0.0,
         "startup_blocking": [],
+        # The analysed window on the wall clock, when the trace anchors its clock: findings from the
+        # steady state cover this, not the profiler's whole span (start-up included).
+        "window_start_unix": None,
+        "window_end_unix": None,
     }
     if win is None:
         return out
+    if rank.unix_offset_ns is not None:
+        out["window_start_unix"] = (win[0] + rank.unix_offset_ns) / 1e9
+        out["window_end_unix"] = (win[1] + rank.unix_offset_ns) / 1e9
     origin = host_start if host_start is not None else win[0]
     origin = min(origin, int(gpu.start_ns[work].min())) if work.any() else origin
     if kernels.any():

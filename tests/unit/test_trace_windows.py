@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput, Finding, Severity
 from jobs.profiling.kineto import parse_kineto
@@ -99,6 +100,20 @@ def test_lazy_init_before_the_first_kernel_is_start_up_not_a_host_sync_finding()
     # Nothing blocks inside the steady state, so no host_sync finding at all (it was a warning).
     assert rank["host_blocking"]["calls"] == 0
     assert "host_sync" not in found
+
+
+def test_findings_of_the_issue_trace_cover_the_steady_state_not_the_start_up() -> None:
+    rank, found = run(mlp_without_profiler_steps())
+    start, end = BASE_NS / 1e9 + STARTUP_US / 1e6, BASE_NS / 1e9 + (STARTUP_US + 900_000.0) / 1e6
+    assert rank["phases"]["window_start_unix"] == pytest.approx(start)
+    assert rank["phases"]["window_end_unix"] == pytest.approx(end)
+    # What every trace rule anchors its finding to (RankView.windows), against the profiler's span
+    # [BASE, BASE + 1.7904 s] that start-up is part of.
+    span = {"start_unix": BASE_NS / 1e9, "end_unix": BASE_NS / 1e9 + 1.7904}
+    art = ArtifactAnalysis("kineto", {"ranks": [rank], "capture": span})
+    assert A.RankView(art, rank).windows == [(pytest.approx(start), pytest.approx(end))]
+    for f in found.values():
+        assert f.windows == [(pytest.approx(start), pytest.approx(end))], f.code
 
 
 def test_profiler_steps_still_define_the_window() -> None:
@@ -239,9 +254,20 @@ def test_a_trimmed_nsys_export_gets_the_window_of_its_events_not_the_session() -
     assert analysis["metadata"]["session_duration_s"] == pytest.approx(119.443349)
     cap = analysis["capture"]
     assert cap["end_unix"] - cap["start_unix"] == pytest.approx(0.299986, abs=1e-6)
+    # Findings cover each GPU's steady state (no ProfilerStep): first kernel to last GPU activity, by hand
+    # GPU 0 60 111 541 307 -> 60 411 390 119 ns (a kernel), GPU 1 60 111 513 113 -> 60 410 174 664 ns.
+    session_start = 1779782330.176752435
+    steady = {
+        (session_start + 60.111541307, session_start + 60.411390119),
+        (session_start + 60.111513113, session_start + 60.410174664),
+    }
     findings = _diagnose(analysis)
     trace_findings = [f for f in findings.values() if any(s.endswith("trace") for s in f.sources)]
     assert trace_findings, "the sample's trace rules fire"
     for f in trace_findings:
+        assert f.windows, f.code
         for start, end in f.windows:
-            assert end - start == pytest.approx(0.299986, abs=1e-6), f.code
+            assert any(
+                start == pytest.approx(a, abs=1e-6) and end == pytest.approx(b, abs=1e-6) for a, b in steady
+            ), f.code
+            assert end - start < 0.3
