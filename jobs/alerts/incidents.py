@@ -2,8 +2,10 @@
 queue their notifications.
 
 Cheap by design (it runs after every one-minute poll): it reads the job's stored columns and evaluation,
-its findings, and only the archive's recent cross-GPU aggregates of a few signals (one query; the per-GPU
-rows only when ALERT_IDLE_MIN_GPUS > 1, and then only the latest chunk of GPU_UTIL).
+its findings, and only the archive's recent cross-GPU aggregates of a few signals (one query). Per-GPU rows
+of the recent window only when the aggregates say they matter: a GPU idle at the latest sample (the idle
+alert then runs the idle_gpus finding's computation on them) or a mean SM clock below the throttle
+threshold (the throttling alert then judges only the GPUs that are busy).
 
 Exactly once: an incident is one row per (job, rule) while open (a partial unique constraint); opening and
 resolving create one AlertDelivery row per (incident, subscription, event) with INSERT ... ON CONFLICT DO
@@ -103,6 +105,63 @@ def _idle_gpus_now(job: Job, end: float, archived: archive.Snapshot | None = Non
     return count
 
 
+def _gpu_rows(job: Job, signal: str, window: tuple[float, float], archived: archive.Snapshot | None) -> Any:
+    if archived is not None and signal in archived.gpu_signals:
+        return archived.load_per_gpu(signal, window=window)
+    return archive.load_per_gpu(job, signal, window=window)
+
+
+def _aligned(base: Any, other: Any) -> np.ndarray | None:
+    """`other`'s per-GPU rows on `base`'s GPUs and timestamps (NaN where it has no sample)."""
+    if other is None or other.per_gpu is None or other.gpu_timestamps is None:
+        return None
+    col = {float(t): j for j, t in enumerate(base.gpu_timestamps)}
+    row = {str(g): i for i, g in enumerate(base.gpus)}
+    out = np.full(base.per_gpu.shape, np.nan)
+    cols = np.array([col.get(float(t), -1) for t in other.gpu_timestamps], dtype=np.int64)
+    ok = cols >= 0
+    for g, values in zip(other.gpus, np.asarray(other.per_gpu, dtype=np.float64), strict=True):
+        i = row.get(str(g))
+        if i is not None:
+            out[i, cols[ok]] = values[ok]
+    return out
+
+
+def _per_gpu_view(
+    job: Job,
+    series: dict[str, Series],
+    window: tuple[float, float],
+    configs: dict[str, RuleConfig],
+    max_clock_mhz: float | None,
+    archived: archive.Snapshot | None = None,
+) -> rules.PerGpu | None:
+    """The recent per-GPU rows the idle and throttling rules prefer, read only when the aggregates say
+    they could matter (cheap by design: most polls read none): some GPU idle at the latest sample, or the
+    cross-GPU mean SM clock below the throttle threshold in the window (idle GPUs in the mean, or real
+    throttling: the per-GPU clocks of the busy GPUs tell them apart)."""
+    low = series.get("gpu_util.min")
+    finite = low.values[np.isfinite(low.values)] if low is not None else np.array([])
+    idle_now = rules.GPUS_IDLE in configs and finite.size > 0 and float(finite[-1]) <= IDLE_UTIL_MAX
+    clock = series.get("sm_clock.mean")
+    throttle = configs.get(rules.THROTTLING)
+    slow_clock = bool(
+        throttle is not None
+        and clock is not None
+        and max_clock_mhz
+        and np.nanmin(np.append(clock.values, np.inf)) < throttle.threshold * max_clock_mhz
+    )
+    if not (idle_now or slow_clock):
+        return None
+    util = _gpu_rows(job, "gpu_util", window, archived)
+    if util is None or util.per_gpu is None or util.gpu_timestamps is None or util.per_gpu.size == 0:
+        return None
+    ts = np.asarray(util.gpu_timestamps, dtype=np.float64)
+    step = float(ts[1] - ts[0]) if ts.size > 1 else (low.step if low is not None else 30.0)
+    engine = _aligned(util, _gpu_rows(job, "gr_engine_active", window, archived)) if idle_now else None
+    sm_clock = _aligned(util, _gpu_rows(job, "sm_clock", window, archived)) if slow_clock else None
+    return rules.PerGpu(ts, step, np.asarray(util.per_gpu, dtype=np.float64), engine, sm_clock)
+
+
 def _baseline_mfu_low(job: Job) -> float | None:
     if not job.config_fingerprint:
         return None
@@ -158,10 +217,13 @@ def job_view(
     """What the rules read of `job` at `now` (stored columns, evaluation, findings, recent aggregates);
     `archived`: the poll's snapshot of the job's archive (read from it instead of the database)."""
     end = min(now, job.data_until or now).timestamp()
-    series, _ = _recent_series(job, end - rules.lookback_s(configs), end, archived)
+    start = end - rules.lookback_s(configs)
+    series, _ = _recent_series(job, start, end, archived)
     evaluated = job.evaluated
     need_count = configs.get(rules.GPUS_IDLE, RuleConfig(1, 0)).threshold > 1
     gpu_model = job.gpu_model
+    max_clock = float(gpu_model.max_clock_mhz) if gpu_model and gpu_model.max_clock_mhz else None
+    per_gpu = _per_gpu_view(job, series, (start, end), configs, max_clock, archived)
     return JobView(
         now=now.timestamp(),
         started_at=job.started_at.timestamp(),
@@ -169,9 +231,10 @@ def job_view(
         ingest_error=job.ingest_error,
         gpu_count=job.gpu_count,
         series=series,
-        idle_gpus_now=_idle_gpus_now(job, end, archived) if need_count else None,
+        idle_gpus_now=_idle_gpus_now(job, end, archived) if need_count and per_gpu is None else None,
+        per_gpu=per_gpu,
         idle_util_max=IDLE_UTIL_MAX,
-        max_clock_mhz=float(gpu_model.max_clock_mhz) if gpu_model and gpu_model.max_clock_mhz else None,
+        max_clock_mhz=max_clock,
         busy_util_min=BUSY_UTIL_MIN,
         violation_share=THROTTLE_REASON_SHARE,
         reference_mfu=evaluated.reference_mfu if evaluated else None,

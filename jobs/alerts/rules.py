@@ -13,7 +13,11 @@ meeting it, or the finding's first sighting), so the verdict needs no state betw
 polls give the same answer.
 
 Definitions are not new: idle is the evaluation's GPU_UTIL <= IDLE_UTIL_MAX (jobs.diagnosis.thresholds,
-passed in), MFU is the archived derived MFU series, the baseline band is jobs.evaluation.robust's.
+passed in), MFU is the archived derived MFU series, the baseline band is jobs.evaluation.robust's. With the
+recent per-GPU rows (`PerGpu`), the idle alert runs the idle_gpus finding's own computation
+(jobs.diagnosis.idle.idle_stretches: the same GPUs, the same stretches and durations), and throttling
+judges the SM clock of the GPUs that are busy in each sample only (an idle GPU parks its clock low; the
+mean over all GPUs of a job with idle GPUs reads throttled although every busy GPU runs at its boost).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
+
+from jobs.diagnosis.idle import idle_stretches
 
 GPUS_IDLE = "gpus_idle"
 MFU_LOW = "mfu_low"
@@ -81,6 +87,27 @@ class Series:
 
 
 @dataclass(frozen=True, slots=True)
+class PerGpu:
+    """Recent per-GPU rows on one grid (GPUs x time, NaN = no sample): GPU_UTIL as a ratio, and where
+    archived GR_ENGINE_ACTIVE (ratio) and the SM clock (MHz) on the same grid and GPU order."""
+
+    timestamps: np.ndarray
+    step: float
+    util: np.ndarray
+    gr_engine_active: np.ndarray | None = None
+    sm_clock: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        shape = np.shape(self.util)
+        for name in ("gr_engine_active", "sm_clock"):
+            other = getattr(self, name)
+            if other is not None and np.shape(other) != shape:
+                raise ValueError(f"per-GPU {name} {np.shape(other)} is not on GPU_UTIL's grid {shape}")
+        if len(shape) != 2 or shape[1] != np.size(self.timestamps):
+            raise ValueError(f"per-GPU GPU_UTIL {shape} does not match {np.size(self.timestamps)} timestamps")
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     """A running job's recent state, as the rules read it."""
 
@@ -94,6 +121,8 @@ class JobView:
     series: Mapping[str, Series] = field(default_factory=dict)
     #: GPUs idle in their latest per-GPU sample (None: per-GPU rows not available).
     idle_gpus_now: int | None = None
+    #: Recent per-GPU rows (None: not read or not archived): the idle and throttling rules prefer them.
+    per_gpu: PerGpu | None = None
     idle_util_max: float = 0.05
     max_clock_mhz: float | None = None
     busy_util_min: float = 0.5
@@ -166,9 +195,12 @@ def _finding(view: JobView, code: str) -> FindingView | None:
 
 
 def gpus_idle(view: JobView, cfg: RuleConfig) -> Verdict:
-    """At least `threshold` allocated GPUs at idle utilisation for `minutes`, whatever came before: the
-    trailing run of the cross-GPU minimum at or below the idle level (a job that worked, then went idle,
-    fires just as one idle from its start)."""
+    """At least `threshold` allocated GPUs at idle utilisation for `minutes`, whatever came before (a job
+    that worked, then went idle, fires just as one idle from its start). With per-GPU rows: the GPUs whose
+    idle stretch (jobs.diagnosis.idle, the idle_gpus finding's computation) is still going; without them,
+    the trailing run of the cross-GPU minimum at or below the idle level."""
+    if view.per_gpu is not None and np.isfinite(view.per_gpu.util).any():
+        return _gpus_idle_per_gpu(view, view.per_gpu, cfg)
     low = _get(view, "gpu_util.min")
     if low is None:
         return Verdict(GPUS_IDLE, State.UNKNOWN, reason="no GPU_UTIL in the archive's recent window")
@@ -197,6 +229,37 @@ def gpus_idle(view: JobView, cfg: RuleConfig) -> Verdict:
         GPUS_IDLE,
         _held(GPUS_IDLE, since, last, cfg),
         title=f"{who} GPUs idle for {_minutes(last - since):g} min",
+        since=since,
+        finding_code=FINDING_OF_RULE[GPUS_IDLE],
+        evidence=tuple(evidence),
+    )
+
+
+def _gpus_idle_per_gpu(view: JobView, pg: PerGpu, cfg: RuleConfig) -> Verdict:
+    found = idle_stretches(
+        pg.util, pg.timestamps, pg.step, busy_average=pg.gr_engine_active, min_len_s=0.0,
+        threshold=view.idle_util_max,
+    )  # fmt: skip
+    now = found.trailing()
+    need = max(int(cfg.threshold), 1)
+    if len(now) < need:
+        return Verdict(GPUS_IDLE, State.CLEAR)
+    # A sample closes the window that ends at it: a stretch [ts[a], ts[b-1] + step] is the same span as
+    # (ts[a] - step, ts[b-1]], the windows the aggregate rule and the other rules read.
+    starts = sorted(s.window[0] - pg.step for s in now)
+    since = starts[need - 1]  # from then on at least `need` GPUs were idle together
+    last = max(s.window[1] for s in now) - pg.step
+    count = len(now)
+    evidence: list[tuple[str, float | str, str]] = [
+        ("GPUs idle", float(count), "GPUs"),
+        ("idle for", _minutes(last - since), "min"),
+        ("idle level (GPU_UTIL at or below)", round(view.idle_util_max * 100, 1), "%"),
+        ("idle computation", "per GPU, as the idle_gpus finding (GR_ENGINE_ACTIVE too where exported)", ""),
+    ]
+    return Verdict(
+        GPUS_IDLE,
+        _held(GPUS_IDLE, since, last, cfg),
+        title=f"{count} of {view.gpu_count} GPUs idle for {_minutes(last - since):g} min",
         since=since,
         finding_code=FINDING_OF_RULE[GPUS_IDLE],
         evidence=tuple(evidence),
@@ -234,9 +297,40 @@ def mfu_low(view: JobView, cfg: RuleConfig) -> Verdict:
     )
 
 
+def busy_clock(pg: PerGpu, busy_util_min: float) -> np.ndarray | None:
+    """Mean SM clock (MHz) over the GPUs busy (GPU_UTIL >= `busy_util_min`) in each sample; NaN where none
+    is busy or none has a clock. None without per-GPU clocks."""
+    if pg.sm_clock is None:
+        return None
+    util, clock = np.asarray(pg.util, dtype=np.float64), np.asarray(pg.sm_clock, dtype=np.float64)
+    use = np.isfinite(util) & (np.nan_to_num(util) >= busy_util_min) & np.isfinite(clock)
+    n = use.sum(axis=0)
+    total = np.where(use, clock, 0.0).sum(axis=0)
+    return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+
+def _on_grid(values: np.ndarray, src: np.ndarray, dst: np.ndarray, step: float) -> np.ndarray:
+    """`values` on timestamps `src` read at `dst` (the sample within half a step, else NaN)."""
+    out = np.full(dst.size, np.nan)
+    if src.size == 0:
+        return out
+    idx = np.clip(np.searchsorted(src, dst), 0, src.size - 1)
+    prev = np.clip(idx - 1, 0, src.size - 1)
+    best = np.where(np.abs(src[prev] - dst) < np.abs(src[idx] - dst), prev, idx)
+    ok = np.abs(src[best] - dst) <= step / 2.0 + 1e-6
+    out[ok] = values[best[ok]]
+    return out
+
+
 def throttling(view: JobView, cfg: RuleConfig) -> Verdict:
-    """Busy GPUs (mean GPU_UTIL above `busy_util_min`) with the mean SM clock below `threshold` x the max
-    boost clock, or power/thermal violation counters above `violation_share` of the time."""
+    """Busy GPUs with their SM clock below `threshold` x the max boost clock, or power/thermal violation
+    counters above `violation_share` of the time, while the job is busy.
+
+    Only the GPUs busy in a sample are judged: with per-GPU rows, the mean clock of the GPUs whose GPU_UTIL
+    is at least `busy_util_min` (`busy_clock`); without them, the cross-GPU mean clock only in samples where
+    every GPU is busy (the cross-GPU minimum of GPU_UTIL at least `busy_util_min`). An idle GPU parks its
+    clock (~200-400 MHz on an H100), so the mean over a job with 2 of 8 GPUs idle reads ~1,550 MHz while
+    its busy GPUs run at 1,980 MHz: that is not throttling."""
     util = _get(view, "gpu_util.mean")
     clock = _get(view, "sm_clock.mean")
     power = _get(view, "power_violation.mean")
@@ -249,21 +343,43 @@ def throttling(view: JobView, cfg: RuleConfig) -> Verdict:
     slow = np.zeros(n, dtype=bool)
     seen = np.zeros(n, dtype=bool)
     ratio = np.full(n, np.nan)
-    if clock is not None and view.max_clock_mhz and clock.values.size == n:
-        ratio = clock.values / view.max_clock_mhz
+    judged = "GPUs busy in each sample"
+    pg = view.per_gpu
+    per_gpu_clock = busy_clock(pg, view.busy_util_min) if pg is not None else None
+    if per_gpu_clock is not None and pg is not None and view.max_clock_mhz:
+        ratio = _on_grid(per_gpu_clock, np.asarray(pg.timestamps, dtype=np.float64), util.timestamps,
+                         util.step) / view.max_clock_mhz  # fmt: skip
+    elif clock is not None and view.max_clock_mhz and clock.values.size == n:
+        low = _get(view, "gpu_util.min")
+        everyone_busy = (
+            np.nan_to_num(low.values) >= view.busy_util_min
+            if low is not None and low.values.size == n
+            else np.zeros(n, dtype=bool)
+        )
+        ratio = np.where(everyone_busy, clock.values / view.max_clock_mhz, np.nan)
+        judged = "samples with every GPU busy (no per-GPU clocks)"
+    if np.isfinite(ratio).any():
         slow |= np.nan_to_num(ratio, nan=1.0) < cfg.threshold
         seen |= np.isfinite(ratio)
     for s in (power, thermal):
         if s is not None and s.values.size == n:
             slow |= np.nan_to_num(s.values, nan=0.0) >= view.violation_share
             seen |= np.isfinite(s.values)
-    values = np.where(seen & np.isfinite(util.values), util.values, np.nan)
+    busy = np.nan_to_num(util.values) > view.busy_util_min
+    if per_gpu_clock is not None:
+        busy |= np.isfinite(ratio)  # some GPU is busy in the sample (the clock judged is theirs)
+    # A sample counts when its clock or counters were judged, or when nothing is busy (nothing to
+    # throttle); a busy sample whose clock cannot be judged is unknown (neither breaks nor extends a run).
+    values = np.where(np.isfinite(util.values) & (seen | ~busy), util.values, np.nan)
     line = Series(util.timestamps, values, util.step)
-    state, since, last = trailing_run(line, slow & (np.nan_to_num(util.values) > view.busy_util_min))
+    state, since, last = trailing_run(line, slow & busy)
     if state is not State.FIRING or since is None or last is None:
         return Verdict(THROTTLING, state)
     during = (util.timestamps > since) & np.isfinite(ratio)
-    evidence: list[tuple[str, float | str, str]] = [("throttled for", _minutes(last - since), "min")]
+    evidence: list[tuple[str, float | str, str]] = [
+        ("throttled for", _minutes(last - since), "min"),
+        ("clock judged on", judged, ""),
+    ]
     if during.any():
         evidence.append(("SM clock / max boost", round(float(np.mean(ratio[during])) * 100, 1), "%"))
     return Verdict(

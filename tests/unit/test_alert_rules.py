@@ -71,7 +71,10 @@ def test_mfu_below_the_reference_share_or_the_baseline_band():
 def test_throttling_needs_busy_gpus_with_a_low_clock():
     util = np.full(60, 0.98)
     clock = np.r_[np.full(30, 1950.0), np.full(30, 1300.0)]  # 1300 / 1980 = 66 %
-    v = rules.throttling(_view(gpu_util__mean=util, sm_clock__mean=clock), RuleConfig(0.85, 10))
+    # Every GPU busy (the cross-GPU minimum too): without per-GPU clocks the mean is the busy GPUs' clock.
+    v = rules.throttling(
+        _view(gpu_util__mean=util, gpu_util__min=util, sm_clock__mean=clock), RuleConfig(0.85, 10)
+    )
     assert v.state is State.FIRING and v.since == T0 + 30 * STEP
     idle = rules.throttling(_view(gpu_util__mean=np.zeros(60), sm_clock__mean=clock), RuleConfig(0.85, 10))
     assert idle.state is State.CLEAR  # idle GPUs clock down: not throttling

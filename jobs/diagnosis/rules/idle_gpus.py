@@ -27,6 +27,7 @@ from jobs.diagnosis import kinds as K
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features, GpuData
+from jobs.diagnosis.idle import idle_stretches
 
 CODE = "idle_gpus"
 SERVING_RECOMMENDATION = (
@@ -66,37 +67,24 @@ def _recommendation(inp: DiagnosisInput) -> str:
 def _per_gpu(inp: DiagnosisInput, f: Features, data: GpuData) -> Finding | None:
     assert f.util_key is not None
     u = data.values[f.util_key]
+    average = None
     if f.util_key == "gpu_util" and f.has("gr_engine_active"):
         # GPU_UTIL is a point sample of a <= 1 s window: when the step time divides the collect interval
         # it can land in the same idle phase of every step for hours. GR_ENGINE_ACTIVE averages the whole
-        # collect interval: a GPU is idle only when both read idle.
+        # collect interval: a GPU is idle only when both read idle (jobs.diagnosis.idle).
         both = f.gpu_data(("gpu_util", "gr_engine_active"))
         if both is not None and both.gpus == data.gpus and both.values["gr_engine_active"].shape == u.shape:
-            u = np.fmax(u, both.values["gr_engine_active"])
+            average = both.values["gr_engine_active"]
     step = data.step
-    ts = data.timestamps
-    min_len = max(int(np.ceil(T.IDLE_MIN_STRETCH_S / step)), 1)
-    bridge = int(T.IDLE_MAX_BRIDGE_S // step)
-    idle_gpus: list[str] = []
-    idle_cells = 0
-    windows: list[tuple[float, float]] = []
-    for i, gpu in enumerate(data.gpus):
-        rs = [
-            r for r in D.idle_gaps(u[i], threshold=T.IDLE_UTIL_MAX, bridge=bridge) if r[1] - r[0] >= min_len
-        ]
-        if not rs:
-            continue
-        idle_gpus.append(gpu)
-        # Only observed samples count as idle GPU-time: a bridged hole inside a run joins the run (its
-        # length, its window) but is a gap, not idle. Counting the holes made shares above 100 % when
-        # half the columns were empty (per-GPU rows reloaded onto a grid offset by half a step).
-        idle_cells += sum(int(np.isfinite(u[i, a:b]).sum()) for a, b in rs)
-        windows += D.run_windows(rs, ts, step)
-    if not idle_gpus:
+    # The one idle computation the idle alert reads too (jobs.alerts.rules.gpus_idle).
+    found = idle_stretches(u, data.timestamps, step, busy_average=average)
+    if not found.stretches:
         return None
-    known = int(np.isfinite(u).sum())  # > 0: a run holds at least one observed idle sample
+    idle_gpus = [data.gpus[i] for i in found.gpus]
+    idle_cells = found.idle_samples
+    windows = [s.window for s in found.stretches]
     # Idle observed GPU-time over observed GPU-time: a subset over its set, so never above 1.
-    share = idle_cells / known
+    share = found.share
     assert 0.0 <= share <= 1.0, f"idle share {share} outside [0, 1]"
     share, share_label = _reported_share(inp, share)
     fb = f.gpu_data(("fb_used",))
