@@ -70,7 +70,7 @@ def test_busy_clock_averages_only_busy_gpus() -> None:
     util = np.array([[0.9, 0.0, np.nan], [0.2, 0.0, 0.8]])
     clock = np.array([[1900.0, 300.0, 1800.0], [600.0, 300.0, np.nan]])
     out = rules.busy_clock(PerGpu(np.arange(3.0), 1.0, util, None, clock), 0.5)
-    assert out[0] == 1900.0 and np.isnan(out[1]) and np.isnan(out[2])
+    assert out is not None and out[0] == 1900.0 and np.isnan(out[1]) and np.isnan(out[2])
 
 
 def _diagnosis_input(util: np.ndarray) -> DiagnosisInput:
