@@ -271,7 +271,9 @@ def parse_ncu_csv(source: bytes | str | Path, *, max_bytes: int = DEFAULT_MAX_BY
     """Parse `ncu --csv` output into one record per profiled kernel launch.
 
     Each record: {"id", "kernel", "block_dim", "grid_dim", "device", "cc", "stream", "instances",
-    "metrics": {canonical_or_slug_with_unit: value}}. Raises ArtifactError on malformed input.
+    "metrics": {canonical_or_slug_with_unit: value}}, plus "tensor_counters" ({raw tensor-pipe metric name:
+    value}) when the CSV has tensor-pipe metrics and "ncu_verdict" when a SOLBottleneck rule row gives
+    one. Raises ArtifactError on malformed input.
     """
     with open_text(source, max_bytes, what="ncu CSV") as text:
         header, rows = _read_rows(iter_lines(text))
@@ -349,12 +351,12 @@ def _note_tensor(launch: dict[str, Any], name: str, value: Any, suffix: str) -> 
         or (suffix == "pct" and _TENSOR_PIPE_PCT.match(raw))
         or _TENSOR_PIPE_CYCLES.match(raw)
     ):
-        launch.setdefault("_tensor", {})[raw] = float(value)
+        launch.setdefault("tensor_counters", {})[raw] = float(value)
 
 
 def _tensor_pipe(launch: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
     """(tensor pipe active %, how it was measured, tensor-pipe warp instructions) of one launch."""
-    counters: dict[str, float] = launch.get("_tensor", {})
+    counters: dict[str, float] = launch.get("tensor_counters", {})
     instructions = next((v for k, v in counters.items() if _TENSOR_PIPE_INST.match(k)), None)
     pcts = {k: v for k, v in counters.items() if _TENSOR_PIPE_PCT.match(k)}
     if pcts:
