@@ -109,3 +109,25 @@ def test_alerts_api_is_in_the_openapi_schema(api_client_for, scene):
     assert "/api/v1/alerts/" in schema["paths"]
     names = set(schema["components"]["schemas"])
     assert {"AlertIncident", "AlertDelivery", "AlertFinding"} <= names
+
+
+@pytest.mark.django_db
+def test_an_alert_without_a_finding_says_why_in_words_not_codes(client, scene):
+    """Issue 28 item 2: the alerts page showed raw codes (`throttling`) and nothing said why an alert had no
+    finding."""
+    now = timezone.now()
+    AlertIncident.objects.create(
+        rule="throttling", job=scene["job"], team=scene["team"], started_at=now - timedelta(minutes=30),
+        opened_at=now, last_seen_at=now, finding_code="throttling", title="Busy GPUs throttled for 30 min",
+    )  # fmt: skip
+    AlertSubscription.objects.create(
+        team=scene["team"], channel="email", email="ops@example.com", rules=["throttling", "gpus_idle"]
+    )
+    client.force_login(scene["user"])
+    page = client.get("/teams/llm/alerts/").content.decode()
+    assert "no “Clock throttling” finding on the job now" in page
+    assert "<code>throttling</code>" not in page
+    assert "Throttling, GPUs idle" in page  # the subscription's rules by name
+    job_page = client.get("/jobs/88001/").content.decode()
+    assert "no “Clock throttling” finding on the job now" in job_page
+    assert "#finding-idle_gpus" in job_page  # the alert with a finding links to it

@@ -34,6 +34,32 @@ CODES: tuple[str, ...] = (
     "gpu_errors",
     "unexplained_waste",
 )
+#: Each finding code as people read it (alerts, emails and pages show this, not the code).
+FINDING_NAMES: dict[str, str] = {
+    "false_saturation": "Busy GPUs doing little work",
+    "data_pipeline_stall": "Input pipeline stall",
+    "launch_overhead": "Kernel launch overhead",
+    "communication_wait": "Communication wait",
+    "throttling": "Clock throttling",
+    "tensor_cores_idle": "Tensor cores idle",
+    "memory_bound": "Memory-bound kernels",
+    "host_device_copy": "Host-device copies",
+    "host_sync": "CPU-GPU synchronisation",
+    "straggler": "Straggler GPU",
+    "idle_gpus": "Idle GPUs",
+    "shared_gpu": "Shared GPUs",
+    "memory_headroom": "Unused GPU memory",
+    "baseline_regression": "Worse than the baseline",
+    "gpu_errors": "GPU errors",
+    "unexplained_waste": "Waste no finding explains",
+}
+
+
+def finding_name(code: str) -> str:
+    """The readable name of a finding code; an unknown code reads as itself, with spaces."""
+    return FINDING_NAMES.get(code, code.replace("_", " "))
+
+
 #: Codes that describe a symptom rather than a cause: when a cause is found they are kept as context
 #: (info severity) and get only the waste the causes leave unexplained.
 SYMPTOM_CODES: frozenset[str] = frozenset({"false_saturation", "baseline_regression", "unexplained_waste"})

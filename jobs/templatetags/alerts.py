@@ -9,6 +9,7 @@ from typing import Any
 from django import template
 from django.db.models import Count
 
+from jobs.diagnosis.base import finding_name
 from jobs.models import AlertIncident, Job
 
 register = template.Library()
@@ -41,3 +42,35 @@ def open_alert_counts(jobs: Iterable[Job]) -> dict[int, int]:
 @register.filter
 def alert_count(counts: dict[int, int] | None, job: Job) -> int:
     return (counts or {}).get(job.pk, 0)
+
+
+#: Why an alert of a rule that has no finding of its own shows none.
+_NO_FINDING = {
+    AlertIncident.Rule.INGESTION_STALE: (
+        "no finding: this alert is about the job's data not arriving, not about how the job uses its GPUs"
+    ),
+    AlertIncident.Rule.WASTE: "no single finding: the job's total waste; the job's findings name its causes",
+}
+
+
+@register.filter
+def incident_finding_note(incident: AlertIncident) -> str:
+    """For an incident shown without a linked finding, why: its rule has no finding of its own, or the
+    job's diagnosis has (had) no finding of that kind, named in words rather than by its code."""
+    if incident.finding_id is not None:
+        return ""
+    if incident.finding_code:
+        name = finding_name(incident.finding_code)
+        return (
+            f"no “{name}” finding on the job now: the alert judged the last minutes, the diagnosis judges "
+            "the job's whole window at its own resolution, and it did not find (or no longer finds) the "
+            "pattern there"
+        )
+    return _NO_FINDING.get(incident.rule, "no finding is linked to this alert")
+
+
+@register.filter
+def rule_names(rules: Iterable[str]) -> str:
+    """Alert rule codes as people read them ("GPUs idle, Throttling"), not as stored ("gpus_idle")."""
+    labels = dict(AlertIncident.Rule.choices)
+    return ", ".join(str(labels.get(r, r.replace("_", " "))) for r in rules)
