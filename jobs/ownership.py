@@ -81,7 +81,7 @@ class Claimant:
     def of(cls, user: Any, auth: Any = None) -> Claimant:
         """The claimant behind an API request: a scheduler token, else staff, else a member."""
         if isinstance(auth, ApiToken):
-            via = f"token {auth.name!r} ({auth.prefix}…)"
+            via = f"token {auth.name!r} ({auth.prefix}…) of {getattr(user, 'username', '?')}"
             if auth.is_scheduler:
                 via = f"scheduler {via} of cluster {auth.cluster}"
                 return cls(Provenance.SCHEDULER, user, auth.cluster, via)
@@ -312,6 +312,16 @@ def provenance_after(claimant: Claimant, existing: Job | None) -> tuple[str, str
     if existing is not None and existing.registered_by in PLATFORM_SEEN and claimant.is_member:
         return existing.registered_by, existing.cluster, existing.registered_via
     return claimant.provenance, "", claimant.via[:200]
+
+
+def takeover_discards(claimant: Claimant, data: Mapping[str, Any], existing: Job | None) -> list[str]:
+    """The identity fields (team, gpus, selector) in which a scheduler's registration contradicts a job
+    registered under its id by someone else ([] when it confirms them, or is no takeover). Then what was
+    archived, computed, uploaded and alerted for that job belongs to a claim the scheduler refutes, not
+    to the scheduler's job: the registry starts the job afresh rather than hand it to the job's team."""
+    if not claimant.is_scheduler or existing is None or existing.registered_by == Provenance.SCHEDULER:
+        return []
+    return [f for f in identity_changes(existing, data, data["team"]) if f in ("team", "gpus", "selector")]
 
 
 def scheduler_jobs(claimant: Claimant) -> Any:

@@ -14,7 +14,7 @@ from django.utils import timezone
 from jobs.evaluation.catalog import match_gpu_name, match_mig_name, mig_profile
 from jobs.evaluation.robust import config_fingerprint
 from jobs.models import GpuModel, Job, ProgressSample
-from jobs.ownership import Claimant, check_claim, provenance_after
+from jobs.ownership import Claimant, check_claim, provenance_after, takeover_discards
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,15 @@ def register_job(data: dict[str, Any], claimant: Claimant | None = None) -> Regi
     )
     check_claim(claimant, data, job)
     values["registered_by"], values["cluster"], values["registered_via"] = provenance_after(claimant, job)
+    if job is not None and (refuted := takeover_discards(claimant, data, job)):
+        # Series, progress, findings, artifacts and incidents of a claim the scheduler contradicts: not its.
+        log.warning(
+            "job %s: the scheduler's %s differ from the hand registration's; its data is discarded",
+            job.external_id,
+            ", ".join(refuted),
+        )
+        job.delete()
+        job = None
     created = job is None
     if job is None:
         job = Job(external_id=data["external_id"])
