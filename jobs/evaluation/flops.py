@@ -1,10 +1,12 @@
-"""Training FLOPs per token, MFU, HFU and the DCGM tensor-pipe cross-check.
+"""Training and serving FLOPs per token, MFU, HFU and the DCGM tensor-pipe cross-check.
 
 Pure Python (no Django) so the management command, the API and the tests share one definition.
 Definitions follow ``reference/formulas.md``:
 
 - model FLOPs per token: 6N, plus the PaLM attention term 12·L·H·Q·T (optionally halved for causal masks);
   N is the non-embedding parameter count, for MoE the parameters ACTIVE per token;
+- serving (inference) counts a forward pass only: 2N + 4·L·H·Q·C over the context C actually attended
+  (`forward_flops_per_token`): the training formula reads ~3x too high on a serving job;
 - hardware FLOPs per token (HFU) add what recomputation executes again;
 - Megatron (Narayanan et al. 2021, eq. 3) per iteration, divided here by B·s to give a per-token figure.
 
@@ -225,6 +227,51 @@ def model_flops_per_token(
     attention_flops = attention_factor * core
     formula = "6N" if not attention else f"6N+{attention_factor:g}LHQT"
     variant = f"{formula} ({_attention_label(attention, causal)})"
+    if moe:
+        variant += ", N = active parameters (MoE)"
+    return FlopsEstimate(
+        flops_per_token=parameter_flops + attention_flops,
+        variant=variant,
+        kind="model",
+        parameter_flops_per_token=parameter_flops,
+        attention_flops_per_token=attention_flops,
+    )
+
+
+def forward_flops_per_token(
+    n_params: float,
+    *,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    head_dim: int | None = None,
+    context_len: float | None = None,
+    attention: bool = True,
+    context_note: str = "",
+    moe: bool = False,
+) -> FlopsEstimate:
+    """Model FLOPs per token of a forward pass only (serving / inference): 2N + 4·L·H·Q·C.
+
+    2N: one multiply-add per parameter per token (Kaplan et al. 2020, C_forward ~ 2N; the training 6N is
+    this forward plus a backward of ~4N). Attention: per layer and token, QK^T and the weighted sum over V
+    each take 2·H·Q·C FLOPs for C context tokens attended: 4·L·H·Q·C, the forward third of PaLM's
+    12·L·H·Q·T. C is the context the tokens actually attend to (the mean over the served tokens: prompt
+    plus generated so far for decode, about half the prompt for a causal prefill), not the model's
+    maximum sequence length. ``context_note`` says where C came from.
+    """
+    n = _positive("n_params", n_params)
+    if attention:
+        core = _attention_core(n_layers, n_heads, head_dim, 1, True) * _positive("context_len", context_len)
+    else:
+        core = 0.0
+    parameter_flops = 2.0 * n
+    attention_flops = 4.0 * core
+    formula = "2N+4LHQC" if attention else "2N"
+    label = (
+        f"forward only (serving), attention over {context_note or 'C context tokens'}"
+        if attention
+        else ("forward only (serving), attention not counted")
+    )
+    variant = f"{formula} ({label})"
     if moe:
         variant += ", N = active parameters (MoE)"
     return FlopsEstimate(

@@ -20,6 +20,7 @@ from jobs.evaluation.flops import (
     CrossCheck,
     FlopsEstimate,
     cross_check_mfu,
+    forward_flops_per_token,
     hardware_flops_per_token,
     model_flops_per_token,
 )
@@ -43,10 +44,16 @@ class ModelShape:
     head_dim: int | None = None
     seq_len: int | None = None
     recompute: str = "none"
+    #: What the job does (jobs.models.Job.Kind): "inference" counts forward FLOPs only (serving).
+    kind: str = "training"
+    #: Serving: the mean context (tokens) each served token attends to; None = half of seq_len (a causal
+    #: pass over full sequences), stated in the variant.
+    context_len: float | None = None
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], recompute: str) -> ModelShape:
-        """From a job's stored model config dict."""
+    def from_config(cls, config: dict[str, Any], recompute: str, kind: str = "training") -> ModelShape:
+        """From a job's stored model config dict and the job's kind (serving counts forward FLOPs only;
+        its optional `context_len` is the mean context a served token attends to)."""
 
         def _int(key: str) -> int | None:
             value = config.get(key)
@@ -64,6 +71,43 @@ class ModelShape:
             head_dim=_int("head_dim") or _head_dim(config),
             seq_len=_int("seq_len"),
             recompute=recompute or "none",
+            kind=kind or "training",
+            context_len=_float("context_len"),
+        )
+
+    @property
+    def serving(self) -> bool:
+        """The job serves requests: a forward pass per token, no backward."""
+        return self.kind == "inference"
+
+    def _context(self) -> tuple[float | None, str]:
+        """The serving context C and where it came from."""
+        if self.context_len:
+            return float(self.context_len), f"C = {self.context_len:g} tokens (the job's context_len)"
+        if self.seq_len:
+            return (
+                self.seq_len / 2.0,
+                f"C = seq_len / 2 = {self.seq_len / 2.0:g} (assumed: causal, full sequences)",
+            )
+        return None, ""
+
+    def _forward(self, attention: bool) -> FlopsEstimate | None:
+        n = self.active_params or self.n_params
+        if not n:
+            return None
+        context, note = self._context()
+        use = (
+            attention and context is not None and all(v for v in (self.n_layers, self.n_heads, self.head_dim))
+        )
+        return forward_flops_per_token(
+            n,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            context_len=context if use else None,
+            attention=use,
+            context_note=note,
+            moe=self.active_params is not None,
         )
 
     def _attention_known(self) -> bool:
@@ -81,6 +125,11 @@ class ModelShape:
         n = self.active_params or self.n_params
         if not n:
             return None, False
+        if self.serving:
+            # Forward only: 2N (+ 4·L·H·Q·C under the attention-counting convention).
+            forward = self._forward(convention == "palm")
+            counted = forward is not None and forward.attention_flops_per_token > 0
+            return forward, convention == "palm" and not counted
         attention = convention == "palm" and self._attention_known()
         estimate = model_flops_per_token(
             n,
@@ -94,10 +143,12 @@ class ModelShape:
         return estimate, convention == "palm" and not attention
 
     def hardware_flops(self) -> FlopsEstimate | None:
-        """FLOPs executed per token including recomputation (for HFU)."""
+        """FLOPs executed per token including recomputation (for HFU; serving executes the forward only)."""
         n = self.active_params or self.n_params
         if not n:
             return None
+        if self.serving:
+            return self._forward(True)
         attention = self._attention_known()
         recompute = self.recompute if attention or self.recompute in ("none", "full") else "full"
         return hardware_flops_per_token(
@@ -369,7 +420,13 @@ def _throughput_and_mfu(
     k.mfu = model.flops_per_token * tokens / (capacity * covered_s)
     k.mfu_series = model.flops_per_token * tps / capacity
     k.variants["mfu"] = f"MFU, {model.variant}"
-    if k.flops_fallback:
+    if k.flops_fallback and shape.serving:
+        k.variants["mfu"] += " — fallback: the attention term needs n_layers, n_heads, head_dim and a context"
+        k.notes.append(
+            "serving MFU computed as 2N (no attention term): register n_layers, n_heads, head_dim (or "
+            "hidden) and context_len (mean context per served token) or seq_len"
+        )
+    elif k.flops_fallback:
         k.variants["mfu"] += (
             " — fallback: the organisation's convention is 6N + 12·L·H·Q·T, but the job's shape"
             " lacks layers, heads, head dim or sequence length"

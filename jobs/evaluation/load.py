@@ -411,7 +411,7 @@ def load_context(
         start=job.started_at,
         end=end,
         gpu_count=job.gpu_count,
-        shape=ModelShape.from_config(job.model_config or {}, job.recompute),
+        shape=ModelShape.from_config(job.model_config or {}, job.recompute, job.kind),
         dtype=job.dtype,
         gpu_known=gpu is not None,
         gpu_name=job.gpu_model_name,
