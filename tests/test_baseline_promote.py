@@ -135,6 +135,10 @@ def test_a_job_is_compared_with_its_own_teams_baseline_only(two_teams):
     assert t.as_alice.get("/api/v1/jobs/a-slow/").json()["baseline"] is None
     reference, source = reference_for(a_slow)
     assert "baseline" not in source and reference != pytest.approx(0.51)
+    client = Client()
+    client.force_login(t.alice)
+    page = client.get(reverse("job-detail", args=["a-slow"])).content.decode()
+    assert "LLM has no baseline for this model and config yet" in page
 
     baselines.promote(_run(t.a, "a-good", 0.30), t.alice)
     comparison = baselines.compare(a_slow)
@@ -143,6 +147,9 @@ def test_a_job_is_compared_with_its_own_teams_baseline_only(two_teams):
     assert reference_for(a_slow)[0] == pytest.approx(0.30)
     summary = t.as_alice.get("/api/v1/jobs/a-slow/").json()["baseline"]
     assert summary["runs"] == ["a-good"]
+    page = client.get(reverse("job-detail", args=["a-slow"])).content.decode()
+    assert "LLM's baseline for llama-7b" in page and "over 1 healthy run" in page
+    assert "pretrain b1" not in page and "/jobs/b1/" not in page and "/jobs/b2/" not in page
     # B's jobs still read B's baseline.
     assert reference_for(_run(t.b, "b-new", 0.4))[0] == pytest.approx(0.51)
     # Promoting into A's baseline re-evaluates A's jobs of the config, never B's.
