@@ -112,7 +112,10 @@ _ID_FIELDS = {
     "pci_bus_id": "pci_bus_id",
 }
 _ID_ORDER = ("index", "uuid", "pci_bus_id")
-_ID_LABEL = {"index": "index column", "uuid": "uuid column", "pci_bus_id": "pci.bus_id column"}
+_ID_LABEL = {"index": "GPU index", "uuid": "GPU UUID", "pci_bus_id": "PCI bus id"}
+#: An identity column may repeat a value within one timestamp on at most this share of rows (a
+#: duplicated line); more and it is not a GPU identity.
+MAX_REPEAT_SHARE = 0.001
 _TEXT_FIELDS = {"name", "gpu_name", "uuid", "gpu_uuid", "pci_bus_id", "driver_version", "pstate", "serial"}
 # Columns that are constant per GPU: checked after a sweep grouping (one GPU must keep one value).
 _CONSTANT_FIELDS = ("name", "gpu_name", "serial", "memory_total_bytes")
@@ -252,15 +255,20 @@ def analyze_nvidia_smi(
         columns = [_column_key(h) for h in header]
         keys = [k for k, _ in columns]
         time_i = next((i for i, k in enumerate(keys) if k in ("timestamp", "time", "date_time")), None)
-        id_columns = {_ID_FIELDS[k]: i for i, k in enumerate(keys) if k in _ID_FIELDS}
-        id_kind = next((k for k in _ID_ORDER if k in id_columns), None)
-        id_i = id_columns[id_kind] if id_kind is not None else None
+        # GPU identity candidates, strongest kind first, then in column order; which one is trusted is
+        # decided from the rows (`_choose_identity`).
+        candidates = sorted(
+            (_ID_ORDER.index(_ID_FIELDS[k]), i, _ID_FIELDS[k]) for i, k in enumerate(keys) if k in _ID_FIELDS
+        )
         value_columns = [
-            (i, key, scale)
+            (i, key, scale, key in _TEXT_FIELDS)
             for i, (key, scale) in enumerate(columns)
-            if i != time_i and i != id_i and key not in ("index", "gpu_index", "gpu_id", "gpu")
+            if i != time_i and key not in ("index", "gpu_index", "gpu_id", "gpu")
         ]
-        gpus: dict[str, dict[str, Any]] = {}
+        # Every row in file order in one entry, with its identity candidates' labels; split after the read.
+        entry = _new_entry()
+        times, values, text_rows = entry["t"], entry["values"], entry["text_rows"]
+        labels: dict[int, list[str]] = {i: [] for _, i, _ in candidates}
         bad = 0
         for row in rows:
             if len(row) < len(header):
@@ -274,44 +282,53 @@ def analyze_nvidia_smi(
                     continue
                 t, kind = got
                 kinds[kind] += 1
-            # Without a GPU column every row goes to one pending entry, split into GPUs after the read.
-            gpu = row[id_i].strip()[:64] if id_i is not None else ""
-            entry = gpus.get(gpu)
-            if entry is None:
-                if len(gpus) >= MAX_GPUS:
-                    bad += 1
-                    continue
-                entry = gpus[gpu] = _new_entry()
-            entry["t"].append(t if t is not None else float(len(entry["t"])))
-            for i, key, scale in value_columns:
+            for i, found in labels.items():
+                found.append(row[i].strip()[:64])
+            row_no = len(times)
+            times.append(t if t is not None else float(row_no))
+            skipped = False
+            for i, key, scale, is_text in value_columns:
                 value = _parse_value(row[i], scale)
-                if key in _TEXT_FIELDS or isinstance(value, str):
-                    if id_i is None and key in _CONSTANT_FIELDS:
-                        entry["text_rows"].setdefault(key, {})[len(entry["t"]) - 1] = value
+                if is_text or isinstance(value, str):
                     if value is not None:
-                        entry["info"][key] = value
+                        text_rows.setdefault(key, {})[row_no] = value
+                    skipped = skipped or not is_text
                     continue
-                column = entry["values"].get(key)
+                column = values.get(key)
                 if column is None:
-                    column = entry["values"][key] = array("d", [nan]) * (len(entry["t"]) - 1)
+                    column = values[key] = array("d", [nan]) * row_no
                 column.append(nan if value is None else value)
-            for column in entry["values"].values():  # a key first seen later: keep the rows aligned
-                if len(column) < len(entry["t"]):
-                    column.append(nan)
-    if not gpus:
+            if skipped:  # text in a numeric column: NaN there, so the rows stay aligned
+                for column in values.values():
+                    if len(column) <= row_no:
+                        column.append(nan)
+    if not len(entry["t"]):
         raise ArtifactError(
             f"No usable nvidia-smi rows ({bad} malformed); check the header and the timestamps."
         )
-    if id_i is None and time_i is None and len(gpus[""]["t"]) > 1:
+    has_time = time_i is not None
+    chosen, notes = _choose_identity(candidates, labels, as_array(entry["t"]), has_time, header)
+    if chosen is None and not has_time and len(entry["t"]) > 1:
         raise ArtifactError(
             "This nvidia-smi log has neither a GPU column nor timestamps, so its rows cannot be told "
             "apart by GPU: add `index` (and `timestamp`) to --query-gpu."
         )
-    if id_i is None:
-        gpus, assignment = _split_by_sweeps(gpus[""])
+    if chosen is None:
+        gpus, assignment = _split_by_sweeps(entry)
     else:
-        assignment = {"method": _ID_LABEL[id_kind or "index"], "gpu_count": len(gpus)}
-    result = _smi_result(gpus, time_i is not None, bad, idle_util_pct, max_points)
+        kind_name, column_i = chosen
+        names = list(dict.fromkeys(labels[column_i]))
+        if len(names) > MAX_GPUS:  # rows of GPUs past the limit are malformed
+            bad += sum(1 for label in labels[column_i] if label not in set(names[:MAX_GPUS]))
+            names = names[:MAX_GPUS]
+        number = {name: n for n, name in enumerate(names)}
+        positions = np.array([number.get(label, -1) for label in labels[column_i]], dtype=np.int64)
+        gpus = _split(entry, positions, names, check_constant=False)
+        assignment = {"method": f"{header[column_i].strip()} column ({_ID_LABEL[kind_name]})",
+                      "gpu_count": len(gpus)}  # fmt: skip
+    if notes:
+        assignment["rejected_columns"] = notes
+    result = _smi_result(gpus, has_time, bad, idle_util_pct, max_points)
     result["gpu_assignment"] = assignment
     result["time_zone"] = zone_statement(
         zone_name, bool((timezone or "").strip()) or bool(utc_offset_s),
@@ -320,16 +337,63 @@ def analyze_nvidia_smi(
     return result
 
 
+def _choose_identity(
+    candidates: list[tuple[int, int, str]],
+    labels: dict[int, list[str]],
+    t: np.ndarray,
+    has_time: bool,
+    header: list[str],
+) -> tuple[tuple[str, int] | None, list[str]]:
+    """The identity column the rows support ((kind, column), or None: group by sweeps) and why the others
+    were not trusted. A GPU identity cannot repeat within one timestamp (two rows at the same time are
+    two GPUs), and a column with one value cannot be it when the timestamps show sweeps of several rows
+    (a logger's mislabelled column: gpu_glasses' "index" is 0 on every row of an 8-GPU log)."""
+    notes: list[str] = []
+    n = t.size
+    for _, i, kind in candidates:
+        column = labels[i]
+        name = header[i].strip()
+        if not has_time or n < 2:
+            return (kind, i), notes
+        repeats = n - len(set(zip(t.tolist(), column, strict=True)))
+        if repeats > max(1, int(MAX_REPEAT_SHARE * n)):
+            notes.append(f"{name}: {repeats} rows repeat a value within one timestamp, so it is not a GPU id")
+            continue
+        if len(set(column)) == 1:
+            try:
+                sweeps = assign_by_sweeps(t)
+            except AmbiguousSweeps:
+                return (kind, i), notes
+            if sweeps.gpu_count > 1:
+                notes.append(
+                    f"{name}: one value on every row while the timestamps group into sweeps of "
+                    f"{sweeps.gpu_count} rows, so it is not a GPU id"
+                )
+                continue
+        return (kind, i), notes
+    return None, notes
+
+
 def _split_by_sweeps(entry: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """The rows of a log without a GPU column, split into GPUs by sweep (jobs.profiling.smi_sweeps)."""
+    """The rows of a log without a usable GPU column, split into GPUs by sweep (jobs.profiling.smi_sweeps)."""
     t = as_array(entry["t"])
     try:
         sweeps = assign_by_sweeps(t)
     except AmbiguousSweeps as exc:
         raise ArtifactError(f"This nvidia-smi log has no GPU column and {exc}.") from None
-    positions = sweeps.positions
+    names = [str(p) for p in range(sweeps.gpu_count)]
+    return _split(entry, sweeps.positions, names, check_constant=True), sweeps.describe()
+
+
+def _split(
+    entry: dict[str, Any], positions: np.ndarray, names: list[str], *, check_constant: bool
+) -> dict[str, dict[str, Any]]:
+    """One entry per GPU from the rows of `entry` (file order) and each row's GPU position (-1: left out).
+    `check_constant`: refuse when a per-GPU constant (name, serial, memory.total) changes within a GPU,
+    the sign that a sweep grouping put two GPUs' rows together."""
+    t = as_array(entry["t"])
     gpus: dict[str, dict[str, Any]] = {}
-    for p in range(sweeps.gpu_count):
+    for p, label in enumerate(names):
         mask = positions == p
         out = _new_entry()
         out["t"] = array("d", t[mask].tolist())
@@ -337,23 +401,17 @@ def _split_by_sweeps(entry: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], 
             out["values"][key] = array("d", as_array(column)[mask].tolist())
         rows = np.nonzero(mask)[0]
         for key, by_row in entry["text_rows"].items():
-            seen = {by_row.get(int(r)) for r in rows} - {None}
-            if len(seen) > 1:
+            seen = [v for r in rows.tolist() if (v := by_row.get(r)) is not None]
+            if check_constant and key in _CONSTANT_FIELDS and len(set(seen)) > 1:
                 raise ArtifactError(
                     f"This nvidia-smi log has no GPU column and grouping its rows into sweeps gives GPU "
-                    f"{p} more than one {key} ({', '.join(sorted(map(str, seen))[:3])}): the order of the "
-                    "rows is not stable; add `index` to --query-gpu."
+                    f"{label} more than one {key} ({', '.join(sorted(map(str, set(seen)))[:3])}): the order "
+                    "of the rows is not stable; add `index` to --query-gpu."
                 )
             if seen:
-                out["info"][key] = next(iter(seen))
-        for key, value in entry["info"].items():
-            if key not in _CONSTANT_FIELDS:  # driver version, pstate: the log's last value
-                out["info"].setdefault(key, value)
-        gpus[str(p)] = out
-    # A constant numeric column (memory.total) that differs within one GPU's rows: unstable order.
-    for label, out in gpus.items():
+                out["info"][key] = seen[-1]  # driver version, pstate: the GPU's last value
         total = out["values"].get("memory_total_bytes")
-        if total is not None:
+        if check_constant and total is not None:
             values = as_array(total)
             values = values[~np.isnan(values)]
             if values.size and values.min() != values.max():
@@ -362,7 +420,8 @@ def _split_by_sweeps(entry: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], 
                     f"{label} more than one memory.total: the order of the rows is not stable; add `index` "
                     "to --query-gpu."
                 )
-    return gpus, sweeps.describe()
+        gpus[label] = out
+    return gpus
 
 
 def _smi_result(

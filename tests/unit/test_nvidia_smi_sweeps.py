@@ -100,11 +100,31 @@ def test_index_stripped_real_nanogpt_log_matches_its_own_index_column() -> None:
     truth = analyze_nvidia_smi(path)
     got = analyze_nvidia_smi(stripped.getvalue().encode())
     assert got["gpu_assignment"]["gpu_count"] == 8 and got["gpu_assignment"]["sweeps"] == 639
-    assert truth["gpu_assignment"]["method"] == "index column"
+    assert truth["gpu_assignment"]["method"] == "gpu_index column (GPU index)"
     for a, b in zip(truth["gpus"], got["gpus"], strict=True):
         assert b["samples"] == a["samples"] == 639
         assert b["stats"] == a["stats"]
         assert b["idle_share_pct"] == a["idle_share_pct"]
+
+
+def test_an_index_column_that_cannot_be_a_gpu_id_is_not_trusted() -> None:
+    # A logger wrote 0 in its "index" column on every row of the 2-GPU -lms log: one value while the
+    # timestamps show sweeps of 2 rows, so the rows are grouped by sweep instead (as without the column).
+    text = _lms_log([_pattern(100, 10), _pattern(100, 20)]).decode().splitlines()
+    lines = ["timestamp, index, " + text[0].split(", ", 1)[1]]
+    lines += [f"{row.split(', ', 1)[0]}, 0, {row.split(', ', 1)[1]}" for row in text[1:]]
+    result = analyze_nvidia_smi(("\n".join(lines) + "\n").encode())
+    assert result["gpu_count"] == 2
+    assert [g["idle_share_pct"] for g in result["gpus"]] == [10.0, 20.0]
+    assert result["gpu_assignment"]["method"].startswith("sweeps by time gaps")
+    assert "index: one value on every row" in result["gpu_assignment"]["rejected_columns"][0]
+    # With -l stamps (one time per sweep) the same column repeats within a timestamp: also rejected.
+    same = "timestamp, index, utilization.gpu [%]\n" + "".join(
+        f"2024/05/14 09:30:0{k}.000, 0, {u} %\n" for k in range(5) for u in (90, 0)
+    )
+    got = analyze_nvidia_smi(same.encode())
+    assert got["gpu_count"] == 2 and got["gpus"][1]["idle_share_pct"] == 100.0
+    assert "repeat a value within one timestamp" in got["gpu_assignment"]["rejected_columns"][0]
 
 
 def test_rows_that_do_not_form_regular_sweeps_are_refused_with_add_index() -> None:
@@ -154,7 +174,7 @@ def test_pci_bus_id_identifies_gpus_without_index() -> None:
         "2024/05/14 09:30:02.004, 00000000:07:00.0, 80 %\n"
     )
     result = analyze_nvidia_smi(text.encode())
-    assert result["gpu_assignment"]["method"] == "pci.bus_id column"
+    assert result["gpu_assignment"]["method"] == "pci.bus_id column (PCI bus id)"
     by_id = {g["gpu"]: g for g in result["gpus"]}
     assert by_id["00000000:07:00.0"]["stats"]["utilization_gpu_pct"]["mean"] == 85
     assert by_id["00000000:0B:00.0"]["idle_share_pct"] == 100.0

@@ -80,13 +80,10 @@ def test_gpu_glasses_log_is_placed_on_the_clock_by_its_own_zone() -> None:
     assert codes(kind, a) == set()  # no utilisation column, no DCGM: nothing to conclude
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nvidia-smi parsing (jobs/profiling/monitoring.py, issue 24 item 1): the log's 'index' column "
-    "is 0 on all 43 rows while each timestamp carries 8 rows with 'gpu' 0-7; the parser trusts 'index' "
-    "and reports 1 GPU with 43 samples instead of 8 GPUs (5 full sweeps and one of 3 rows)",
-)
 def test_gpu_glasses_log_has_eight_gpus() -> None:
+    # 'gpu' (0-7, never repeated within a timestamp) is the GPU id; the 'index' column (0 on every row)
+    # would repeat within each timestamp and is not trusted.
     _, a = parsed("nvidia-smi/gpu_glasses_h100x8_idle.csv")
     assert a["gpu_count"] == 8
     assert sorted(g["samples"] for g in a["gpus"]) == [5, 5, 5, 5, 5, 6, 6, 6]
+    assert a["gpu_assignment"]["method"] == "gpu column (GPU index)"
