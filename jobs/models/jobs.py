@@ -31,6 +31,9 @@ class Job(models.Model):
         TRAINING = "training", "Training"
         FINE_TUNING = "fine_tuning", "Fine-tuning"
         INFERENCE = "inference", "Inference / serving"
+        #: Nobody said (a discovered job, a scheduler that does not know): the diagnosis shows no cause whose
+        #: reading depends on the kind above info (jobs.diagnosis.kinds).
+        UNKNOWN = "unknown", "Unknown"
 
     class Recompute(models.TextChoices):
         NONE = "none", "None"
@@ -58,7 +61,8 @@ class Job(models.Model):
         max_length=16,
         choices=Kind.choices,
         default=Kind.TRAINING,
-        help_text="training, fine_tuning or inference (serving): changes the diagnosis' advice.",
+        help_text="training, fine_tuning, inference (serving) or unknown: changes the diagnosis' readings "
+        "and advice.",
     )
     model_config = models.JSONField(
         default=dict,

@@ -204,3 +204,11 @@ def test_kind_unknown_keeps_severity_of_hardware_findings() -> None:
 def test_kind_names_normalise() -> None:
     assert K.normalise("Inference") == "inference" and K.normalise(None) == "unknown"
     assert K.normalise("serving-ish") == "unknown" and K.normalise("fine_tuning") == "fine_tuning"
+
+
+def test_every_job_kind_is_a_diagnosis_kind() -> None:
+    from jobs.models import Job
+
+    assert set(Job.Kind.values) == {"training", "fine_tuning", "inference", "unknown"}
+    for value in Job.Kind.values:
+        assert K.normalise(value) == value
