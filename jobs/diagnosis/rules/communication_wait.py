@@ -8,9 +8,18 @@ Synchronised drops with quiet links are read as input stalls (data_pipeline_stal
 links still shows as the SM sawtooth. Cannot see: collectives shorter than a sample.
 
 Metrics, unresolved regime (steps of 0.1-5 s): the four looks as levels. Heavy NVLink traffic (or NIC
-traffic over PCIe while GPU_UTIL reads ~100 %) with SM active (or, without it, tensor active) well below
-its healthy level points at exposed collectives, at a lower confidence, naming the resolution and the
+traffic over PCIe while GPU_UTIL reads ~100 %) with tensor active (or, without it, SM active) per unit of
+busy time below its healthy level points at exposed collectives, at a lower confidence, naming the resolution and the
 nsys capture (`-t nccl`) that confirms it. Cannot see: which collective, the overlap, a single slow rank.
+
+Samples (jobs.diagnosis.regimes): in a spinning collective GPU_UTIL reads ~100 % at a 1/6 s or 1 s window
+(an NCCL kernel is resident), SM_ACTIVE averages NCCL's channel level (~0.1-0.2) with the compute level
+over the collect interval, so the mean SM activity of a comm-bound job lands anywhere in 20-80 % and no
+SM ceiling is used: the unresolved look is busy links with the tensor pipes below their healthy level per
+unit of busy time (seed case 2: GPU_UTIL 100 %, SM 64.5 %, tensor low, heavy NVLink). A drop (host-side
+barrier) reads like an input stall in GPU_UTIL at any window and is told apart only by the traffic. An
+exposed collective of ~10 % of the step carries less than NVLINK_BUSY_BPS on average and is not separable
+from a healthy step's overlapped traffic here.
 
 A trace measures it directly: communication kernel time not overlapped with compute. With the traces of
 several ranks of one capture (`jobs.diagnosis.cross_rank`) it also tells a late rank from the network: the

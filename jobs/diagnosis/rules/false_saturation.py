@@ -7,6 +7,11 @@ DRAM both quiet", at a much lower confidence.
 Resolution: a level check (medians over the job), valid in both regimes: GPU_UTIL's point samples and
 the profiling averages agree on levels even when steps are far shorter than a sample. It cannot see *why*
 the SMs are empty (tiny kernels, waits, memory): the cause rules say that.
+
+Samples (jobs.diagnosis.regimes): GPU_UTIL is NVML's share of a 1/6-1 s window with any kernel resident, so
+a GPU whose kernels run back to back reads ~100 % at either window and any scrape, however few SMs each
+kernel fills; SM_ACTIVE is the collect-interval average (30 s by default) of the SMs' busy share. Both are
+levels over many steps: their gap (busy yet SMs idle) does not depend on the window or the 5-60 s scrape.
 """
 
 from __future__ import annotations

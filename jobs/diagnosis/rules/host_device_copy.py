@@ -2,6 +2,11 @@
 
 Metrics: sustained heavy PCIe traffic per GPU (DCGM PCIE_RX/TX_BYTES). A trace measures memcpy time by
 direction and whether the host side was pageable memory (pageable copies are synchronous and slow).
+
+Samples: PCIE_RX/TX_BYTES are DCGM profiling fields averaged over the collect interval (30 s by default),
+read as B/s; at 5-60 s scrapes they are a level of the job's traffic, and a copy burst shorter than the
+interval is averaged in (a 1 s, 25 GB copy every 10 s reads 2.5 GB/s). NIC traffic of GPUDirect RDMA also
+crosses PCIe, so heavy PCIe with busy links and saturated utilisation is read as a collective instead.
 """
 
 from __future__ import annotations

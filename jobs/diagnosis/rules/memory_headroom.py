@@ -9,6 +9,8 @@ request batch / KV cache or a smaller (cheaper) GPU, not a larger micro-batch. F
 MIN_SAMPLES_TO_WARN samples per GPU give context (info), never a warning. Resolution: frame-buffer use
 changes slowly, so the 95th percentile is resolved at any usual scrape interval; a short allocation peak
 between two samples is not seen (the headroom may be smaller than it reads).
+Kind unknown (jobs.diagnosis.kinds): whether the headroom means a larger micro-batch or more sequences per
+batch depends on the kind, so the finding is info.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ Sources: DCGM (tensor vs SM activity), a trace's kernels, and the summary format
 kernel summary or an Nsight Compute CSV -- whose `tensor_cores` block classifies the same kernel names
 with the same classifier (`jobs.profiling.kernel_classes`: tensor-op vs SIMT; cuBLAS gemv is SIMT).
 
+Samples (metrics): PIPE_TENSOR_ACTIVE and SM_ACTIVE are DCGM collect-interval averages (30 s by default)
+of the cycles the tensor pipes / SMs are busy, so at any 5-60 s scrape they are levels over many steps:
+tensor per unit of SM activity is what reads, valid in both regimes; the NVML window does not enter. An
+exposed collective also leaves the tensor pipes idle; with collective-sized link traffic that is
+communication_wait's reading.
+
 What it cannot see: from kernel names, whether a SIMT matmul *could* be tensor-core shaped (the job's
 dtype says it should); from a summary, the share of wall time the kernels take (no timeline: the
 impact is a share of summed kernel time, an upper bound of the GPU time it costs); from ncu, the
