@@ -156,7 +156,8 @@ def assign_by_sweeps(times: np.ndarray) -> Sweeps:
         # Every gap alike and longer than a GPU query: one row per sweep, one GPU.
         return Sweeps(
             np.zeros(n, dtype=np.int64), 1, n,
-            f"one GPU: every row is a sweep (gaps between rows all alike, median {typical:.3f} s)",
+            f"one GPU: every row is a sweep (no gap between rows short enough to be inside a sweep; "
+            f"median {typical:.3f} s)",
             short_gap_max_s=None, long_gap_min_s=float(np.min(gaps)), samples_per_gpu=[n],
         )  # fmt: skip
     assert split is not None
