@@ -278,7 +278,7 @@ class SsoBackend(OIDCAuthenticationBackend):
                 identity.last_login_at = timezone.now()
                 identity.save(update_fields=["last_login_at"])
                 return self.update_user(identity.user, claims)
-            user, linked_by = self._first_login_account(claims)
+            user, linked_by = self._first_login_account(claims, issuer, subject)
             try:
                 with transaction.atomic():
                     SsoIdentity.objects.create(
@@ -298,12 +298,13 @@ class SsoBackend(OIDCAuthenticationBackend):
             log.info("SSO linked %s at %s to user %s (%s)", subject, issuer, user.get_username(), linked_by)
             return user
 
-    def _first_login_account(self, claims: dict[str, Any]) -> tuple[User, str]:
+    def _first_login_account(self, claims: dict[str, Any], issuer: str, subject: str) -> tuple[User, str]:
         """An identity's first login: the existing account its verified email links to, else a new one."""
         verified = _verified(claims.get("email_verified"))
         match = match_account(str(claims["email"]), verified, _accounts())
         if match.refusal is not None:
-            raise SsoRefused(match.refusal)
+            # The identity in the message is what an admin enters to link it (SSO identities, admin site).
+            raise SsoRefused(f"{match.refusal} (this sign-in: subject {subject!r} at {issuer})")
         if match.account is not None:
             user = self.UserModel.objects.get(pk=match.account.pk)
             return self.update_user(user, claims), "email"

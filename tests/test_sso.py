@@ -691,8 +691,10 @@ def test_an_administrators_email_does_not_sign_in_as_the_administrator(client, p
     _sso_login(client)
 
     assert _logged_in_user(client) is None
-    page = client.get("/login/").content.decode()
+    page = client.get("/login/").content.decode().replace("&#x27;", "'")
     assert "belongs to an administrator account" in page
+    # What an admin needs to link it explicitly.
+    assert f"(this sign-in: subject 'sub-root-sso' at {provider.issuer})" in page
     assert not SsoIdentity.objects.exists() and not users.filter(username="root-sso").exists()
     admin.refresh_from_db()
     assert admin.email == "root@example.com"
