@@ -318,3 +318,22 @@ def test_artifact_numbers_past_float_range_or_not_finite_render_as_text():
     assert _num(10**400) == "out of range"
     assert _num(float("nan")) == "—" and _num(float("inf")) == "—"
     assert _num(1234.5, "ms") == "1,234.5 ms"
+
+
+def test_gpu_table_flags_only_gpus_below_the_peers_band():
+    """Issue 28 item 9: healthy GPUs at 27.6 % against a 28.0 % median were bulleted like stragglers."""
+    series = job_signals(2016, 300.0, gpus=16, gpu_step=1800.0).get("sm_active")
+    table = charts.gpu_table(series)
+    assert table is not None and table.shown_all and len(table.rows) == 16
+    assert [r.gpu for r in table.rows if r.below_band] == ["node-000/5"]
+    assert table.below == 1 and table.within == 15
+    assert table.rows[0].gpu == "node-000/5"  # lowest mean first
+    assert all(r.low <= r.mean <= r.high for r in table.rows)
+
+
+def test_gpu_table_of_many_gpus_lists_the_flagged_and_the_ends():
+    series = job_signals(2016, 300.0, gpus=64, gpu_step=1800.0).get("sm_active")
+    table = charts.gpu_table(series, max_rows=32, ends=3)
+    assert table is not None and not table.shown_all
+    assert len(table.rows) <= 6 + table.below
+    assert table.within + table.below == 64

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jobs import charts
-from jobs.charts.timeseries import _uniform_buckets
+from jobs.charts.per_gpu import _uniform_buckets
 from jobs.metrics.signals import GpuKey, SignalSeries
 
 

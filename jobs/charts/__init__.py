@@ -5,7 +5,8 @@ envelope wherever thinning could hide a spike; missing signals stay missing (a n
 line at 0). Times go to the browser as Unix milliseconds (Plotly's native date number).
 
 - jobs.charts.common: palette (Okabe-Ito), font, escaping of text from users and traces;
-- jobs.charts.timeseries: the job's correlated time series, per-GPU heatmap, stragglers, sparklines;
+- jobs.charts.timeseries: the job's correlated time series, finding bands, sparklines;
+- jobs.charts.per_gpu: the per-GPU heatmap, the peers' band (stragglers), the per-GPU table;
 - jobs.charts.analyses: artifact analyses (breakdown bars, icicle flame graph).
 """
 
@@ -30,6 +31,15 @@ from jobs.charts.common import (
     YELLOW,
     escape,
 )
+from jobs.charts.per_gpu import (
+    GpuOutlier,
+    GpuRow,
+    GpuTable,
+    colour_range,
+    gpu_outliers,
+    gpu_table,
+    heatmap_figure,
+)
 from jobs.charts.timeseries import (
     CHART_SIGNALS,
     DEFAULT_POINTS,
@@ -40,17 +50,13 @@ from jobs.charts.timeseries import (
     ROWS,
     CaptureMark,
     FindingMark,
-    GpuOutlier,
     Line,
     Row,
     capture_shapes,
     clamp_points,
-    colour_range,
     covers_whole_span,
     data_extent,
     finding_shapes,
-    gpu_outliers,
-    heatmap_figure,
     merge_windows,
     missing_lines,
     ms,
@@ -83,6 +89,8 @@ __all__ = [
     "CaptureMark",
     "FindingMark",
     "GpuOutlier",
+    "GpuRow",
+    "GpuTable",
     "Line",
     "Row",
     "capture_shapes",
@@ -93,6 +101,7 @@ __all__ = [
     "escape",
     "finding_shapes",
     "gpu_outliers",
+    "gpu_table",
     "heatmap_figure",
     "icicle_figure",
     "merge_windows",

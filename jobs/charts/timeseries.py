@@ -10,7 +10,6 @@ Host names are escaped (jobs.charts.common.escape).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from jobs.charts.common import BLACK, BLUE, FONT, GREEN, GREY, PURPLE, VERMILLION, escape
-from jobs.downsample import MEAN_HIGH, MEAN_LOW, bucket_mean, downsample_line, envelope, envelope_between
+from jobs.downsample import MEAN_HIGH, MEAN_LOW, downsample_line, envelope, envelope_between
 from jobs.metrics.signals import JobSignals, SignalSeries
 
 DEFAULT_POINTS = 1000  # per trace: about one point per horizontal pixel of a laptop-wide chart
@@ -449,129 +448,6 @@ def _reference_lines(
         key = "yaxis" if axis == 1 else f"yaxis{axis}"
         layout[key].setdefault("rangemode", "tozero")
         layout[key]["autorangeoptions"] = {"include": [0, value * 1.05]}
-
-
-# ------------------------------------------------------------------------------------------- heatmap
-
-
-@dataclass(frozen=True, slots=True)
-class GpuOutlier:
-    """A GPU whose time-mean is low against its peers (a straggler candidate)."""
-
-    gpu: str
-    mean: float
-    median: float
-    below_band: bool
-
-
-def _uniform_buckets(
-    ts: np.ndarray, matrix: np.ndarray, columns: int
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Equal-width time buckets over a regular sample grid: (brick centres in Unix s, bucket means) of at most
-    `columns` buckets of k = ceil(n / columns) samples each. The last bucket is padded with NaN (its mean is
-    of the samples it has) so that every brick spans k steps. None when the timestamps are not a regular grid.
-
-    Why: plotly.js draws a heatmap whose bricks are evenly spaced as one small image (a pixel per cell) that
-    the browser scales (image-rendering: pixelated); uneven bricks (buckets of 1 and 2 samples) are painted
-    with a fillRect per cell into a full-size canvas and encoded as PNG: 1.35 s instead of 0.17 s for
-    256 GPUs x 300 columns in headless Chromium on the 2-core dev machine (benchmarks/cold_load.py)."""
-    n = ts.size
-    if n < 2 or columns < 1:
-        return None
-    steps = np.diff(ts)
-    step = float(np.median(steps))
-    if not step > 0 or float(np.max(np.abs(steps - step))) > step / 100:
-        return None
-    k = -(-n // columns)
-    buckets = -(-n // k)
-    padded = np.full((matrix.shape[0], buckets * k), np.nan)
-    padded[:, :n] = matrix
-    edges, means = bucket_mean(padded, buckets)
-    return ts[0] + (edges + (k - 1) / 2.0) * step, means
-
-
-def heatmap_figure(
-    series: SignalSeries | None,
-    label: str,
-    *,
-    columns: int = HEATMAP_COLUMNS,
-    window: tuple[float, float] | None = None,
-    x_range: Sequence[int] | None = None,
-) -> dict[str, Any] | None:
-    """GPU x time heatmap of a ratio signal in %, bucket-averaged to `columns` columns (None without
-        per-GPU data). Rows are GPUs in host/index order so a node's GPUs sit together. `x_range` (Unix ms)
-    starts it on the time series' range so both line up."""
-    if series is None or series.per_gpu is None or series.gpu_timestamps is None or not series.gpus:
-        return None
-    ts, matrix = series.gpu_timestamps, series.per_gpu
-    if window is not None:
-        part = _window_slice(ts, window)
-        ts, matrix = ts[part], matrix[:, part]
-    filled = np.flatnonzero(~np.isnan(matrix).all(axis=0)) if ts.size else np.empty(0, dtype=np.int64)
-    if filled.size == 0:
-        return None
-    # Chunks are aligned to the clock: drop empty columns before the first and after the last sample.
-    ts, matrix = ts[filled[0] : filled[-1] + 1], matrix[:, filled[0] : filled[-1] + 1]
-    uniform = _uniform_buckets(ts, matrix, columns)
-    if uniform is not None:
-        centres, means = uniform
-    else:  # not a regular grid: each brick at its own bucket's centre (correct, but drawn cell by cell)
-        edges, means = bucket_mean(matrix, columns)
-        ends = np.append(edges[1:], ts.size)
-        centres = (ts[edges] + ts[ends - 1]) / 2.0
-    gpus = [escape(g) for g in series.gpus]
-    z = np.round(means * 100.0)
-    rows = [[None if v != v else int(v) for v in row] for row in z.tolist()]
-    zmin, zmax = colour_range(z)
-    height = int(min(900, max(220, 90 + 6 * len(gpus))))
-    return {
-        "data": [{
-            "type": "heatmap", "x": ms(centres), "y": gpus, "z": rows, "zmin": zmin, "zmax": zmax,
-            "colorscale": "Cividis", "hoverongaps": False, "xgap": 0, "ygap": 0,
-            "colorbar": {"title": {"text": f"{label}, %", "side": "right"}, "thickness": 12},
-            "hovertemplate": f"%{{y}}<br>%{{x|%Y-%m-%d %H:%M}} UTC<br>{label}: %{{z}} %<extra></extra>",
-        }],
-        "layout": {
-            "height": height, "margin": {"l": 110, "r": 16, "t": 10, "b": 40}, "font": FONT,
-            "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "dragmode": "zoom",
-            "xaxis": {"type": "date", "hoverformat": "%Y-%m-%d %H:%M UTC", **TICKS_UNMEASURED,
-                      **({"range": list(x_range)} if x_range else {})},
-            "yaxis": {"type": "category", "autorange": "reversed", "fixedrange": True,
-                      "title": {"text": "GPU (host/index)"}, **TICKS_UNMEASURED},
-        },
-    }  # fmt: skip
-
-
-def colour_range(z: np.ndarray) -> tuple[int, int]:
-    """Colour scale limits (in %) from the 1st to the 99th percentile, widened to multiples of 10 and at
-    least 20 points wide: GPUs that differ by a few points must look different, and the colour bar shows
-    the limits so nobody reads the darkest colour as 0 %."""
-    values = z[~np.isnan(z)]
-    if values.size == 0:
-        return 0, 100
-    lo = max(0, int(np.floor(np.percentile(values, 1) / 10) * 10))
-    hi = min(100, int(np.ceil(np.percentile(values, 99) / 10) * 10))
-    while hi - lo < 20:
-        lo, hi = max(0, lo - 10), min(100, hi + 10)
-    return lo, hi
-
-
-def gpu_outliers(series: SignalSeries | None, limit: int = 3) -> list[GpuOutlier]:
-    """The `limit` GPUs with the lowest time-mean, each flagged when it sits below the peers' band
-    (median - max(5 points, 3 x scaled MAD)). Empty with fewer than 3 GPUs: no peers to compare."""
-    if series is None or series.per_gpu is None or len(series.gpus) < 3:
-        return []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row is a GPU without samples
-        means = np.nanmean(series.per_gpu, axis=1)
-    ok = ~np.isnan(means)
-    if ok.sum() < 3:
-        return []
-    med = float(np.median(means[ok]))
-    mad = 1.4826 * float(np.median(np.abs(means[ok] - med)))
-    cutoff = med - max(0.05, 3 * mad)
-    order = [int(i) for i in np.argsort(np.where(ok, means, np.inf))[:limit] if ok[i]]
-    return [GpuOutlier(str(series.gpus[i]), float(means[i]), med, bool(means[i] < cutoff)) for i in order]
 
 
 # ------------------------------------------------------------------------------------------ sparkline

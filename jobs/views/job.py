@@ -414,7 +414,7 @@ def build_figures(
         ),
         "heatmap_label": label,
         "heatmap_key": heat_key,
-        "outliers": charts.gpu_outliers(per_gpu) if window is None else [],
+        "gpu_table": charts.gpu_table(per_gpu) if window is None else None,
         # A selector that matched no GPU is one ingestion error (shown once), not a missing line per signal.
         "missing": [] if no_gpus_matched(job) else charts.missing_lines(sigs, reasons),
         "archive_step_s": float(sigs.step) if sigs is not None else None,
