@@ -212,3 +212,17 @@ def test_every_job_kind_is_a_diagnosis_kind() -> None:
     assert set(Job.Kind.values) == {"training", "fine_tuning", "inference", "unknown"}
     for value in Job.Kind.values:
         assert K.normalise(value) == value
+
+
+def test_a_spinning_collective_without_sm_active_is_not_tensor_cores_idle() -> None:
+    # dcgm-exporter's default counters (no SM_ACTIVE): 73 % of each 2 s step in NCCL (mean SM 35 %), tensor
+    # 0.27 x 0.99 x 0.55 = 0.147 (< 0.15, "tensor cores unused" by the proxy), NVLink ~149 GB/s: the
+    # busy links explain the idle tensor pipes.
+    from jobs.metrics.signals import DEFAULT_DISABLED
+    from jobs.simulate.exporter import collective_at_sm
+
+    res = simulate(SimSpec(gpus=16, gpu_model=H100, hosts=("c0", "c1"), duration_s=3600.0, seed=3,
+                           workload=collective_at_sm(2.0, 0.35), exporter=Exporter(scrape_s=15.0),
+                           disabled=DEFAULT_DISABLED))  # fmt: skip
+    found = warned(diagnose(input_from_sim(res)))
+    assert "communication_wait" in found and "tensor_cores_idle" not in found

@@ -22,6 +22,7 @@ kernels it did not profile (ncu samples the launches its filters select).
 from __future__ import annotations
 
 from jobs.diagnosis import artifacts as A
+from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import (
@@ -70,7 +71,12 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             working = (dram is not None and dram >= T.PROXY_DRAM_WORKING) or (
                 fp32 is not None and fp32 >= T.FP32_BUSY
             )
-            if saturated(f) and tensor < T.TENSOR_ACTIVE_VERY_LOW and working:
+            # Without SM_ACTIVE a busy GPU with idle tensor pipes may be waiting in a spinning collective
+            # (NCCL keeps a kernel resident): with collective-sized link traffic that is the reading
+            # (communication_wait), not kernels that miss the tensor cores.
+            lk = f.looks
+            in_collective = lk is not None and R.collective(lk)
+            if saturated(f) and tensor < T.TENSOR_ACTIVE_VERY_LOW and working and not in_collective:
                 base, severity = 0.6, Severity.WARNING
                 missing.append("sm_active")
         if base:
