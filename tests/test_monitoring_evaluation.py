@@ -117,6 +117,8 @@ def test_the_job_page_says_the_utilisation_came_from_the_uploaded_log(
     client.force_login(make_user("alice", teams=[job.team]))
     page = client.get(f"/jobs/{job.external_id}/").content.decode()
     assert "from the uploaded nvidia-smi log" in page
+    # The resolution stated is the log's 15 s sampling, not the 30 s scrape interval.
+    assert "sampled every 15 s" in page
 
 
 @pytest.mark.django_db

@@ -44,3 +44,5 @@ class EvaluationContext:
     signal_sources: dict[str, str] = field(default_factory=dict)
     #: What the page says about those sources (which log, which GPUs, a log not used and why).
     source_notes: tuple[str, ...] = ()
+    #: Signal key -> the sampling interval (s) of the log those values came from.
+    signal_intervals_s: dict[str, float] = field(default_factory=dict)

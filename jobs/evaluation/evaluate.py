@@ -153,6 +153,7 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         notes=notes,
         sharing=ctx.sharing,
         signal_sources=dict(ctx.signal_sources),
+        signal_intervals_s=dict(ctx.signal_intervals_s),
     )
     derived: dict[str, np.ndarray] = {}
     if ctx.tokens_per_second is not None:

@@ -432,4 +432,5 @@ def load_context(
         sharing=sharing_for(job, client, now, neighbours, cycle.mig if cycle is not None else None),
         signal_sources=logs.sources,
         source_notes=tuple(logs.notes),
+        signal_intervals_s=logs.intervals_s,
     )

@@ -33,6 +33,8 @@ class MonitoringMerge:
     notes: list[str] = field(default_factory=list)
     #: The sampling interval of the log the GPU utilisation came from (None: DCGM's, or no log).
     interval_s: float | None = None
+    #: Per signal key taken wholly from a log: that log's sampling interval.
+    intervals_s: dict[str, float] = field(default_factory=dict)
 
 
 def _job_gpu_ids(job: Job) -> list[str]:
@@ -90,13 +92,14 @@ def with_monitoring_logs(
         elif got.note:
             notes.append(f"the uploaded nvidia-smi log {art.original_name!r} was not used: {got.note}")
     merged, sources = merge(sigs, logs, start=start, end=end_unix, step=step, ts=ts)
-    interval = None
-    util_source = sources.get("gpu_util", "")
-    for text, got in logs:
-        if util_source == text:
-            interval = got.interval_s
+    intervals: dict[str, float] = {}
+    for key, source in sources.items():
+        for text, got in logs:
+            if source == text and got.interval_s is not None:
+                intervals[key] = got.interval_s
+    interval = intervals.get("gpu_util")
     if sources:
         keys = ", ".join(sorted(sources))
         texts = sorted(set(sources.values()))
         notes.insert(0, f"{keys}: " + "; ".join(texts) + " (DCGM wins where both have samples)")
-    return MonitoringMerge(merged, sources, notes, interval)
+    return MonitoringMerge(merged, sources, notes, interval, intervals)

@@ -101,6 +101,9 @@ class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
     #: Signal key -> where its values came from when not (only) DCGM, e.g. "from the uploaded nvidia-smi
     #: log 'gpu.csv' (2 GPU(s), 1 s samples)" (jobs.evaluation.monitoring_signals); empty = all DCGM.
     signal_sources: dict[str, str] = {}
+    #: Signal key -> the sampling interval (s) of the uploaded log its values came from (the resolution
+    #: the page states for them); empty = DCGM's.
+    signal_intervals_s: dict[str, float] = {}
 
 
 def encode(evaluation: Evaluation) -> dict[str, Any]:

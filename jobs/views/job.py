@@ -33,7 +33,7 @@ from jobs.downsample import MINMAX_RATIO
 from jobs.evaluation import baselines
 from jobs.evaluation.costs import format_usd
 from jobs.evaluation.load import reference_mfu
-from jobs.evaluation.schema import encode
+from jobs.evaluation.schema import Evaluation, encode
 from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.ingest import NO_GPUS_MATCHED
 from jobs.metrics.sampling import coverage_note
@@ -604,7 +604,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
         "promote_blockers": baselines.health_blockers(findings) if can_write else [],
         "readiness": _readiness(job),
-        "resolution": resolution(figures["archive_step_s"]),
+        "resolution": resolution(figures["archive_step_s"], job.evaluated),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
         "grafana_url": grafana_link(job),
     }
@@ -636,9 +636,13 @@ def grafana_link(job: Job) -> str:
     return f"{base.rstrip('/')}{GRAFANA_DASHBOARD_PATH}?{query}"
 
 
-def resolution(archive_step_s: float | None) -> Resolution:
+def resolution(archive_step_s: float | None, evaluated: Evaluation | None = None) -> Resolution:
     """The signals' effective resolution as the diagnosis uses it (jobs.diagnosis.regimes): the coarser of
-    the scrape interval (setting) and the archive's step."""
+    the scrape interval (setting) and the archive's step; when GPU utilisation came from an uploaded
+    nvidia-smi log (the evaluation's signal_intervals_s), that log's sampling interval."""
+    log_interval = evaluated.signal_intervals_s.get("gpu_util") if evaluated is not None else None
+    if log_interval:
+        return Resolution(float(log_interval), None)
     scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)
     return Resolution(max(scrape, archive_step_s or 0.0), None)
 
