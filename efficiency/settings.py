@@ -255,8 +255,11 @@ DEFAULT_PRICE_TIER = env_choice("DEFAULT_PRICE_TIER", "on_demand", PRICE_TIERS)
 # Job discovery from exporter labels (e.g. hpc_job, pod); empty turns it off. New jobs go to this team.
 DISCOVERY_LABEL = env_str("DISCOVERY_LABEL", "")
 DISCOVERY_TEAM = env_str("DISCOVERY_TEAM", "unassigned")
-# What discovered jobs are taken to be (training, fine_tuning, inference): serving clusters set inference.
-DISCOVERY_JOB_KIND = env_choice("DISCOVERY_JOB_KIND", "training", ("training", "fine_tuning", "inference"))
+# What discovered jobs are taken to be (training, fine_tuning, inference, unknown): serving clusters set
+# inference; unknown shows no kind-specific cause above info (jobs.diagnosis.kinds).
+DISCOVERY_JOB_KIND = env_choice(
+    "DISCOVERY_JOB_KIND", "training", ("training", "fine_tuning", "inference", "unknown")
+)
 # Bearer token Prometheus must send to scrape /metrics. Without one /metrics answers 403, unless
 # METRICS_PUBLIC=true opens it on purpose (the demo on loopback): job names and costs are not public data.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
