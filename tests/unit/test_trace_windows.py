@@ -189,6 +189,7 @@ def test_alexnet_sample_start_up_and_a_one_off_lazy_init_are_not_a_steady_state_
     sync = found["host_sync"]
     assert sync.severity is Severity.INFO
     assert sync.impact < 0.05
+    assert "not in a repeating pattern" in sync.title
 
 
 # ------------------------------------------------------------------ repetition across profiled steps
@@ -224,6 +225,7 @@ def test_host_sync_in_every_step_is_a_warning() -> None:
     assert ga["host_sync_steps"] == ga["steps"] == 4
     assert ga["host_sync_step_pcts"][0] == pytest.approx(30.0, abs=1.5)
     assert found["host_sync"].severity is Severity.WARNING
+    assert found["host_sync"].title.startswith("In the captured trace window the GPU idles")
 
 
 def _diagnose(analysis: dict[str, Any], dtype: str = "bf16") -> dict[str, Finding]:

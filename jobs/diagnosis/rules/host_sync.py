@@ -73,6 +73,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     severity = Severity.INFO
     impact = 0.0
     measured = False
+    repeating = False
     for r in A.trace_ranks(inp):
         if r.attributed() and isinstance(A.get(r.data, "host_blocking"), Mapping):
             hit = _attributed(r, evidence, kinds)
@@ -80,6 +81,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
                 continue
             measured = True
             _, warn, recurring = hit
+            repeating = repeating or repetition(r)[0]
             if warn:
                 severity = Severity.WARNING
             impact = max(impact, clamp01(recurring / 100.0))
@@ -109,6 +111,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     recommendation = " ".join([*advice, "torch.cuda.set_sync_debug_mode('warn') finds the calls."])
     title = (
         "In the captured trace window the GPU idles because the CPU blocks on it (host synchronisations)"
+        if measured and repeating
+        else "In the captured trace window the CPU blocked the GPU once, not in a repeating pattern "
+        "(a one-off host synchronisation)"
         if measured
         else "The CPU blocks on the GPU inside the step (host synchronisations)"
         if severity is Severity.WARNING
