@@ -17,7 +17,10 @@ time (a host/input wait), whatever the spread, and is not read as launch-bound. 
 unknown it is info.
 
 A trace confirms it: most kernels shorter than 10 us, the GPU waiting between kernels for the next launch,
-kernels shorter than their own CPU launch call (HTA's launch statistics).
+kernels shorter than their own CPU launch call (HTA's launch statistics). The trace's kernel-wait share is
+measured on the union of the rank's streams (an instant is idle when no stream runs). An `nsys stats`
+kernel summary has kernel durations and launch counts but no timeline: it shows tiny kernels, not the
+gaps between them, so from a summary alone the finding stays info.
 """
 
 from __future__ import annotations
