@@ -309,3 +309,14 @@ def test_the_admin_neither_adds_baselines_nor_edits_their_runs(admin_client, two
     t.b_baseline.refresh_from_db()
     assert t.b_baseline.team == t.b
     assert sorted(t.b_baseline.runs.values_list("external_id", flat=True)) == ["b1", "b2"]
+
+
+@pytest.mark.django_db
+def test_the_mfu_low_alert_band_comes_from_the_jobs_own_teams_baseline_only(two_teams):
+    """The alert rules' baseline band (jobs.alerts.incidents) read any team's baseline of the fingerprint."""
+    from jobs.alerts.incidents import _baseline_mfu_low
+
+    t = two_teams
+    a_running = _run(t.a, "a-live", 0.20, finished=False)
+    assert _baseline_mfu_low(a_running) is None  # B's baseline (median 0.51) is not A's
+    assert _baseline_mfu_low(_run(t.b, "b-live", 0.20, finished=False)) is not None

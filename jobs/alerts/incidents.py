@@ -166,9 +166,12 @@ def _baseline_mfu_low(job: Job) -> float | None:
     if not job.config_fingerprint:
         return None
     # Only the active baseline's stats: active_baseline's filter and order (jobs.evaluation.baselines)
-    # without its runs or a model row, one query after every poll.
+    # without its runs or a model row, one query after every poll. The job's own team's baseline only:
+    # another team's run of the same config never sets this team's alert band (issue 23 item 3).
     active = (
-        Baseline.objects.filter(fingerprint=job.config_fingerprint, retired_at__isnull=True)
+        Baseline.objects.filter(
+            team_id=job.team_id, fingerprint=job.config_fingerprint, retired_at__isnull=True
+        )
         .values_list("stats", flat=True)
         .first()
     )
