@@ -4,6 +4,7 @@ confirms it; a dstat log is matched by the host it names."""
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -35,7 +36,9 @@ STALL_TRACE = {
 
 
 @pytest.fixture
-def llm(make_team, make_user, api_client_for, media_root, celery_eager, catalog):
+def llm(
+    make_team: Any, make_user: Any, api_client_for: Any, media_root: Any, celery_eager: Any, catalog: Any
+) -> Any:
     team = make_team("llm")
     user = make_user("alice", teams=[team])
     client = api_client_for(user)
@@ -43,7 +46,7 @@ def llm(make_team, make_user, api_client_for, media_root, celery_eager, catalog)
     return client
 
 
-def _upload(client, name: str, data: bytes, kind: str) -> Artifact:
+def _upload(client: Any, name: str, data: bytes, kind: str) -> Artifact:
     response = client.post(
         "/api/v1/jobs/48213/artifacts/",
         {"file": SimpleUploadedFile(name, data), "kind": kind},
@@ -58,7 +61,9 @@ def _stall() -> Finding:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_unrelated_pyspy_profile_does_not_raise_the_jobs_confidence_until_confirmed(llm, monkeypatch):
+def test_an_unrelated_pyspy_profile_does_not_raise_the_jobs_confidence_until_confirmed(
+    llm: Any, monkeypatch: Any
+) -> None:
     real = artifacts.analyze_file
     # The trace's analysis is given; the py-spy profile goes through the real parser.
     monkeypatch.setattr(
@@ -88,7 +93,7 @@ def test_an_unrelated_pyspy_profile_does_not_raise_the_jobs_confidence_until_con
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_dstat_log_from_another_host_is_a_mismatch(llm):
+def test_a_dstat_log_from_another_host_is_a_mismatch(llm: Any) -> None:
     data = (Path(__file__).parent / "unit" / "data" / "dstat_0.7.3.csv").read_bytes()
     art = _upload(llm, "dstat.csv", data, "dstat_csv")
     host = art.analysis["host"]

@@ -12,7 +12,8 @@ sides are known:
 * **Capture time**: the capture window must overlap the job's window, with `CLOCK_SLACK_S` either side for
   clock skew between the node that captured and the scheduler that registered the job.
 * **Rank**: the upload's rank (or the ranks in the file) must be below the job's GPU count, and a world
-  size stated in the file must equal it (one process per GPU, the launchers' default).
+  size stated in the file must equal it (one process per GPU, the launchers' default). A rank typed at
+  upload can only show a mismatch: alone it does not make a file that states nothing `matches`.
 * **Host**: a host the file names (dstat's "Host:" line, capture key `hosts`) must be one of the job's
   hosts (its explicit GPU mapping), compared by short name ("node7.cluster" is "node7").
 
@@ -134,7 +135,8 @@ def check_run(
                 f"{_iso(job.start_unix)} – {_iso(job_end)}"
             )
 
-    ranks = ([rank] if rank is not None else []) + _ints(cap.get("ranks"))
+    file_ranks = _ints(cap.get("ranks"))
+    ranks = ([rank] if rank is not None else []) + file_ranks
     if ranks:
         checked.append("rank")
         outside = sorted({r for r in ranks if r < 0 or r >= job.gpu_count})
@@ -168,4 +170,7 @@ def check_run(
 
     if mismatches:
         return RunCheckResult("mismatch", mismatches, checked)
-    return RunCheckResult("matches" if checked else "unverifiable", [], checked)
+    # The rank typed at upload is the uploader's claim, not the file's: it can show a mismatch (rank 9 of 8
+    # GPUs) but not that the file belongs. A file that states nothing itself stays unverifiable.
+    from_file = bool(file_ranks) or any(c != "rank" for c in checked)
+    return RunCheckResult("matches" if from_file else "unverifiable", [], checked)

@@ -119,3 +119,14 @@ def test_hosts_are_compared_by_short_name() -> None:
     assert check({"hosts": ["gpu-node7.example.org"]}) == "matches"
     assert check({"hosts": ["gpu-node8"]}) == "mismatch"
     assert check({"hosts": [""]}) == "unverifiable"
+
+
+def test_a_rank_typed_at_upload_does_not_verify_a_file_that_states_nothing() -> None:
+    # py-spy uploaded as "rank 0": the claim fits the job, but nothing in the file shows it belongs.
+    capture = pyspy.analyze_pyspy(DATA / "pyspy_train_plain.txt")["capture"]
+    result = check_run(capture, JOB, rank=0, now_unix=1.7e9 + 7200, canonical_gpu=lambda n: None)
+    assert (result.status, result.checked) == ("unverifiable", ["rank"])
+    # The claim can still show a mismatch ...
+    assert check_run(capture, JOB, rank=9, now_unix=1.7e9, canonical_gpu=lambda n: None).status == "mismatch"
+    # ... and a rank the file states itself is evidence.
+    assert check({"ranks": [3]}) == "matches"
