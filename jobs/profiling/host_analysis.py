@@ -403,12 +403,22 @@ def _in_window(blocking: _Blocking, rank: RankTrace, window: iv.Intervals) -> _B
 
 
 def _per_step(idle_sync: iv.Intervals, steps: TbSteps) -> list[float]:
-    """Host-sync idle in each step, as % of that step."""
-    out: list[float] = []
-    for s, e in zip(steps.starts.tolist(), steps.ends.tolist(), strict=True):
-        if e > s:
-            out.append(round(100.0 * iv.total(iv.clip(idle_sync, s, e)) / (e - s), 4))
-    return out
+    """Host-sync idle in each step, as % of that step (steps of zero length are left out)."""
+    starts, ends = steps.starts, steps.ends
+    if starts.size == 0:
+        return []
+    edges = np.empty(2 * starts.size, dtype=np.int64)
+    edges[0::2], edges[1::2] = starts, ends
+    if np.any(np.diff(edges) < 0):  # overlapping steps: measure each on its own
+        covered = np.array(
+            [iv.total(iv.clip(idle_sync, int(a), int(b))) for a, b in zip(starts, ends, strict=True)]
+        )
+    else:
+        # One pass over the sorted step edges; every other bin is a step, the rest the gaps between.
+        covered = iv.overlap_with_bins(idle_sync, edges)[0::2]
+    lengths = ends - starts
+    keep = lengths > 0
+    return [round(100.0 * float(c) / float(n), 4) for c, n in zip(covered[keep], lengths[keep], strict=True)]
 
 
 def host_analysis(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, Any]:
