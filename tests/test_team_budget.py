@@ -246,3 +246,33 @@ def test_leaderboard_schema_documents_the_budget_fields(client, member):
     row = schema["components"]["schemas"]["LeaderboardRow"]
     assert {"monthly_budget_usd", "budget_used_share"} <= set(row["properties"])
     assert row["properties"]["budget_used_share"].get("nullable") is True
+
+
+def test_month_end_projection_adds_the_running_jobs_rate_for_the_days_left():
+    from jobs.outputs.budget import month_end_projection
+
+    # $300 spent by Nov 20 12:00; two running jobs at $480 and $240/day; 10.5 days left: 300 + 720 x 10.5.
+    p = month_end_projection(Amount(300.0), [480.0, 240.0], 10.5 * 86400, Decimal("5000"))
+    assert p is not None and p.usd == pytest.approx(7860.0) and not p.lower_bound
+    assert p.share == pytest.approx(7860.0 / 5000) and p.text == "$7,860"
+    # A running job without a price: its part is unknown, the projection a lower bound.
+    unknown = month_end_projection(Amount(300.0), [480.0, None], 86400, None)
+    assert unknown is not None and unknown.lower_bound and unknown.usd == pytest.approx(780.0)
+    assert unknown.share is None and unknown.text == "at least $780"
+    assert month_end_projection(Amount(None, reason="no price"), [480.0], 86400, Decimal("1")) is None
+
+
+@pytest.mark.django_db
+def test_team_page_projects_the_month_end_at_todays_rate(client, member, team, november_jobs):
+    """Issue 28 item 10: '148.4 % used' with no month-end projection."""
+    team.monthly_budget_usd = Decimal("1000.00")
+    team.save()
+    Job.objects.create(
+        team=team, external_id="live", started_at=_at(11, 19, 12), gpu_count=8, cost_per_day_usd=480.0,
+        status=Job.Status.RUNNING,
+    )  # fmt: skip
+    client.force_login(member)
+    text = _text(client.get(reverse("team-detail", args=[team.slug])))
+    # Spent: $300 (a, b) + the running job's 24 h so far at $480/day = $780; 10.5 days left at $480/day.
+    assert "Month end at today's rate: $5,820 (582 % of the budget)" in text
+    assert "the running jobs' $480/day for the 10.5 days left" in text

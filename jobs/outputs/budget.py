@@ -60,3 +60,46 @@ def budget_use(spent: Amount, budget_usd: Decimal | float | None) -> BudgetUse |
         share_is_lower_bound=spent.lower_bound,
         remaining_usd=budget - spent.usd,
     )
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Where the month ends if the jobs running now keep running at their cost/day until the month's end:
+    spend to date + their $/day x the days left. A lower bound when the spend to date is one or a running
+    job's cost/day is unknown (no price): the unknown part is not added."""
+
+    usd: float
+    lower_bound: bool
+    burn_usd_per_day: float
+    days_left: float
+    share: float | None  # of the budget, None without one (or a $0 budget)
+
+    @property
+    def text(self) -> str:
+        """'$12,345' or 'at least $12,345'."""
+        amount = f"${self.usd:,.0f}"
+        return f"at least {amount}" if self.lower_bound else amount
+
+
+def month_end_projection(
+    spent: Amount,
+    running_costs_per_day: list[float | None],
+    seconds_left: float,
+    budget_usd: Decimal | float | None,
+) -> Projection | None:
+    """The month-end spend at today's rate: `spent` (month to date) plus the running jobs' cost/day over the
+    `seconds_left` in the month. None when the spend to date is unknown."""
+    if spent.usd is None:
+        return None
+    known = [c for c in running_costs_per_day if c is not None]
+    burn = sum(known)
+    days = max(0.0, seconds_left) / 86400.0
+    usd = spent.usd + burn * days
+    budget = float(budget_usd) if budget_usd is not None else None
+    return Projection(
+        usd=usd,
+        lower_bound=spent.lower_bound or len(known) < len(running_costs_per_day),
+        burn_usd_per_day=burn,
+        days_left=days,
+        share=usd / budget if budget else None,
+    )

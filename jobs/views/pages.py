@@ -33,7 +33,7 @@ from jobs.health import run_checks
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, PromotionOverride, Team
 from jobs.models.jobs import FINDING_RANK_ORDER, REMAINDER_CODE
-from jobs.outputs.budget import budget_use
+from jobs.outputs.budget import budget_use, month_end_projection
 from jobs.outputs.leaderboard import (
     MAX_YEAR,
     MIN_YEAR,
@@ -384,6 +384,14 @@ def team_detail(request: HttpRequest, slug: str) -> HttpResponse:
         "month_row": month_row,
         # $ per calendar month against the month's spend as period_rows defines it (no job: $0 spent).
         "budget": budget_use(month_row.cost if month_row else Amount(0.0), team.monthly_budget_usd),
+        "projection": month_end_projection(
+            month_row.cost if month_row else Amount(0.0),
+            list(team.jobs.filter(status=Job.Status.RUNNING).values_list("cost_per_day_usd", flat=True)),
+            (this_month.end - timezone.now()).total_seconds(),
+            team.monthly_budget_usd,
+        )
+        if team.monthly_budget_usd is not None
+        else None,
         "members": team.memberships.select_related("user").order_by("user__username"),
         "period": period,
         "row": row,
