@@ -176,6 +176,11 @@ STALL_MIN_IDLE_SHARE = 0.05
 STALL_MAX_INTERVAL_CV = 0.5
 #: At least this many gaps.
 STALL_MIN_GAPS = 4
+#: Gap samples whose collect-interval averages (GR_ENGINE_ACTIVE, SM or tensor active) keep at least this
+#: share of their level in the other samples are point samples of a sub-second wait (a 1/6 s NVML window on
+#: short steps), not stalls a sample long: a real 15-30 s stall caught at a random point leaves ~half of
+#: the 30 s average, aliasing leaves all of it.
+STALL_ALIAS_AVG_RATIO = 0.8
 #: Traffic per GPU in idle-gap samples at or above this (and at least twice the busy samples'): the links
 #: move data while the GPUs read idle, a collective behind a host-side barrier rather than an input stall.
 NVLINK_TROUGH_MIN_BPS = 10e9

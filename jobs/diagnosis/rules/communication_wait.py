@@ -9,8 +9,9 @@ links still shows as the SM sawtooth. Cannot see: collectives shorter than a sam
 
 Metrics, unresolved regime (steps of 0.1-5 s): the four looks as levels. Heavy NVLink traffic (or NIC
 traffic over PCIe while GPU_UTIL reads ~100 %) with tensor active (or, without it, SM active) per unit of
-busy time below its healthy level points at exposed collectives, at a lower confidence, naming the resolution and the
-nsys capture (`-t nccl`) that confirms it. Cannot see: which collective, the overlap, a single slow rank.
+busy time below its healthy level points at exposed collectives, at a lower confidence, naming the
+resolution and the nsys capture (`-t nccl`) that confirms it. Cannot see: which collective, the overlap,
+a single slow rank.
 
 Samples (jobs.diagnosis.regimes): in a spinning collective GPU_UTIL reads ~100 % at a 1/6 s or 1 s window
 (an NCCL kernel is resident), SM_ACTIVE averages NCCL's channel level (~0.1-0.2) with the compute level

@@ -212,7 +212,7 @@ def _gaps(f: Features) -> tuple[list[D.Run], float, D.Periodicity | None, float 
     regular = (period is not None and period.swing >= T.SAWTOOTH_MIN_SWING) or (
         cv is not None and cv <= T.STALL_MAX_INTERVAL_CV
     )
-    if not regular:
+    if not regular or aliased(f, in_gaps):
         return None
     lk = f.looks
     if links_busy_in(f, in_gaps) or (lk is not None and lk.links_busy):
@@ -221,6 +221,33 @@ def _gaps(f: Features) -> tuple[list[D.Run], float, D.Periodicity | None, float 
         return None
     lost = float(np.nansum(np.clip(1.0 - util[in_gaps], 0.0, 1.0))) / max(int(known.sum()), 1)
     return rs, clamp01(lost), period, cv
+
+
+def aliased(f: Features, mask: np.ndarray) -> bool:
+    """The gap samples are GPU_UTIL point samples landing in a sub-second wait, not a stall a sample long.
+
+    GPU_UTIL covers NVML's last 1/6-1 s, the profiling fields (GR_ENGINE_ACTIVE, else SM or tensor active)
+    the whole collect interval (30 s by default) before the same collection. A real stall of a sample or
+    more empties most of that interval too (a 30 s wait caught at a random point of it leaves ~half the
+    average); with a 1/6 s window on 2 s steps waiting 2/3 of each, ~2/3 of the samples read 0 while the
+    average reads the step's duty in every sample. So when the averages in the gap samples keep at least
+    STALL_ALIAS_AVG_RATIO of their level elsewhere, the gaps are aliasing (the unresolved reading applies)."""
+    util = f.util
+    if util is None:
+        return False
+    for key in ("gr_engine_active", "sm_active", "tensor_active"):
+        series = f.mean(key)
+        if series is None:
+            continue
+        known = np.isfinite(series) & np.isfinite(util)
+        inside, outside = series[mask & known], series[~mask & known]
+        if inside.size < 3 or outside.size < 3:
+            continue
+        level = float(np.mean(outside))
+        if level <= 0:
+            continue
+        return float(np.mean(inside)) >= T.STALL_ALIAS_AVG_RATIO * level
+    return False
 
 
 def links_busy_in(f: Features, mask: np.ndarray) -> bool:
