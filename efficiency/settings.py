@@ -429,8 +429,13 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "efficiency API",
     "DESCRIPTION": "Register GPU training jobs, push progress, upload profiling artifacts, read MFU, "
     "cost and findings. Authenticate with `Authorization: Token <key>`.",
-    "VERSION": "1",
+    # Redoc prints the version in brackets after the title: "v1" reads as a version, "1" as a count.
+    "VERSION": "v1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "jobs.api.schema.add_summaries",
+    ],
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "REDOC_DIST": "SIDECAR",
     # Job and artifact both have a `kind` field with different choices: name their enums apart.

@@ -171,3 +171,20 @@ def test_readiness_covers_the_jobs_of_the_last_7_days(client, member, team):
     row = row[: row.index("</tr>")]
     assert "job-recent-1" in row and "job-old-1" not in row
     assert "1 job in the last 7 days (0 running)" in html
+
+
+@pytest.mark.django_db
+def test_api_docs_title_operations_in_words_and_link_back(client, member):
+    """Issue 28 item 10: "efficiency API (1)", operationIds as titles, no way back to the site."""
+    from jobs.api.schema import summary_of
+
+    client.force_login(member)
+    html = client.get(reverse("api-docs")).content.decode()
+    assert 'href="/"' in html and "← efficiency" in html
+    schema = client.get(reverse("api-schema"), HTTP_ACCEPT="application/json").json()
+    assert schema["info"]["version"] == "v1"
+    operations = [op for methods in schema["paths"].values() for op in methods.values() if isinstance(op, dict)]
+    assert operations and all(op.get("summary") for op in operations)
+    assert not any(op["summary"] == op.get("operationId") for op in operations)
+    assert summary_of("jobs_artifacts_create", "") == "Create jobs artifacts"
+    assert summary_of("x_list", "Register or update a job.\n\nMore text.") == "Register or update a job"
