@@ -183,7 +183,7 @@ def test_api_docs_title_operations_in_words_and_link_back(client, member):
     assert 'href="/"' in html and "← efficiency" in html
     schema = client.get(reverse("api-schema"), HTTP_ACCEPT="application/json").json()
     assert schema["info"]["version"] == "v1"
-    operations = [op for methods in schema["paths"].values() for op in methods.values() if isinstance(op, dict)]
+    operations = [op for ops in schema["paths"].values() for op in ops.values() if isinstance(op, dict)]
     assert operations and all(op.get("summary") for op in operations)
     assert not any(op["summary"] == op.get("operationId") for op in operations)
     assert summary_of("jobs_artifacts_create", "") == "Create jobs artifacts"
