@@ -150,6 +150,12 @@ def test_one_shared_time_axis_with_unified_hover_and_units():
     assert any("target 45%" in t for t in texts)
     assert any("max boost 1,980 MHz (throttling reference)" in t for t in texts)
     assert any("peak's clock 1,830 MHz (MFU cross-check)" in t for t in texts)
+    # The two clock lines are 150 MHz apart: their labels sit on opposite sides and sides of their lines
+    # (they overprinted: issue 28 item 10).
+    boost = next(a for a in layout["annotations"] if a["text"].startswith("max boost"))
+    peak = next(a for a in layout["annotations"] if a["text"].startswith("peak's clock"))
+    assert (boost["xanchor"], boost["yanchor"]) == ("right", "bottom")
+    assert (peak["xanchor"], peak["yanchor"]) == ("left", "top")
     json.dumps(fig)  # plain JSON types only
 
 

@@ -270,14 +270,20 @@ def finding_shapes(
     return shapes, labels
 
 
-def _hline(axis: int, value: float, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _hline(
+    axis: int, value: float, text: str, *, under: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A dashed reference line and its label: above the line at the right, or (`under`: a second, lower line
+    on the same chart, e.g. the peak's clock under the max boost clock) below it at the left, so two close
+    lines' labels never overprint."""
     shape = {
         "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": f"y{axis}", "y0": value, "y1": value,
         "line": {"color": GREY, "width": 1, "dash": "dash"}, "layer": "below",
     }  # fmt: skip
     label = {
-        "xref": "paper", "x": 1, "xanchor": "right", "yref": f"y{axis}", "y": value, "yanchor": "bottom",
-        "text": text, "showarrow": False, "font": {"color": GREY, "size": 11},
+        "xref": "paper", "x": 0 if under else 1, "xanchor": "left" if under else "right", "yref": f"y{axis}",
+        "y": value, "yanchor": "top" if under else "bottom", "text": text, "showarrow": False,
+        "font": {"color": GREY, "size": 11},
     }  # fmt: skip
     return shape, label
 
@@ -441,7 +447,9 @@ def _reference_lines(
     if target_mfu:
         refs.append((_row_index("MFU"), target_mfu * 100, f"target {target_mfu:.0%}"))
     for axis, value, text in refs:
-        shape, label = _hline(axis, value, text)
+        # A lower line on an axis that has a higher one gets its label under it (no overprint).
+        under = any(a == axis and v > value for a, v, _ in refs)
+        shape, label = _hline(axis, value, text, under=under)
         layout["shapes"].append(shape)
         layout["annotations"].append(label)
         # Keep the reference line inside the visible range.
