@@ -73,11 +73,19 @@ def test_admin_creates_a_token_and_shows_the_key_once(client, make_user):
     admin.is_superuser = True
     admin.save()
     client.force_login(admin)
-    response = client.post("/admin/jobs/apitoken/add/", {"user": admin.pk, "name": "slurm"}, follow=True)
+    response = client.post(
+        "/admin/jobs/apitoken/add/", {"user": admin.pk, "name": "slurm", "kind": "user"}, follow=True
+    )
     assert response.status_code == 200
     token = ApiToken.objects.get()
     shown = [str(m) for m in response.context["messages"]]
     assert any(token.prefix in m and "not be shown again" in m for m in shown)
+    # A scheduler credential needs its cluster (the model's check constraint, validated by the form).
+    form = {"user": admin.pk, "name": "prolog", "kind": "scheduler", "cluster": ""}
+    assert client.post("/admin/jobs/apitoken/add/", form).status_code == 200  # the form again, with the error
+    assert ApiToken.objects.count() == 1
+    client.post("/admin/jobs/apitoken/add/", {**form, "cluster": "slurm-a"})
+    assert ApiToken.objects.filter(kind="scheduler", cluster="slurm-a").count() == 1
 
 
 @pytest.mark.django_db
