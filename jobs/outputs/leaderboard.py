@@ -3,14 +3,17 @@
 The one aggregation every channel reads (leaderboard page, team page, weekly email, API). Its rules:
 
 * a job counts in a period with the part of its window inside it (a running job runs until now), so a job
-  that spans two weeks is split between them; GPU hours = hours inside × GPUs;
+  that spans two weeks is split between them; GPU hours = hours inside × the GPU-equivalents its stored
+  evaluation charged it for (GPUs × its share on time-sliced or MIG GPUs; the GPU count when they were its
+  own), as its cost and GPU-hours are: never the raw GPU count of a shared job;
 * cost and waste = the job's $/day ÷ 24 × hours inside. Unknown is never 0: a job without a price adds no
   cost and is counted in `jobs_cost_unknown`; a job whose waste is unknown (no MFU) adds its stated lower
   bound (the idle waste) and is counted in `jobs_waste_unknown`, so the team's waste is "at least" a sum;
 * jobs whose GPU utilisation samples cover less than 90 % of their window (or unknown) are counted in
   `jobs_low_coverage`: their idle share and means rest on part of the window;
 * MFU is weighted by GPU hours (never an average of job ratios) over the jobs that have one, all computed
-  with the organisation's one FLOPs convention; jobs that had to fall back to 6N are counted.
+  with the organisation's one FLOPs convention (a job's MFU is against its peak-equivalents, so that is its
+  weight); jobs that had to fall back to 6N are counted.
 
 All periods (a week, the one before, eight weeks of trend) are done in one SQL pass: each separate
 aggregation scans the overlapping jobs again, which matters at 100k jobs. Each job is joined only with the
@@ -26,7 +29,8 @@ from datetime import UTC, date, datetime, time, timedelta
 
 from django.db import connection
 from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q, QuerySet, Value
-from django.db.models.functions import Coalesce, Extract, Greatest, Least
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
+from django.db.models.functions import Cast, Coalesce, Extract, Greatest, Least
 from django.utils import timezone
 
 from jobs.evaluation.costs import Amount
@@ -167,8 +171,11 @@ class TeamRow:
 
 _SQL = """
 WITH j AS (
-    SELECT team_id, mfu, mfu_fallback, util_coverage, gpu_count, cost_per_day_usd, waste_per_day_usd,
-           waste_lower_bound_per_day_usd, started_at, COALESCE(ended_at, %(now)s) AS stop
+    SELECT team_id, mfu, mfu_fallback, util_coverage, cost_per_day_usd, waste_per_day_usd,
+           waste_lower_bound_per_day_usd, started_at, COALESCE(ended_at, %(now)s) AS stop,
+           COALESCE((evaluation->'sharing'->>'gpu_equivalents')::float8, gpu_count) AS gpu_count,
+           COALESCE((evaluation->'sharing'->>'peak_equivalents')::float8,
+                    (evaluation->'sharing'->>'gpu_equivalents')::float8, gpu_count) AS peak_count
     FROM {jobs}
     WHERE started_at < %(last)s AND started_at < %(now)s AND (ended_at IS NULL OR ended_at > %(first)s)
 ),
@@ -183,8 +190,8 @@ SELECT o.team_id, t.slug, t.name, o.i, COUNT(*),
        SUM(o.cost_per_day_usd / 24.0 * o.h) FILTER (WHERE o.cost_per_day_usd IS NOT NULL),
        SUM(COALESCE(o.waste_per_day_usd, o.waste_lower_bound_per_day_usd) / 24.0 * o.h)
            FILTER (WHERE COALESCE(o.waste_per_day_usd, o.waste_lower_bound_per_day_usd) IS NOT NULL),
-       SUM(o.mfu * o.gpu_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
-       SUM(o.gpu_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
+       SUM(o.mfu * o.peak_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
+       SUM(o.peak_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
        COUNT(*) FILTER (WHERE o.cost_per_day_usd IS NULL),
        COUNT(*) FILTER (WHERE o.waste_per_day_usd IS NULL),
        COUNT(*) FILTER (WHERE o.mfu IS NULL),
@@ -263,6 +270,13 @@ def mfu_trend(rows: list[dict[int, TeamRow]], team_id: int) -> list[float | None
     return [(r[team_id].weighted_mfu if team_id in r else None) for r in rows]
 
 
+def gpu_equivalents() -> Coalesce:
+    """A job's GPU-equivalents as its stored evaluation charged them (Evaluation.sharing.gpu_equivalents),
+    else its GPU count: the GPUs were its own."""
+    shared = KeyTextTransform("gpu_equivalents", KeyTransform("sharing", "evaluation"))
+    return Coalesce(Cast(shared, FloatField()), Cast(F("gpu_count"), FloatField()), output_field=FloatField())
+
+
 def _overlap_jobs(period: Period, now: datetime | None = None) -> QuerySet[Job]:
     now = now or timezone.now()
     end = Least(Coalesce(F("ended_at"), Value(now)), Value(period.end))
@@ -274,7 +288,7 @@ def _overlap_jobs(period: Period, now: datetime | None = None) -> QuerySet[Job]:
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=period.start))
         .filter(started_at__lt=now)
         .annotate(overlap_h=hours)
-        .annotate(gpu_h=ExpressionWrapper(F("overlap_h") * F("gpu_count"), output_field=FloatField()))
+        .annotate(gpu_h=ExpressionWrapper(F("overlap_h") * gpu_equivalents(), output_field=FloatField()))
     )
 
 
