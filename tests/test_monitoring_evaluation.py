@@ -119,6 +119,9 @@ def test_the_job_page_says_the_utilisation_came_from_the_uploaded_log(
     assert "from the uploaded nvidia-smi log" in page
     # The resolution stated is the log's 15 s sampling, not the 30 s scrape interval.
     assert "sampled every 15 s" in page
+    # The artifact's facts: how rows became GPUs, and the zone its local timestamps were read in.
+    assert "GPUs told apart by" in page and "sweeps by time gaps" in page
+    assert "Timestamps read in" in page and "read as UTC (assumed)" in page
 
 
 @pytest.mark.django_db

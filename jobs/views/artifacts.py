@@ -198,15 +198,29 @@ def _nsys_stats(view: ArtifactView, a: Mapping[str, Any]) -> None:
 
 
 def _monitoring(view: ArtifactView, a: Mapping[str, Any]) -> None:
+    nested = a.get("summary")
+    summary: Mapping[str, Any] = nested if isinstance(nested, Mapping) else a  # dstat nests its summary
     _fact(view, "Duration", a.get("duration_s"), "s", digits=0)
     _fact(view, "GPUs", a.get("gpu_count"), "", digits=0)
+    assignment = a.get("gpu_assignment")
+    if isinstance(assignment, Mapping) and assignment.get("method"):
+        view.facts.append(("GPUs told apart by", str(assignment["method"])[:200],
+                           "how each row was assigned to its GPU (jobs.profiling.nvidia_smi)"))  # fmt: skip
     _fact(view, "Mean nvidia-smi util", a.get("mean_utilization_gpu_pct"), "%")
-    _fact(view, "Idle share", a.get("idle_share_pct"), "%", "samples below the idle threshold")
+    _fact(view, "Idle share", a.get("idle_share_pct"), "%", "samples at or below the idle threshold")
     _fact(view, "Mean power", a.get("mean_power_draw_w"), "W", digits=0)
     _fact(view, "Max GPU temperature", a.get("max_temperature_gpu_c"), "°C", digits=0)
-    _fact(view, "CPU iowait (mean)", a.get("cpu_wait_mean_pct"), "%", "dstat: CPU waiting for I/O")
-    _fact(view, "CPU idle (mean)", a.get("cpu_idle_mean_pct"), "%")
-    _fact(view, "Disk read (mean)", a.get("disk_read_mean_bytes_per_s"), "B/s", digits=0)
+    _fact(view, "CPU iowait (mean)", summary.get("cpu_wait_mean_pct"), "%", "dstat: CPU waiting for I/O")
+    _fact(view, "CPU idle (mean)", summary.get("cpu_idle_mean_pct"), "%")
+    _fact(view, "Disk read (mean)", summary.get("disk_read_mean_bytes_per_s"), "B/s", digits=0)
+    zone = a.get("time_zone")
+    if isinstance(zone, Mapping) and zone.get("local_timestamps"):
+        view.facts.append(("Timestamps read in", str(zone.get("zone"))[:64], str(zone.get("source"))[:300]))
+        if zone.get("assumed"):
+            view.warnings.append(
+                f"The log's local timestamps were read as {zone.get('zone')} (assumed): upload it again with "
+                "its host's time zone if that was not UTC, or it may be placed at the wrong time."
+            )
 
 
 _BY_KIND: dict[str, Callable[[ArtifactView, Mapping[str, Any]], None]] = {
