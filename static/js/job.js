@@ -329,6 +329,7 @@
   function parseTime(text) {
     if (!text) { return null; }
     if (/^\d+(\.\d+)?$/.test(text)) { return Number(text) * 1000; }  // Unix seconds
+    text = text.trim().replace(" ", "T");
     var t = Date.parse(/Z|[+-]\d\d:?\d\d$/.test(text) ? text : text + "Z");  // no zone: UTC
     return isNaN(t) ? null : t;
   }
@@ -361,8 +362,9 @@
   function fillCustom(range) {
     var from = document.getElementById("range-from"), to = document.getElementById("range-to");
     if (!from || !to) { return; }
-    from.value = range ? iso(range[0]).slice(0, 19) : "";
-    to.value = range ? iso(range[1]).slice(0, 19) : "";
+    // 24-hour ISO in UTC, as the label says (a datetime-local input showed the browser's "12:08:00 AM").
+    from.value = range ? iso(range[0]).slice(0, 19).replace("T", " ") : "";
+    to.value = range ? iso(range[1]).slice(0, 19).replace("T", " ") : "";
   }
 
   function rangeFromUrl() {

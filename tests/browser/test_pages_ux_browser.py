@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -82,7 +83,8 @@ def test_time_range_lives_in_the_url_and_zoom_keeps_the_bands(watched, live_serv
     assert x_range(page, "timeseries") == pytest.approx(zoomed, abs=2000)
     assert _query(page) == q
     assert _bands(page) >= 1
-    assert page.locator("#range-from").input_value() != ""
+    # 24-hour UTC as its label says, never the browser's "12:08:00 AM" (issue 28 item 10).
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}", page.locator("#range-from").input_value())
 
     # A finding's window: ?finding=CODE, and a reload opens on it.
     page.locator("#finding-throttling button.zoom").click()
