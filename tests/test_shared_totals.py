@@ -3,14 +3,15 @@ GPU-equivalents), on the leaderboard as on the job list. Expected values derived
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from jobs.evaluation.schema import Evaluation, GpuSharing, encode
-from jobs.models import Job
-from jobs.outputs.leaderboard import iso_week, team_rows, worst_jobs
+from jobs.models import Job, Team
+from jobs.outputs.leaderboard import Period, iso_week, team_rows, worst_jobs
 from jobs.templatetags.units import job_waste_total
 
 # One day on 8 time-sliced GPUs at a 0.5 share: 4 GPU-equivalents. Cost $6.88/GPU-h x 4 x 24 h = $660.48/day,
@@ -19,12 +20,12 @@ SHARING = GpuSharing(share=0.5, gpu_equivalents=4.0, peak_equivalents=4.0, label
 
 
 @pytest.fixture
-def week():
+def week() -> Period:
     return iso_week(timezone.now().date() - timedelta(days=14))
 
 
 @pytest.fixture
-def shared_job(db, make_team, week):
+def shared_job(db: None, make_team: Callable[..., Team], week: Period) -> tuple[Team, Job]:
     team = make_team("serve", "Serving")
     start = week.start + timedelta(days=1)
     evaluation = Evaluation(duration_s=86_400.0, gpu_hours=96.0, sharing=SHARING)
@@ -37,12 +38,14 @@ def shared_job(db, make_team, week):
     return team, job
 
 
-def test_the_job_total_is_a_days_waste(shared_job):
+def test_the_job_total_is_a_days_waste(shared_job: tuple[Team, Job]) -> None:
     _, job = shared_job
     assert job_waste_total(Job.objects.get(pk=job.pk)).usd == pytest.approx(182.94)
 
 
-def test_the_leaderboard_counts_gpu_equivalents_not_the_gpu_count(shared_job, week):
+def test_the_leaderboard_counts_gpu_equivalents_not_the_gpu_count(
+    shared_job: tuple[Team, Job], week: Period
+) -> None:
     team, _ = shared_job
     row = next(r for r in team_rows(week) if r.team_id == team.pk)
     assert row.gpu_hours == pytest.approx(96.0)
