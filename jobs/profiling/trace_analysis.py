@@ -461,7 +461,41 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
         "step_times": step_times(trace, rank),
     }
     out.update(tb_metrics.tb_metrics(trace, rank))
-    out.update(host_analysis.host_analysis(trace, rank, tb_metrics.tb_steps(trace, rank)))
+    steps = tb_metrics.tb_steps(trace, rank)
+    out["step_breakdown"] = steady_step_breakdown(trace, rank, steps, out["step_breakdown"])
+    out.update(host_analysis.host_analysis(trace, rank, steps))
+    return out
+
+
+def steady_step_breakdown(
+    trace: Trace, rank: RankTrace, steps: tb_metrics.TbSteps, plugin: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``step_breakdown`` section over the window the rest of the analysis measures (issue #24).
+
+    With ``ProfilerStep#N`` ranges that is the plugin's own breakdown (`plugin`, returned with its basis
+    stated). Without them the TensorBoard plugin's single "step" is the host's traced extent, start-up
+    included: lazy CUDA/cuBLAS init (``cudaFree``/``cudaMalloc`` inside the first operator), compile and
+    warm-up before the first kernel then count as runtime or CPU time of the step, and rules reading the
+    DataLoader or communication share of the step (data_pipeline_stall, communication_wait) read a share
+    diluted or inflated by that start-up. Here the step is `host_analysis.steady_steps`: the first kernel
+    to the last GPU activity. The plugin's host-extent shares stay under ``host_extent`` for parity with
+    TensorBoard.
+    """
+    steady = host_analysis.steady_steps(rank, steps)
+    window = steady.window
+    if steady is steps:
+        return {**plugin, "basis": steps.source, "window_ms": ms(window[1] - window[0]) if window else None}
+    out = tb_metrics.step_breakdown(trace, rank, steady)
+    out["basis"] = steady.source
+    out["window_ms"] = ms(window[1] - window[0]) if window else None
+    out["note"] = (
+        "no ProfilerStep: one step, the GPU's steady state from the first kernel to the last GPU activity; "
+        "the TensorBoard plugin's host-extent step (start-up included) is under host_extent"
+    )
+    out["host_extent"] = {
+        "basis": steps.source,
+        **{k: v for k, v in plugin.items() if k == "step_ms_mean" or k.endswith("_pct")},
+    }
     return out
 
 

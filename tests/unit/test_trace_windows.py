@@ -88,8 +88,10 @@ def test_without_profiler_steps_gpu_idle_is_a_share_of_the_gpu_span_not_the_host
     assert ga["window_ms"] == pytest.approx(900.0)
     assert ga["idle_pct"] == pytest.approx(63.2)  # was 81.5 on the host span
     assert ga["host_sync_pct"] == 0.0
-    # The TensorBoard plugin's own step (kept for parity with it) is still the host extent.
+    # The step breakdown measures the same steady state; the plugin's host-extent step is kept beside it.
     assert rank["step_breakdown"]["steps"] == 1
+    assert rank["step_breakdown"]["window_ms"] == pytest.approx(900.0)
+    assert rank["step_breakdown"]["host_extent"]["step_ms_mean"] == pytest.approx(1790.3)
 
 
 def test_lazy_init_before_the_first_kernel_is_start_up_not_a_host_sync_finding() -> None:
