@@ -34,6 +34,23 @@ if not DEBUG and SECRET_KEY == _DEV_SECRET:
     from efficiency.env import EnvError
 
     raise EnvError("SECRET_KEY must be set to a private value when DEBUG is false")
+# Earlier SECRET_KEYs, still accepted for signatures and for opening sealed alert secrets while rotating.
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", [])
+# Fernet keys for webhook URLs and secrets at rest (jobs.alerts.secrets): the first seals, all open. Empty:
+# keys derived from SECRET_KEY and SECRET_KEY_FALLBACKS.
+ALERT_SECRET_KEYS = env_list("ALERT_SECRET_KEYS", [])
+for _key in ALERT_SECRET_KEYS:
+    try:
+        from cryptography.fernet import Fernet
+
+        Fernet(_key.encode())
+    except ValueError:
+        from efficiency.env import EnvError
+
+        raise EnvError(
+            "ALERT_SECRET_KEYS: an entry is not a Fernet key (32 url-safe base64 bytes; make one with "
+            'python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())")'
+        ) from None
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 SITE_URL = env_url("SITE_URL", "http://127.0.0.1:8000", schemes=("http", "https"))
