@@ -112,3 +112,23 @@ def test_the_idle_alert_needs_the_threshold_gpus_idle_together() -> None:
 def test_per_gpu_rows_must_share_a_grid() -> None:
     with pytest.raises(ValueError, match="not on GPU_UTIL's grid"):
         PerGpu(TS, STEP, np.zeros((8, N)), None, np.zeros((7, N)))
+
+
+def _aggregate_input(util: np.ndarray, clock: np.ndarray) -> DiagnosisInput:
+    """Cross-GPU statistics only (no per-GPU rows), as a job whose per-GPU series are not archived."""
+    sigs = JobSignals(float(TS[0]), float(TS[-1]), STEP, TS)
+    for key, unit, values in (("gpu_util", "ratio", util), ("sm_clock", "MHz", clock)):
+        stats = {MEAN: values.mean(axis=0), MIN: values.min(axis=0), MAX: values.max(axis=0)}
+        sigs.signals[key] = SignalSeries(key, unit, TS, stats)
+    return DiagnosisInput(signals=sigs, gpu_count=8, max_clock_mhz=BOOST)
+
+
+def test_the_throttling_finding_without_per_gpu_rows_ignores_parked_idle_clocks() -> None:
+    util, clock = _job(BOOST)
+    util[6:], clock[6:] = 0.0, IDLE_CLOCK  # GPUs 6 and 7 idle the whole hour: mean clock 1,537.5 MHz
+    inp = _aggregate_input(util, clock)
+    assert RULES["throttling"](inp, Features(inp)) is None
+    # Every GPU busy at 1,300 MHz (65.7 % of boost): throttled.
+    busy = _aggregate_input(np.full((8, N), 0.98), np.full((8, N), 1300.0))
+    found = RULES["throttling"](busy, Features(busy))
+    assert found is not None and {e.label: e.value for e in found.evidence}["clock / max boost"] == 65.7

@@ -10,12 +10,16 @@ straggler (its own rule), not a job-wide throttle.
 
 Resolution: clocks, reasons and violation counters are levels and rates over the job, valid in both
 regimes; throttling bursts shorter than a sample are averaged (violation counters still count them).
+Samples: DCGM_FI_DEV_SM_CLOCK is the clock when the exporter collects (a point value); only busy GPUs are
+judged (per GPU over its busy samples; without per-GPU rows, the mean only where every GPU is busy), since
+an idle GPU parks its clock far below boost.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from jobs.diagnosis import detectors as D
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
@@ -45,7 +49,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         throttled_share = float((ratios < T.CLOCK_RATIO_LOW).mean())
         ratio = float(np.median(ratios))
     else:
-        level = f.level("sm_clock")
+        # Without per-GPU rows the cross-GPU mean clock is the busy GPUs' only where every GPU is busy
+        # (the least busy GPU's utilisation at least BUSY_UTIL_MIN): an idle GPU parks its clock (~200-400
+        # MHz on an H100) and drags the mean of a job with idle GPUs below the throttle line.
+        level = _all_busy_clock(f)
         if level is None:
             return None
         ratio = level / boost
@@ -86,6 +93,17 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         missing_signals=missing,
         sources=["metrics"],
     )
+
+
+def _all_busy_clock(f: Features) -> float | None:
+    """Median of the cross-GPU mean SM clock over the samples in which every GPU is busy (None: none)."""
+    clock = f.mean("sm_clock")
+    low = f.stat(f.util_key, "min") if f.util_key else None
+    if clock is None:
+        return None
+    if low is None:
+        return f.level("sm_clock")  # no utilisation spread to tell: the busy samples of the job's mean
+    return D.nanquantile(clock[np.nan_to_num(low) >= T.BUSY_UTIL_MIN], 0.5)
 
 
 _REPORTED = "reported by the GPUs, DCGM_FI_DEV_MAX_SM_CLOCK"
