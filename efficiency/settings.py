@@ -23,6 +23,8 @@ from efficiency.env import (
     env_url,
     parse_database_url,
 )
+from efficiency.queues import QueueName
+from efficiency.queues import routes as queue_routes
 from efficiency.sso_config import load_sso_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -380,23 +382,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 # Named queues (README "Workers and queues"); a worker started without -Q consumes all of them. Each kind
 # of work has its own so that a 15-minute parse or a slow webhook never delays the one-minute polls.
-CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_QUEUES = tuple(Queue(name) for name in ("celery", "poll", "parse", "notify", "reports"))
-# Any task not listed here (a new one) goes to the default queue.
-CELERY_TASK_ROUTES = {
-    "jobs.tasks.poll_running_jobs": {"queue": "poll"},
-    "jobs.tasks.poll_job": {"queue": "poll"},
-    "jobs.tasks.finalize_ended_jobs": {"queue": "poll"},
-    "jobs.tasks.finalize_job": {"queue": "poll"},
-    "jobs.tasks.discover_jobs": {"queue": "poll"},
-    "jobs.tasks.reevaluate_jobs": {"queue": "poll"},
-    "jobs.tasks.parse_artifact": {"queue": "parse"},
-    "jobs.tasks.sweep_stuck_artifacts": {"queue": "parse"},
-    "jobs.tasks.deliver_alert": {"queue": "notify"},
-    "jobs.tasks.sweep_alerts": {"queue": "notify"},
-    "jobs.tasks.apply_idle_policy": {"queue": "notify"},
-    "jobs.tasks.send_weekly_reports": {"queue": "reports"},
-}
+CELERY_TASK_DEFAULT_QUEUE = str(QueueName.DEFAULT)
+CELERY_TASK_QUEUES = tuple(Queue(str(name)) for name in QueueName)
+# From efficiency.queues.TASK_QUEUES; any task not listed there (a new one) goes to the default queue.
+CELERY_TASK_ROUTES = queue_routes()
 # Beat keeps its schedule in Redis and holds a Redis lock (celery-redbeat), so a second beat started by
 # mistake (or as a standby) waits instead of sending every periodic task twice. The lock expires
 # REDBEAT_LOCK_TIMEOUT_S after the holder stops renewing it (it renews every tick, at most 5 s apart).

@@ -121,18 +121,16 @@ def sweep_alerts() -> int:
     return seen
 
 
-@shared_task(
-    acks_late=True,
-    ignore_result=True,
-    bind=True,
-    queue="notify",
-    max_retries=settings.ALERT_DELIVERY_MAX_ATTEMPTS,
-)
+@shared_task(acks_late=True, ignore_result=True, bind=True)
 def deliver_alert(self: Task, delivery_id: int) -> str:
-    """Send one incident message once (claimed first); transient failures retry with exponential backoff."""
+    """Send one incident message once (claimed first); transient failures retry with exponential backoff,
+    at most ALERT_DELIVERY_MAX_ATTEMPTS times (read when retrying, not at import)."""
     outcome = notify.send_delivery(delivery_id)
     if outcome is notify.Outcome.RETRY:
-        raise self.retry(countdown=notify.backoff_s(notify.attempts_of(delivery_id)))
+        raise self.retry(
+            countdown=notify.backoff_s(notify.attempts_of(delivery_id)),
+            max_retries=settings.ALERT_DELIVERY_MAX_ATTEMPTS,
+        )
     return str(outcome)
 
 

@@ -17,6 +17,8 @@ from django.conf import settings
 from efficiency.celery import app
 from efficiency.schedule import beat_schedule
 
+# Written out here on purpose (not read from efficiency.queues): a task moved to another queue must be a
+# deliberate change of this test too.
 EXPECTED_QUEUES = {
     "jobs.tasks.poll_running_jobs": "poll",
     "jobs.tasks.poll_job": "poll",
@@ -31,6 +33,15 @@ EXPECTED_QUEUES = {
     "jobs.tasks.apply_idle_policy": "notify",
     "jobs.tasks.send_weekly_reports": "reports",
 }
+
+
+def test_no_task_names_its_queue_outside_efficiency_queues():
+    """One definition of the routes: no `queue=` on a task decorator, no queue string in the settings."""
+    from tests.conftest import REPO_ROOT
+
+    tasks = (REPO_ROOT / "jobs" / "tasks.py").read_text()
+    assert "queue=" not in tasks
+    assert '"queue":' not in (REPO_ROOT / "efficiency" / "settings.py").read_text()
 
 
 def _routed_queue(task_name: str) -> str:
