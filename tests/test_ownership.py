@@ -251,6 +251,10 @@ def test_gpu_sharing_is_attributed_only_on_a_gpu_the_platform_declares_shared(wo
     settings.TIME_SLICED_GPUS = ["gpu-node-017/0"]
     report = sharing.shared_gpus(victim, None, now)
     assert [s.other_job for s in report.shared] == ["70001"] and report.share == pytest.approx(0.5)
+    # Charged half, but the other team's job is not named on the page or in the finding (read policy).
+    summary = sharing.summarise(report, 1, None)
+    assert summary is not None and "70001" not in summary.label and "1 job of other teams" in summary.label
+    assert [s.shown for s in summary.shared] == ["another team's job"]
 
 
 def test_time_slicing_declarations_match_host_index_or_uuid_globs():

@@ -167,6 +167,7 @@ class SharedGpu:
     start: datetime
     end: datetime
     mig: bool
+    other_team: bool = False
 
 
 @dataclass
@@ -622,6 +623,7 @@ def shared_gpus(
                     datetime.fromtimestamp(lo, tz=now.tzinfo),
                     datetime.fromtimestamp(hi, tz=now.tzinfo),
                     gpu in other_mig or gpu in own_mig,
+                    other.team_id != job.team_id,
                 )
             )
     attribution = attribute(usages)
@@ -663,8 +665,11 @@ def summarise(report: SharingReport, gpu_count: int, spec: GpuSpec | None) -> Gp
     if kinds:
         label += ", MIG " + ", ".join(kinds)
     if report.shared and any(not s.mig for s in report.shared):
-        others = sorted({s.other_job for s in report.shared if not s.mig})
-        label += ", time-sliced with " + ", ".join(others[:5])
+        # Another team's jobs are not named (read policy): counted instead.
+        others = sorted({s.other_job for s in report.shared if not s.mig and not s.other_team})
+        theirs = len({s.other_job for s in report.shared if not s.mig and s.other_team})
+        named = others[:5] + ([f"{theirs} job{'s' if theirs != 1 else ''} of other teams"] if theirs else [])
+        label += ", time-sliced with " + ", ".join(named)
     return GpuSharing(
         share=report.share,
         gpu_equivalents=gpu_eq,
@@ -673,7 +678,12 @@ def summarise(report: SharingReport, gpu_count: int, spec: GpuSpec | None) -> Gp
         mig={gpu: list(pair) for gpu, pair in sorted(report.mig.items())},
         shared=[
             SharedWith(
-                gpu=s.gpu, other_job=s.other_job, start=s.start.timestamp(), end=s.end.timestamp(), mig=s.mig
+                gpu=s.gpu,
+                other_job=s.other_job,
+                start=s.start.timestamp(),
+                end=s.end.timestamp(),
+                mig=s.mig,
+                other_team=s.other_team,
             )
             for s in report.shared
         ],

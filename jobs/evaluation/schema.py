@@ -45,6 +45,14 @@ class SharedWith(msgspec.Struct, frozen=True, kw_only=True):
     start: float
     end: float
     mig: bool = False
+    #: The other job is another team's: pages, findings and labels do not name it (read policy; its id
+    #: stays here for re-evaluating it, jobs.alerts.sharing.stale_neighbours).
+    other_team: bool = False
+
+    @property
+    def shown(self) -> str:
+        """The other job as this job's readers may see it: its id, or "another team's job"."""
+        return "another team's job" if self.other_team else self.other_job
 
 
 class GpuSharing(msgspec.Struct, frozen=True, kw_only=True):

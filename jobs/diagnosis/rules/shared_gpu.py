@@ -73,7 +73,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     if sharing is None:
         return None
     sliced = time_sliced_gpus(inp)
-    others = sorted({s.other_job for s in sharing.shared})
+    others = sorted({s.shown for s in sharing.shared})
     profiles = sorted({pair[1] for pair in sharing.mig.values() if len(pair) == 2 and pair[1]})
     share = sharing.share
     evidence = [
@@ -96,7 +96,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             Evidence("other jobs on them", ", ".join(others[:10]) + (" ..." if len(others) > 10 else ""))
         )
     for s in sharing.shared[:6]:
-        evidence.append(Evidence(f"{s.gpu} with {s.other_job}", f"{_utc(s.start)} – {_utc(s.end)} UTC"))
+        evidence.append(Evidence(f"{s.gpu} with {s.shown}", f"{_utc(s.start)} – {_utc(s.end)} UTC"))
     windows = [(s.start, s.end) for s in sharing.shared if s.end > s.start and not s.mig]
     if sliced:
         util = f.util
