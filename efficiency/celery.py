@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
+
+from efficiency import task_metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
 
 app = Celery("efficiency")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Every task's runs, failures, retries and duration, for /metrics (efficiency.task_metrics).
+task_metrics.connect(signals)
 
 
 @app.on_after_finalize.connect
