@@ -6,6 +6,14 @@ import sys
 
 
 def main() -> None:
+    argv = sys.argv[2:]
+    if sys.argv[1:2] == ["analyze_artifact"]:
+        # Parsing a local file needs no Django: its start-up (every app, the Celery app and its tasks) cost
+        # 2.6 CPU-s before the parse began (issue 26). Django's own options still go through Django.
+        from jobs.profiling import analyze
+
+        if not analyze.wants_django(argv):
+            sys.exit(analyze.main(argv))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
     from django.core.management import execute_from_command_line
 

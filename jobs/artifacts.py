@@ -343,28 +343,13 @@ def analyze_file(
 ) -> dict:
     """Parse and analyse one artifact file of a known kind; raises ArtifactError with a user-facing reason.
     `time_zone`: the zone of a monitoring log's zone-less timestamps (UTC when None, stated in the result)."""
-    from jobs.profiling import kineto, monitoring, ncu, nsys, nsys_stats, pyspy, trace_analysis
+    # One dispatch for the worker and the command line (jobs.profiling.analyze), with the configured limit.
+    from jobs.profiling.analyze import analyze_path
 
-    path = Path(path)
-    limit = settings.ARTIFACT_MAX_DECOMPRESSED_BYTES
-    name = filename or path.name
-    if kind == Artifact.Kind.KINETO:
-        return trace_analysis.analyze_trace(
-            kineto.parse_kineto(path, max_decompressed_bytes=limit, rank=rank)
-        )
-    if kind == Artifact.Kind.NSYS_SQLITE:
-        return trace_analysis.analyze_trace(nsys.parse_nsys(path))
-    if kind == Artifact.Kind.NSYS_STATS:
-        return nsys_stats.analyze_nsys_stats(path, max_bytes=limit, filename=name)
-    if kind == Artifact.Kind.NCU:
-        return ncu.analyze_ncu(path, max_bytes=limit)
-    if kind in (Artifact.Kind.PYSPY_RAW, Artifact.Kind.PYSPY_SPEEDSCOPE):
-        return pyspy.analyze_pyspy(path, max_bytes=limit, filename=name)
-    if kind == Artifact.Kind.NVIDIA_SMI:
-        return monitoring.analyze_nvidia_smi(path, max_bytes=limit, timezone=time_zone)
-    if kind == Artifact.Kind.DSTAT:
-        return monitoring.analyze_dstat(path, max_bytes=limit, timezone=time_zone)
-    raise ArtifactError(f"no parser for kind {kind!r}")
+    return analyze_path(
+        path, kind, rank=rank, filename=filename, time_zone=time_zone,
+        max_decompressed_bytes=settings.ARTIFACT_MAX_DECOMPRESSED_BYTES,
+    )  # fmt: skip
 
 
 def _rank_median(analysis: dict[str, Any], section: str, key: str) -> float | None:
