@@ -211,10 +211,11 @@ def merge(
 ) -> tuple[JobSignals | None, dict[str, str]]:
     """The job's signals with the logs' where DCGM has none; and per signal key where its values came from.
 
-    `logs`: (description, LogSignals) pairs, the first log taking precedence over later ones where they
-    overlap. A DCGM signal keeps its values (and per-GPU rows) wherever it has a sample; windows without
-    one take a log's cross-GPU values, and its per-GPU rows are then dropped (two sources at two
-    resolutions are not one matrix: the evaluation reads the merged cross-GPU statistics).
+    `logs`: (description, LogSignals) pairs, newest first: a signal comes from the first log that has
+    it (two logs of one signal are not blended). A DCGM signal keeps its values (and per-GPU rows)
+    wherever it has a sample; windows without one take a log's cross-GPU values, and its per-GPU rows
+    are then dropped (two sources at two resolutions are not one matrix: the evaluation reads the merged
+    cross-GPU statistics).
     """
     sources: dict[str, str] = {}
     usable = [(text, got) for text, got in logs if got.series]
@@ -224,6 +225,8 @@ def merge(
     for text, got in usable:
         for key, series in got.series.items():
             current = merged.signals.get(key)
+            if key in sources and not sources[key].startswith("DCGM"):
+                continue  # an earlier (newer) log already gave this signal: one log per signal
             if current is None:
                 merged.signals[key] = series
                 merged.missing.pop(key, None)

@@ -69,6 +69,17 @@ def test_dcgm_wins_where_it_has_samples_and_the_log_fills_the_rest() -> None:
     assert merged.signals["power_usage"].per_gpu is not None
 
 
+def test_two_logs_of_one_signal_are_not_blended_the_first_wins() -> None:
+    ts = grid(START, START + 60, 30.0)
+    newer = log_signals(_smi([[0.0] * 4]), ts, 30.0, start=START, end=START + 60, gpu_count=1)
+    older = log_signals(_smi([[90.0] * 7]), ts, 30.0, start=START, end=START + 60, gpu_count=1)
+    merged, sources = merge(None, [("new", newer), ("old", older)], start=START, end=START + 60, step=30.0,
+                            ts=ts)  # fmt: skip
+    assert merged is not None and sources["gpu_util"] == "new"
+    # The newer log ends at 30 s; its empty last window is not filled from the older one.
+    assert np.isnan(merged.signals["gpu_util"].stats[MEAN][2])
+
+
 def test_without_dcgm_the_log_is_the_jobs_signals() -> None:
     ts = grid(START, START + 60, 30.0)
     got = log_signals(_smi([[0.0] * 7]), ts, 30.0, start=START, end=START + 60, gpu_count=1)
