@@ -7,9 +7,11 @@ apart (`...31.703`, `...31.708`), so "same timestamp = same sweep" is wrong; wha
 inside a sweep (the query time of one GPU: milliseconds) are much shorter than the gaps between sweeps
 (the interval the user asked for). The evidence used here:
 
-1. Gaps between consecutive rows fall into two groups, short (inside a sweep) and long (between sweeps),
-   split where the two groups separate best on a log scale (Otsu's criterion), and only when they are
-   at least SEPARATION times apart; otherwise every gap is of one kind (one GPU, or one sweep).
+1. Gaps between consecutive rows fall into two groups, short (inside a sweep: at most MAX_IN_SWEEP_GAP_S)
+   and long (between sweeps), split where the two groups separate best on a log scale (Otsu's
+   criterion). Groups at least SEPARATION times apart must form sweeps (else the log is refused); groups
+   WEAK_SEPARATION to SEPARATION apart are kept only when they do form regular sweeps (else they are one
+   GPU's jittered samples); otherwise every gap is of one kind (one GPU, or one sweep).
 2. Sweeps are the runs of rows between long gaps; the GPU count is the most common sweep size, and
    nearly all rows (at least MIN_REGULAR_SHARE) must sit in sweeps of exactly that size.
 3. Rows of a sweep are the GPUs in order 0..n-1. A short last sweep (the file was cut mid-sweep) keeps its
@@ -33,6 +35,11 @@ TIME_RESOLUTION_S = 0.001
 #: Short and long gaps must be at least this many times apart to be told apart (a 2-GPU `-lms 100` log:
 #: ~5 ms inside a sweep, ~95 ms between sweeps, 19x; whole-second stamps of a `-l 1` log: 0 s vs 1 s).
 SEPARATION = 3.0
+#: Below SEPARATION, short and long gaps at least this many times apart are still tried as sweeps, and
+#: kept only when nearly all rows form sweeps of one size (a 4-GPU `-lms 100` log whose GPUs take 40 ms
+#: each to query: 40 ms inside a sweep, 100 ms between, 2.5x); otherwise the rows are one GPU's samples
+#: with jitter.
+WEAK_SEPARATION = 1.5
 #: Share of the rows that must sit in complete sweeps of the GPU count.
 MIN_REGULAR_SHARE = 0.95
 #: GPUs may end with sample counts this far apart (absolute, or this share of the largest count).
@@ -136,31 +143,38 @@ def assign_by_sweeps(times: np.ndarray) -> Sweeps:
             f"or rows out of order), so rows cannot be grouped into sweeps by time; {ADD_INDEX}"
         )
     split = _otsu_split(gaps)
-    separated = (
-        split is not None
-        and split[1] <= MAX_IN_SWEEP_GAP_S
-        and split[2] + TIME_RESOLUTION_S >= SEPARATION * (split[1] + TIME_RESOLUTION_S)
-    )
-    if not separated:
-        typical = float(np.median(gaps))
-        if typical <= TIME_RESOLUTION_S:
-            # Every row at (nearly) the same time: one sweep of n GPUs.
-            if n > MAX_SWEEP_GPUS:
-                raise AmbiguousSweeps(
-                    f"all {n} rows carry (nearly) the same timestamp, more than a sweep of GPUs; {ADD_INDEX}"
-                )
-            return Sweeps(
-                np.arange(n, dtype=np.int64), n, 1, "one sweep (every row at the same time)",
-                samples_per_gpu=[1] * n,
-            )  # fmt: skip
-        # Every gap alike and longer than a GPU query: one row per sweep, one GPU.
+    ratio = (split[2] + TIME_RESOLUTION_S) / (split[1] + TIME_RESOLUTION_S) if split is not None else 1.0
+    if split is not None and split[1] <= MAX_IN_SWEEP_GAP_S and ratio >= WEAK_SEPARATION:
+        try:
+            return _group(t, gaps, split)
+        except AmbiguousSweeps:
+            if ratio >= SEPARATION:
+                raise
+            # Weakly two-sided gaps that form no regular sweeps: one GPU's samples with jitter.
+    typical = float(np.median(gaps))
+    if typical <= TIME_RESOLUTION_S:
+        # Every row at (nearly) the same time: one sweep of n GPUs.
+        if n > MAX_SWEEP_GPUS:
+            raise AmbiguousSweeps(
+                f"all {n} rows carry (nearly) the same timestamp, more than a sweep of GPUs; {ADD_INDEX}"
+            )
         return Sweeps(
-            np.zeros(n, dtype=np.int64), 1, n,
-            f"one GPU: every row is a sweep (no gap between rows short enough to be inside a sweep; "
-            f"median {typical:.3f} s)",
-            short_gap_max_s=None, long_gap_min_s=float(np.min(gaps)), samples_per_gpu=[n],
+            np.arange(n, dtype=np.int64), n, 1, "one sweep (every row at the same time)",
+            samples_per_gpu=[1] * n,
         )  # fmt: skip
-    assert split is not None
+    # No sweep structure and gaps longer than a GPU query: one row per sweep, one GPU.
+    return Sweeps(
+        np.zeros(n, dtype=np.int64), 1, n,
+        f"one GPU: every row is a sweep (no gap between rows short enough to be inside a sweep; "
+        f"median {typical:.3f} s)",
+        short_gap_max_s=None, long_gap_min_s=float(np.min(gaps)), samples_per_gpu=[n],
+    )  # fmt: skip
+
+
+def _group(t: np.ndarray, gaps: np.ndarray, split: tuple[float, float, float]) -> Sweeps:
+    """Sweeps split at the gap threshold of `split`; AmbiguousSweeps unless nearly all rows form sweeps
+    of one size and every GPU ends with the same number of samples."""
+    n = t.size
     threshold, short_max, long_min = split
     # A backwards step is a boundary too (a restarted logger appends a new first sweep).
     boundary = (gaps > threshold) | (gaps < -TIME_RESOLUTION_S)

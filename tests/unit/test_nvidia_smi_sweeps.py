@@ -151,6 +151,21 @@ def test_a_gpu_whose_name_changes_between_sweeps_means_an_unstable_order() -> No
         analyze_nvidia_smi("".join(lines).encode())
 
 
+def test_slow_queries_close_to_the_interval_still_form_sweeps() -> None:
+    # 4 GPUs taking 40 ms each to query at -lms 100: 40 ms inside a sweep, 100 ms between (2.5x, below
+    # the 3x of a clear split), but every sweep has 4 rows: 4 GPUs, 50 samples each.
+    times = [k * 0.22 + g * 0.04 for k in range(50) for g in range(4)]
+    sweeps = assign_by_sweeps(np.array(times))
+    assert sweeps.gpu_count == 4 and sweeps.samples_per_gpu == [50] * 4
+    # One GPU at 100 ms whose every 3rd-7th gap runs 170 ms: two-sided gaps, no regular sweeps: one GPU.
+    jitter, t = [], 0.0
+    for k in range(300):
+        jitter.append(t)
+        t += 0.17 if k % (3 + k % 5) == 0 else 0.1
+    one = assign_by_sweeps(np.array(jitter))
+    assert one.gpu_count == 1 and one.samples_per_gpu == [300]
+
+
 def test_one_gpu_log_with_pauses_is_one_gpu() -> None:
     # A single GPU at -l 1 whose logger paused for 4 s twice (as in real -l 1 logs): the pauses are not
     # sweep boundaries of a many-GPU host.
