@@ -19,6 +19,17 @@ by time), one event per line, and written to a temporary directory. For each siz
   its peak is its main process' only, so it is a lower bound). Without it only our numbers are printed.
 
 Prints min and median over the repetitions. The numbers depend on the machine and on its load.
+
+`--end-to-end` (issue 26 item 5) measures instead what a user waits for: a fresh process per run, from
+the interpreter's start to its exit, for both line layouts of each size (one event per line, and the same
+trace written as one line, as some exporters do):
+
+* ours: `manage.py analyze_artifact TRACE --json` (stdout discarded), exactly as a user types it;
+* HTA: a script that imports `hta` and runs the same load + temporal + idle breakdowns.
+
+Wall seconds, CPU seconds (user + system of the process and the children it waited for, GNU time) and
+peak RSS (ru_maxrss of the whole process, interpreter and imports included, as a multiple of the file),
+with the 1-minute load average beside each row.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +99,69 @@ print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_bytes": status("VmHWM") - 
                   "idle_pct": 100.0 * tb["idle_time(us)"] / tb["kernel_time(us)"],
                   "version": version("holistictraceanalysis")}))
 """
+
+
+#: HTA as a user runs it: a script, timed from outside (imports included).
+HTA_SCRIPT = r"""
+import sys, logging, warnings
+warnings.simplefilter("ignore")
+from hta.trace_analysis import TraceAnalysis
+logging.getLogger("hta").setLevel(logging.ERROR)
+analysis = TraceAnalysis(trace_files={0: sys.argv[1]}, trace_dir="/")
+analysis.get_temporal_breakdown(visualize=False)
+analysis.get_idle_time_breakdown(visualize=False)
+"""
+
+
+def _timed(argv: list[str]) -> dict[str, float]:
+    """Run `argv` to completion (stdout discarded) under GNU time: wall s, CPU s and peak RSS bytes of the
+    process and the children it waited for (HTA's parsing pool). GNU time, not our own wait4: a child
+    forked from this process starts with this process' resident pages (the base trace) in its maxrss."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, check=False)  # fmt: skip
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[:3]} failed: {proc.stderr[-2000:]}")
+    user, system, max_kib = proc.stderr.strip().splitlines()[-1].split()
+    return {"wall_s": wall, "cpu_s": float(user) + float(system), "rss_bytes": float(max_kib) * 1024}
+
+
+def one_line_copy(path: Path, out: Path) -> int:
+    """The same trace with every newline dropped (json.dumps escapes newlines inside strings, so each one
+    in the file is between tokens); returns the bytes written."""
+    written = 0
+    with path.open("rb") as src, out.open("wb") as dst:
+        while chunk := src.read(1 << 22):
+            chunk = chunk.replace(b"\n", b"")
+            dst.write(chunk)
+            written += len(chunk)
+    return written
+
+
+def end_to_end(paths: list[tuple[str, Path, int]], repeat: int, hta: str | None, hta_repeat: int) -> None:
+    """Print, per trace, ours (`manage.py analyze_artifact --json`) and HTA's script, each a fresh process."""
+    for layout, path, size in paths:
+        ours = [_timed([sys.executable, "manage.py", "analyze_artifact", str(path), "--json"])
+                for _ in range(repeat)]  # fmt: skip
+        line = (
+            f"{size / 1e6:6.1f} MB {layout:<14} ours (manage.py): wall {_med(ours, 'wall_s'):6.2f} s"
+            f" cpu {_med(ours, 'cpu_s'):6.2f} s peak RSS {_med(ours, 'rss_bytes') / 2**20:6.0f} MiB"
+            f" ({_med(ours, 'rss_bytes') / size:4.2f}x file)"
+        )
+        if hta:
+            theirs = [_timed([hta, "-c", HTA_SCRIPT, str(path)]) for _ in range(hta_repeat)]
+            line += (
+                f" | HTA script: wall {_med(theirs, 'wall_s'):6.2f} s cpu {_med(theirs, 'cpu_s'):6.2f} s"
+                f" peak RSS {_med(theirs, 'rss_bytes') / 2**20:6.0f} MiB"
+                f" | ratio wall {_med(theirs, 'wall_s') / _med(ours, 'wall_s'):5.1f}x"
+                f" cpu {_med(theirs, 'cpu_s') / _med(ours, 'cpu_s'):5.1f}x"
+            )
+        print(f"{line}  [load {os.getloadavg()[0]:4.1f}]", flush=True)
+
+
+def _med(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -192,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python")
     parser.add_argument("--base", type=Path, default=DEFAULT_BASE)
     parser.add_argument("--keep", type=Path, help="write the traces here instead of a temporary directory")
+    parser.add_argument(
+        "--end-to-end", action="store_true",
+        help="time manage.py analyze_artifact and an HTA script as whole processes, both line layouts",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not args.base.is_file():
         print(f"{args.base} is absent: no sample trace to scale.")
@@ -206,6 +285,15 @@ def main(argv: list[str] | None = None) -> int:
         for mb in sizes:
             path = folder / f"scaled_{mb}mb.json"
             size = make_trace(base, mb * 10**6, path)
+            if args.end_to_end:
+                flat = folder / f"scaled_{mb}mb_one_line.json"
+                flat_size = one_line_copy(path, flat)
+                end_to_end([("event per line", path, size), ("one line", flat, flat_size)],
+                           args.repeat, hta, args.hta_repeat)  # fmt: skip
+                if not args.keep:
+                    path.unlink()
+                    flat.unlink()
+                continue
             ours = [_run(sys.executable, OURS_CHILD, path) for _ in range(args.repeat)]
             theirs = [_run(hta, HTA_CHILD, path) for _ in range(args.hta_repeat)] if hta else []
             rows.append((mb, size, ours, theirs))
