@@ -103,6 +103,11 @@ def log_signals(
     and gives no series (the note says why); so does a log outside the job's window.
     """
     out = LogSignals()
+    if "gpu_assignment" not in analysis:
+        # Parsed before rows were assigned to GPUs by evidence (an index-less log's rows by position):
+        # its per-GPU series may mix GPUs.
+        out.note = "it was parsed by an older parser that assigned rows to GPUs by position; re-parse it"
+        return out
     if analysis.get("time_axis") != "unix_s":
         out.note = "the log has no timestamps, so it cannot be placed on the job's time axis"
         return out

@@ -101,8 +101,16 @@ def test_a_log_outside_the_job_or_without_time_is_not_used() -> None:
     later = _smi([[50.0] * 5], t0=START + 3600)
     got = log_signals(later, ts, 30.0, start=START, end=START + 60, gpu_count=1)
     assert not got.series and "outside the job's window" in got.note
-    untimed = {"time_axis": "sample_index", "series": {"0": {"t_unix_s": [0, 1]}}}
+    untimed = {"time_axis": "sample_index", "series": {"0": {"t_unix_s": [0, 1]}}, "gpu_assignment": {}}
     assert "no timestamps" in log_signals(untimed, ts, 30.0, start=START, end=START + 60).note
+
+
+def test_an_analysis_from_the_older_parser_is_not_used_until_reparsed() -> None:
+    ts = grid(START, START + 60, 30.0)
+    old = dict(_smi([[50.0] * 7]))
+    del old["gpu_assignment"]
+    got = log_signals(old, ts, 30.0, start=START, end=START + 60, gpu_count=1)
+    assert not got.series and "re-parse it" in got.note
 
 
 def test_describe_names_the_log_and_the_assumed_zone() -> None:
