@@ -38,6 +38,8 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "ranks[].host_blocking.{step_pct,cpu_time_pct,by_kind[].{kind,count,time_ms},sites[].{site,step_pct}}",
         "ranks[].gpu_idle_attribution.{steps,host_sync_steps,host_sync_gaps,host_sync_largest_gap_pct}",
         "ranks[].phases.{basis,window_start_unix,window_end_unix}",
+        "ranks[].gpu_idle_attribution.host_work.{cpu_ops_pct,late_launch_pct,untraced_pct,runtime_pct,"
+        "queued_pct,cpu_ops_steps,cpu_ops_gaps,cpu_ops_largest_gap_pct,top_ops[].{name,count,idle_pct}}",
         "capture.{start_unix,end_unix} (nvidia-smi: start_unix_s, end_unix_s, gpus[].name when absent;"
         " dstat: host, start_unix_s, end_unix_s)",
     ),
@@ -157,6 +159,33 @@ class RankView:
             if start is not None and end is not None and start <= end:
                 return [(start, end)]
         return capture_window(self.artifact)
+
+
+def repetition(
+    share: float,
+    steps: float | None,
+    with_it: float | None,
+    gaps: float | None,
+    largest_pct: float | None,
+) -> tuple[bool, float, str | None]:
+    """Whether a trace pattern repeats in the steady state: (repeats?, recurring share, how).
+
+    `share` is the pattern's idle (% of the window); over several profiled steps it repeats when at
+    least `TT.REPEAT_MIN_STEPS` steps and `TT.REPEAT_STEP_SHARE_PCT` of them show it (`with_it`), and
+    the recurring share is scaled by that fraction; over one window it repeats in at least
+    `TT.REPEAT_MIN_GAPS` idle gaps with no gap holding `TT.ONE_OFF_GAP_PCT` of it (`largest_pct`), else
+    the largest gap is a one-off and is left out of the recurring share. Without the counts it repeats.
+    """
+    if (steps or 0.0) >= TT.REPEAT_MIN_STEPS and with_it is not None and steps:
+        frac = 100.0 * with_it / steps
+        repeats = with_it >= TT.REPEAT_MIN_STEPS and frac >= TT.REPEAT_STEP_SHARE_PCT
+        return repeats, share * min(1.0, frac / 100.0), f"in {int(with_it)} of {int(steps)} steps"
+    if gaps is None or largest_pct is None:
+        return True, share, None
+    one_off = largest_pct >= TT.ONE_OFF_GAP_PCT
+    recurring = share * (1.0 - largest_pct / 100.0) if one_off else share
+    how = f"in {int(gaps)} idle gaps, the largest holding {largest_pct:.1f} % of it"
+    return gaps >= TT.REPEAT_MIN_GAPS and not one_off, recurring, how
 
 
 def trace_ranks(inp: DiagnosisInput) -> Iterator[RankView]:

@@ -51,3 +51,9 @@ COMPUTE_MIN_PCT = 20.0
 #: Share of SIMT matmul time tensor cores would save: dense BF16/FP16 tensor math is 8-16x FP32 FFMA on
 #: A100/H100 (312 vs 19.5 TFLOP/s on A100), so even a 4x practical speedup saves 75 %.
 SIMT_TIME_SAVED = 0.75
+
+#: data_pipeline_stall's host-work reading: GPU idle in long gaps that end with a late launch (nothing was
+#: queued) while the launching threads run traced CPU operators, as % of the window, at or above this (the
+#: same bar as launch_overhead's: below ~10 % moving host work off the critical path is not worth it). A
+#: warning needs it to repeat (REPEAT_*), as for host_sync.
+HOST_WORK_IDLE_PCT = 10.0

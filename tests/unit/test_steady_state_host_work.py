@@ -14,15 +14,19 @@ from the documented Kineto format, plus real traces from ../shared/samples (skip
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from jobs.diagnosis.base import Severity
 from jobs.profiling.events import OpKind
 from jobs.profiling.kineto import parse_kineto
 from jobs.profiling.nsys import parse_nsys
 from jobs.profiling.trace_analysis import analyze_trace
 from tests.conftest import sample_path as sample_or_skip
-from tests.unit.test_trace_windows import mlp_without_profiler_steps
+from tests.unit.test_trace_misreads import BASE_NS, BF16_GEMM, ELEMENTWISE, STEP, TraceBuilder, run
+from tests.unit.test_trace_windows import BUSY_US, GAP_US, ITERATIONS, STARTUP_US, mlp_without_profiler_steps
 
 # ------------------------------------------------------------------ 1. step_breakdown, steady state
 
@@ -119,3 +123,201 @@ def test_nsys_sample_step_breakdown_is_each_gpus_steady_state() -> None:
     for r in analysis["ranks"]:
         assert r["step_breakdown"]["basis"] == "gpu_span"
         assert r["step_breakdown"]["step_ms_mean"] == r["step_breakdown"]["window_ms"]
+
+
+# ------------------------------------------------------------------ 2. the GPU waits for host CPU work
+
+PERIOD_US = BUSY_US + GAP_US
+
+
+def between_kernels(host: str, n: int = ITERATIONS, gap_in: set[int] | None = None) -> bytes:
+    """The issue trace's steady state (no start-up): `n` iterations of 3 bf16 GEMMs (33.12 ms), with
+    63.2 ms gaps after the iterations in `gap_in` (default: all but the last) and none elsewhere, and in
+    each gap the host doing `host`:
+
+    * ``cpu_op``: an ``aten::copy_`` of 62.9 ms (CPU work), then the next iteration's launch 10 us
+      before its kernel -- the issue's trace;
+    * ``sleep``: nothing traced (``time.sleep`` or Python outside operators), the same late launch;
+    * ``dataloader``: the single-process DataLoader's ``__next__`` for 62.9 ms, the same late launch;
+    * ``queued``: the same ``aten::copy_``, but the next iteration's kernels were all launched right after
+      the previous iteration's launches (nothing waits for the host: the GPU idles for another reason).
+    """
+    gap_in = set(range(n - 1)) if gap_in is None else gap_in
+    b = TraceBuilder()
+    kernel_us = BUSY_US / 3
+    t = 0.0
+    prev_launch = -100.0
+    for i in range(n):
+        b.cpu("aten::linear", t - 15.0, 60.0)
+        for j in range(3):
+            if host == "queued" and i:
+                launch = prev_launch + 10.0 * (j + 1)
+            else:
+                launch = t - 10.0 if j == 0 else t + 20.0 * j
+            b.launch(BF16_GEMM, launch, t + j * kernel_us, kernel_us)
+        prev_launch = t + 40.0
+        end = t + BUSY_US
+        if i in gap_in and i + 1 < n:
+            if host == "cpu_op" or host == "queued":
+                b.cpu("aten::copy_", end + 100.0, GAP_US - 300.0)
+            elif host == "dataloader":
+                b.cpu(
+                    "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", end + 100.0, GAP_US - 300.0
+                )
+            t = end + GAP_US
+        else:
+            t = end
+    return _kineto_document(b, t)
+
+
+def _kineto_document(b: TraceBuilder, end_us: float) -> bytes:
+    window = {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": 1}
+    return json.dumps(
+        {
+            "schemaVersion": 1,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "numSms": 108}],
+            "baseTimeNanoseconds": BASE_NS,
+            "traceEvents": [*b.events, {**window, "ts": -100.0, "dur": end_us + 200.0}],
+        }
+    ).encode()
+
+
+def test_issue_trace_host_work_names_the_cpu_operators_between_kernels() -> None:
+    # By hand: 9 gaps of 63.2 ms (568.8 ms = 63.2 % of 900 ms), each ended by the next iteration's first
+    # GEMM, launched 10 us before it ran -- 63.2 ms after the gap began: all late. In each gap the only
+    # launching thread is in aten::copy_ for 62.9 ms and in aten::linear for 11 us before its launch
+    # (15 us minus the 4 us cudaLaunchKernel, which is runtime): 9 x 62.911 ms = 566.199 ms = 62.911 %.
+    # The launch itself is 9 x 4 us = 0.004 %; nothing traced: 9 x (100 + 185) us = 0.285 %.
+    rank = analyze_trace(parse_kineto(mlp_without_profiler_steps()))["ranks"][0]
+    ga = rank["gpu_idle_attribution"]
+    assert ga["other_pct"] == pytest.approx(63.2)
+    hw = ga["host_work"]
+    assert hw["launching_threads"] == 1
+    assert hw["late_launch_pct"] == pytest.approx(63.2)
+    assert hw["queued_pct"] == 0.0
+    assert hw["cpu_ops_pct"] == pytest.approx(62.911)
+    assert hw["runtime_pct"] == pytest.approx(0.004)
+    assert hw["untraced_pct"] == pytest.approx(0.285)
+    assert hw["communication_pct"] == 0.0
+    assert hw["cpu_ops_gaps"] == 9
+    assert hw["cpu_ops_largest_gap_pct"] == pytest.approx(100 / 9, abs=1e-3)
+    assert [(o["name"], o["count"], o["idle_ms"]) for o in hw["top_ops"]] == [
+        ("aten::copy_", 9, pytest.approx(566.1)),
+        ("aten::linear", 9, pytest.approx(0.099)),
+    ]
+    assert [(o["name"], o["count"]) for o in hw["top_runtime"]] == [("cudaLaunchKernel", 9)]
+
+
+def test_issue_trace_concludes_the_gpu_waits_for_host_cpu_work() -> None:
+    # The rule that owns the cause is data_pipeline_stall's host-work reading: long gaps, late launches,
+    # the launching thread in CPU operators -- not launch_overhead (no gap under 1 ms), not host_sync
+    # (nothing blocks in the steady state; the start-up cudaFree are in phases).
+    _, found = run(mlp_without_profiler_steps())
+    assert set(found) == {"data_pipeline_stall"}
+    f = found["data_pipeline_stall"]
+    assert f.severity is Severity.WARNING
+    assert f.impact == pytest.approx(0.62911)
+    assert f.title.startswith("In the captured trace window the GPU waits for the host: CPU work between")
+    assert "aten::copy_" in f.title and "63 %" in f.title
+    assert f.recommendation.startswith("The GPU waits for the host")
+    assert "DataLoader num_workers" not in f.recommendation  # the DataLoader advice is for input stalls
+    values = {e.label.split(": ", 1)[1]: e.value for e in f.evidence}
+    assert values["GPU idle with nothing queued while the launching threads run CPU operators"] == 62.91
+    assert values["GPU idle"] == 63.2
+    assert values["host in aten::copy_ (9 calls) while the GPU waits"] == pytest.approx(62.9)
+    start = BASE_NS / 1e9 + STARTUP_US / 1e6
+    assert f.windows == [(pytest.approx(start), pytest.approx(start + 0.9))]  # never the start-up
+
+
+def test_host_work_needs_late_launches_and_cpu_operators() -> None:
+    # The same idle (9 x 63.2 ms = 63.2 % of 900 ms) with three other host sides:
+    rank, found = run(between_kernels("cpu_op"))
+    assert rank["gpu_idle_attribution"]["host_work"]["cpu_ops_pct"] == pytest.approx(62.911)
+    assert found["data_pipeline_stall"].title.startswith("In the captured trace window the GPU waits for")
+    # nothing traced on the host (a sleep): the GPU still waited for a launch, but on what the trace
+    # cannot say -- reported as untraced, no finding.
+    rank, found = run(between_kernels("sleep"))
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert hw["late_launch_pct"] == pytest.approx(63.2)
+    # all of each gap but the 15 us of aten::linear and its launch before the next kernel
+    assert hw["untraced_pct"] == pytest.approx(100 * 9 * (63.2 - 0.015) / 900)
+    assert hw["cpu_ops_pct"] < 0.02
+    assert "data_pipeline_stall" not in found
+    # the DataLoader: input, as before (DataLoader title and advice), not host work.
+    rank, found = run(between_kernels("dataloader"))
+    assert rank["gpu_idle_attribution"]["input_pct"] == pytest.approx(100 * 9 * 62.9 / 900)
+    assert rank["gpu_idle_attribution"]["host_work"]["cpu_ops_pct"] < 0.02
+    assert found["data_pipeline_stall"].title.endswith("waiting for the DataLoader")
+    # the next kernels queued before each gap began: the GPU did not wait for the host.
+    rank, found = run(between_kernels("queued"))
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert hw["queued_pct"] == pytest.approx(63.2) and hw["late_launch_pct"] == 0.0
+    assert "data_pipeline_stall" not in found
+
+
+def test_one_long_cpu_gap_is_a_one_off_not_a_warning() -> None:
+    # 10 iterations back to back (331.2 ms of GEMMs) with one 63.2 ms gap of aten::copy_ after the 5th:
+    # window 394.4 ms, host work 62.911 / 394.4 = 15.95 % in a single gap -> info, one-off title, and
+    # no recurring impact.
+    rank, found = run(between_kernels("cpu_op", gap_in={4}))
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert rank["gpu_idle_attribution"]["window_ms"] == pytest.approx(394.4)
+    assert hw["cpu_ops_pct"] == pytest.approx(100 * 62.911 / 394.4, abs=1e-3)
+    assert hw["cpu_ops_gaps"] == 1 and hw["cpu_ops_largest_gap_pct"] == 100.0
+    f = found["data_pipeline_stall"]
+    assert f.severity is Severity.INFO
+    assert "once, not in a repeating pattern" in f.title
+    assert f.impact == 0.0
+
+
+def test_host_work_in_every_profiled_step_is_a_warning() -> None:
+    # 4 ProfilerSteps of 100 ms: 40 kernels of 1 ms from 10 ms on; after the 20th a 30 ms aten::copy_ on
+    # the host, the 21st kernel launched when it returns: 30 ms of late-launch idle with the host in a
+    # CPU operator in each step = 30 % of it (the 10 ms before the first kernel is idle too, but its
+    # kernel is launched at 10 ms - 5 us: the host is in no operator there, so it is untraced).
+    b = TraceBuilder()
+    b.steps(4)
+    for k in range(4):
+        t = k * STEP + 10_000.0
+        for i in range(40):
+            if i == 20:
+                b.cpu("aten::copy_", t, 30_000.0)
+                t += 30_000.0
+            b.launch(ELEMENTWISE, t - 5.0, t, 1_000.0)
+            t += 1_000.0
+    rank, found = run(b.document(4))
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert hw["cpu_ops_steps"] == 4
+    assert hw["cpu_ops_step_pcts"] == [pytest.approx(30.0, abs=0.01)] * 4
+    f = found["data_pipeline_stall"]
+    assert f.severity is Severity.WARNING
+    assert any("in 4 of 4 steps" in e.label for e in f.evidence)
+
+
+def test_alexnet_lazy_init_in_the_window_is_runtime_not_host_work() -> None:
+    # hta_alexnet_a100: the long gaps of its first iterations are filled by CUDA runtime calls, not CPU
+    # operators (by hand from the file: cudaStreamCreateWithFlags 734.9 ms in the first gap, the first
+    # cudaLaunchKernel of cuDNN's kernels 3 055.6 ms -- lazy module loading --, cudaMalloc 824.4 ms and
+    # 1 041.6 ms as the caching allocator grows): runtime, at most 4.4 % in CPU operators (aten::conv2d
+    # outside its runtime calls) -> no host-work finding (the sample's findings stay host_sync and
+    # host_device_copy, test_real_samples_diagnosis).
+    rank = analyze_trace(parse_kineto(sample_or_skip("kineto/hta_alexnet_a100.json.gz")))["ranks"][0]
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert hw["runtime_pct"] > 40.0
+    names = {o["name"] for o in hw["top_runtime"]}
+    assert {"cudaLaunchKernel", "cudaMalloc", "cudaStreamCreateWithFlags"} <= names
+    assert hw["cpu_ops_pct"] < 10.0
+
+
+def test_ddp_sample_host_work_repeats_in_every_step() -> None:
+    # hta_a100_nccl_allreduce rank 0 (3 ProfilerSteps): the main thread's aten::unflatten_dense_tensors
+    # (15.5 + 7.6 ms per step), aten::flatten_dense_tensors and the optimizer's _foreach_mul_/_foreach_add_
+    # run while the GPU has nothing queued (see test_real_samples_diagnosis' comment, by hand per gap).
+    rank = analyze_trace(parse_kineto(sample_or_skip("kineto/hta_a100_nccl_allreduce_rank0.json.gz")))[
+        "ranks"
+    ][0]
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert hw["cpu_ops_pct"] == pytest.approx(19.67, abs=0.01)
+    assert hw["cpu_ops_steps"] == 3 and hw["cpu_ops_gaps"] == 28
+    assert hw["top_ops"][0]["name"] == "aten::unflatten_dense_tensors"
+    assert hw["top_ops"][0]["count"] == 6

@@ -30,6 +30,21 @@ unexplained_waste / idle_gpus); with the kind unknown a metrics-only finding is 
 
 A trace shows GPU idle time whose gaps start when the host launches late (HTA's host wait) and a
 DataLoader share of the step; py-spy shows the input pipeline hot in the training process.
+
+A trace also shows the host side when it is not the DataLoader (issue #24's trace without ProfilerStep:
+GPU idle 63.2 % of the steady state in 63 ms gaps while the host runs CPU operators): idle gaps of at
+least the launch-gap limit (1 ms) that end with a *late launch* (the kernel that ends the gap was
+launched after the gap began: nothing was queued, so the GPU waited for the host) while the threads
+that launch GPU work were inside traced CPU operators -- not the DataLoader, not a blocking call
+(host_sync), not a host-side collective (communication), not a CUDA runtime call (allocation, lazy
+init). That is CPU-bound host work between kernels: the launch queue runs dry. It is this rule's cause
+(the GPUs wait on the host side; at metric resolution it is the same unresolved "host / input" look),
+not launch_overhead's (per-launch cost in gaps under 1 ms). The share of the analysed window is the
+impact; only the steady state counts (the window starts at the first kernel or step, so start-up is in
+the analysis' ``phases``), and a warning needs the pattern to repeat (several steps, or several gaps
+with no one-off holding most of it). Cannot see: what the untraced host time was (Python between
+operators, ``time.sleep``, I/O -- reported as ``untraced``, never a finding), Python source lines
+(the operators are named, not the code that called them), and work in other processes.
 """
 
 from __future__ import annotations
@@ -54,6 +69,14 @@ RECOMMENDATION = (
     "DataLoader num_workers and prefetch_factor, set pin_memory=True (and non_blocking copies) and "
     "persistent_workers=True, and read the data from local NVMe instead of network storage; then check "
     "py-spy for what the workers do."
+)
+
+HOST_WORK_ADVICE = (
+    "The GPU waits for the host: between kernels, the threads that launch GPU work run CPU operators "
+    "while nothing is queued on the GPU. Move that work onto the GPU (keep tensors on the device), into "
+    "DataLoader workers (pre/post-processing per batch), or out of the step (every N steps); fused and "
+    "foreach optimizers and torch.compile cut per-parameter host loops; record with with_stack=True (or "
+    "py-spy) to find the Python lines that call the operators named in the evidence. "
 )
 
 
@@ -133,7 +156,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             windows = f.whole_window
     trace_windows: list[tuple[float, float]] = []
     trace_idle = _trace(inp, evidence, sources, trace_windows)
-    if trace_idle is not None and "metrics" not in sources:
+    host = _host_work(inp, evidence, sources, trace_windows)
+    if (trace_idle is not None or host is not None) and "metrics" not in sources:
         windows = A.merge_windows(trace_windows)  # trace findings cover the captured window
     py = _pyspy(inp, evidence, sources)
     if not sources:
@@ -147,6 +171,15 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             severity = Severity.WARNING
     if trace_idle is not None and trace_idle >= TT.INPUT_IDLE_WARN_PCT / 100:
         severity = Severity.WARNING
+    if host is not None:
+        recurring, repeats, _ = host
+        if trace_idle is None:
+            base = max(base, 0.7) + (0.1 if "metrics" in sources else 0.0)
+        impact = max(impact, recurring)
+        if repeats and recurring >= TT.HOST_WORK_IDLE_PCT / 100:
+            severity = Severity.WARNING
+    # The host-work reading names its own cause when it is the larger trace share.
+    host_first = host is not None and "metrics" not in sources and host[0] >= (trace_idle or 0.0)
     title = (
         f"The GPUs idle together every {round(gaps[2].period_s)} s waiting for input"
         if gaps is not None and gaps[2] is not None
@@ -157,6 +190,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         else f"GPU_UTIL averages {pct(lk.util_mean)} with idle time inside the steps: the GPUs wait on the "
         f"host / input pipeline (steps are shorter than the {f.resolution.sample_interval_s:g} s sampling)"
         if unresolved and lk is not None
+        else _host_title(host)
+        if host is not None and host_first
         else f"In the captured trace window the GPU idles {pct(trace_idle)} of the step waiting for the "
         "DataLoader"
         if trace_idle is not None and "metrics" not in sources
@@ -173,9 +208,14 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             coverage=f.coverage(f.util_key) if f.util_key and "metrics" in sources else 1.0,
         ),
         title=title,
-        recommendation=_trace_advice(inp)
-        + RECOMMENDATION
-        + (R.capture("input") if unresolved and len(sources) == 1 else ""),
+        recommendation=(HOST_WORK_ADVICE if host is not None else "")
+        + (
+            ""
+            if host_first and trace_idle is None and not py
+            else _trace_advice(inp)
+            + RECOMMENDATION
+            + (R.capture("input") if unresolved and len(sources) == 1 else "")
+        ),
         evidence=evidence,
         windows=windows,
         impact=impact,
@@ -385,6 +425,107 @@ def _trace(
         if r.source not in sources:
             sources.append(r.source)
     return worst
+
+
+def _host_work(
+    inp: DiagnosisInput,
+    evidence: list[Evidence],
+    sources: list[str],
+    windows: list[tuple[float, float]],
+) -> tuple[float, bool, list[str]] | None:
+    """The GPU waiting for the host's CPU work between kernels, from traces: (recurring share of the
+    window, repeats?, the operators that fill the idle), or None; appends evidence and windows.
+
+    Reads the analysis' ``gpu_idle_attribution.host_work`` (`jobs.profiling.host_analysis._host_work`):
+    late-launch idle in long gaps while a launching thread is inside a traced CPU operator. The worst
+    rank decides; its share must reach `TT.HOST_WORK_IDLE_PCT` of the window.
+    """
+    worst: tuple[float, bool, list[str]] | None = None
+    for r in A.trace_ranks(inp):
+        if not r.attributed():
+            continue
+        hw = A.get(r.data, "gpu_idle_attribution", "host_work")
+        share = A.getnum(hw, "cpu_ops_pct")
+        if share is None or share < TT.HOST_WORK_IDLE_PCT:
+            continue
+        repeats, recurring, how = A.repetition(
+            share,
+            r.attribution("steps"),
+            A.getnum(hw, "cpu_ops_steps"),
+            A.getnum(hw, "cpu_ops_gaps"),
+            A.getnum(hw, "cpu_ops_largest_gap_pct"),
+        )
+        ops = A.items(hw, "top_ops")
+        evidence += [
+            Evidence(
+                f"{r.label}: GPU idle with nothing queued while the launching threads run CPU operators",
+                round(share, 2),
+                "% of window",
+            ),
+            Evidence(f"{r.label}: GPU idle", _round(r.attribution("idle_pct")), "% of window"),
+            Evidence(
+                f"{r.label}: GPU idle in gaps of >= 1 ms ended by a late launch",
+                _round(A.getnum(hw, "late_launch_pct")),
+                "% of window",
+            ),
+            Evidence(
+                f"{r.label}: of it, the host in CUDA runtime calls (allocation, lazy init)",
+                _round(A.getnum(hw, "runtime_pct")),
+                "% of window",
+            ),
+            Evidence(
+                f"{r.label}: of it, the host in nothing traced (Python, sleep, I/O: not visible)",
+                _round(A.getnum(hw, "untraced_pct")),
+                "% of window",
+            ),
+            Evidence(
+                f"{r.label}: DataLoader time on the host", r.n("input_pipeline", "dataloader_step_pct"), "%"
+            ),
+        ]
+        if how is not None:
+            evidence.append(
+                Evidence(
+                    f"{r.label}: host-work idle {how}"
+                    + ("" if repeats else " (not a repeating pattern of the steady state)"),
+                    round(recurring, 2),
+                    "% of window recurring",
+                )
+            )
+        for op in ops[:3]:
+            evidence.append(
+                Evidence(
+                    f"{r.label}: host in {str(op.get('name', '?'))[:160]} "
+                    f"({int(A.num(op.get('count')) or 0)} calls) while the GPU waits",
+                    A.num(op.get("idle_pct")),
+                    "% of window",
+                )
+            )
+        names = [str(op.get("name")) for op in ops[:2] if op.get("name")]
+        hit = (clamp01(recurring / 100.0), repeats, names)
+        if worst is None or hit[0] > worst[0]:
+            worst = hit
+        windows += r.windows
+        if r.source not in sources:
+            sources.append(r.source)
+    return worst
+
+
+def _host_title(host: tuple[float, bool, list[str]]) -> str:
+    recurring, repeats, names = host
+    ops = f" ({', '.join(names)})" if names else ""
+    if repeats:
+        return (
+            f"In the captured trace window the GPU waits for the host: CPU work between kernels{ops} "
+            f"leaves it idle with nothing queued {pct(recurring)} of the time"
+        )
+    return (
+        "In the captured trace window the GPU waited for host CPU work between kernels once, not in a "
+        f"repeating pattern{ops}"
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _trace_advice(inp: DiagnosisInput) -> str:
