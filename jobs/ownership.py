@@ -33,6 +33,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs.metrics.throughput import own_job_selector_problem
@@ -47,6 +48,8 @@ Provenance = Job.Provenance
 PLATFORM_SEEN = frozenset({Provenance.SCHEDULER, Provenance.DISCOVERY})
 #: The only provenance the idle policy may cancel (see the module docstring).
 CANCELLABLE = frozenset({Provenance.SCHEDULER})
+#: How recent a running job's data must be for it to hold its GPUs against a member's claim.
+HELD_FOR = timedelta(hours=1)
 #: Prometheus' own scrape-job labels (efficiency.env.SCRAPE_JOB_LABELS): never a job's identity.
 SCRAPE_JOB_LABELS = ("job", "exported_job")
 #: The answer to a member whose id is taken, the same whether a scheduler, discovery or another team holds
@@ -203,18 +206,22 @@ def held_gpus(
     if not keys:
         return []
     now = now or timezone.now()
+    recent = now - HELD_FOR
     running = Job.objects.filter(ended_at__isnull=True).exclude(team=team).exclude(external_id=external_id)
     held: set[str] = set()
-    for gpus in running.exclude(gpus=[]).values_list("gpus", flat=True).iterator():
+    # A listed job holds its GPUs until polled, then while its data keeps arriving: a job whose end never
+    # arrived (a lost epilog) must not block its GPUs for good.
+    listed = running.exclude(gpus=[]).filter(Q(data_until__isnull=True) | Q(data_until__gte=recent))
+    for gpus in listed.values_list("gpus", flat=True).iterator():
         held |= keys & {gpu_key(g) for g in gpus or [] if isinstance(g, Mapping)}
-    # Selector jobs: the GPUs their per-GPU rows name in the last hour (the poll writes them; older rows
-    # may name GPUs the job has since left).
+    # Selector jobs: the GPUs their per-GPU rows name in the last HELD_FOR (the poll writes them; older
+    # rows may name GPUs the job has since left).
     seen = JobSeries.objects.filter(
         job__in=running.filter(gpus=[]),
         signal__in=("gpu_util", "gr_engine_active"),
         stat="gpu",
         gpu_key__in=sorted(keys),
-        end__gte=now - timedelta(hours=1),
+        end__gte=recent,
     ).values_list("gpu_key", flat=True)
     held |= set(seen)
     return sorted(held)

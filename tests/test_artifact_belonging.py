@@ -85,6 +85,20 @@ def test_an_unrelated_pyspy_profile_does_not_raise_the_jobs_confidence_until_con
         "unverified" in labels and f"unverified: {path.name}: Python samples in the input pipeline" in labels
     )
 
+    # The job page says so and offers the confirmation to the team.
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    page_client = Client()
+    page_client.force_login(get_user_model().objects.get(username="alice"))
+    page = page_client.get("/jobs/48213/").content.decode()
+    form = page[page.index(f'action="/jobs/48213/artifacts/{spy.pk}/review/"') :]
+    card = page[: page.index(f'action="/jobs/48213/artifacts/{spy.pk}/review/"')]
+    card = card[card.rindex('data-run-check="') :]
+    assert card.startswith('data-run-check="unverifiable"')
+    assert "raises no finding's confidence or dollars until someone confirms it belongs here" in card
+    assert 'value="confirm"' in form[: form.index("</form>")]
+
     # A user who knows it is the job's own profile confirms it: now it counts (+0.15, the rule's own rule).
     confirmed = llm.post(f"/api/v1/artifacts/{spy.pk}/review/", {"action": "confirm"}, format="json")
     assert confirmed.status_code == 200, confirmed.content

@@ -4,6 +4,7 @@ an owner; what the idle policy may cancel and how (Kubernetes: the owning Job/Jo
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from datetime import timedelta
@@ -192,6 +193,32 @@ def test_claiming_gpus_another_teams_running_job_holds_is_refused_409(world):
     assert answer.status_code == 409 and "gpus" in answer.json()
     text = json.dumps(answer.json())
     assert "48999" not in text and "vision" not in text and "gpu-node-017/0" in text
+
+
+@pytest.mark.django_db
+def test_a_running_job_whose_data_stopped_an_hour_ago_no_longer_holds_its_gpus(world):
+    victim = _victim(world)
+    Job.objects.filter(pk=victim.pk).update(data_until=timezone.now() - timedelta(hours=3))  # lost epilog
+    claim = job_body("60001", team="llm", owner="mallory", started_at=_started(1), gpus=GPUS[:3])
+    assert world["mallory"].post("/api/v1/jobs/", claim, format="json").status_code == 201
+
+
+@pytest.mark.django_db
+def test_existing_jobs_get_their_provenance_in_the_migration(world):
+    from django.apps import apps
+
+    migration = importlib.import_module("jobs.migrations.0012_ownership")
+    found = Job.objects.create(
+        team=world["llm"], external_id="hpc_job:7", gpu_count=1, started_at=timezone.now(),
+        discovered_by='hpc_job="7"', registered_by="scheduler",
+    )  # fmt: skip
+    posted = Job.objects.create(
+        team=world["llm"], external_id="7", gpu_count=1, started_at=timezone.now(), registered_by="scheduler"
+    )
+    migration.provenance_of_existing_jobs(apps, None)
+    found.refresh_from_db()
+    posted.refresh_from_db()
+    assert (found.registered_by, posted.registered_by) == ("discovery", "member")
 
 
 @pytest.mark.django_db
