@@ -66,12 +66,15 @@ $(DEMO_SECRET_FILE):
 demo: migrate $(DEMO_SECRET_FILE)
 	$(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
 	@$(SERVICES) restart-prometheus
-	$(PY) manage.py load_demo --finish
 	$(DEMO_ENV) $(PY) manage.py collectstatic --noinput -v0
 	@mkdir -p $(VAR)/run
 	@$(MAKE) --no-print-directory _stop_app
 	$(DEMO_ENV) $(VENV)/bin/gunicorn --config gunicorn.conf.py --bind $(WEB_ADDR) --workers 2 --daemon \
 	  --pid $(VAR)/run/web.pid --access-logfile $(VAR)/run/web-access.log --error-logfile $(VAR)/run/web.log
+	@# The web server serves the simulated exporter: --finish waits until Prometheus has scraped the running
+	@# jobs from it, so the first poll reads current data (no "Ingestion stale" alert at start, #28 item 3).
+	@for i in $$(seq 60); do curl -fsS -o /dev/null http://$(WEB_ADDR)/login/ && break; sleep 0.5; done
+	$(PY) manage.py load_demo --finish
 	$(DEMO_ENV) $(VENV)/bin/celery -A efficiency worker --loglevel INFO --concurrency 2 --detach \
 	  --pidfile $(VAR)/run/worker.pid --logfile $(VAR)/run/worker.log
 	$(DEMO_ENV) $(VENV)/bin/celery -A efficiency beat --loglevel INFO --detach \

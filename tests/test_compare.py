@@ -455,57 +455,68 @@ def test_the_overlay_leaves_out_rows_without_data_and_names_them():
     assert fig["layout"]["xaxis"]["anchor"] == "y"
 
 
+#: The README's compare links of the demo's seed cases (before, after, the step times of their workloads).
+DEMO_SEED_PAIRS = (
+    ("demo-seed1-run1", "demo-seed1-run2", 2.0, 0.97),
+    ("demo-seed1-run2", "demo-seed1-run3", 0.97, 0.78),
+    ("demo-seed2", "demo-seed2-run2", 1.5, 1.05),
+)
+
+
 @pytest.mark.prometheus
 @pytest.mark.django_db
-def test_the_demos_seed_case_1_runs_compare(settings, tmp_path, capsys):
-    """The demo's seed case 1 (jobs.demo: three runs of one LoRA fine-tune, 33 -> 68 -> 85 %) through the
-    demo's own path: simulated dcgm-exporter data backfilled into a real Prometheus, registered, finalized,
-    run 1's trace attached (demo.finish). Run 1 against run 2: MFU up beyond noise, the input stall gone."""
+def test_the_demos_seed_runs_compare_with_a_full_trace_diff(settings, tmp_path, capsys):
+    """The demo's seed runs (jobs.demo: case 1 as three runs of one LoRA fine-tune, 33 -> 68 -> 85 %; case
+    2 before and after its collective was overlapped) through the demo's own path: simulated dcgm-exporter
+    data backfilled into a real Prometheus, registered, finalized, every run's trace attached
+    (demo.finish). Issue 28 item 5: every README compare link has a trace diff and a known step time, and
+    tokens/s changes as the step time does (tokens per step / step time)."""
     from jobs import demo
     from jobs.outputs.compare_data import build
-    from jobs.simulate import backfill, simulate, write_openmetrics
     from tests.prom_server import PrometheusProcess, prometheus_binary
 
     if prometheus_binary() is None:
         pytest.skip("prometheus is not installed (Debian package 'prometheus')")
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-    wanted = ("demo-seed1-run1", "demo-seed1-run2")
+    wanted = {x for pair in DEMO_SEED_PAIRS for x in pair[:2]}
     planned = [d for d in demo.plan(now) if d.spec.job_id in wanted]
-    results = [simulate(d.spec) for d in planned]
-    write_openmetrics(results, tmp_path / "demo.om")
-    backfill(tmp_path / "demo.om", tmp_path / "tsdb")
+    assert len(planned) == len(wanted)
+    results = [demo.simulate_job(d, now) for d in planned]
+    demo.backfill_results(results, tmp_path / "tsdb")
     settings.MEDIA_ROOT = str(tmp_path / "media")
     with PrometheusProcess(tmp_path / "tsdb") as server:
         settings.PROMETHEUS_URL = server.url
         teams = demo.ensure_people()
         for d, result in zip(planned, results, strict=True):
             demo.register(d, result, teams, now)
-        demo.finish()
-    run1, run2 = (Job.objects.get(external_id=x) for x in wanted)
-    c = build(run1, run2).comparison
-    kpis = {r["key"]: r for r in c["kpis"]}
-    with capsys.disabled():
-        print("\nseed case 1, run 1 -> run 2:")
-        for key in (
-            "mfu",
-            "tokens_per_second_per_gpu",
-            "sm_active",
-            "gpu_util",
-            "waste_per_day",
-            "cost_per_day",
-        ):
-            r = kpis[key]
-            print(
-                f"  {r['label']}: {r['a_text']} -> {r['b_text']} "
-                f"({r['delta_text']}; {r['significance']['verdict']})"
-            )
-        f = c["findings"]
-        print(
-            "  resolved:", [(i["code"], i["a_text"]) for i in f["resolved"]], f["totals"]["resolved"]["text"]
-        )
-        print("  new:", [(i["code"], i["b_text"]) for i in f["new"]])
-        print("  persisting:", [(i["code"], i["a_text"], i["b_text"]) for i in f["persisting"]])
-        print("  traces:", c["traces"].get("reason") or c["traces"]["kind"])
-    assert c["config"]["changed"] == [] and c["config"]["comparable"]
-    assert kpis["mfu"]["b"] > kpis["mfu"]["a"] and kpis["mfu"]["significance"]["verdict"] == "better"
-    assert "data_pipeline_stall" in {i["code"] for i in c["findings"]["resolved"]}
+        demo.finish(wait_live_s=0)
+    for a_id, b_id, step_a, step_b in DEMO_SEED_PAIRS:
+        run_a, run_b = (Job.objects.get(external_id=x) for x in (a_id, b_id))
+        c = build(run_a, run_b).comparison
+        kpis = {r["key"]: r for r in c["kpis"]}
+        with capsys.disabled():
+            print(f"\n{a_id} -> {b_id}:")
+            for key in ("mfu", "tokens_per_second_per_gpu", "step_time_ms", "sm_active", "gpu_util",
+                        "waste_per_day", "cost_per_day"):  # fmt: skip
+                r = kpis[key]
+                print(
+                    f"  {r['label']}: {r['a_text']} -> {r['b_text']} "
+                    f"({r['delta_text']}; {r['significance']['verdict']})"
+                )
+            f = c["findings"]
+            print("  resolved:", [(i["code"], i["a_text"]) for i in f["resolved"]])
+            print("  new:", [(i["code"], i["b_text"]) for i in f["new"]])
+            print("  persisting:", [(i["code"], i["a_text"], i["b_text"]) for i in f["persisting"]])
+            print("  traces:", c["traces"].get("reason") or c["traces"]["kind"])
+        assert c["config"]["changed"] == [] and c["config"]["comparable"]
+        assert c["traces"]["available"], c["traces"].get("reason")
+        assert kpis["step_time_ms"]["a"] == pytest.approx(step_a * 1000.0)
+        assert kpis["step_time_ms"]["b"] == pytest.approx(step_b * 1000.0)
+        # Tokens per step are the same before and after: the rate follows the step time.
+        tps = kpis["tokens_per_second_per_gpu"]
+        assert tps["b"] / tps["a"] == pytest.approx(step_a / step_b, rel=0.03)
+        assert kpis["mfu"]["b"] > kpis["mfu"]["a"] and kpis["mfu"]["significance"]["verdict"] == "better"
+    first = build(*(Job.objects.get(external_id=x) for x in DEMO_SEED_PAIRS[0][:2])).comparison
+    assert "data_pipeline_stall" in {i["code"] for i in first["findings"]["resolved"]}
+    case2 = build(*(Job.objects.get(external_id=x) for x in DEMO_SEED_PAIRS[2][:2])).comparison
+    assert "communication_wait" in {i["code"] for i in case2["findings"]["resolved"]}
