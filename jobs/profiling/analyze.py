@@ -114,6 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=KINDS, help="skip auto-detection")
     parser.add_argument("--rank", type=int, help="rank of a Kineto trace without distributedInfo")
     parser.add_argument("--json", action="store_true", help="print the whole analysis as JSON")
+    parser.add_argument(
+        "--timezone",
+        help="zone of an nvidia-smi/dstat log's local timestamps (IANA name or +02:00; UTC if omitted)",
+    )
 
 
 def run(opts: dict[str, Any], out: Writer, *, max_decompressed_bytes: int) -> None:
@@ -133,6 +137,7 @@ def run(opts: dict[str, Any], out: Writer, *, max_decompressed_bytes: int) -> No
             rank=opts.get("rank"),
             filename=path.name,
             max_decompressed_bytes=max_decompressed_bytes,
+            time_zone=opts.get("timezone"),
         )
     except ArtifactError as exc:
         raise CommandFailed(f"{path.name}: {exc}") from None

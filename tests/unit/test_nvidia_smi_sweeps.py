@@ -254,3 +254,17 @@ def test_dstat_time_column_with_an_ambiguous_abbreviation_states_the_assumption(
     series = result["series"]["t_unix_s"]
     assert series[1] - series[0] == pytest.approx(1.0)
     assert result["time_zone"]["year_wraps"] == 1
+
+
+def test_the_command_line_takes_the_logs_time_zone(capsys: pytest.CaptureFixture[str]) -> None:
+    from jobs.profiling.analyze import main
+
+    path = str(DATA / "nvidia_smi_units.csv")
+    assert main([path, "--json", "--timezone", "Europe/Berlin"]) == 0
+    berlin = json.loads(capsys.readouterr().out)
+    assert main([path, "--json"]) == 0
+    utc = json.loads(capsys.readouterr().out)
+    assert berlin["time_zone"]["zone"] == "Europe/Berlin" and utc["time_zone"]["assumed"] is True
+    assert utc["start_unix_s"] - berlin["start_unix_s"] == pytest.approx(7200)  # CEST in May
+    assert main([path, "--timezone", "Nowhere/Land"]) == 1
+    assert "unknown time zone" in capsys.readouterr().err
