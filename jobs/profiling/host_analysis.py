@@ -624,11 +624,13 @@ def _late_gaps(rank: RankTrace, idle: iv.Intervals) -> npt.NDArray[np.bool_]:
     if g0.size == 0 or not work.any() or len(rt) == 0:
         return out
     has = rt.correlation >= 0
+    if not has.any():
+        return out
     order = np.argsort(rt.correlation[has], kind="stable")
     r_corr, r_start = rt.correlation[has][order], rt.start_ns[has][order]
     o_corr, o_start = gpu.correlation[work], gpu.start_ns[work]
-    pos = np.clip(np.searchsorted(r_corr, o_corr, side="right") - 1, 0, max(r_corr.size - 1, 0))
-    known = (r_corr.size > 0) & (r_corr[pos] == o_corr)
+    pos = np.clip(np.searchsorted(r_corr, o_corr, side="right") - 1, 0, r_corr.size - 1)
+    known = r_corr[pos] == o_corr
     launch = np.where(known, r_start[pos], np.iinfo(np.int64).max).astype(np.int64)
     # Earliest launch among the ops starting at each instant.
     by = np.lexsort((launch, o_start))

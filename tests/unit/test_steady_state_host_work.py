@@ -321,3 +321,31 @@ def test_ddp_sample_host_work_repeats_in_every_step() -> None:
     assert hw["cpu_ops_steps"] == 3 and hw["cpu_ops_gaps"] == 28
     assert hw["top_ops"][0]["name"] == "aten::unflatten_dense_tensors"
     assert hw["top_ops"][0]["count"] == 6
+
+
+def test_launches_the_trace_cannot_match_are_not_called_late() -> None:
+    # Kernels carry correlation ids but the runtime calls do not (a trimmed or foreign trace): no gap can
+    # be shown to end with a late launch, so its idle is "queued", never host work -- and nothing raises.
+    b = TraceBuilder()
+    for i in range(12):
+        b.events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 1,
+                "ts": i * 10_000.0 - 10.0,
+                "dur": 4.0,
+                "args": {},
+            }
+        )
+        b.gpu("kernel", BF16_GEMM, i * 10_000.0, 1_000.0, 1_000 + i)
+        b.cpu("aten::copy_", i * 10_000.0 + 1_100.0, 8_800.0)
+    rank, found = run(_kineto_document(b, 120_000.0))
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert hw["late_launch_pct"] == 0.0
+    assert (
+        hw["queued_pct"] == pytest.approx(rank["gpu_idle_attribution"]["other_pct"]) and hw["queued_pct"] > 80
+    )
+    assert "data_pipeline_stall" not in found

@@ -27,7 +27,11 @@ several ranks of one capture (`jobs.diagnosis.cross_rank`) it also tells a late 
 rank that arrives last waits least in NCCL, so its NCCL time is the collective itself and the others' extra
 NCCL time is waiting for it; the finding then says so, and keeps as its impact only the collective's own
 part (the waiting is the straggler finding's). Cannot see from one rank's trace: whether it waits for a
-peer or for the network.
+peer or for the network. The "communication share of step" it quotes is the step breakdown's, which
+without ProfilerStep is measured over the GPU's steady state (first kernel to last GPU activity), so
+start-up does not dilute it; exposed communication is a share of the GPU span (HTA's), never of the host's
+extent. A host thread inside a collective call while the GPU idles is counted apart from host CPU work
+(data_pipeline_stall's host-work reading) in the analysis' ``host_work.communication_pct``.
 """
 
 from __future__ import annotations

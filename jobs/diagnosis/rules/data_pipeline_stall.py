@@ -390,8 +390,10 @@ def _trace(
     attribution (`jobs.profiling.host_analysis`), the GPU idle time while the host is inside the
     DataLoader iterator (``enumerate(DataLoader)#...__next__``) over the profiled steps. Idle time in
     short launch gaps or behind blocking calls belongs to launch_overhead / host_sync. Older analyses:
-    the TensorBoard-style DataLoader share of the step. Cannot see: DataLoader worker processes (they are
-    not in the training process's trace) -- the iterator class only says whether there are any.
+    the TensorBoard-style DataLoader share of the step (without ProfilerStep, analyses made before
+    issue #24 measured it over the host's extent, start-up included; newer ones over the steady state).
+    Cannot see: DataLoader worker processes (they are not in the training process's trace) -- the
+    iterator class only says whether there are any.
     """
     worst: float | None = None
     for r in A.trace_ranks(inp):

@@ -21,6 +21,12 @@ kernels shorter than their own CPU launch call (HTA's launch statistics). The tr
 measured on the union of the rank's streams (an instant is idle when no stream runs). An `nsys stats`
 kernel summary has kernel durations and launch counts but no timeline: it shows tiny kernels, not the
 gaps between them, so from a summary alone the finding stays info.
+
+Only gaps under the launch-gap limit (1 ms) are this rule's: per-launch cost, fixed by CUDA graphs and
+fusion. Longer gaps that end with a late launch while the launching thread runs CPU operators (the
+issue #24 trace: 63 ms of aten::copy_ between GEMMs) are the host doing other CPU work, not launching:
+data_pipeline_stall's host-work reading. Cannot see from a trace: Python time between operators (not
+traced): a launch gap the host spent in Python outside any operator reads as the host not busy.
 """
 
 from __future__ import annotations
