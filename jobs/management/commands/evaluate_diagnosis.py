@@ -9,13 +9,14 @@ diagnosed (jobs.findings.run_diagnosis). Prints the confusion table, precision a
 healthy jobs' false-warning rate. Everything it writes to the database is rolled back at the end.
 
 `--matrix` is the benchmark of variants the rules were not tuned on (jobs.diagnosis.evaluation.matrix_jobs):
-scrape interval 5/15/30/60 s x step 0.2/2/20/120 s x healthy, input stall synchronised/staggered,
-collective spin/drop x link traffic in the troughs/idle links, tiny kernels; recorded through NVML's
+scrape interval 5/15/30/60 s x step 0.2/2/10/120 s x NVML window 1/6 s and 1 s x healthy, input stall
+synchronised/staggered and 2/3 of the step, collective spin/drop x link traffic in the troughs/idle links,
+collectives spinning at mean SM activity 20/35/50/65/80 %, tiny kernels; recorded through NVML's
 window, DCGM's collect interval, per-target scrape offsets, ~1 % failed scrapes, a lost node, noise and
 dcgm-exporter's default counters on every other job. It reads them back as ingestion would
 (jobs.diagnosis.testing.signals_from_sim: lookback, rate windows, per-GPU rows) without Prometheus or the
-database, and prints precision and recall per code, overall and per regime (resolved / unresolved). A
-benchmark to print, not a timed test.
+database, and prints precision and recall per code, overall, per regime (resolved / unresolved) and per
+NVML window. A benchmark to print, not a timed test.
 """
 
 from __future__ import annotations
