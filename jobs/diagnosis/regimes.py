@@ -21,9 +21,9 @@ What a cause looks like in these samples, derived per window (the rules cite thi
   a whole cycle and reads ~1 - w (the seed's case 1 at 15 s with a 1 s window: 2 s steps waiting 2/3 of
   the step, no sample at 0 %, mean 33 %). So a low *mean* is idle time whatever the spread: at a 33 %
   mean the GPU has no kernel two thirds of the time, which tiny kernels cannot produce (a launch-bound
-  stream keeps a kernel resident most of the time: the seed's run 2 reads 68 %, launch-bound jobs in the
-  field ~95 % with low SM activity). Below `T.UNRESOLVED_UTIL_IDLE_MAX` the look is an idle GPU waiting
-  on the host side; only above it does a narrow spread with small kernels mean launch gaps.
+  stream keeps a kernel resident most of the time: the seed's run 2 reads 68 %; issue 25's held-out
+  launch-bound jobs ~95 % with low SM activity). Below `T.UNRESOLVED_UTIL_IDLE_MAX` the look is an idle
+  GPU waiting on the host side; only above it does a narrow spread with small kernels mean launch gaps.
 * the profiling fields are collect-interval averages (DCGM: 30 s by default): whatever the window,
   SM/tensor/DRAM activity reads duty x the per-kernel level; dividing by the mean utilisation gives the
   activity while a kernel is resident (`Looks.per_busy`).
