@@ -610,22 +610,23 @@ def _launching_tids(rank: RankTrace) -> npt.NDArray[np.int64]:
     return np.unique(rt.tid[(rt.correlation >= 0) & np.isin(rt.correlation, corr)]).astype(np.int64)
 
 
-def _late_gaps(rank: RankTrace, idle: iv.Intervals) -> npt.NDArray[np.bool_]:
-    """For each idle gap: was the GPU op that ends it launched after the gap began (the queue ran dry)?
+def _late_gaps(rank: RankTrace, idle: iv.Intervals) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """For each idle gap: (late, queued) -- was the GPU op that ends it launched after the gap began (the
+    queue ran dry), or before it (it was queued and waited on something else)?
 
     HTA's host-wait test (see `trace_analysis.idle_breakdown`) on the union of the streams: of the ops
-    starting when the gap ends, the earliest launched decides. An op whose launching call is not in the
-    trace gives False (not shown to be late).
+    starting when the gap ends, the earliest launched decides. A gap no op ends (the window's edge) or
+    ended by an op whose launching call is not in the trace is neither.
     """
     g0, g1 = idle
     out = np.zeros(g0.size, dtype=bool)
     gpu, rt = rank.gpu, rank.runtime
     work = (gpu.kind != OpKind.SYNC) & (gpu.correlation >= 0)
     if g0.size == 0 or not work.any() or len(rt) == 0:
-        return out
+        return out, out.copy()
     has = rt.correlation >= 0
     if not has.any():
-        return out
+        return out, out.copy()
     order = np.argsort(rt.correlation[has], kind="stable")
     r_corr, r_start = rt.correlation[has][order], rt.start_ns[has][order]
     o_corr, o_start = gpu.correlation[work], gpu.start_ns[work]
@@ -639,8 +640,11 @@ def _late_gaps(rank: RankTrace, idle: iv.Intervals) -> npt.NDArray[np.bool_]:
     ok = first < o_start.size
     ok[ok] = o_start[first[ok]] == g1[ok]
     idx = first[ok]
-    out[ok] = (launch[idx] > g0[ok]) & (launch[idx] != np.iinfo(np.int64).max)
-    return out
+    known_launch = launch[idx] != np.iinfo(np.int64).max
+    out[ok] = (launch[idx] > g0[ok]) & known_launch
+    queued = np.zeros(g0.size, dtype=bool)
+    queued[ok] = (launch[idx] <= g0[ok]) & known_launch
+    return out, queued
 
 
 def _covered_before(cover: iv.Intervals, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -694,14 +698,16 @@ def _host_work(
       file or network I/O, the GIL held by another thread -- the trace cannot tell them apart
       (``python_function`` events are not read).
 
-    Idle in gaps whose ending op was queued before the gap began is *queued*: the GPU was not waiting for
-    a launch (a cross-stream dependency or a device-side wait). Repetition of the cpu_ops part (how many
-    gaps hold it, the largest one's share, the steps that show it) lets a rule tell the steady state
-    from a one-off.
+    Idle in gaps whose ending op was launched before the gap began is *queued*: the GPU was not waiting
+    for a launch (a cross-stream dependency or a device-side wait). Gaps no op ends (at the window's edge)
+    or whose ending op's launch is not in the trace are *unknown*. Repetition of the cpu_ops part (how
+    many gaps hold it, the largest one's share, the steps that show it) lets a rule tell the steady
+    state from a one-off.
     """
-    late = _late_gaps(rank, idle)
+    late, was_queued = _late_gaps(rank, idle)
     dry = iv.intersect(other, (idle[0][late], idle[1][late]))
-    queued = iv.subtract(other, (idle[0][late], idle[1][late]))
+    queued = iv.intersect(other, (idle[0][was_queued], idle[1][was_queued]))
+    unknown_ns = iv.total(other) - iv.total(dry) - iv.total(queued)
     cpu, rt, names = rank.cpu_ops, rank.runtime, trace.strings
     tids = _launching_tids(rank)
     cpu_on = np.isin(cpu.tid, tids)
@@ -729,6 +735,8 @@ def _host_work(
         "late_launch_pct": pct(dry_ns, window_ns),
         "queued_ms": ms(iv.total(queued)),
         "queued_pct": pct(iv.total(queued), window_ns),
+        "unknown_ms": ms(unknown_ns),
+        "unknown_pct": pct(unknown_ns, window_ns),
         "communication_ms": ms(iv.total(in_comm)),
         "communication_pct": pct(iv.total(in_comm), window_ns),
         "runtime_ms": ms(rt_ns),
