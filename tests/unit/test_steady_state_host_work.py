@@ -140,6 +140,8 @@ def between_kernels(host: str, n: int = ITERATIONS, gap_in: set[int] | None = No
       before its kernel -- the issue's trace;
     * ``sleep``: nothing traced (``time.sleep`` or Python outside operators), the same late launch;
     * ``dataloader``: the single-process DataLoader's ``__next__`` for 62.9 ms, the same late launch;
+    * ``collective``: a host-side ``nccl:all_reduce`` for 62.9 ms (waiting for other ranks), the same
+      late launch;
     * ``queued``: the same ``aten::copy_``, but the next iteration's kernels were all launched right after
       the previous iteration's launches (nothing waits for the host: the GPU idles for another reason).
     """
@@ -161,6 +163,8 @@ def between_kernels(host: str, n: int = ITERATIONS, gap_in: set[int] | None = No
         if i in gap_in and i + 1 < n:
             if host == "cpu_op" or host == "queued":
                 b.cpu("aten::copy_", end + 100.0, GAP_US - 300.0)
+            elif host == "collective":
+                b.cpu("nccl:all_reduce", end + 100.0, GAP_US - 300.0)
             elif host == "dataloader":
                 b.cpu(
                     "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", end + 100.0, GAP_US - 300.0
@@ -249,6 +253,12 @@ def test_host_work_needs_late_launches_and_cpu_operators() -> None:
     assert rank["gpu_idle_attribution"]["input_pct"] == pytest.approx(100 * 9 * 62.9 / 900)
     assert rank["gpu_idle_attribution"]["host_work"]["cpu_ops_pct"] < 0.02
     assert found["data_pipeline_stall"].title.endswith("waiting for the DataLoader")
+    # a host-side collective: the host waits for other ranks, counted apart, not host CPU work.
+    rank, found = run(between_kernels("collective"))
+    hw = rank["gpu_idle_attribution"]["host_work"]
+    assert hw["communication_pct"] == pytest.approx(62.9)
+    assert hw["cpu_ops_pct"] < 0.02
+    assert "data_pipeline_stall" not in found
     # the next kernels queued before each gap began: the GPU did not wait for the host.
     rank, found = run(between_kernels("queued"))
     hw = rank["gpu_idle_attribution"]["host_work"]

@@ -44,7 +44,9 @@ impact; only the steady state counts (the window starts at the first kernel or s
 the analysis' ``phases``), and a warning needs the pattern to repeat (several steps, or several gaps
 with no one-off holding most of it). Cannot see: what the untraced host time was (Python between
 operators, ``time.sleep``, I/O -- reported as ``untraced``, never a finding), Python source lines
-(the operators are named, not the code that called them), and work in other processes.
+(the operators are named, not the code that called them), work in other processes, and any of it in an
+Nsight Systems export, which has CUDA API calls but no PyTorch operators (its host time is runtime or
+untraced).
 """
 
 from __future__ import annotations
