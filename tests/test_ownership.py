@@ -13,8 +13,10 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core import mail
 from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -136,6 +138,11 @@ def test_the_idle_policy_never_cancels_a_hand_registered_job_only_warns(world, s
     assert "not registered by a scheduler" in cancel.actor and "of mallory" in cancel.actor
     assert not calls.exists()  # nothing was cancelled
     assert "will not cancel it" in mail.outbox[0].body
+    # The team's alerts page says which jobs the policy may cancel, and its log says why this one was not.
+    page = Client()
+    page.force_login(get_user_model().objects.get(username="mallory"))
+    html = page.get("/teams/llm/alerts/").content.decode()
+    assert "Only jobs a scheduler integration registered" in html and "not registered by a scheduler" in html
 
 
 @pytest.mark.django_db
