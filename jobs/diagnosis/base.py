@@ -37,7 +37,7 @@ CODES: tuple[str, ...] = (
 #: Each finding code as people read it (alerts, emails and pages show this, not the code).
 FINDING_NAMES: dict[str, str] = {
     "false_saturation": "Busy GPUs doing little work",
-    "data_pipeline_stall": "Input pipeline stall",
+    "data_pipeline_stall": "Input or host-side stall",
     "launch_overhead": "Kernel launch overhead",
     "communication_wait": "Communication wait",
     "throttling": "Clock throttling",
