@@ -1,0 +1,207 @@
+"""The demo as a visitor first sees it, in headless Chromium (issue 28 items 3, 5 and 6).
+
+The demo's own path: `jobs.demo` plans the jobs, simulates their dcgm-exporter data, backfills it into a
+real Prometheus, registers them as the scheduler would and runs `demo.finish` (ingest, traces). Item 3's
+test also runs the simulated exporter in the live server and a Prometheus that scrapes it, as `make demo`
+does. Screenshots: test-artifacts/screenshots/item{3,5,6}-*.png.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import LAPTOP, Watched
+
+pytestmark = [pytest.mark.browser, pytest.mark.prometheus]
+db = pytest.mark.django_db(transaction=True)
+
+#: The README's compare links of the seed cases: (before, after, their workloads' step times in s).
+README_PAIRS = (
+    ("demo-seed1-run1", "demo-seed1-run2", 2.0, 0.97),
+    ("demo-seed1-run2", "demo-seed1-run3", 0.97, 0.78),
+    ("demo-seed2", "demo-seed2-run2", 1.5, 1.05),
+)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(second=0, microsecond=0)
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list[Any], list[Any], datetime]]:
+    """A real Prometheus holding the demo's seed runs, as `load_demo` backfills them."""
+    from jobs import demo
+    from tests.prom_server import PrometheusProcess, prometheus_binary
+
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    now = _now()
+    planned = [d for d in demo.plan(now) if d.batch is not None]
+    results = [demo.simulate_job(d, now) for d in planned]
+    tsdb = tmp_path_factory.mktemp("demo-seeds") / "tsdb"
+    demo.backfill_results(results, tsdb)
+    with PrometheusProcess(tsdb) as server:
+        yield server, planned, results, now
+
+
+def _load(
+    settings: Any, tmp_path: Path, prom_url: str, planned: list[Any], results: list[Any], now: datetime
+) -> None:
+    from jobs import demo
+
+    settings.PROMETHEUS_URL = prom_url
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    teams = demo.ensure_people()
+    for d, result in zip(planned, results, strict=True):
+        demo.register(d, result, teams, now)
+    demo.finish(wait_live_s=0)
+
+
+def _number(text: str) -> float:
+    """The number a cell shows ("2,000 ms", "1,001 tokens/s")."""
+    return float(text.split()[0].replace(",", ""))
+
+
+def _log_in(watched: Watched, base: str) -> None:
+    from jobs import demo
+
+    page = watched.page
+    page.goto(f"{base}/login/")
+    page.get_by_label("User name").fill("demo")
+    page.get_by_label("Password").fill(demo.DEMO_PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base}/")
+
+
+@db
+def test_every_readme_compare_link_shows_a_trace_diff_with_the_seeds_step_times(
+    watched, live_server, settings, tmp_path, seeds
+):
+    server, planned, results, now = seeds
+    _load(settings, tmp_path, server.url, planned, results, now)
+    _log_in(watched, live_server.url)
+    page = watched.page
+    for a_id, b_id, step_a, step_b in README_PAIRS:
+        page.goto(f"{live_server.url}/jobs/compare/?a={a_id}&b={b_id}")
+        page.wait_for_selector("body[data-charts-ready]")
+        name = "seed1" if a_id == "demo-seed1-run1" else "seed1-run3" if b_id.endswith("run3") else "seed2"
+        watched.shot(f"item5-compare-{name}-after", full_page=False, selector="#kpis")
+        watched.shot(f"item5-compare-{name}-traces-after", full_page=False, selector="#trace-diff")
+        step = page.locator('tr[data-kpi="step_time_ms"]')
+        assert _number(step.locator('td[data-side="a"] .v').inner_text()) == pytest.approx(step_a * 1000)
+        assert _number(step.locator('td[data-side="b"] .v').inner_text()) == pytest.approx(step_b * 1000)
+        traces = page.locator("#trace-diff")
+        assert "no trace of the same kind" not in traces.inner_text()
+        assert traces.locator("table").count() >= 5
+        # Tokens/s per GPU change as the step time does: the batch is the same before and after.
+        tps = page.locator('tr[data-kpi="tokens_per_second_per_gpu"]')
+        a = _number(tps.locator('td[data-side="a"] .v').inner_text())
+        b = _number(tps.locator('td[data-side="b"] .v').inner_text())
+        assert b / a == pytest.approx(step_a / step_b, rel=0.03), (a_id, a, b)
+    assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]
+    watched.assert_clean()
+
+
+@contextmanager
+def _prometheus_scraping(tsdb: Path, target: str, workdir: Path) -> Iterator[str]:
+    """Prometheus over `tsdb` scraping the simulated exporter at `target` every second, as the demo's
+    Prometheus scrapes the web server (.ci/services: 15 s there; 1 s here to keep the test short)."""
+    from tests.prom_server import free_port, prometheus_binary
+
+    binary = prometheus_binary()
+    if binary is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    config = workdir / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dcgm-exporter-simulated\n"
+        f"    honor_labels: true\n    static_configs:\n      - targets: ['{target}']\n"
+        "    metrics_path: /simulated/dcgm-exporter/metrics\n"
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with (workdir / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tsdb}", "--log.level=warn",
+             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=10y"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=1.0) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError((workdir / "prometheus.log").read_text()[-2000:])
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@db
+def test_the_demo_opens_without_stale_alerts(watched, live_server, settings, tmp_path):
+    """Issue 28 item 3. `load` wrote the running job's data 12 minutes before `finish` polls (a first
+    `make demo` on a busy machine: backfill, Prometheus restart). `finish` waits until Prometheus has
+    scraped the simulated exporter (served by the web server, started before it) and its first poll reads
+    current data: no "Ingestion stale" alert, and Prometheus holds data of the job newer than `finish`'s
+    start (before, `finish` polled before the web server, hence the exporter, had started)."""
+    from jobs import demo
+    from jobs.metrics.prometheus import PrometheusClient
+    from jobs.models import AlertIncident, Job
+
+    now = _now()
+    live = next(d for d in demo.plan(now) if d.spec.job_id == "demo-4900")
+    result = demo.simulate_job(live, now - timedelta(minutes=12))
+    tsdb = tmp_path / "tsdb"
+    demo.backfill_results([result], tsdb)
+    state = tmp_path / "state"
+    state.mkdir()
+    spec = asdict(live.spec) | {"disabled": sorted(live.spec.disabled)}
+    (state / demo.LIVE_SPECS_FILE).write_text(json.dumps([spec]))
+    settings.DEMO_STATE_DIR = str(state)
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    with _prometheus_scraping(tsdb, live_server.url.removeprefix("http://"), tmp_path) as url:
+        settings.PROMETHEUS_URL = url
+        teams = demo.ensure_people()
+        demo.register(live, result, teams, now)
+        lines: list[str] = []
+        began = time.time()
+        report = demo.finish(lines.append, wait_live_s=120.0)
+        newest = demo.live_data_until(PrometheusClient(url), ["demo-4900"])
+    job = Job.objects.get(external_id="demo-4900")
+    open_rules = set(
+        AlertIncident.objects.filter(job=job, resolved_at__isnull=True).values_list("rule", flat=True)
+    )
+    _log_in(watched, live_server.url)
+    page = watched.page
+    page.goto(f"{live_server.url}/teams/{job.team.slug}/alerts/")
+    watched.shot("item3-team-alerts-after")
+    page.goto(f"{live_server.url}/jobs/{job.external_id}/")
+    watched.shot("item3-job-after", full_page=False)
+    assert report["live_caught_up"], lines
+    assert newest["demo-4900"] >= began  # scraped from the exporter after `finish` began
+    assert "ingestion_stale" not in open_rules and not job.ingest_error
+    assert job.data_until is not None
+    assert (datetime.now(UTC) - job.data_until).total_seconds() < settings.ALERT_STALE_MINUTES * 60
+    assert (
+        page.locator("text=Ingestion stale").count() == 0 and page.locator("text=No new metrics").count() == 0
+    )
+    watched.assert_clean()
