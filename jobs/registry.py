@@ -212,6 +212,17 @@ def register_job(data: dict[str, Any], claimant: Claimant | None = None) -> Regi
 
 
 @transaction.atomic
+def register_discovered(job: Job, via: str) -> Job:
+    """Save a job discovery built from an exporter label (jobs.metrics.discovery), with its provenance:
+    platform-seen, not vouched for by a scheduler, so a member cannot take its id and the idle policy
+    does not cancel it (jobs.ownership). The registry stays the one writer of provenance."""
+    job.registered_by, job.cluster, job.registered_via = Job.Provenance.DISCOVERY, "", via[:200]
+    job.config_fingerprint = fingerprint_for(job)
+    job.save()
+    return job
+
+
+@transaction.atomic
 def update_job(job: Job, data: dict[str, Any]) -> Job:
     """Apply a PATCH: end the job (or re-open it with ended_at null) and correct simple fields."""
     job = Job.objects.select_for_update().get(pk=job.pk)

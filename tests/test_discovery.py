@@ -48,6 +48,8 @@ def test_unknown_label_values_become_jobs_and_end_when_they_disappear(prom, disc
     assert job.gpu_count == 4 and job.gpu_model.name == "H100 SXM"
     assert job.selector == {"hpc_job": "777"}
     assert job.kind == Job.Kind.TRAINING  # DISCOVERY_JOB_KIND's default
+    # Platform-seen but vouched for by no scheduler: a member cannot take it, the policy never cancels it.
+    assert (job.registered_by, job.registered_via) == ("discovery", "discovery on hpc_job")
     assert abs((job.started_at - START).total_seconds()) <= 120
     assert discover(prom, now=START + timedelta(hours=1, minutes=5))["created"] == []
     ended = discover(prom, now=START + timedelta(hours=2, minutes=30))

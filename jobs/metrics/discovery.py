@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import label_matcher, validate_label_name
 from jobs.models import Job, Team
-from jobs.registry import fingerprint_for, resolve_gpu_model
+from jobs.registry import register_discovered, resolve_gpu_model
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +101,8 @@ def discover(client: PrometheusClient, now: datetime | None = None) -> dict[str,
     for value, s in by_value.items():
         if prefix + value in known:
             continue
-        with transaction.atomic():
-            job = Job(
+        job = register_discovered(
+            Job(
                 external_id=prefix + value,
                 name=f"{label}={value}",
                 team=team,
@@ -115,13 +114,9 @@ def discover(client: PrometheusClient, now: datetime | None = None) -> dict[str,
                 selector={label: value},
                 started_at=s.first_seen,
                 discovered_by=label_matcher(label, value)[:300],
-                # Platform-seen (the exporter's label), not vouched for by a scheduler: a member cannot
-                # take its id, and the idle policy does not cancel it (jobs.ownership).
-                registered_by=Job.Provenance.DISCOVERY,
-                registered_via=f"discovery on {label}"[:200],
-            )
-            job.config_fingerprint = fingerprint_for(job)
-            job.save()
+            ),
+            f"discovery on {label}",
+        )
         report["created"].append(job.external_id)
     for job in Job.objects.filter(
         external_id__startswith=prefix, ended_at__isnull=True, discovered_by__gt=""
