@@ -11,6 +11,7 @@ L4 row and report an MFU three times too high. An unknown name returns None; the
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from types import MappingProxyType
@@ -53,10 +54,7 @@ class GpuSpec:
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for ``dtype`` (any alias), or None when the GPU has no such peak."""
-        key = normalise_dtype(dtype)
-        if key is None or key not in self.peak_tflops:
-            return None
-        return self.peak_tflops[key] * 1e12
+        return peak_flops(self.peak_tflops, dtype)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # mappingproxy cannot be pickled; rebuild from plain fields so specs survive Celery, cache, deepcopy.
@@ -404,6 +402,22 @@ def normalise_dtype(dtype: str | None) -> str | None:
     key = dtype.strip().lower().replace("_", "-")
     key = key.removeprefix("torch.")
     return _DTYPE_ALIASES.get(key)
+
+
+def peak_flops(peak_tflops: Mapping[str, Any], dtype: str | None) -> float | None:
+    """The one dense-peak lookup: FLOP/s for ``dtype`` (any alias) from a row's peak TFLOP/s per dtype key.
+
+    Used by ``GpuSpec`` and by the database's ``GpuModel`` rows (seeded from ``GPU_SPECS``), so a job
+    registered as "bf16-mixed" or "torch.bfloat16" finds the BF16 peak wherever the row comes from. None
+    when the dtype is unknown or the row has no positive figure for it (never a made-up peak).
+    """
+    key = normalise_dtype(dtype)
+    if key is None:
+        return None
+    value = peak_tflops.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    return float(value) * 1e12  # the table is in TFLOP/s
 
 
 # ---------------------------------------------------------------------------------------------- prices

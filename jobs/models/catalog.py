@@ -6,6 +6,8 @@ from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from jobs.evaluation.catalog import peak_flops as catalog_peak_flops
+
 
 class GpuModel(models.Model):
     """A GPU model of the catalog: dense peak TFLOP/s per dtype and the specs the math needs."""
@@ -54,9 +56,9 @@ class GpuModel(models.Model):
         return self.name
 
     def peak_flops(self, dtype: str) -> float | None:
-        """Dense peak in FLOP/s for a dtype, or None when the catalog has no figure for it."""
-        value = self.peak_tflops.get(dtype)
-        return float(value) * 1e12 if value else None
+        """Dense peak in FLOP/s for a dtype (any alias: "bf16-mixed", "torch.bfloat16"), or None when the
+        catalog has no figure for it; the one lookup is jobs.evaluation.catalog.peak_flops."""
+        return catalog_peak_flops(self.peak_tflops or {}, dtype)
 
 
 class PriceEntry(models.Model):

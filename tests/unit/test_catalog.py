@@ -127,6 +127,22 @@ def test_peak_flops_converts_to_flop_per_second_and_accepts_aliases() -> None:
     assert h100.peak_flops("nonsense") is None
 
 
+def test_database_rows_and_specs_share_one_peak_lookup_that_normalises_the_dtype() -> None:
+    # The GpuModel row used to look its JSON up by the raw dtype: "bf16-mixed" found no peak there while
+    # the spec found 989.5 TFLOP/s. Both now go through catalog.peak_flops.
+    from jobs.models import GpuModel
+
+    spec = catalog.gpu_by_name("H100 SXM")
+    assert spec is not None
+    row = GpuModel(name=spec.name, peak_tflops=dict(spec.peak_tflops))
+    for dtype in ("bf16", "bf16-mixed", "torch.bfloat16", "BF16", "fp8", "e4m3", "half", "fp32", "nonsense"):
+        assert row.peak_flops(dtype) == spec.peak_flops(dtype), dtype
+    assert row.peak_flops("bf16-mixed") == pytest.approx(989.5e12)
+    assert row.peak_flops("fp32") is None  # no dense FP32 tensor peak in the table: unknown, not 0
+    assert catalog.peak_flops({"bf16": 0}, "bf16") is None
+    assert catalog.peak_flops({"bf16": "312"}, "bf16") is None
+
+
 def test_variant_specific_facts() -> None:
     specs = {spec.name: spec for spec in catalog.GPU_SPECS}
     assert specs["A100 SXM 40GB"].bandwidth_tbps == 1.555 and specs["A100 SXM 80GB"].bandwidth_tbps == 2.039
