@@ -6,9 +6,10 @@ Usage (from the repository root, services started with `.ci/services start`):
 
 Simulates one ended job (`jobs.simulate`, healthy scenario, `--gpus` GPUs on 8-GPU nodes with
 dcgm-exporter's labels, a default exporter's counters plus SM_ACTIVE, one sample per `--step-s` over
-`--days`), backfills it into a throwaway Prometheus (promtool; `--keep DIR` keeps the TSDB there and
-reuses it on the next run), registers it as a scheduler would (explicit GPU list, the simulator's
-throughput query) and runs `jobs.metrics.ingest.finalize_job` once, as the finalize task does.
+`--days`), backfills it into a throwaway Prometheus (promtool, `--chunk-h` hours at a time; `--keep
+DIR` keeps the TSDB there and reuses it on the next run), registers it as a scheduler would (explicit GPU
+list, the simulator's throughput query) and runs `jobs.metrics.ingest.finalize_job` once, as the
+finalize task does.
 
 Prints the time of that one try (wall, this process' CPU, Prometheus' CPU), the requests it sent to
 Prometheus by endpoint, the archive rows it wrote, whether it succeeded (status, ingest error), and the
@@ -24,9 +25,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
@@ -84,6 +88,7 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=3.0)
     parser.add_argument("--step-s", type=float, default=30.0, help="simulated scrape interval")
     parser.add_argument("--keep", help="directory to keep (and reuse) the backfilled TSDB in")
+    parser.add_argument("--chunk-h", type=float, default=3.0, help="hours of data per promtool run")
     args = parser.parse_args()
     if args.gpus < 1 or args.days <= 0 or args.step_s <= 0:
         parser.error("--gpus, --days and --step-s must be positive")
@@ -108,17 +113,44 @@ def main() -> None:
     try:
         if not tsdb.exists():
             t = time.perf_counter()
-            om = work / "data.om"
-            write_openmetrics([sim], om)
-            size = om.stat().st_size
-            backfill(om, tsdb, timeout_s=3600, max_block_duration="24h")
-            om.unlink()
+            size = 0
+            partial = tsdb.with_name(tsdb.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            # In time slices of --chunk-h, each one block: promtool holds a block's samples in memory
+            # (the whole 3-day file at once grew it past 11 GB) and re-reads the file once per block.
+            for part in _slices(sim, args.chunk_h * 3600.0):
+                om = work / "data.om"
+                write_openmetrics([part], om)
+                size += om.stat().st_size
+                backfill(om, partial, timeout_s=3600, max_block_duration="24h")
+                om.unlink()
+            partial.rename(tsdb)
             print(f"backfilled {size / 2**20:,.0f} MiB of OpenMetrics: {time.perf_counter() - t:.1f} s  "
                   f"[{_load()}]", flush=True)  # fmt: skip
         _finalize(sim, tsdb)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _slices(sim: Any, seconds: float) -> list[Any]:
+    """The simulated job cut into consecutive time slices of `seconds` (the same series, labels and
+    scrape offsets; each slice's samples only), so each is backfilled on its own."""
+    from jobs.simulate.core import SimResult
+
+    ts = sim.timestamps
+    index = np.floor((ts - ts[0]) / seconds).astype(np.int64)
+    out = []
+    for i in np.unique(index):
+        sl = index == i
+        out.append(SimResult(
+            spec=sim.spec, model=sim.model, timestamps=ts[sl], gpus=sim.gpus,
+            fields={k: v[:, sl] for k, v in sim.fields.items()},
+            throughput=replace(sim.throughput, tokens_per_s=sim.throughput.tokens_per_s[sl],
+                               tokens_total=sim.throughput.tokens_total[sl]),
+            truth=sim.truth, sample_offsets=sim.sample_offsets,
+        ))  # fmt: skip
+    return out
 
 
 def _finalize(sim: Any, tsdb: Path) -> None:
