@@ -96,7 +96,7 @@ class Discovery:
 
     def names(self, signal: Signal) -> tuple[str, ...]:
         """The signal's metric names that exist (preferred first); empty when it is not collected."""
-        return tuple(m for m in signal.metrics if m in self.metrics)
+        return tuple(m for m in signal.names if m in self.metrics)  # DCGM names, then aliases
 
     @property
     def host_labels(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jobs.metrics.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key
+from jobs.metrics.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key, regex_any
 from jobs.metrics.sampling import (
     DEFAULT_SCRAPE_INTERVAL_S,
     lattice_point,
@@ -28,6 +28,7 @@ from jobs.metrics.sampling import (
     rate_window_s as _rate_window,  # the parameter of fetch_job_signals has its name
 )
 from jobs.metrics.signals import (
+    ALIAS_METRICS,
     COUNT,
     DEFAULT_RATE_WINDOW_S,
     DEFAULT_STEP_S,
@@ -76,19 +77,28 @@ def base_vector(
     the names to those known to exist (the poll cycle's discovery); default all of `signal.metrics`.
     """
     names = _names(signal, metrics)
-    if signal.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER):
-        expr = selector.select_range(names, "rate", rate_window_s)
-    else:
-        expr = selector.select_range(names, _over_time(signal), step_window_s(step_s))
-    return f"({expr})" if signal.scale == 1.0 else f"({expr}) * {signal.scale!r}"
+    # Names with one scale share a selector; an alias in other units (the GPM exporter's mW) gets its own,
+    # scaled to the signal's unit before `or` joins them (the DCGM names first: `or` keeps the left side
+    # where two series have the same labels).
+    by_scale: dict[float, list[str]] = {}
+    for name in names:
+        by_scale.setdefault(signal.scale_of(name), []).append(name)
+    parts = []
+    for scale, group in by_scale.items():
+        if signal.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER):
+            expr = selector.select_range(group, "rate", rate_window_s)
+        else:
+            expr = selector.select_range(group, _over_time(signal), step_window_s(step_s))
+        parts.append(f"({expr})" if scale == 1.0 else f"({expr}) * {scale!r}")
+    return parts[0] if len(parts) == 1 else f"({' or '.join(parts)})"
 
 
 def _names(signal: Signal, metrics: Sequence[str] | None) -> tuple[str, ...]:
     if metrics is None:
-        return signal.metrics
-    names = tuple(m for m in signal.metrics if m in set(metrics))
+        return signal.names
+    names = tuple(m for m in signal.names if m in set(metrics))
     if not names:
-        raise ValueError(f"{signal.key}: none of {signal.metrics} among the given metric names")
+        raise ValueError(f"{signal.key}: none of {signal.names} among the given metric names")
     return names
 
 
@@ -194,7 +204,8 @@ def xid_codes_query(selector: Selector, window_s: float) -> str:
     return f"max by ({', '.join((*HOST_LABEL_SPELLINGS, 'gpu'))}) ({expr})"
 
 
-DCGM_NAME_REGEX = "DCGM_FI_.+"
+# The presence look-ups' regex: every DCGM field, and the registry's other exporters' names (exactly).
+DCGM_NAME_REGEX = "DCGM_FI_.+|" + regex_any(ALIAS_METRICS)
 
 
 def stats_from_series(series: Sequence[Any], timestamps: np.ndarray) -> dict[str, np.ndarray]:
@@ -317,11 +328,11 @@ def fetch_job_signals(
 
     gpus = float(max(1, gpus_hint))  # raised to the GPUs counted by the aggregates, as they are read
     for sig in wanted:
-        found = any(m in present for m in sig.metrics)
+        found = any(m in present for m in sig.names)
         if not found:
             result.missing[sig.key] = missing_reason(sig, False)
             continue
-        metrics = [m for m in sig.metrics if m in present]
+        metrics = [m for m in sig.names if m in present]
         stats: dict[str, np.ndarray] = {}
         if aggregates:
             query = aggregate_query(

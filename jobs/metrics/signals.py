@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,38 @@ THROTTLE_BITS: dict[str, int] = {
 # differ from 1e6 by 2.4 % and 4.9 %: a few per cent, not the 10^4 of reading it as a KiB counter.
 NVLINK_TOTAL_B_PER_MB = 1e6
 
+# The NVML GPM exporter Princeton's jobstats moved to (jobstats #58: "we decided to concentrate on GPM metrics
+# via NVML (https://github.com/plazonic/nvidia_gpu_prometheus_exporter) instead of continuing with DCGM").
+# Source: plazonic/nvidia_gpu_prometheus_exporter main.go (namespace "nvidia_gpu"). Units as its code sets
+# them, not as its names say: every `*_percent` / `*_util` GPM gauge is `Value / 100.0`, a 0-1 ratio like
+# DCGM's profiling fields (NVML returns GPM utilisations in percent); PCIe and NVLink are `Value * 1024 *
+# 1024`, bytes/s (NVML's GPM throughputs are MiB/s); `duty_cycle` is nvmlDeviceGetUtilizationRates' integer
+# percent (= DCGM_FI_DEV_GPU_UTIL); power is milliwatts, memory bytes, temperature degrees C.
+# wandb #11622 reads the same NVML GPM metrics but logs them to W&B under its DCGM collector's names; it
+# exports nothing to Prometheus, so it adds no alias here.
+GPM_EXPORTER = "nvidia_gpu_prometheus_exporter (NVML GPM)"
+GPM_NAMESPACE = "nvidia_gpu_"
+GPM_RELABEL = (
+    "The GPM exporter labels a GPU `ordinal` (its index), `uuid`, `name`, `GPU_I_ID`, `jobid`, `userid` and "
+    "carries no host label. Joined here the way dcgm-exporter's series are, which needs a Prometheus "
+    "metric_relabel_configs on its scrape job: `ordinal` -> `gpu`, the node name (from `instance`, port "
+    "stripped) -> `Hostname`, and `jobid` -> the job label the cluster uses (e.g. `hpc_job`)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """Another exporter's Prometheus name for the quantity a DCGM field measures.
+
+    `scale` turns the alias's raw value into the signal's `unit` (it may differ from the DCGM field's
+    scale: the GPM exporter's power is mW where DCGM's is W).
+    """
+
+    metric: str
+    scale: float
+    exporter: str
+    raw_unit: str
+
 
 @dataclass(frozen=True, slots=True)
 class Signal:
@@ -82,6 +114,21 @@ class Signal:
     help: str
     hides: str
     group: str
+    aliases: tuple[Alias, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every Prometheus name read for this signal: the DCGM names (`metrics`), then the aliases'."""
+        return (*self.metrics, *(a.metric for a in self.aliases))
+
+    def scale_of(self, metric: str) -> float:
+        """The factor from `metric`'s raw value to `unit` (the alias's own scale for an alias)."""
+        for a in self.aliases:
+            if a.metric == metric:
+                return a.scale
+        if metric in self.metrics:
+            return self.scale
+        raise KeyError(f"{metric} is not a name of signal {self.key}")
 
     @property
     def enable_line(self) -> str:
@@ -236,14 +283,46 @@ SIGNALS: dict[str, Signal] = {s.key: s for s in (
        "errors"),
 )}  # fmt: skip
 
+# GPM exporter names of the same quantities (see GPM_EXPORTER above for units). The GPM metrics are NVML's
+# reading of the hardware counters DCGM's profiling fields read: nvtop #483 found SM and tensor activity from
+# nvmlGpmMetricsGet equal to dcgmi's DCGM_FI_PROF_SM_ACTIVE / PIPE_TENSOR_ACTIVE to 3 decimals. SM_UTIL is
+# "percentage of SMs that were busy" (SM_ACTIVE), ANY_TENSOR_UTIL any tensor pipe (PIPE_TENSOR_ACTIVE),
+# DRAM_BW_UTIL "DRAM bw used vs theoretical maximum" (DRAM_ACTIVE), GRAPHICS_UTIL (GR_ENGINE_ACTIVE).
+_GPM_ALIASES: dict[str, tuple[tuple[str, float, str], ...]] = {
+    "gpu_util": (("duty_cycle", 0.01, "%"),),
+    "gr_engine_active": (("graphics_util_percent", 1.0, "ratio"),),
+    "sm_active": (("sm_util_percent", 1.0, "ratio"),),
+    "sm_occupancy": (("sm_occupancy_percent", 1.0, "ratio"),),
+    "tensor_active": (("any_tensor_util_percent", 1.0, "ratio"),),
+    "fp16_active": (("fp16_util_percent", 1.0, "ratio"),),
+    "fp32_active": (("fp32_util_percent", 1.0, "ratio"),),
+    "fp64_active": (("fp64_util_percent", 1.0, "ratio"),),
+    "dram_active": (("dram_bw_util_percent", 1.0, "ratio"),),
+    "pcie_tx_bytes": (("pcie_tx_per_sec", 1.0, "B/s"),),
+    "pcie_rx_bytes": (("pcie_rx_per_sec", 1.0, "B/s"),),
+    "nvlink_tx_bytes": (("nvlink_total_tx_per_sec", 1.0, "B/s"),),
+    "nvlink_rx_bytes": (("nvlink_total_rx_per_sec", 1.0, "B/s"),),
+    "power_usage": (("power_usage_milliwatts", 1e-3, "mW"),),
+    "gpu_temp": (("temperature_celsius", 1.0, "C"),),
+    "fb_used": (("memory_used_bytes", 1.0 / 1048576.0, "B"),),  # bytes -> MiB
+}
+for _key, _aliases in _GPM_ALIASES.items():
+    SIGNALS[_key] = replace(
+        SIGNALS[_key],
+        aliases=tuple(Alias(GPM_NAMESPACE + n, sc, GPM_EXPORTER, u) for n, sc, u in _aliases),
+    )
+
 DEFAULT_DISABLED: frozenset[str] = frozenset(k for k, s in SIGNALS.items() if not s.default_enabled)
 """Signal keys a default dcgm-exporter does not emit (SM_ACTIVE among them)."""
 
-_BY_METRIC: dict[str, Signal] = {m: s for s in SIGNALS.values() for m in s.metrics}
+_BY_METRIC: dict[str, Signal] = {m: s for s in SIGNALS.values() for m in s.names}
+
+ALIAS_METRICS: frozenset[str] = frozenset(a.metric for s in SIGNALS.values() for a in s.aliases)
+"""Every non-DCGM name the registry reads (the GPM exporter's), for the presence look-ups."""
 
 
 def signal_for_metric(metric: str) -> Signal | None:
-    """The signal a Prometheus metric name belongs to (old or DCGM 4.6 name), or None."""
+    """The signal a Prometheus metric name belongs to (old or DCGM 4.6 name, or an alias), or None."""
     return _BY_METRIC.get(metric)
 
 
@@ -273,7 +352,7 @@ def readiness(present: Iterable[str]) -> list[Readiness]:
     seen = set(present)
     out = []
     for sig in SIGNALS.values():
-        here = sig.key in seen or any(m in seen for m in sig.metrics)
+        here = sig.key in seen or any(m in seen for m in sig.names)
         if sig.default_enabled:
             how = (
                 "in dcgm-exporter's default counters: check the exporter runs on the node and is scraped"
@@ -392,6 +471,10 @@ def describe(keys: Iterable[str] | None = None) -> list[Mapping[str, Any]]:
             "hides": s.hides,
             "enable_line": s.enable_line,
             "group": s.group,
+            "aliases": [
+                {"metric": a.metric, "scale": a.scale, "exporter": a.exporter, "raw_unit": a.raw_unit}
+                for a in s.aliases
+            ],
         }
         for s in chosen
     ]
