@@ -11,14 +11,13 @@ from django.conf import settings
 from rest_framework import serializers
 
 from jobs.api.parsers import text_problem
+from jobs.evaluation.catalog import DTYPES, normalise_dtype
 from jobs.metrics.promql import MAX_ALTERNATIVES, count_label_alternatives
 from jobs.metrics.throughput import TemplateError, mark_free_form, validate_template
 from jobs.models import Baseline, Finding, Job, PriceEntry, ProgressSample, Team
 from jobs.registry import check_moment, check_window
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8", "int8", "fp64")
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 # Column ranges: PositiveIntegerField is a Postgres integer, PositiveBigIntegerField a bigint.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -139,7 +138,12 @@ class JobRegisterSerializer(serializers.Serializer):
         default=Job.Kind.TRAINING,
         help_text="training, fine_tuning or inference (serving); the diagnosis' advice depends on it",
     )
-    dtype = StrictCharField(max_length=16, default="bf16")
+    dtype = StrictCharField(
+        max_length=16,
+        default="bf16",
+        help_text="bf16, fp16, fp32, tf32, fp8, int8, fp64 or fp64_tensor, or an alias (bf16-mixed, "
+        "torch.bfloat16, half); stored as the canonical key",
+    )
     parallelism = ParallelismSerializer(required=False)
     micro_batch = bounded_int(min_value=1, required=False, allow_null=True)
     global_batch = bounded_int(min_value=1, required=False, allow_null=True)
@@ -169,9 +173,14 @@ class JobRegisterSerializer(serializers.Serializer):
         return value.strip()
 
     def validate_dtype(self, value: str) -> str:
-        dtype = _DTYPE_ALIASES.get(value.lower(), value.lower())
-        if dtype not in _DTYPES:
-            raise serializers.ValidationError(f"unknown dtype {value!r}; use one of {', '.join(_DTYPES)}")
+        # The catalog's one dtype table: aliases such as "bf16-mixed" or "torch.bfloat16" are stored as
+        # the canonical key, so the peak lookup, the FP8 target and the rules all see the same value.
+        dtype = normalise_dtype(value)
+        if dtype is None:
+            raise serializers.ValidationError(
+                f"unknown dtype {value!r}; use one of {', '.join(DTYPES)} (or an alias such as bf16-mixed, "
+                "torch.bfloat16, half)"
+            )
         return dtype
 
     def validate_started_at(self, value: datetime) -> datetime:

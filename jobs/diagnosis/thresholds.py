@@ -50,8 +50,6 @@ TRACE_IDLE_MIN_PCT = 10.0
 
 # ------------------------------------------------------------------------------------ tensor cores idle
 
-#: Dtypes whose matmuls should run on tensor cores.
-TENSOR_DTYPES = frozenset({"bf16", "fp16", "fp8", "int8", "tf32"})
 #: Seed: a bf16 job whose tensor active stays below 30 % wastes its compute (info level) ...
 TENSOR_ACTIVE_LOW = 0.30
 #: ... and below 15 % the tensor cores are essentially unused (warning).

@@ -17,7 +17,20 @@ from datetime import date
 from types import MappingProxyType
 from typing import Any, Literal
 
-DTYPE_KEYS: tuple[str, ...] = ("fp64", "fp64_tensor", "tf32", "bf16", "fp16", "fp8", "int8")
+#: The service's one dtype table: every dtype a job may be registered with, as canonical keys in display
+#: order (widest first). The API's serializer, the KPIs (FP8's own target), the rules (tensor-core dtypes)
+#: and the pages all read it; spellings map onto it through `normalise_dtype`, so a Lightning precision
+#: string such as "bf16-mixed" is accepted everywhere and stored as "bf16" (the matmuls of bf16 mixed
+#: precision run in BF16, so the BF16 dense peak is the one its MFU is a share of).
+DTYPES: tuple[str, ...] = ("fp64", "fp64_tensor", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+#: Dtypes a catalog row may give a dense peak for: FP32 has none (its matmuls run as TF32 on tensor cores
+#: or on the CUDA cores at the vector rate), so an FP32 job's MFU is unknown rather than against a guess.
+DTYPE_KEYS: tuple[str, ...] = tuple(d for d in DTYPES if d != "fp32")
+#: Dtypes whose matmuls run on tensor cores (NVIDIA CUDA C++ Programming Guide, "Warp Matrix Functions":
+#: tf32, bf16, fp16, fp8 and int8 element types; FP64 tensor MMA exists but is listed apart as fp64_tensor).
+TENSOR_CORE_DTYPES: frozenset[str] = frozenset({"tf32", "bf16", "fp16", "fp8", "int8"})
+#: FP8 has a dense peak twice BF16's on Hopper, so its MFU target is separate (settings.TARGET_MFU_FP8).
+FP8 = "fp8"
 PRICE_TIERS: tuple[str, ...] = ("on_demand", "reserved", "spot", "on_prem")
 PriceTier = Literal["on_demand", "reserved", "spot", "on_prem"]
 
@@ -392,7 +405,7 @@ _DTYPE_ALIASES: dict[str, str] = {
 
 
 def normalise_dtype(dtype: str | None) -> str | None:
-    """Canonical dtype key (bf16, fp16, tf32, fp32, fp8, int8, fp64, fp64_tensor) or None when unknown.
+    """Canonical dtype key (one of `DTYPES`) or None when unknown.
 
     Accepts torch names ("torch.bfloat16"), Lightning precision strings ("bf16-mixed") and common aliases
     ("half", "float16").

@@ -16,6 +16,7 @@ import numpy as np
 
 from jobs.diagnosis.thresholds import IDLE_UTIL_MAX as IDLE_THRESHOLD
 from jobs.evaluation import costs
+from jobs.evaluation.catalog import FP8, normalise_dtype
 from jobs.evaluation.flops import (
     CrossCheck,
     FlopsEstimate,
@@ -209,16 +210,13 @@ def time_mean(values: np.ndarray | None) -> float | None:
     return float(np.nanmean(values))
 
 
-FP8_DTYPES = frozenset({"fp8", "float8", "e4m3", "e5m2", "fp8_e4m3", "fp8_e5m2"})
-
-
 def target_mfu(dtype: str, target: float, fp8_target: float) -> tuple[float, str]:
     """The organisation's reference MFU for a job of `dtype` and where it comes from.
 
     MFU is a fraction of the dense peak *for the job's dtype*; FP8's peak is twice BF16's on Hopper, so an
     FP8 job with the same kernels' efficiency reads about half the MFU and needs its own target.
     """
-    if (dtype or "").strip().lower() in FP8_DTYPES:
+    if normalise_dtype(dtype) == FP8:
         return fp8_target, "organisation target for FP8 (of the FP8 dense peak)"
     return target, "organisation target"
 

@@ -27,6 +27,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs.charts import sparkline_points
 from jobs.evaluation import baselines as baseline_ops
+from jobs.evaluation.catalog import DTYPES
 from jobs.evaluation.costs import Amount
 from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.health import run_checks
@@ -523,8 +524,8 @@ def gpu_catalog(request: HttpRequest) -> HttpResponse:
 
 
 def _dtype_order(dtype: str) -> tuple[int, str]:
-    order = ["fp64", "fp64_tensor", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4"]
-    return (order.index(dtype) if dtype in order else len(order), dtype)
+    # The catalog's one dtype table sets the column order; a key an admin typed outside it goes last.
+    return (DTYPES.index(dtype) if dtype in DTYPES else len(DTYPES), dtype)
 
 
 READINESS_DAYS = 7

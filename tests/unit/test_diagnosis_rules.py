@@ -248,6 +248,12 @@ def test_tensor_cores_idle_needs_a_tensor_core_dtype():
     inp = sim_input("tensor_cores_idle")
     inp.dtype = "fp32"
     assert run("tensor_cores_idle", inp) is None
+    # The catalog's one dtype table: a Lightning "bf16-mixed" job is a bf16 job here too.
+    inp.dtype = "bf16-mixed"
+    mixed = run("tensor_cores_idle", inp)
+    inp.dtype = "bf16"
+    plain = run("tensor_cores_idle", inp)
+    assert mixed is not None and plain is not None and mixed.severity == plain.severity
 
 
 # ---------------------------------------------------------------------------- profiler captures
@@ -281,7 +287,11 @@ def test_baseline_regression_fires_below_the_band_and_not_within_or_above():
     inp = sim_input("healthy")
     inp.baseline = baseline(0.6)
     f = run("baseline_regression", inp)
-    assert at_least_warning(f) and f.title.startswith("MFU 25 % worse") and f.impact == pytest.approx(0.25, abs=0.02)
+    assert (
+        at_least_warning(f)
+        and f.title.startswith("MFU 25 % worse")
+        and f.impact == pytest.approx(0.25, abs=0.02)
+    )
     inp.baseline = baseline(0.45)
     assert run("baseline_regression", inp) is None
     inp.baseline = baseline(0.3)

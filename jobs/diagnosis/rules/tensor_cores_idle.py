@@ -36,7 +36,7 @@ from jobs.diagnosis.base import (
 )
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules.common import busy_share, pct, ratio_ev, saturated
-from jobs.evaluation.catalog import normalise_dtype
+from jobs.evaluation.catalog import TENSOR_CORE_DTYPES, normalise_dtype
 
 CODE = "tensor_cores_idle"
 RECOMMENDATION = (
@@ -50,7 +50,7 @@ RECOMMENDATION = (
 def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     """Fire when SMs work but tensor activity stays low (metrics), or tensor-core kernels are rare (trace)."""
     dtype = normalise_dtype(inp.dtype) or str(inp.dtype)
-    if dtype not in T.TENSOR_DTYPES:
+    if dtype not in TENSOR_CORE_DTYPES:
         return None
     sm, tensor = f.level("sm_active"), f.level("tensor_active")
     dram, fp32 = f.level("dram_active"), f.level("fp32_active")
