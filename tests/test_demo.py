@@ -313,3 +313,75 @@ def test_finish_polls_only_after_the_wait_and_reports_each_phase(monkeypatch):
     assert calls == ["wait ['demo-4900'] 30", "ingest"] and report["live_caught_up"]
     phases = [line.split(":")[0] for line in lines]
     assert phases == ["live data", "ingest", "ingest", "traces", "baselines", "diagnosis"]
+
+
+# ------------------------------------------------------- issue 28 item 6: one number, one definition per page
+
+
+def _card(doc: bytes, drop_attribution: bool = False):
+    from jobs.views.artifacts import ArtifactView, _trace
+
+    analysis = analyze_trace(parse_kineto(doc))
+    if drop_attribution:  # an analysis from before the per-step attribution existed
+        for rank in analysis["ranks"]:
+            rank.pop("gpu_idle_attribution", None)
+    view = ArtifactView(artifact=None)  # type: ignore[arg-type]
+    _trace(view, analysis)
+    return analysis, {label: (value, definition) for label, value, definition in view.facts}
+
+
+def test_the_trace_card_shows_gpu_idle_as_the_finding_does():
+    """The card showed "GPU idle 57.1 %" (share of the GPU span) beside the finding's "GPU idle: 70 % of
+    step": now one number with one definition, and busy and idle add up to the step."""
+    d = next(d for d in demo.plan(NOW) if d.spec.job_id == "demo-seed1-run1")
+    analysis, facts = _card(demo.seed_input_trace(d.spec.start + 1800.0))
+    value, definition = facts["GPU idle (rank 0)"]
+    assert value == "70 % of the step" and "the findings' definition" in definition
+    assert "waiting for input 60 %" in definition and "other 10 %" in definition
+    assert facts["Compute kernels (rank 0)"][0] == "30 % of the step"
+    assert "GPU idle" not in facts  # the span-based share is not shown beside it
+    art = ArtifactAnalysis("kineto", analysis, "rank0.pt.trace.json", 0)
+    found = diagnose(input_from_sim(demo.simulate_job(d, NOW), artifacts=[art]))
+    stall = next(f for f in found if f.code == "data_pipeline_stall")
+    idle = [e for e in stall.evidence if e.label.endswith("GPU idle")]
+    assert [(e.value, e.unit) for e in idle] == [(70.0, "% of step")]
+
+
+def test_host_wait_is_a_share_of_the_span_not_of_a_tiny_idle_time():
+    """A communication-bound trace showed "Idle waiting for the host 100.0 %" with 0.2 % idle."""
+    _, facts = _card(demo.seed_collective_trace(1.7e9), drop_attribution=True)
+    idle, _ = facts["GPU idle"]
+    value, definition = facts["Idle waiting for the host"]
+    assert idle == "0.17 %" and value == "0.17 % of the span"
+    assert definition.startswith("100 % of the 0.17 % idle")
+    # With the attribution: the collective is communication, not idle, in the step's own unit.
+    _, facts = _card(demo.seed_collective_trace(1.7e9))
+    assert facts["GPU idle (rank 0)"][0] == "0.173 % of the step"
+    assert facts["Communication (rank 0)"][0] == "33.3 % of the step"
+
+
+def test_energy_and_gpu_hours_are_not_called_computed_from_price_and_energy_has_one_format():
+    from jobs.outputs.compare import KPI_BY_KEY, Value, kpi_rows
+    from jobs.outputs.numbers import format_number
+
+    keys = ("energy_kwh", "gpu_hours", "cost_per_day")
+    rows = {
+        r["key"]: r
+        for r in kpi_rows(
+            {"energy_kwh": Value(1.84), "gpu_hours": Value(12.0), "cost_per_day": Value(659.0)},
+            {"energy_kwh": Value(2.41), "gpu_hours": Value(12.0), "cost_per_day": Value(659.0)},
+            {},
+            [KPI_BY_KEY[k] for k in keys],
+        )
+    }
+    assert "DCGM energy counter" in rows["energy_kwh"]["significance"]["detail"]
+    assert rows["energy_kwh"]["significance"]["verdict"] == "not judged"
+    assert rows["gpu_hours"]["significance"]["verdict"] == "not judged"
+    assert (
+        "price"
+        not in rows["energy_kwh"]["significance"]["detail"] + rows["gpu_hours"]["significance"]["detail"]
+    )
+    assert rows["cost_per_day"]["significance"]["verdict"] == "not measured"  # dollars are computed
+    # The compare page and the job page write energy alike: 1.84 and 2.41 kWh, not "2" and "2".
+    assert (rows["energy_kwh"]["a_text"], rows["energy_kwh"]["b_text"]) == ("1.84 kWh", "2.41 kWh")
+    assert format_number(1.84) == "1.84"

@@ -17,7 +17,18 @@ class SignificanceSerializer(serializers.Serializer):
     """Whether B − A is beyond run-to-run noise (jobs.outputs.compare.significance)."""
 
     verdict = serializers.ChoiceField(
-        choices=["better", "worse", "changed", "within noise", "not assessed", "unknown", "not measured"]
+        choices=[
+            "better",
+            "worse",
+            "changed",
+            "within noise",
+            "not assessed",
+            "unknown",
+            "not measured",
+            "not judged",
+        ],
+        help_text="not measured: computed from price, MFU and idle share (dollars); not judged: a measured "
+        "or counted total (energy, GPU-hours), one value per run with no spread to judge a change against",
     )
     method = serializers.ChoiceField(
         choices=["baseline", "samples", "none"],

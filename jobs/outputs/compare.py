@@ -252,6 +252,10 @@ class Kpi:
     direction: Direction
     definition: str
     judged: bool = True
+    #: An unjudged change's verdict and why it has no noise verdict (issue 28 item 6: energy is measured by
+    #: DCGM's energy counters and GPU-hours are counted, "not judged"; only dollars are "not measured").
+    unjudged: str = "not measured"
+    unjudged_why: str = "computed from price, MFU and idle share, not sampled"
 
 
 KPIS: tuple[Kpi, ...] = (
@@ -320,6 +324,8 @@ KPIS: tuple[Kpi, ...] = (
         "neutral",
         "DCGM energy counter or board power × GPUs (evaluation)",
         False,
+        "not judged",
+        "measured (DCGM energy counter, else board power over time) once per run: no spread to judge it by",
     ),
     Kpi(
         "energy_per_token_j",
@@ -328,6 +334,8 @@ KPIS: tuple[Kpi, ...] = (
         "lower",
         "the evaluation's energy ÷ (its tokens/s × duration)",
         False,
+        "not judged",
+        "the run's measured energy over its tokens: one value per run, no spread to judge a change against",
     ),
     Kpi("cost_usd", "Cost (total)", "usd", "neutral", "price book over the run's window (evaluation)", False),
     Kpi(
@@ -338,7 +346,16 @@ KPIS: tuple[Kpi, ...] = (
         "waste $/day × the run's duration (costs.total_waste)",
         False,
     ),
-    Kpi("gpu_hours", "GPU-hours", "h", "neutral", "GPUs × duration (evaluation)", False),
+    Kpi(
+        "gpu_hours",
+        "GPU-hours",
+        "h",
+        "neutral",
+        "GPUs × duration (evaluation)",
+        False,
+        "not judged",
+        "GPUs × the run's window: counted, not sampled",
+    ),
 )
 KPI_BY_KEY = {k.key: k for k in KPIS}
 
@@ -367,7 +384,7 @@ def fmt(value: float | None, unit: Unit) -> str:
         return f"{value / 1e9:,.2f} GB/s"
     if unit in ("tokens/s", "W", "MHz", "MiB"):
         return f"{value:,.0f} {unit}"
-    if unit in ("ms", "kWh", "h"):
+    if unit == "ms":
         return f"{value:,.1f} {unit}"
     return f"{format_number(value)} {unit}"
 
@@ -404,10 +421,10 @@ def kpi_rows(
         delta_pct = delta / abs(va.number) * 100 if delta is not None and va.number else None
         if not k.judged:
             sig: dict[str, Any] = {
-                "verdict": "not measured",
+                "verdict": k.unjudged,
                 "method": "none",
                 "beyond_noise": None,
-                "detail": "computed from price, MFU and idle share, not sampled",
+                "detail": k.unjudged_why,
                 "sigma": None,
                 "band_half_width": None,
                 "robust_z": None,

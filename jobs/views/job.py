@@ -439,7 +439,8 @@ def kpis(job: Job) -> dict[str, str]:
         "cost_per_day": plain(usd(job.cost_per_day_usd)),
         "waste_per_day": _waste_headline(job),
         "gpu_hours": plain(num(job.gpu_hours, 0)),
-        "energy": plain(num(details.get("energy_kwh"), 0)),
+        # One format with the compare page (1.84 kWh, not "2"): two runs of 1.8 and 2.4 kWh read as 2 and 2.
+        "energy": format_number(details.get("energy_kwh")),
         "cost_total": plain(money(job_cost_total(job), "total")),
         "waste_total": plain(money(job_waste_total(job), "total")),
     }
