@@ -110,6 +110,8 @@ def test_a_member_cannot_take_a_scheduler_jobs_id_and_the_refusal_names_no_team(
     }
     job = Job.objects.get(external_id="48999")
     assert (job.team.slug, job.owner, job.registered_by) == ("vision", "bob", "scheduler")
+    summary = world["slurm_a"].get("/api/v1/jobs/48999/").json()
+    assert (summary["registered_by"], summary["cluster"]) == ("scheduler", "slurm-a")
 
 
 @pytest.mark.django_db
