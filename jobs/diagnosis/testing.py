@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
+from jobs.evaluation.catalog import match_gpu_name
 from jobs.metrics.signal_queries import missing_reason
 from jobs.metrics.signals import (
     COUNT,
@@ -36,13 +37,6 @@ from jobs.simulate import SimResult
 LOOKBACK_S = 300.0  # Prometheus's default lookback delta
 RATE_WINDOW_S = 300.0
 DEFAULT_PRICE_USD_PER_GPU_HOUR = 6.88
-# Max boost clocks and memory (MiB) as the product's GPU catalog has them (jobs/evaluation/catalog.py),
-# keyed by exporter name.
-CATALOG = {
-    "NVIDIA H100 80GB HBM3": {"max_clock_mhz": 1980.0, "memory_mib": 81559.0, "tdp_w": 700.0},
-    "NVIDIA A100-SXM4-80GB": {"max_clock_mhz": 1410.0, "memory_mib": 81920.0, "tdp_w": 400.0},
-    "NVIDIA A100-SXM4-40GB": {"max_clock_mhz": 1410.0, "memory_mib": 40960.0, "tdp_w": 400.0},
-}
 
 
 def _lookback(raw: np.ndarray, step_s: float) -> np.ndarray:
@@ -147,6 +141,10 @@ def blank_profiling(res: SimResult, start_frac: float, end_frac: float) -> SimRe
     return res
 
 
+def _known(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
 def input_from_sim(
     res: SimResult,
     *,
@@ -165,7 +163,9 @@ def input_from_sim(
     n = len(res.gpus)
     cost = n * price * 24.0
     mfu = res.throughput.mfu
-    spec = CATALOG.get(res.spec.gpu_model, {}) if catalog else {}
+    # The GPU catalog row the exporter's modelName matches, as ingestion resolves it (findings.py reads the
+    # same fields from the database row seeded from it); `catalog=False` plays an unknown GPU model.
+    spec = match_gpu_name(res.spec.gpu_model) if catalog else None
     return DiagnosisInput(
         signals=sigs,
         gpu_count=n,
@@ -175,9 +175,9 @@ def input_from_sim(
         tokens_per_second=float(np.mean(res.throughput.tokens_per_s)),
         cost_per_day_usd=cost,
         waste_per_day_usd=cost * max(0.0, 1.0 - mfu / reference_mfu),
-        gpu_memory_mib=spec.get("memory_mib"),
-        max_clock_mhz=spec.get("max_clock_mhz"),
-        tdp_w=spec.get("tdp_w"),
+        gpu_memory_mib=_known(spec.memory_mib if spec else None),
+        max_clock_mhz=_known(spec.max_clock_mhz if spec else None),
+        tdp_w=_known(spec.tdp_w if spec else None),
         baseline=baseline,
         artifacts=tuple(artifacts),
         kind=kind,

@@ -338,3 +338,44 @@ def test_migration_0004_reverses_to_the_seeded_decimal_gb() -> None:
     assert _M0004.restored_memory_gb("H100 SXM", None) is None
     # Not the catalog figure: MiB back to decimal GB, 75,340 x 2**20 / 1e9 = 79.0 GB (to 3 decimals).
     assert _M0004.restored_memory_gb("H100 SXM", 75340) == pytest.approx(79.0, abs=1e-3)
+
+
+def test_the_simulator_takes_every_figure_the_catalog_has_from_the_catalog() -> None:
+    from jobs.simulate.gpus import GPU_MODELS
+
+    for name, model in GPU_MODELS.items():
+        spec = catalog.match_gpu_name(name)
+        assert spec is not None, name
+        assert model.peak_bf16_tflops == spec.peak_tflops["bf16"], name
+        assert model.tdp_w == spec.tdp_w, name
+        if spec.memory_mib is not None:
+            assert model.fb_total_mib == spec.memory_mib, name
+        if spec.max_clock_mhz is not None:
+            assert model.max_sm_clock_mhz == spec.max_clock_mhz, name
+
+
+def test_the_simulator_refuses_a_second_value_for_a_fact_the_catalog_holds() -> None:
+    from jobs.simulate.gpus import _from_catalog
+
+    kw = {"fb_reserved_mib": 1, "idle_sm_clock_mhz": 1, "mem_clock_mhz": 1, "idle_w": 1.0, "pcie_gbps": 1.0}
+    with pytest.raises(ValueError, match="catalog has the memory"):
+        _from_catalog("NVIDIA H100 80GB HBM3", nvlink_gbps=0, approx_fb_total_mib=80000, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="matches no row"):
+        _from_catalog("NVIDIA Quantum 9000", nvlink_gbps=0, **kw)  # type: ignore[arg-type]
+
+
+def test_the_rules_harness_reads_the_gpu_facts_from_the_catalog_row() -> None:
+    from jobs.diagnosis.testing import input_from_sim
+    from jobs.simulate import SimSpec, simulate
+
+    res = simulate(SimSpec(scenario="healthy", gpus=1, duration_s=600, gpu_model="NVIDIA A100-SXM4-40GB"))
+    spec = catalog.match_gpu_name("NVIDIA A100-SXM4-40GB")
+    assert spec is not None
+    inp = input_from_sim(res)
+    assert (inp.gpu_memory_mib, inp.max_clock_mhz, inp.tdp_w) == (
+        spec.memory_mib,
+        spec.max_clock_mhz,
+        spec.tdp_w,
+    )
+    unknown = input_from_sim(res, catalog=False)
+    assert (unknown.gpu_memory_mib, unknown.max_clock_mhz, unknown.tdp_w) == (None, None, None)
