@@ -4,6 +4,7 @@ leaderboards keep every team's aggregates but name only readable teams' jobs. RE
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -70,18 +71,30 @@ def test_job_list_page_shows_only_the_members_teams_jobs(world, client):
     assert "model-vis-001" not in html  # the model filter's choices come from readable jobs too
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        "/jobs/vis-001/",
-        "/jobs/vis-001/figures.json",
-        "/jobs/vis-001/series.csv",
-        "/jobs/compare/?a=llm-001&b=vis-001",
-        "/teams/vision/",
-        "/teams/vision/alerts/",
-        "/teams/vision/reports/2026-W48/",
-    ],
-)
+def _another_teams_read_paths() -> list[str]:
+    """Every read (GET) route, page or API, that addresses one job or team by id or slug, built from the
+    URL configuration (tests/test_route_matrix.py), pointed at vision's job and team: not a hand list."""
+    from tests.test_route_matrix import EXPECTED, HIDDEN, all_routes
+
+    kwargs = {"external_id": "vis-001", "slug": "vision", "week": "2026-W48"}
+    paths = []
+    for route in all_routes():
+        names = set(re.findall(r"\{(\w+)\}", route.template))
+        row = EXPECTED.get((route.base, "GET"))
+        if names and names <= set(kwargs) and row is not None and row["other"] == HIDDEN:
+            paths.append(route.path(kwargs))
+    return paths
+
+
+def test_the_generated_read_paths_include_the_ones_once_listed_by_hand():
+    paths = _another_teams_read_paths()
+    hand_listed = ["/jobs/vis-001/", "/jobs/vis-001/figures.json", "/jobs/vis-001/series.csv"]
+    hand_listed += ["/teams/vision/", "/teams/vision/alerts/", "/teams/vision/reports/2026-W48/"]
+    assert set(hand_listed) <= set(paths)
+    assert "/api/v1/jobs/vis-001/" in paths and "/api/v1/jobs/vis-001/artifacts/" in paths
+
+
+@pytest.mark.parametrize("path", [*_another_teams_read_paths(), "/jobs/compare/?a=llm-001&b=vis-001"])
 def test_another_teams_job_and_team_pages_answer_404(world, client, path):
     client.force_login(world["alice"])
     assert client.get(path).status_code == 404
