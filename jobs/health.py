@@ -1,4 +1,5 @@
-"""Reachability checks for /healthz: database, Redis broker, Prometheus."""
+"""Reachability checks for /healthz: database, Redis broker, Prometheus; and whether the service is polling
+(jobs.service_health)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from jobs import service_health
 from jobs.metrics.prometheus import PrometheusClient
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,20 @@ def _prometheus() -> None:
         raise ConnectionError(f"{settings.PROMETHEUS_URL}: {health.detail}")
 
 
+def _poller() -> dict[str, Any]:
+    try:
+        return service_health.poller().as_json()
+    except Exception as exc:  # the database is down (reported by its own check): the state is unknown
+        log.warning("health check: poller state unknown: %s", exc)
+        return {"status": service_health.UNKNOWN, "reason": f"not readable: {type(exc).__name__}"}
+
+
 def run_checks() -> dict[str, Any]:
-    """All checks; `ok` is true only when every dependency answered."""
+    """All checks; `ok` is true only when every dependency answered. `status` is "down" when one did not,
+    "degraded" when they all answer but the service stopped polling (`poller`, jobs.service_health: the
+    web server still serves, so the answer stays 200), "ok" otherwise."""
     checks = {"database": _timed(_database), "redis": _timed(_redis), "prometheus": _timed(_prometheus)}
-    return {"ok": all(c["ok"] for c in checks.values()), "checks": checks}
+    ok = all(c["ok"] for c in checks.values())
+    poller = _poller()
+    status = "down" if not ok else "degraded" if poller["status"] == "degraded" else "ok"
+    return {"ok": ok, "status": status, "checks": checks, "poller": poller}

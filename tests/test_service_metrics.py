@@ -163,13 +163,37 @@ def test_every_exported_service_family_is_listed_in_service_metrics(make_team, n
     assert families == set(SERVICE_METRICS)
 
 
-def test_the_service_collector_reads_the_database_in_five_queries(make_team, now, private_queues,
+def test_the_service_collector_reads_the_database_in_six_queries(make_team, now, private_queues,
                                                                  django_assert_num_queries):  # fmt: skip
-    # Poll lag, artifacts per status, stuck parses, parse durations, deliveries per state: one query each,
-    # however many jobs and artifacts there are.
+    # Poll lag, artifacts per status, stuck parses, parse durations, deliveries per state, the poll cycle's
+    # heartbeat (service degraded): one query each, however many jobs and artifacts there are.
     team = make_team("llm")
     for i in range(3):
         Job.objects.create(external_id=f"j{i}", team=team, gpu_count=8, started_at=now - timedelta(hours=1),
                            data_until=now - timedelta(minutes=i))  # fmt: skip
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         render_service(now)
+
+
+def test_task_runs_and_durations_are_exported_from_what_the_workers_recorded(settings, now, private_queues):
+    from efficiency import task_metrics
+
+    settings.REDIS_URL = settings.REDIS_URL.rsplit("/", 1)[0] + "/11"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(task_metrics.KEY)
+    try:
+        task_metrics.record(client, "jobs.tasks.poll_running_jobs", "succeeded", 0.4)
+        task_metrics.record(client, "jobs.tasks.poll_running_jobs", "succeeded", 12.0)
+        task_metrics.record(client, "jobs.tasks.deliver_alert", "retried", 2.0)
+        samples = _samples(render_service(now))
+    finally:
+        client.delete(task_metrics.KEY)
+    poll = (("outcome", "succeeded"), ("task", "jobs.tasks.poll_running_jobs"))
+    assert samples[("efficiency_task_runs_total", poll)] == 2
+    retried = (("outcome", "retried"), ("task", "jobs.tasks.deliver_alert"))
+    assert samples[("efficiency_task_runs_total", retried)] == 1
+    task = (("task", "jobs.tasks.poll_running_jobs"),)
+    assert samples[("efficiency_task_duration_seconds_count", task)] == 2
+    assert samples[("efficiency_task_duration_seconds_sum", task)] == 12.4
+    assert samples[("efficiency_task_duration_seconds_bucket", (("le", "0.5"), *task))] == 1
+    assert samples[("efficiency_task_duration_seconds_bucket", (("le", "15"), *task))] == 2

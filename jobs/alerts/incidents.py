@@ -25,6 +25,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from jobs import service_health
 from jobs.alerts import policy, rules
 from jobs.alerts.rules import FindingView, JobView, RuleConfig, Series, State, Verdict
 from jobs.diagnosis.thresholds import BUSY_UTIL_MIN, IDLE_UTIL_MAX, THROTTLE_REASON_SHARE
@@ -279,6 +280,11 @@ def evaluate_job(
             _resolve(ended, now, "the job ended")
         return {}
     configs = rule_configs()
+    if rules.INGESTION_STALE in configs and service_health.poller(now).degraded:
+        # The service itself stopped polling: every job's data looks old and none of them is at fault. The
+        # rule is held (an open incident is neither refreshed nor resolved); /healthz and /metrics carry
+        # the one "service degraded" signal instead.
+        del configs[rules.INGESTION_STALE]
     verdicts = rules.evaluate(job_view(job, now, configs, archived), configs)
     current = {i.rule: i for i in open_incidents(job)}
     for held in current.values():

@@ -26,6 +26,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from jobs import locks, service_health
 from jobs.alerts import incidents as alerts
 from jobs.alerts import sharing
 from jobs.evaluation.cycle import CycleContext
@@ -462,7 +463,6 @@ def ingest_once(client: PrometheusClient | None = None) -> dict[str, Any]:
 #: requests (to Prometheus), jobs (polled), stale (jobs left with an ingest error).
 POLL_CYCLE_CACHE_KEY = "efficiency:poll_cycle"
 _LOCK_KEY = "efficiency:poll_cycle_lock"
-_LOCK_S = 600  # a cycle that died holding the lock blocks the next ones at most this long
 
 
 def per_gpu_due(job: Job, now: datetime) -> bool:
@@ -506,13 +506,24 @@ def poll_cycle(client: PrometheusClient | None = None, now: datetime | None = No
     fixed number of queries per signal), the others per job; each job archived and evaluated as
     `poll_job` does. One bad job (a stored selector that cannot be queried, an evaluation error) gets an
     `ingest_error` and never stops the cycle. Writes the cycle's figures to the cache
-    (POLL_CYCLE_CACHE_KEY). A second cycle while one runs returns at once (`skipped`)."""
-    if not cache.add(_LOCK_KEY, 1, timeout=_LOCK_S):
+    (POLL_CYCLE_CACHE_KEY) and its end as the service's heartbeat (jobs.service_health). A second cycle while
+    one runs returns at once (`skipped`). The lock has a short TTL renewed while the cycle runs
+    (jobs.locks), so a worker killed mid-cycle delays the next cycle by at most POLL_CYCLE_LOCK_TTL_S."""
+    lock = locks.named_lock(_LOCK_KEY, settings.POLL_CYCLE_LOCK_TTL_S)
+    if not lock.acquire():
         return {"skipped": True, "polled": [], "stale_jobs": [], "jobs": 0}
     try:
-        return _poll_cycle(client or prometheus_client(), now or timezone.now())
+        now = now or timezone.now()
+        report = _poll_cycle(client or prometheus_client(), now)
+        duration = float(report["duration_s"])
+        service_health.record_cycle(
+            service_health.cycle_end(now, duration),
+            duration,
+            {"jobs": report["jobs"], "stale": report["stale"], "requests": report["requests"]},
+        )
+        return report
     finally:
-        cache.delete(_LOCK_KEY)
+        lock.release()
 
 
 def _archive_cycle(jobs: dict[int, Job], signals: dict[int, JobSignals]) -> bool:

@@ -44,10 +44,17 @@ class PrometheusStartError(RuntimeError):
     """Prometheus exited or did not become ready in time; the message carries its log tail."""
 
 
+#: Flags that open Prometheus' write APIs over HTTP (/-/quit, /-/reload, /api/v1/admin/tsdb/...).
+FORBIDDEN_FLAGS = ("--web.enable-lifecycle", "--web.enable-admin-api")
+
+
 class PrometheusProcess:
     """Context manager running `prometheus` over `tsdb_dir` on a free loopback port.
 
-    `url` is the base URL once started. Extra command-line flags may be passed in `extra_args`.
+    `url` is the base URL once started. Extra command-line flags may be passed in `extra_args`, except
+    the HTTP APIs that change the server (FORBIDDEN_FLAGS): any local process, a webhook receiver URL
+    included, could then shut Prometheus down (`/-/quit`) or delete its series (issue 23). Tests restart
+    the process instead of reloading it.
     """
 
     def __init__(
@@ -61,6 +68,9 @@ class PrometheusProcess:
         self.tsdb_dir = Path(tsdb_dir)
         self.binary = binary or prometheus_binary()
         self.ready_timeout_s = ready_timeout_s
+        forbidden = [a for a in extra_args if a.split("=", 1)[0] in FORBIDDEN_FLAGS]
+        if forbidden:
+            raise ValueError(f"{', '.join(forbidden)}: the lifecycle and admin APIs stay off (issue 23)")
         self.extra_args = extra_args
         self.port = 0
         self.url = ""

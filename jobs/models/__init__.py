@@ -14,6 +14,7 @@ from jobs.models.notifications import (
     PolicyAction,
     ReportDelivery,
 )
+from jobs.models.service import ServiceHeartbeat
 from jobs.models.teams import ApiToken, Membership, Team
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "ProgressSample",
     "PromotionOverride",
     "ReportDelivery",
+    "ServiceHeartbeat",
     "SsoIdentity",
     "Team",
 ]

@@ -29,6 +29,12 @@ known is not exported, never 0):
   artifacts whose parse ended in the last 24 h.
 - `efficiency_alert_deliveries{status}`: alert deliveries per state (pending, claimed, sent, failed,
   gave_up).
+- `efficiency_task_runs_total{task,outcome}`, `efficiency_task_duration_seconds{task}` (histogram): every
+  Celery task's runs (succeeded, failed, retried) and wall time, recorded by the workers in Redis
+  (efficiency.task_metrics).
+- `efficiency_service_degraded{reason}`: 1 while the service itself is degraded, else 0; `reason` is
+  `poll_stalled` (no poll cycle completed for POLL_STALLED_AFTER_S: ingestion_stale alerts are held, this
+  is the one signal instead), `ok`, or `unknown` (no cycle has completed yet). jobs.service_health.
 """
 
 from __future__ import annotations
@@ -49,9 +55,11 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from efficiency import task_metrics
+from jobs import service_health
 from jobs.artifacts import PARSE_HARD_LIMIT_GRACE_S
 from jobs.evaluation.kpis import CONVENTION_LABELS
 from jobs.models import AlertDelivery, Artifact, Finding, Job
@@ -164,6 +172,9 @@ SERVICE_METRICS = (
     "efficiency_artifacts_stuck_parsing",
     "efficiency_artifact_parse_duration_seconds",
     "efficiency_alert_deliveries",
+    "efficiency_service_degraded",
+    "efficiency_task_runs",
+    "efficiency_task_duration_seconds",
 )
 #: Parse-duration histogram buckets, seconds: a small trace parses in about a second, the budget is 900 s.
 PARSE_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0)
@@ -213,11 +224,20 @@ class ServiceCollector(Collector):
         yield from self._poll_lag(now)
         yield from self._poll_cycle()
         yield from self._queues()
+        yield from self._tasks()
         yield from self._artifacts(now)
         yield _per_status(
             "efficiency_alert_deliveries", "Alert deliveries per state.", AlertDelivery.objects.all(),
             AlertDelivery.Status.values,
         )  # fmt: skip
+        state = service_health.poller(now)
+        degraded = GaugeMetricFamily(
+            "efficiency_service_degraded",
+            "1 while the service is degraded (reason poll_stalled: no poll cycle completed lately), else 0.",
+            labels=["reason"],
+        )
+        degraded.add_metric([state.code], 1.0 if state.degraded else 0.0)
+        yield degraded
 
     def _poll_lag(self, now: datetime) -> Iterator[Metric]:
         lag = GaugeMetricFamily(
@@ -263,6 +283,36 @@ class ServiceCollector(Collector):
         for name, length in zip(names, lengths, strict=True):
             queues.add_metric([name], float(length))
         yield queues
+
+    def _tasks(self) -> Iterator[Metric]:
+        """Every Celery task's runs by outcome and its duration histogram, as the workers recorded them
+        (efficiency.task_metrics); absent when Redis does not answer (unknown, not 0)."""
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0)
+            try:
+                stats = task_metrics.read(client)
+            finally:
+                client.close()
+        except (redis.RedisError, OSError, ValueError):
+            logger.warning("metrics: Redis did not answer for task metrics", exc_info=True)
+            return
+        runs = CounterMetricFamily(
+            "efficiency_task_runs",
+            "Celery task runs by outcome (succeeded, failed, retried), as the workers counted them.",
+            labels=["task", "outcome"],
+        )
+        durations = HistogramMetricFamily(
+            "efficiency_task_duration_seconds", "Wall time of Celery task runs.", labels=["task"]
+        )
+        for s in stats:
+            for outcome in task_metrics.OUTCOMES:
+                runs.add_metric([s.task, outcome], float(s.outcomes.get(outcome, 0)))
+            if s.duration_count:
+                durations.add_metric(
+                    [s.task], [(le, float(n)) for le, n in s.cumulative()], sum_value=s.duration_sum_s
+                )
+        yield runs
+        yield durations
 
     def _artifacts(self, now: datetime) -> Iterator[Metric]:
         yield _per_status(
