@@ -113,6 +113,39 @@ def test_every_readme_compare_link_shows_a_trace_diff_with_the_seeds_step_times(
     watched.assert_clean()
 
 
+@db
+def test_the_trace_card_and_the_findings_agree_on_one_page(watched, live_server, settings, tmp_path, seeds):
+    """Issue 28 item 6: the trace card's idle share is the findings' (of the step, said so), a
+    communication-bound trace's host wait is not "100 %" of a 0.2 % idle, and energy is written as on the
+    compare page."""
+    server, planned, results, now = seeds
+    _load(settings, tmp_path, server.url, planned, results, now)
+    _log_in(watched, live_server.url)
+    page = watched.page
+    page.goto(f"{live_server.url}/jobs/demo-seed1-run1/")
+    page.wait_for_selector("body[data-charts-ready]")
+    watched.shot("item6-job-seed1-findings-after", full_page=False, selector="#findings")
+    watched.shot("item6-job-seed1-trace-card-after", full_page=False, selector="#artifacts")
+    card = page.locator("#artifacts dl.facts").first.inner_text()
+    assert "70 % of the step" in card and "the findings' definition" in card and "57.1" not in card
+    findings = page.locator("#findings").inner_text()
+    assert "70" in findings and "% of step" in findings
+    energy = page.locator('[data-kpi="energy"]').inner_text()
+    assert "." in energy, energy  # 1.84, not a whole "2"
+    page.goto(f"{live_server.url}/jobs/demo-seed2/")
+    page.wait_for_selector("body[data-charts-ready]")
+    watched.shot("item6-job-seed2-trace-card-after", full_page=False, selector="#artifacts")
+    card = page.locator("#artifacts dl.facts").first.inner_text()
+    assert "Idle waiting for the host" not in card or "100" not in card
+    assert "33.3 % of the step" in card  # the exposed all-reduce is communication, not idle
+    page.goto(f"{live_server.url}/jobs/compare/?a=demo-seed1-run1&b=demo-seed1-run2")
+    page.wait_for_selector("body[data-charts-ready]")
+    row = page.locator('tr[data-kpi="energy_kwh"]')
+    assert row.locator('td[data-side="verdict"]').inner_text().startswith("not judged")
+    assert "price" not in row.inner_text()
+    watched.assert_clean()
+
+
 @contextmanager
 def _prometheus_scraping(tsdb: Path, target: str, workdir: Path) -> Iterator[str]:
     """Prometheus over `tsdb` scraping the simulated exporter at `target` every second, as the demo's
