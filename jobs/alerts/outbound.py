@@ -445,7 +445,10 @@ def post(
         return Reply(status, address, read, truncated, time.monotonic() - started)
     if last is None:
         raise Timeout(f"no answer from {target.host} within {timeout_s:g} s")
-    raise OutboundError(_describe(target, last)) from None
+    error = OutboundError(_describe(target, last))
+    # A certificate that does not match the host (or is not trusted) will not change on a retry.
+    error.transient = not isinstance(last, ssl.SSLCertVerificationError)
+    raise error from None
 
 
 def _describe(target: Target, exc: Exception) -> str:

@@ -288,3 +288,89 @@ def test_alert_allowed_hosts_takes_names_addresses_and_networks_and_refuses_typo
     for bad in ("http://hooks.internal", "10.0.0.0/33", "hooks internal", "-x.internal", "a:b:c"):
         with pytest.raises(EnvError, match="ALERT_ALLOWED_HOSTS"):
             env_hosts("ALERT_ALLOWED_HOSTS", [], env={"ALERT_ALLOWED_HOSTS": bad})
+
+
+def _tls_pair(tmp_path, name: str) -> tuple[str, str, str]:
+    """A CA and a server certificate for `name` signed by it (files: ca, cert, key)."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.now(UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(1).not_valid_before(now - timedelta(hours=1)).not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+        .not_valid_before(now - timedelta(hours=1)).not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    paths = [tmp_path / f"{name}-{part}.pem" for part in ("ca", "cert", "key")]
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return str(paths[0]), str(paths[1]), str(paths[2])
+
+
+@pytest.mark.parametrize(("cert_name", "reached"), [("hook.internal", True), ("other.internal", False)])
+def test_https_goes_to_the_vetted_address_with_sni_and_a_certificate_for_the_urls_host(
+    tmp_path, cert_name: str, reached: bool
+) -> None:
+    import ssl
+
+    ca, cert, key = _tls_pair(tmp_path, cert_name)
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(cert, key)
+    sni: list[str | None] = []
+    server_ctx.sni_callback = lambda sock, name, ctx: sni.append(name)  # type: ignore[assignment,misc,return-value]
+    hosts: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            hosts.append(self.headers["Host"])
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.socket = server_ctx.wrap_socket(httpd.socket, server_side=True)
+    port = httpd.server_address[1]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    client_ctx = ssl.create_default_context(cafile=ca)
+    try:
+        call = lambda: _post(  # noqa: E731
+            f"https://hook.internal:{port}/x",
+            AllowList.parse(["hook.internal"]),
+            resolver=lambda h, p: ["127.0.0.1"],
+            tls_context=client_ctx,
+        )
+        if reached:
+            assert call().status == 204
+            assert hosts == [f"hook.internal:{port}"]
+        else:  # the certificate is checked against the URL's host, not the address connected to
+            with pytest.raises(OutboundError, match=r"TLS with hook\.internal") as info:
+                call()
+            assert not info.value.transient  # a certificate that does not match stays wrong
+            assert hosts == []
+        assert sni and sni[0] == "hook.internal"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
