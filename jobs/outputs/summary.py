@@ -10,6 +10,7 @@ from jobs.diagnosis.engine import usd_or_unknown
 from jobs.evaluation.baselines import compare
 from jobs.evaluation.kpis import target_mfu
 from jobs.models import Job
+from jobs.outputs.roofline import job_roofline_data
 
 
 def _iso(value: Any) -> str | None:
@@ -79,6 +80,8 @@ def job_summary(job: Job) -> dict[str, Any]:
             "details": job.evaluation or None,
         },
         "baseline": baseline_comparison(job),
+        # The GPU roofline from DCGM activities (jobs.evaluation.roofline): unknowns null, with the reason.
+        "roofline": job_roofline_data(job)["summary"],
         "findings": [
             {
                 "code": f.code,

@@ -41,6 +41,8 @@ from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Artifact, Finding, Job
 from jobs.models.jobs import REMAINDER_CODE
 from jobs.outputs.numbers import format_number
+from jobs.outputs.roofline import job_roofline_data
+from jobs.outputs.roofline import page_lines as roofline_page_lines
 from jobs.permissions import can_write_team, readable_job_or_404
 from jobs.profiling.safe_json import make_storable
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
@@ -549,6 +551,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     can_write = can_write_team(request.user, job.team)
     span_s = _job_span_s(job)
     marks, bands = _cached_finding_layout(job, findings, span_s)
+    roofline = job_roofline_data(job)  # cached until the job changes: no query on a warm page
     # The page's JSON (element job-data) also carries "timeseries" and "heatmap": see _page_json.
     page_data = {
         "artifacts": artifact_views.figures_of(artifacts),
@@ -556,6 +559,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "finding_bands": bands,
         "running": job.status == Job.Status.RUNNING,
         "refresh_s": REFRESH_S,
+        "roofline": roofline["figure"],
         "pending_artifacts": [
             v.artifact.pk
             for v in artifacts
@@ -608,6 +612,9 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "resolution": resolution(figures["archive_step_s"], job.evaluated),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
         "grafana_url": grafana_link(job),
+        "roofline": roofline["summary"],
+        "roofline_lines": roofline_page_lines(roofline["summary"]),
+        "has_roofline_figure": roofline["figure"] is not None,
     }
     response = render(request, "jobs/job_detail.html", context)
     # The browser starts fetching the page's scripts when the response's headers arrive, before its renderer

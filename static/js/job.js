@@ -663,6 +663,9 @@
     }).then(function () {
       return draw(heat, page.heatmap);
     }).then(function () {
+      // The roofline (built by jobs.charts.roofline): no time axis, so not linked to the zoom.
+      return draw(document.getElementById("roofline"), page.roofline);
+    }).then(function () {
       link(ts, heat);
       link(heat, ts);
       return applyUrlRange();
