@@ -51,8 +51,10 @@ from jobs.metrics.signals import (
 
 def _over_time(signal: Signal) -> str:
     """How a gauge-like field's samples inside one step become that step's value."""
-    if signal.reading is Reading.CODE:
-        return "max_over_time"  # any non-zero code in the step matters; an average of codes means nothing
+    if signal.reading in (Reading.CODE, Reading.LEVEL):
+        # Any non-zero code in the step matters; an average of codes means nothing. A count since driver
+        # load only rises (until a reset): its highest value in the step is its latest.
+        return "max_over_time"
     if signal.reading is Reading.BITMASK:
         # Neither an average nor a max of bitmasks is a bitmask: keep the state at the end of the step.
         return "last_over_time"

@@ -43,7 +43,11 @@ class Reading(enum.StrEnum):
     RATE = "rate"  # counter of ns throttled: rate(x[w]) / 1e9 = share of time
     ENERGY = "energy"  # counter of mJ: rate(x[w]) / 1e3 = average W; increase over the job = energy
     COUNTER = "counter"  # other cumulative counters: rate(x[w]) * scale (no registered field needs it now)
-    CODE = "code"  # last error code (XID): any non-zero value matters, averages do not
+    CODE = "code"  # last error code (XID), or a 0/1 flag: any non-zero value matters, averages do not
+    # A cumulative event count since driver load (ECC errors, remapped rows, link replays) read as its level
+    # (the highest count in the step): what matters is how much it rose inside the job's window, taken
+    # from the levels (jobs.diagnosis.rules.gpu_errors.counter_increase), never the absolute count.
+    LEVEL = "level"
     BITMASK = "bitmask"  # clock event reasons: share of GPUs with each reason bit set
 
 
@@ -277,6 +281,52 @@ SIGNALS: dict[str, Signal] = {s.key: s for s in (
     _s("thermal_violation", f"{_D}THERMAL_VIOLATION", None, "ns", "share of time", 1e-9, _R, False,
        "Throttling duration due to thermal constraints (in ns).", "how long clocks were thermally capped",
        "clocks"),
+    # GPU health (jobs.diagnosis.rules.gpu_errors). CSV lines and defaults from NVIDIA/dcgm-exporter
+    # etc/default-counters.csv: PCIE_REPLAY_COUNTER, UNCORRECTABLE/CORRECTABLE_REMAPPED_ROWS and
+    # ROW_REMAP_FAILURE are collected by default; the ECC, retired-page and NVLink error lines are commented
+    # out there (off); ROW_REMAP_PENDING is not in the file (off). Meanings: DCGM API "Field Identifiers"
+    # and NVIDIA's "GPU Memory Error Management" (row remapping on A100 and newer, dynamic page retirement
+    # before). Counters are volatile (reset when the driver reloads or the GPU resets): read as levels.
+    _s("pcie_replay", f"{_D}PCIE_REPLAY_COUNTER", None, "count", "count", 1.0, Reading.LEVEL, True,
+       "Total number of PCIe retries.", "PCIe link retries (a marginal riser, slot or cable)", "health",
+       prom_type="counter"),
+    _s("ecc_sbe_volatile", f"{_D}ECC_SBE_VOL_TOTAL", None, "count", "count", 1.0, Reading.LEVEL, False,
+       "Total number of single-bit volatile ECC errors.", "corrected memory errors", "health",
+       prom_type="counter"),
+    _s("ecc_dbe_volatile", f"{_D}ECC_DBE_VOL_TOTAL", None, "count", "count", 1.0, Reading.LEVEL, False,
+       "Total number of double-bit volatile ECC errors.",
+       "uncorrectable memory errors (the job's data may be corrupt)", "health", prom_type="counter"),
+    _s("retired_dbe", f"{_D}RETIRED_DBE", None, "pages", "pages", 1.0, Reading.LEVEL, False,
+       "Total number of retired pages due to double-bit errors.",
+       "pages retired after uncorrectable errors (pre-Ampere GPUs)", "health", prom_type="counter"),
+    _s("retired_pending", f"{_D}RETIRED_PENDING", None, "pages", "pages", 1.0, Reading.LEVEL, False,
+       "Total number of pages pending retirement.", "page retirements waiting for a GPU reset", "health",
+       prom_type="counter"),
+    _s("uncorrectable_remapped_rows", f"{_D}UNCORRECTABLE_REMAPPED_ROWS", None, "rows", "rows", 1.0,
+       Reading.LEVEL, True, "Number of remapped rows for uncorrectable errors",
+       "HBM rows remapped after uncorrectable errors (A100 and newer)", "health", prom_type="counter"),
+    _s("correctable_remapped_rows", f"{_D}CORRECTABLE_REMAPPED_ROWS", None, "rows", "rows", 1.0,
+       Reading.LEVEL, True, "Number of remapped rows for correctable errors",
+       "HBM rows remapped after repeated correctable errors", "health", prom_type="counter"),
+    _s("row_remap_failure", f"{_D}ROW_REMAP_FAILURE", None, "flag", "flag", 1.0, Reading.CODE, True,
+       "Whether remapping of rows has failed", "a GPU out of spare HBM rows (RMA)", "health",
+       prom_type="gauge"),
+    _s("row_remap_pending", f"{_D}ROW_REMAP_PENDING", None, "flag", "flag", 1.0, Reading.CODE, False,
+       "Whether remapping of rows is pending", "a row remap waiting for a GPU reset", "health",
+       prom_type="gauge"),
+    _s("nvlink_crc_flit_errors", f"{_D}NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", None, "count", "count", 1.0,
+       Reading.LEVEL, False, "Total number of NVLink flow-control CRC errors.",
+       "NVLink signal-integrity errors (replayed)", "health", prom_type="counter"),
+    _s("nvlink_crc_data_errors", f"{_D}NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", None, "count", "count", 1.0,
+       Reading.LEVEL, False, "Total number of NVLink data CRC errors.",
+       "NVLink signal-integrity errors (replayed)", "health", prom_type="counter"),
+    _s("nvlink_replay_errors", f"{_D}NVLINK_REPLAY_ERROR_COUNT_TOTAL", None, "count", "count", 1.0,
+       Reading.LEVEL, False, "Total number of NVLink retries.", "NVLink retransmissions (lost bandwidth)",
+       "health", prom_type="counter"),
+    _s("nvlink_recovery_errors", f"{_D}NVLINK_RECOVERY_ERROR_COUNT_TOTAL", None, "count", "count", 1.0,
+       Reading.LEVEL, False, "Total number of NVLink recovery errors.",
+       "NVLink links retrained after failing (a failing link or NVSwitch port)", "health",
+       prom_type="counter"),
     # dcgm.md: gauge holding the last XID code.
     _s("xid_errors", f"{_D}XID_ERRORS", f"{_D}XID_ERROR", "code", "code", 1.0, Reading.CODE, True,
        "Value of the last XID error encountered.", "GPU hardware and driver errors during the job",

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from jobs.metrics.signals import SIGNALS, signal_for_metric
+from jobs.metrics.signals import SIGNALS, Reading, signal_for_metric
 from jobs.simulate.exporter import Exporter, Workload, record
 from jobs.simulate.gpus import GpuModel, gpu_model, gpu_uuid, pci_bus_id
 from jobs.simulate.scenarios import SCENARIOS, Ctx, Profile
@@ -28,7 +28,7 @@ from jobs.simulate.scenarios import SCENARIOS, Ctx, Profile
 # mirrored.
 NVLINK_TOTAL_BYTES_PER_UNIT = 1e6
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so simulated data is reproducible
-EXTRA_KEYS = ("fb_reserved", "enc_util", "dec_util", "pcie_replay_counter")
+EXTRA_KEYS = ("fb_reserved", "enc_util", "dec_util")
 HOST_LABEL_NAMES = ("Hostname", "hostname", "exported_Hostname", "exported_hostname")
 
 
@@ -161,7 +161,6 @@ _EXTRA_METRICS = {
     "fb_reserved": "DCGM_FI_DEV_FB_RESERVED",
     "enc_util": "DCGM_FI_DEV_ENC_UTIL",
     "dec_util": "DCGM_FI_DEV_DEC_UTIL",
-    "pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
 }
 
 
@@ -436,9 +435,48 @@ def _fields(p: Profile, m: GpuModel, ctx: Ctx, noise: float) -> tuple[dict[str, 
         "xid_errors": np.zeros(shape) if p.xid is None else np.asarray(p.xid, dtype=np.float64),
         "enc_util": np.zeros(shape),
         "dec_util": np.zeros(shape),
-        "pcie_replay_counter": np.zeros(shape),
     }
+    f |= health_fields(ctx.n_gpus, ctx.n_samples, ctx.params)
     return f, tensor * clock_ratio
+
+
+def health_fields(n_gpus: int, n_samples: int, params: dict[str, Any]) -> dict[str, np.ndarray]:
+    """DCGM health fields as dcgm-exporter emits them (raw counts since driver load, 0/1 flags).
+
+    Default-collected ones (PCIe replays, remapped rows, row-remap failure: dcgm-exporter's
+    etc/default-counters.csv) are always emitted; the others only with `params["health_fields"] == "all"`
+    (an operator who enabled them) or when an event names them. Counters start from a non-zero count per
+    GPU (errors before the job, since driver load), so only an increase inside the job means anything.
+    `params["health"]`: events {"field": key, "gpu": index, "at": fraction of the job, "count": n} add n
+    to a counter from that sample on (a flag becomes 1); {"reset": true, ...} returns it to 0 (a driver
+    reload). No random draws: every seed keeps the data it had.
+    """
+    events: list[dict[str, Any]] = list(params.get("health", ()))
+    named = {str(e["field"]) for e in events}
+    every = params.get("health_fields") == "all"
+    out: dict[str, np.ndarray] = {}
+    for key, sig in SIGNALS.items():
+        if sig.group != "health" or not (sig.default_enabled or every or key in named):
+            continue
+        if sig.reading is Reading.CODE:
+            arr = np.zeros((n_gpus, n_samples))
+        else:  # a different count before the job on each GPU: 0, 2, 4, ... (PCIe replays, say)
+            arr = np.repeat(2.0 * np.arange(n_gpus, dtype=np.float64)[:, None], n_samples, axis=1)
+        for e in (e for e in events if e["field"] == key):
+            g, t0 = int(e["gpu"]), min(int(float(e["at"]) * n_samples), n_samples - 1)
+            if not 0 <= g < n_gpus:
+                raise ValueError(f"health event for GPU {g}: the job has {n_gpus}")
+            if e.get("reset"):
+                arr[g, t0:] -= arr[g, t0]
+            elif sig.reading is Reading.CODE:
+                arr[g, t0:] = 1.0
+            else:
+                arr[g, t0:] += float(e.get("count", 1))
+        out[key] = arr
+    unknown = named - set(out)
+    if unknown:
+        raise ValueError(f"unknown health field(s): {', '.join(sorted(unknown))}")
+    return out
 
 
 def _lagged(target: np.ndarray, step_s: float, tau_s: float) -> np.ndarray:

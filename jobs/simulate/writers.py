@@ -28,7 +28,6 @@ _EXTRA_META = {
     "fb_reserved": ("gauge", "Framebuffer memory reserved (in MiB)."),
     "enc_util": ("gauge", "Encoder utilization (in %)."),
     "dec_util": ("gauge", "Decoder utilization (in %)."),
-    "pcie_replay_counter": ("counter", "Total number of PCIe retries."),
 }
 # DCGM stores these as doubles; everything else is an int64 field and prints without decimals.
 FLOAT_KEYS = frozenset(

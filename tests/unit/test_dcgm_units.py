@@ -28,7 +28,7 @@ from jobs.metrics.signal_queries import (
 from jobs.metrics.signals import MAX, MEAN, MIN, SIGNALS, Reading
 from jobs.simulate import SimSpec, exporter_text, openmetrics_lines, simulate
 
-G, R, E, C, B = Reading.GAUGE, Reading.RATE, Reading.ENERGY, Reading.CODE, Reading.BITMASK
+G, R, E, C, B, L = Reading.GAUGE, Reading.RATE, Reading.ENERGY, Reading.CODE, Reading.BITMASK, Reading.LEVEL
 
 # Hand-written from reference/dcgm.md ("Fields the product reads" for units, "What a default dcgm-exporter
 # emits" for the default set) and dcgm-exporter's counters CSVs for the declared type:
@@ -77,6 +77,23 @@ EXPECTED: dict[str, tuple[str, str, float, Reading, str, bool]] = {
     "thermal_violation": ("ns", "share of time", 1e-9, R, "counter", False),
     # dcgm.md: XID_ERRORS "gauge, last XID code"
     "xid_errors": ("code", "code", 1.0, C, "gauge", True),
+    # Health fields (NVIDIA/dcgm-exporter etc/default-counters.csv): cumulative counts since driver load,
+    # declared `counter`, read as levels (their rise in the job's window matters); the two remap flags
+    # are gauges. Default on: PCIe replays, remapped rows, remap failure; the others are commented out
+    # of the CSV (ROW_REMAP_PENDING is not in it).
+    "pcie_replay": ("count", "count", 1.0, L, "counter", True),
+    "ecc_sbe_volatile": ("count", "count", 1.0, L, "counter", False),
+    "ecc_dbe_volatile": ("count", "count", 1.0, L, "counter", False),
+    "retired_dbe": ("pages", "pages", 1.0, L, "counter", False),
+    "retired_pending": ("pages", "pages", 1.0, L, "counter", False),
+    "uncorrectable_remapped_rows": ("rows", "rows", 1.0, L, "counter", True),
+    "correctable_remapped_rows": ("rows", "rows", 1.0, L, "counter", True),
+    "row_remap_failure": ("flag", "flag", 1.0, C, "gauge", True),
+    "row_remap_pending": ("flag", "flag", 1.0, C, "gauge", False),
+    "nvlink_crc_flit_errors": ("count", "count", 1.0, L, "counter", False),
+    "nvlink_crc_data_errors": ("count", "count", 1.0, L, "counter", False),
+    "nvlink_replay_errors": ("count", "count", 1.0, L, "counter", False),
+    "nvlink_recovery_errors": ("count", "count", 1.0, L, "counter", False),
 }
 
 JOB = Selector.from_labels({"hpc_job": "48213"})

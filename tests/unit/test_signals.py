@@ -121,7 +121,8 @@ def test_counters_declare_how_to_read_them() -> None:
     for sig in SIGNALS.values():
         if sig.key == "nvlink_bandwidth_total":
             continue  # declared counter, read as a gauge (dcgm.md): tests/unit/test_dcgm_units.py
-        counter = sig.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER)
+        # LEVEL: health counts declared `counter`, read as levels (their rise in the job's window).
+        counter = sig.reading in (Reading.RATE, Reading.ENERGY, Reading.COUNTER, Reading.LEVEL)
         assert (sig.prom_type == "counter") == counter, sig.key
 
 
