@@ -443,3 +443,44 @@ def json_list(text: str) -> list[str]:
     value = json.loads(text)
     assert isinstance(value, list)
     return [str(v) for v in value]
+
+
+def _read_responses(sock: socket.socket, count: int, timeout: float = 10) -> list[bytes]:
+    """`count` HTTP/1.1 responses (with Content-Length) read from `sock`: their status lines."""
+    sock.settimeout(timeout)
+    data = b""
+    statuses: list[bytes] = []
+    while len(statuses) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = data[:head_end].decode("latin-1")
+            length = int(re.search(r"(?im)^content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
+            if len(data) >= head_end + 4 + length:
+                statuses.append(head.split("\r\n", 1)[0].encode())
+                data = data[head_end + 4 + length :]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return statuses
+
+
+@pytest.mark.django_db(transaction=True)
+def test_kept_alive_and_pipelined_requests_are_answered_in_order(start_server, member_upload):
+    server = start_server()
+    get = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(get)
+        assert _read_responses(sock, 1) == [b"HTTP/1.1 200 OK"]
+        sock.sendall(get)  # the same connection, kept alive: its head is read by the event loop again
+        assert _read_responses(sock, 1) == [b"HTTP/1.1 200 OK"]
+        # Two requests in one packet, the first with a body: the second is answered after the first.
+        body = b'{"name": "x"}'
+        post = (
+            f"PATCH /api/v1/jobs/48213/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Token {member_upload['token']}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        sock.sendall(post + body + get)
+        assert _read_responses(sock, 2) == [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK"]
