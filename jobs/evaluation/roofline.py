@@ -245,6 +245,15 @@ def place(acts: Activities, roofs: Roofs, label: str = "job") -> Placement:
         known = {k: v for k in PIPES if (v := acts.pipe(k)) is not None}
         busiest = max(known, key=lambda k: known[k])
         compute = known[busiest]
+        if busiest != TENSOR and compute >= NEAR_COMPUTE:
+            # The dtype's dense peak is a tensor-core figure: a busy FP16/32/64 pipe is near a far lower
+            # roof (H100 SXM FP32 non-tensor: 67 TFLOP/s in NVIDIA's H100 datasheet, against 989.5 BF16
+            # dense). The FLOP/s estimate (tensor pipe only) understates the work; the fix is tensor math.
+            notes.append(
+                f"the busiest pipe is {PIPE_LABELS[busiest]}, not the tensor pipe: that pipe's roof is far "
+                f"below the dense {roofs.dtype} tensor peak; math moved to the tensor cores (AMP, TF32) "
+                "raises the roof"
+            )
         absent = [PIPE_LABELS[k] for k in FP_PIPES if k not in known]
         if absent:
             notes.append(

@@ -88,6 +88,9 @@ def test_busiest_pipe_can_be_a_non_tensor_pipe() -> None:
     assert p.busiest_pipe == "fp32_active" and p.compute_share == 0.7
     # The FLOP/s estimate is the tensor pipe's only: FP32 math has no dtype peak here.
     assert p.flops_per_s == pytest.approx(0.05 * PEAK)
+    assert any("busiest pipe is FP32, not the tensor pipe" in n for n in p.notes)
+    # A busy tensor pipe gets no such note.
+    assert not any("busiest pipe" in n for n in place(Activities(tensor=0.6, fp32=0.2), h100()).notes)
 
 
 def test_missing_fp_pipes_are_a_note_not_an_unknown() -> None:
