@@ -1,5 +1,6 @@
 """Screenshots of a running `make demo` in headless Chromium: job list, a job page, team page, leaderboard,
-alerts, baselines, into test-artifacts/demo/. Not a test (pytest does not collect it); run after `make demo`:
+alerts, baselines, the seed cases' compare pages, into test-artifacts/demo/. Not a test (pytest does not
+collect it); run after `make demo`:
 
     .venv/bin/python tests/browser/demo_screenshots.py [--base http://127.0.0.1:8000] [--out DIR]
 
@@ -60,6 +61,19 @@ def main() -> int:
             ("alerts", team_href.rstrip("/") + "/alerts/", None),
             ("my-alerts", "/alerts/mine/", None),
             ("baselines", "/baselines/", None),
+            # The README's compare links of the seed case studies (before -> after, each with a trace).
+            (
+                "compare-seed1-run1-run2",
+                "/jobs/compare/?a=demo-seed1-run1&b=demo-seed1-run2",
+                "body[data-charts-ready]",
+            ),
+            (
+                "compare-seed1-run2-run3",
+                "/jobs/compare/?a=demo-seed1-run2&b=demo-seed1-run3",
+                "body[data-charts-ready]",
+            ),
+            ("compare-seed2", "/jobs/compare/?a=demo-seed2&b=demo-seed2-run2", "body[data-charts-ready]"),
+            ("job-seed1-run1", "/jobs/demo-seed1-run1/", "body[data-charts-ready]"),
         ]
         for name, path, ready in shots:
             t0 = time.perf_counter()
@@ -70,7 +84,7 @@ def main() -> int:
             page.wait_for_load_state("networkidle")
             elapsed = time.perf_counter() - t0
             page.screenshot(path=str(args.out / f"{name}.png"), full_page=True)
-            print(f"{name:12s} {path:40s} HTTP {status} in {elapsed * 1000:.0f} ms -> {args.out / name}.png")
+            print(f"{name:24s} {path:56s} HTTP {status} in {elapsed * 1000:.0f} ms -> {args.out / name}.png")
             if status != 200:
                 problems.append(f"{path}: HTTP {status}")
         browser.close()
