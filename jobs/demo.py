@@ -136,7 +136,9 @@ def plan(now: datetime) -> list[DemoJob]:
     # The seed articles' case studies (jobs.simulate.seeds), recorded as dcgm-exporter really records them
     # (15 s scrapes, 30 s collect interval, NVML's 1 s window, ~1 % failed scrapes): case 1 as three runs
     # of the same LoRA fine-tune (33 % -> 68 % after the input fix -> 85 % after fusing small kernels)
-    # and case 2, 32 H100s in lock-step waiting in an exposed collective every step.
+    # and case 2, 32 H100s in lock-step waiting in an exposed collective every step, then with the
+    # gradients all-reduced in buckets beside the backward pass. Each run gets a trace (SEED_TRACES) and a
+    # throughput of its batch's tokens per step over its step time (step_throughput).
     for k, (name, case) in enumerate(SEED_CASES.items()):
         start = t_now - (10 - 2 * k) * 3600
         batch = SEED_BATCH[name.split("-")[0]]
