@@ -107,12 +107,6 @@ class Attribution:
             return None
         return sum(v for (j, _), v in self.shares.items() if j == job) / held
 
-    def cost_usd(self, usd_per_gpu_hour: float) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for (job, _), seconds in self.shares.items():
-            out[job] += seconds / 3600.0 * usd_per_gpu_hour
-        return dict(out)
-
 
 def attribute(usages: Iterable[Usage]) -> Attribution:
     """Split each GPU's time between its users (see the module docstring). A GPU's segments covered by

@@ -144,18 +144,23 @@ class Amount:
         return value + unit
 
 
-SECONDS_PER_DAY = 86400.0
+def spread(usd_per_day: float, hours: float) -> float:
+    """A $/day rate over `hours`: rate / 24 x hours, the one way a stored rate becomes dollars (a job's
+    total waste here, cost and waste inside a period in jobs.evaluation.totals and the leaderboard)."""
+    if not math.isfinite(usd_per_day):
+        raise ValueError(f"a rate must be a finite number of dollars per day, got {usd_per_day!r}")
+    return usd_per_day / HOURS_PER_DAY * _non_negative("hours", hours)
 
 
 def total_waste(per_day: Amount, duration_s: float | None) -> Amount:
-    """A job's total waste in USD: its stored waste $/day × its duration in days (the same rate the
-    leaderboard and team pages spread over the hours inside a period). Keeps the rate's kind: a lower
-    bound stays "at least", an unknown rate (or an unknown duration) stays unknown with its reason."""
+    """A job's total waste in USD: its stored waste $/day spread over its duration (`spread`, the same
+    rate the leaderboard and team pages spread over the hours inside a period). Keeps the rate's kind: a
+    lower bound stays "at least", an unknown rate (or an unknown duration) stays unknown with its reason."""
     if duration_s is None or not math.isfinite(duration_s) or duration_s < 0:
         return Amount(None, reason="the job's duration is unknown")
     if per_day.usd is None:
         return per_day
-    return Amount(per_day.usd * duration_s / SECONDS_PER_DAY, per_day.lower_bound, per_day.reason)
+    return Amount(spread(per_day.usd, duration_s / SECONDS_PER_HOUR), per_day.lower_bound, per_day.reason)
 
 
 @dataclass(frozen=True)
@@ -211,11 +216,6 @@ def split_waste(
     efficiency = waste_per_day(cost, mfu, reference_mfu)
     total = max(efficiency, idle) if idle is not None else efficiency
     return Waste(total, total, idle, efficiency, "")
-
-
-def gpu_hours(gpus: float, start: datetime, end: datetime) -> float:
-    """GPU-hours of ``gpus`` GPUs held over [start, end]."""
-    return _non_negative("gpus", gpus) * _window(start, end) / SECONDS_PER_HOUR
 
 
 def window_cost(

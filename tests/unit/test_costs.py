@@ -43,17 +43,6 @@ def test_waste_rejects_zero_reference_and_negative_inputs() -> None:
         costs.waste_per_day(-1.0, 0.1)
 
 
-def test_gpu_hours_over_window() -> None:
-    assert costs.gpu_hours(8, T0, T0 + timedelta(hours=2, minutes=30)) == pytest.approx(20.0)
-
-
-def test_gpu_hours_rejects_reversed_window_and_naive_aware_mix() -> None:
-    with pytest.raises(ValueError, match="before start"):
-        costs.gpu_hours(8, T0, T0 - timedelta(seconds=1))
-    with pytest.raises(ValueError, match="timezone"):
-        costs.gpu_hours(8, T0, datetime(2026, 3, 2))
-
-
 def test_window_cost_splits_at_mid_job_price_change() -> None:
     prices = [(T0 - timedelta(days=30), 4.0), (T0 + timedelta(hours=10), 2.0)]
     result = costs.window_cost(prices, T0, T0 + timedelta(hours=24), gpus=8)

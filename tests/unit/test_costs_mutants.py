@@ -16,7 +16,6 @@ from jobs.evaluation.costs import (
     cost_per_day,
     energy_counter_increase_mj,
     energy_kwh_from_power,
-    gpu_hours,
     split_waste,
 )
 
@@ -29,11 +28,6 @@ def test_a_bool_or_a_numeric_string_is_not_a_gpu_count() -> None:
         cost_per_day(True, 2.0)
     with pytest.raises(ValueError):
         cost_per_day("2", 2.0)  # type: ignore[arg-type]
-
-
-def test_gpu_hours_refuses_an_end_that_is_not_a_datetime() -> None:
-    with pytest.raises(ValueError):
-        gpu_hours(1, T0, "2026-12-01")  # type: ignore[arg-type]
 
 
 def test_a_flat_energy_counter_adds_nothing() -> None:
