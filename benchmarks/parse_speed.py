@@ -24,7 +24,8 @@ Prints min and median over the repetitions. The numbers depend on the machine an
 the interpreter's start to its exit, for both line layouts of each size (one event per line, and the same
 trace written as one line, as some exporters do):
 
-* ours: `manage.py analyze_artifact TRACE --json` (stdout discarded), exactly as a user types it;
+* ours: `manage.py analyze_artifact TRACE --json` (stdout discarded), exactly as a user types it, and the
+  same through Django (`-v 1` makes manage.py set Django up first, as every run did before issue 26);
 * HTA: a script that imports `hta` and runs the same load + temporal + idle breakdowns.
 
 Wall seconds, CPU seconds (user + system of the process and the children it waited for, GNU time) and
@@ -158,6 +159,13 @@ def end_to_end(paths: list[tuple[str, Path, int]], repeat: int, hta: str | None,
                 f" cpu {_med(theirs, 'cpu_s') / _med(ours, 'cpu_s'):5.1f}x"
             )
         print(f"{line}  [load {os.getloadavg()[0]:4.1f}]", flush=True)
+        # The same command through Django (`-v 1` is one of Django's own options): how it ran before
+        # manage.py parsed without Django (settings, every app, the Celery app and its tasks first).
+        django = [_timed([sys.executable, "manage.py", "analyze_artifact", str(path), "--json", "-v", "1"])
+                  for _ in range(repeat)]  # fmt: skip
+        print(f"{'':9} {'':<14} through Django (before): wall {_med(django, 'wall_s'):6.2f} s"
+              f" cpu {_med(django, 'cpu_s'):6.2f} s peak RSS {_med(django, 'rss_bytes') / 2**20:6.0f} MiB"
+              f"  [load {os.getloadavg()[0]:4.1f}]", flush=True)  # fmt: skip
 
 
 def _med(runs: list[dict[str, float]], key: str) -> float:
