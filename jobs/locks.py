@@ -13,13 +13,49 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from types import TracebackType
+from typing import Protocol
 
 import redis
 from django.conf import settings
+from django.core.cache.backends.base import BaseCache
 from redis.exceptions import LockError, LockNotOwnedError, RedisError
 
 log = logging.getLogger(__name__)
+
+
+class TokenLock(Protocol):
+    """What HeartbeatLock needs of a lock: redis-py's Lock, or CacheTokenLock."""
+
+    def acquire(self, blocking: bool | None = None) -> bool: ...
+
+    def reacquire(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class CacheTokenLock:
+    """The same contract over Django's cache API, for a cache that is not Redis (the tests' local-memory
+    cache, which is one process's anyway): add() takes it, the token is compared before renewing or
+    deleting. Not atomic across processes; deployments use Redis (named_lock picks it)."""
+
+    def __init__(self, cache: BaseCache, key: str, ttl_s: float) -> None:
+        self.cache, self.key, self.ttl_s = cache, key, ttl_s
+        self.token = uuid.uuid4().hex
+
+    def acquire(self, blocking: bool | None = None) -> bool:
+        return bool(self.cache.add(self.key, self.token, timeout=self.ttl_s))
+
+    def reacquire(self) -> bool:
+        if self.cache.get(self.key) != self.token:
+            raise LockNotOwnedError("lock expired or taken")
+        return bool(self.cache.touch(self.key, timeout=self.ttl_s))
+
+    def release(self) -> None:
+        if self.cache.get(self.key) != self.token:
+            raise LockNotOwnedError("lock expired or taken")
+        self.cache.delete(self.key)
 
 
 class HeartbeatLock:
@@ -28,7 +64,13 @@ class HeartbeatLock:
     lock no longer ours (it expired: Redis was unreachable for a whole TTL, or was flushed)."""
 
     def __init__(
-        self, client: redis.Redis, key: str, ttl_s: float, *, renew_every_s: float | None = None
+        self,
+        client: redis.Redis | None,
+        key: str,
+        ttl_s: float,
+        *,
+        renew_every_s: float | None = None,
+        backend: TokenLock | None = None,
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"a lock TTL must be positive, got {ttl_s}")
@@ -37,8 +79,14 @@ class HeartbeatLock:
         self.renew_every_s = float(renew_every_s) if renew_every_s else self.ttl_s / 3.0
         if not 0 < self.renew_every_s < self.ttl_s:
             raise ValueError("the heartbeat must renew the lock before its TTL runs out")
-        # thread_local=False: the token lives on the object, so the heartbeat thread renews our lock.
-        self._lock = client.lock(key, timeout=self.ttl_s, blocking=False, thread_local=False)
+        self._lock: TokenLock
+        if backend is not None:
+            self._lock = backend
+        elif client is not None:
+            # thread_local=False: the token lives on the object, so the heartbeat thread renews our lock.
+            self._lock = client.lock(key, timeout=self.ttl_s, blocking=False, thread_local=False)
+        else:
+            raise ValueError("a lock needs a Redis client or a backend")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
@@ -91,8 +139,12 @@ class HeartbeatLock:
 def named_lock(name: str, ttl_s: float) -> HeartbeatLock:
     """A HeartbeatLock in the cache's Redis under the cache's key prefix (so test runs and deployments
     sharing a Redis never meet), read from settings at call time."""
-    from django.core.cache import cache
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
 
+    cache = caches["default"]  # the backend itself (django.core.cache.cache is a proxy)
+    if not isinstance(cache, RedisCache):  # e.g. tests' LocMemCache: the cache API, one process
+        return HeartbeatLock(None, name, ttl_s, backend=CacheTokenLock(cache, name, ttl_s))
     location = settings.CACHES["default"]["LOCATION"]
     client = redis.Redis.from_url(str(location), socket_timeout=5.0, socket_connect_timeout=5.0)
     return HeartbeatLock(client, cache.make_key(name), ttl_s)

@@ -140,3 +140,15 @@ def test_only_the_holder_releases_or_renews():
 def test_a_lock_whose_heartbeat_would_come_too_late_is_refused():
     with pytest.raises(ValueError, match="before its TTL"):
         locks.HeartbeatLock(_redis(), "k", 1.0, renew_every_s=2.0)
+
+
+def test_with_a_local_memory_cache_the_lock_works_in_process(settings):
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    first = locks.named_lock("test:local-lock", 3)
+    assert isinstance(first._lock, locks.CacheTokenLock)
+    assert first.acquire()
+    assert not locks.named_lock("test:local-lock", 3).acquire()
+    first.release()
+    second = locks.named_lock("test:local-lock", 3)
+    assert second.acquire()
+    second.release()
