@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from jobs.evaluation.checks import non_negative as _non_negative
 from jobs.evaluation.checks import positive as _positive
@@ -72,29 +74,6 @@ class Utilization:
     def exceeds_peak(self) -> bool:
         """True when the value is above 1: physically impossible, so the inputs are wrong."""
         return self.value > 1.0
-
-
-@dataclass(frozen=True)
-class MfuWindow:
-    """One stretch of a job for aggregation: tokens processed over ``duration_s`` on ``devices`` GPUs."""
-
-    flops_per_token: float
-    tokens: float
-    duration_s: float
-    devices: int
-    peak_flops_per_device: float
-    variant: str = ""
-
-
-@dataclass(frozen=True)
-class AggregateMfu:
-    """MFU over several windows: total model FLOPs over total peak FLOP capacity (peak x device-seconds)."""
-
-    value: float
-    total_flops: float
-    total_peak_flops: float
-    windows: int
-    variant: str
 
 
 @dataclass(frozen=True)
@@ -396,6 +375,18 @@ def megatron_flops_per_token(
 # ---------------------------------------------------------------------------------------- MFU and HFU
 
 
+_Rate = TypeVar("_Rate", float, "np.ndarray")
+
+
+def utilisation(flops_per_token: float, tokens_per_s: _Rate, peak_flops_per_s: float) -> _Rate:
+    """The one MFU / HFU formula (PaLM, Chowdhery et al. 2022, appendix B): achieved FLOP/s (FLOPs per
+    token x tokens/s) over the dense peak FLOP/s of every device the job holds. With model FLOPs it is MFU,
+    with executed FLOPs (recomputation included) HFU. A job's MFU (jobs.evaluation.kpis, over the tokens
+    of its covered time, and per grid step as a series) and `manage.py mfu` (`mfu` below) both compute it
+    here; MFU across jobs is jobs.evaluation.totals.weighted_mfu. Callers validate their inputs."""
+    return flops_per_token * tokens_per_s / peak_flops_per_s
+
+
 def _utilization(
     kind: Literal["MFU", "HFU"],
     flops_per_token: float | FlopsEstimate,
@@ -421,7 +412,7 @@ def _utilization(
     achieved = fpt * rate
     total_peak = count * peak
     return Utilization(
-        value=achieved / total_peak,
+        value=utilisation(fpt, rate, total_peak),
         kind=kind,
         variant=variant,
         achieved_flops_per_s=achieved,
@@ -441,66 +432,6 @@ def hfu(
 ) -> Utilization:
     """Hardware FLOPs utilisation: like :func:`mfu` but with executed FLOPs (recomputation included)."""
     return _utilization("HFU", flops_per_token, tokens_per_s, devices, peak_flops_per_device)
-
-
-def aggregate_mfu(windows: Iterable[MfuWindow]) -> AggregateMfu | None:
-    """MFU over many windows as total FLOPs / total peak FLOP capacity; None when there are no windows.
-
-    Averaging per-window MFUs would let a short idle window weigh as much as a day of training.
-    """
-    total_flops = 0.0
-    total_peak = 0.0
-    count = 0
-    variants: set[str] = set()
-    for window in windows:
-        fpt = _positive("flops_per_token", window.flops_per_token)
-        tokens = _non_negative("tokens", window.tokens)
-        duration = _non_negative("duration_s", window.duration_s)
-        devices = _devices(window.devices)
-        peak = _positive("peak_flops_per_device", window.peak_flops_per_device)
-        total_flops += fpt * tokens
-        total_peak += devices * peak * duration
-        count += 1
-        if window.variant:
-            variants.add(window.variant)
-    if count == 0:
-        return None
-    if total_peak == 0:
-        raise ValueError("the windows cover no time: total duration is zero")
-    if len(variants) == 1:
-        variant = variants.pop()
-    elif variants:
-        variant = "mixed: " + "; ".join(sorted(variants))
-    else:
-        variant = "FLOPs per token given by the caller"
-    return AggregateMfu(
-        value=total_flops / total_peak,
-        total_flops=total_flops,
-        total_peak_flops=total_peak,
-        windows=count,
-        variant=variant,
-    )
-
-
-def capacity_weighted_mfu(items: Iterable[tuple[float, float]]) -> float | None:
-    """Combine stored MFU values, each with its peak capacity (devices x peak FLOP/s x seconds).
-
-    Weighting by capacity makes this exactly total FLOPs / total capacity, so jobs on different GPU models
-    combine correctly. Returns None when the total capacity is zero or there are no items.
-    """
-    flops = 0.0
-    capacity = 0.0
-    for value, weight in items:
-        ratio = _non_negative("mfu", value)
-        cap = _non_negative("peak capacity", weight)
-        flops += ratio * cap
-        capacity += cap
-    if capacity == 0:
-        return None
-    return flops / capacity
-
-
-# ------------------------------------------------------------------------------ hardware cross-check
 
 
 def tensor_flops_upper_estimate(

@@ -24,6 +24,7 @@ from jobs.evaluation.flops import (
     forward_flops_per_token,
     hardware_flops_per_token,
     model_flops_per_token,
+    utilisation,
 )
 
 #: The organisation-wide FLOPs conventions a setting can choose (MFU_FLOPS_CONVENTION).
@@ -414,9 +415,11 @@ def _throughput_and_mfu(
         _mfu_unknown(k, "MFU needs the GPU's dense peak for the job's dtype: unknown GPU model or dtype")
         return
     capacity = gpu_count * peak
-    # Token-weighted: total model FLOPs over total peak FLOPs in the covered time, not a mean of ratios.
-    k.mfu = model.flops_per_token * tokens / (capacity * covered_s)
-    k.mfu_series = model.flops_per_token * tps / capacity
+    # Token-weighted: total model FLOPs over total peak FLOPs in the covered time (the covered time's mean
+    # tokens/s), not a mean of per-step ratios. The formula is flops.utilisation, the one MFU definition.
+    rate = tokens / covered_s
+    k.mfu = utilisation(model.flops_per_token, rate, capacity)
+    k.mfu_series = utilisation(model.flops_per_token, tps, capacity)
     k.variants["mfu"] = f"MFU, {model.variant}"
     if k.flops_fallback and shape.serving:
         k.variants["mfu"] += " — fallback: the attention term needs n_layers, n_heads, head_dim and a context"
@@ -434,7 +437,7 @@ def _throughput_and_mfu(
             "seq_len for the organisation's 6N + 12·L·H·Q·T convention"
         )
     if hardware is not None:
-        k.hfu = hardware.flops_per_token * tokens / (capacity * covered_s)
+        k.hfu = utilisation(hardware.flops_per_token, rate, capacity)
         k.variants["hfu"] = hardware.variant
     if k.mfu > 1.0:
         k.notes.append("MFU above 100 %: the parameter count, dtype or tokens are wrong")

@@ -174,54 +174,6 @@ def test_mfu_input_validation(args: tuple, message: str) -> None:
         flops.mfu(*args)
 
 
-def test_aggregate_mfu_is_sum_of_flops_over_sum_of_peak_seconds_not_mean_of_ratios() -> None:
-    peak = 1e15
-    busy = flops.MfuWindow(
-        flops_per_token=1e9, tokens=5e5 * 3600, duration_s=3600, devices=8, peak_flops_per_device=peak
-    )
-    idle = flops.MfuWindow(
-        flops_per_token=1e9, tokens=0, duration_s=60, devices=8, peak_flops_per_device=peak
-    )
-    result = flops.aggregate_mfu([busy, idle])
-    assert result is not None
-    busy_mfu = 1e9 * 5e5 / (8 * peak)
-    expected = busy_mfu * 3600 / 3660
-    assert result.value == pytest.approx(expected)
-    assert result.value != pytest.approx(busy_mfu / 2)  # the mean of ratios would halve it
-    assert result.windows == 2
-
-
-def test_aggregate_mfu_weights_windows_with_different_gpu_counts_and_peaks() -> None:
-    small = flops.MfuWindow(
-        1e9, tokens=1e6, duration_s=10, devices=1, peak_flops_per_device=1e15, variant="6N"
-    )
-    large = flops.MfuWindow(
-        1e9, tokens=1e6, duration_s=10, devices=9, peak_flops_per_device=1e15, variant="6N"
-    )
-    result = flops.aggregate_mfu([small, large])
-    assert result is not None
-    assert result.value == pytest.approx(2e15 / (10 * 10 * 1e15))
-    assert result.variant == "6N"
-
-
-def test_aggregate_mfu_of_no_windows_is_none_and_zero_duration_raises() -> None:
-    assert flops.aggregate_mfu([]) is None
-    with pytest.raises(ValueError, match="no time"):
-        flops.aggregate_mfu([flops.MfuWindow(1e9, 0, 0, 1, 1e15)])
-
-
-def test_aggregate_mfu_labels_mixed_variants() -> None:
-    a = flops.MfuWindow(1e9, 1, 1, 1, 1e15, variant="6N")
-    b = flops.MfuWindow(1e9, 1, 1, 1, 1e15, variant="6N+12LHQT")
-    result = flops.aggregate_mfu([a, b])
-    assert result is not None and result.variant.startswith("mixed:")
-
-
-def test_capacity_weighted_mfu_equals_total_flops_over_total_capacity() -> None:
-    assert flops.capacity_weighted_mfu([(0.5, 100.0), (0.1, 300.0)]) == pytest.approx(80.0 / 400.0)
-    assert flops.capacity_weighted_mfu([]) is None
-
-
 def test_tensor_estimate_scales_by_sm_clock_over_peak_clock() -> None:
     estimate = flops.tensor_flops_upper_estimate(0.5, 989.5e12, sm_clock_mhz=1372.5, peak_clock_mhz=1830)
     assert estimate.clock_ratio == pytest.approx(0.75)

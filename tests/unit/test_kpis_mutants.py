@@ -491,3 +491,15 @@ def test_the_missing_mfu_reason_is_the_throughput_sources_own_reason_when_it_giv
     k = _kpis(tokens_per_second=None, throughput_source=why)
     assert k.waste is not None and k.waste.reason is not None
     assert k.waste.reason.startswith(f"MFU unknown (no throughput: {why})")
+
+
+def test_the_evaluations_mfu_is_the_mfu_commands_for_the_same_run() -> None:
+    # One definition (flops.utilisation): the evaluation over 60 steps at 800 tokens/s on one 6e12 GPU and
+    # `manage.py mfu` (flops.mfu) with the same numbers give 6e9 x 800 / 6e12 = 0.8, as do their HFUs.
+    from jobs.evaluation import flops
+
+    k = _kpis(**ONE_GPU, tokens_per_second=np.full(60, 800.0))
+    cli = flops.mfu(flops.model_flops_per_token(1e9, attention=False), 800.0, 1, 6e12)
+    assert cli.value == pytest.approx(0.8)
+    assert k.mfu == pytest.approx(cli.value, rel=1e-12)
+    assert k.mfu_series is not None and np.allclose(k.mfu_series, cli.value)
