@@ -1,0 +1,224 @@
+"""node_exporter series of a job's hosts ("host" signals): CPU busy and iowait, memory available, disk,
+network and InfiniBand bytes, read per host and aggregated across the job's hosts like the GPU signals.
+
+Pure: no Django and no HTTP. Names, labels, types and units from prometheus/node_exporter's collectors:
+`node_cpu_seconds_total{cpu, mode}` (collector/cpu_linux.go: counter, "Seconds the CPUs spent in each
+mode", modes user/nice/system/idle/iowait/irq/softirq/steal), `node_memory_MemAvailable_bytes` and
+`node_memory_MemTotal_bytes` (collector/meminfo.go: gauges, /proc/meminfo in bytes),
+`node_disk_read_bytes_total` / `node_disk_written_bytes_total{device}` (collector/diskstats_linux.go:
+counters, sectors x 512), `node_network_receive_bytes_total` / `node_network_transmit_bytes_total{device}`
+(collector/netdev_linux.go: counters), `node_infiniband_port_data_received_bytes_total` /
+`..._transmitted_bytes_total{device, port}` (collector/infiniband_linux.go: counters, "Number of data octets
+received on all links"; procfs converts the port counters' 4-byte words to bytes).
+
+The join (an assumption the deployment must meet): node_exporter's series carry no job label and no GPU,
+so they are joined to a job through its hosts -- the host names of its GPUs (dcgm-exporter's `Hostname`).
+By default the node name is read from the target label `instance` ("<node>[.<domain>]:<port>", the usual
+static or file-based scrape config); a deployment that relabels the node name into another label (e.g.
+`nodename`, or `Hostname` to match dcgm-exporter) passes that label (`HostJoin.label`). Either way the name
+may carry a domain after the GPU host's name (`gpu-node-001.cluster.local`).
+
+What the signals are: CPU busy is the share of all of a host's CPU time not idle, iowait or steal (the
+average of per-CPU `1 - rate(idle + iowait + steal)`), iowait the share spent idle with I/O outstanding
+(per `man proc`, a lower bound that can under-read on busy hosts); memory available is MemAvailable /
+MemTotal; byte rates are summed over a host's devices, leaving out stacked block devices (dm-*, md*, which
+would count a read twice) and virtual or loopback network devices (lo, veth, docker, cni, flannel, cali,
+virbr, br-) and IPoIB (`ib*`, counted by the InfiniBand port counters already).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from jobs.metrics.promql import duration, regex_any, regex_matcher, validate_label_name
+from jobs.metrics.sampling import step_window_s
+from jobs.metrics.signals import COUNT, MAX, MEAN, MIN, STAT_LABEL, JobSignals, SignalSeries, grid
+
+CPU = "node_cpu_seconds_total"
+MEM_AVAILABLE = "node_memory_MemAvailable_bytes"
+MEM_TOTAL = "node_memory_MemTotal_bytes"
+DISK_READ = "node_disk_read_bytes_total"
+DISK_WRITTEN = "node_disk_written_bytes_total"
+NET_RX = "node_network_receive_bytes_total"
+NET_TX = "node_network_transmit_bytes_total"
+IB_RX = "node_infiniband_port_data_received_bytes_total"
+IB_TX = "node_infiniband_port_data_transmitted_bytes_total"
+STACKED_DISKS = "dm-.*|md.*"
+VIRTUAL_NICS = "lo|veth.*|docker.*|cni.*|flannel.*|cali.*|virbr.*|br-.*|ib.*"
+
+
+@dataclass(frozen=True, slots=True)
+class HostSignal:
+    """One host signal: the node_exporter metrics it reads, its unit and what its absence hides."""
+
+    key: str
+    metrics: tuple[str, ...]
+    unit: str
+    label: str
+    hides: str
+
+
+HOST_SIGNALS: dict[str, HostSignal] = {s.key: s for s in (
+    HostSignal("host_cpu_busy", (CPU,), "ratio", "CPU busy",
+               "an input pipeline that is CPU-bound (decode, augmentation, tokenisation)"),
+    HostSignal("host_cpu_iowait", (CPU,), "ratio", "CPU iowait", "an input pipeline waiting on storage"),
+    HostSignal("host_mem_available", (MEM_AVAILABLE, MEM_TOTAL), "ratio", "memory available",
+               "host memory pressure (page cache evicted, swapping)"),
+    HostSignal("host_disk_read_bytes", (DISK_READ,), "B/s", "disk read", "reads from local disks"),
+    HostSignal("host_disk_write_bytes", (DISK_WRITTEN,), "B/s", "disk write",
+               "checkpoint writes to local disks"),
+    HostSignal("host_net_rx_bytes", (NET_RX,), "B/s", "network RX",
+               "data read from network storage or a remote source"),
+    HostSignal("host_net_tx_bytes", (NET_TX,), "B/s", "network TX", "checkpoints and logs sent out"),
+    HostSignal("host_ib_rx_bytes", (IB_RX,), "B/s", "InfiniBand RX", "collective traffic between nodes"),
+    HostSignal("host_ib_tx_bytes", (IB_TX,), "B/s", "InfiniBand TX", "collective traffic between nodes"),
+)}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class HostJoin:
+    """Where node_exporter's series name their node: `instance` (host:port, the default) or a label a
+    relabelling filled with the node name."""
+
+    label: str = "instance"
+
+    def matcher(self, hosts: Iterable[str]) -> str:
+        """The label matcher selecting the series of `hosts` (a domain and, for `instance`, a port may
+        follow the name)."""
+        names = sorted({h for h in hosts if h})
+        if not names:
+            raise ValueError("no host names to join node_exporter's series on")
+        tail = r"(\..*)?(:[0-9]+)?" if self.label == "instance" else r"(\..*)?"
+        return regex_matcher(validate_label_name(self.label), f"({regex_any(names)}){tail}")
+
+
+def per_host_query(
+    key: str, join: HostJoin, hosts: Iterable[str], rate_window_s: float, step_s: float
+) -> str:
+    """One series per host (by the join label) of host signal `key` in its unit."""
+    m = join.matcher(hosts)
+    by = join.label
+    win = duration(rate_window_s)
+
+    def rate(metric: str, extra: str = "") -> str:
+        return f"rate({metric}{{{m}{extra}}}[{win}])"
+
+    if key == "host_cpu_busy":
+        not_busy = rate(CPU, ', mode=~"idle|iowait|steal"')
+        return f"avg by ({by}) (1 - sum by ({by}, cpu) ({not_busy}))"
+    if key == "host_cpu_iowait":
+        iowait = rate(CPU, ', mode="iowait"')
+        return f"avg by ({by}) ({iowait})"
+    if key == "host_mem_available":
+        w = duration(step_window_s(step_s))
+        return (
+            f"sum by ({by}) (avg_over_time({MEM_AVAILABLE}{{{m}}}[{w}])) / "
+            f"sum by ({by}) (avg_over_time({MEM_TOTAL}{{{m}}}[{w}]))"
+        )
+    metric = HOST_SIGNALS[key].metrics[0]
+    if metric in (DISK_READ, DISK_WRITTEN):
+        return f"sum by ({by}) ({rate(metric, ', ' + regex_matcher('device', STACKED_DISKS, negate=True))})"
+    if metric in (NET_RX, NET_TX):
+        return f"sum by ({by}) ({rate(metric, ', ' + regex_matcher('device', VIRTUAL_NICS, negate=True))})"
+    return f"sum by ({by}) ({rate(metric)})"
+
+
+def aggregate_host_query(
+    key: str, join: HostJoin, hosts: Iterable[str], rate_window_s: float, step_s: float
+) -> str:
+    """Mean, min, max and count across the job's hosts in one query, told apart by the `stat` label."""
+    base = per_host_query(key, join, hosts, rate_window_s, step_s)
+    return " or ".join(
+        f'label_replace({agg}({base}), "{STAT_LABEL}", "{stat}", "", "")'
+        for agg, stat in (("avg", MEAN), ("min", MIN), ("max", MAX), ("count", COUNT))
+    )
+
+
+class HostClient(Protocol):
+    """What `fetch_host_signals` needs (PrometheusClient satisfies it)."""
+
+    def range(self, query: str, start: Any, end: Any, step: float | None = None) -> Sequence[Any]: ...
+
+    def label_values(
+        self, label: str, match: Sequence[str] = (), start: Any = None, end: Any = None
+    ) -> list[str]: ...
+
+
+def missing_reason(sig: HostSignal, found: bool) -> str:
+    """Why a host signal is missing (shown beside the empty host row)."""
+    if found:
+        return "node_exporter has the metric but no samples for this job's hosts in the window"
+    return (
+        f"not collected: no {', '.join(sig.metrics)} from node_exporter for this job's hosts (is it scraped, "
+        "and does its node name match the GPU host names?)"
+    )
+
+
+def fetch_host_signals(
+    client: HostClient,
+    hosts: Iterable[str],
+    start: float,
+    end: float,
+    step: float,
+    *,
+    join: HostJoin = HostJoin(),
+    rate_window_s: float | None = None,
+    keys: Iterable[str] | None = None,
+) -> tuple[dict[str, SignalSeries], dict[str, str]]:
+    """Read the job's host signals: 1 presence query, then 1 range query per present signal.
+
+    Returns the series (cross-host mean/min/max/count on the grid of `step`) and the missing keys with
+    their reason. Counters use `rate_window_s` (default: the step or two 15 s scrapes, the larger).
+    """
+    names = sorted(hosts)
+    window = max(rate_window_s or 0.0, step, 30.0)
+    match = [f'{{__name__=~"node_.+", {join.matcher(names)}}}']
+    present = set(client.label_values("__name__", match, start, end))
+    ts = grid(start, end, step)
+    out: dict[str, SignalSeries] = {}
+    missing: dict[str, str] = {}
+    for key in keys if keys is not None else HOST_SIGNALS:
+        sig = HOST_SIGNALS[key]
+        if not all(m in present for m in sig.metrics):
+            missing[key] = missing_reason(sig, False)
+            continue
+        stats: dict[str, np.ndarray] = {}
+        for s in client.range(aggregate_host_query(key, join, names, window, step), start, end, step):
+            stat = s.labels.get(STAT_LABEL)
+            if stat:
+                stats[stat] = s.on_grid(ts)
+        if COUNT not in stats or np.isnan(stats[COUNT]).all():
+            missing[key] = missing_reason(sig, True)
+            continue
+        out[key] = SignalSeries(key, sig.unit, ts, stats)
+    return out, missing
+
+
+def add_host_signals(js: JobSignals, series: Mapping[str, SignalSeries], missing: Mapping[str, str]) -> None:
+    """Put host signals into a job's JobSignals (same grid) beside its GPU signals."""
+    for key, s in series.items():
+        if s.timestamps.shape != js.timestamps.shape:
+            raise ValueError(f"{key}: host series on another grid than the job's signals")
+        js.signals[key] = s
+    js.missing.update(missing)
+
+
+def host_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """Cross-host mean/min/max/count of per-host values (hosts x time, NaN = no sample), as the aggregate
+    query computes them (NaN where no host reports)."""
+    v = np.asarray(values, dtype=np.float64)
+    have = np.isfinite(v)
+    count = have.sum(axis=0).astype(np.float64)
+    none = count == 0
+    with np.errstate(invalid="ignore"):
+        mean = np.where(none, np.nan, np.where(have, v, 0.0).sum(axis=0) / np.maximum(count, 1))
+    return {
+        MEAN: mean,
+        MIN: np.where(none, np.nan, np.where(have, v, np.inf).min(axis=0)),
+        MAX: np.where(none, np.nan, np.where(have, v, -np.inf).max(axis=0)),
+        COUNT: np.where(none, np.nan, count),
+    }
