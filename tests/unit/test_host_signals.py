@@ -106,7 +106,8 @@ def test_simulated_series_have_node_exporters_names_labels_and_types() -> None:
 
 class _Client:
     def __init__(self, names: list[str], series: dict[str, list[Series]]) -> None:
-        self.names, self.series, self.queries = names, series, []  # type: list[str]
+        self.names, self.series = names, series
+        self.queries: list[str] = []
 
     def label_values(self, label: str, match: Any = (), start: Any = None, end: Any = None) -> list[str]:
         self.queries.append(f"labels:{match[0]}")
