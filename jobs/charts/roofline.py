@@ -65,7 +65,6 @@ def roofline_figure(r: Roofline) -> dict[str, Any] | None:
     x_lo = 10 ** math.floor(math.log10(min(min(xs), ridge) / 10))
     x_hi = 10 ** math.ceil(math.log10(max(max(xs), ridge) * 10))
     peak_t = peak / 1e12
-    label = f"{r.roofs.gpu}, {r.roofs.dtype}"
     data: list[dict[str, Any]] = [
         {
             "type": "scatter", "mode": "lines", "name": f"memory roof ({bandwidth / 1e12:g} TB/s)",
@@ -90,10 +89,9 @@ def roofline_figure(r: Roofline) -> dict[str, Any] | None:
     return {
         "data": data,
         "layout": {
-            "height": 380, "margin": {"l": 70, "r": 16, "t": 30, "b": 50}, "font": FONT,
+            "height": 380, "margin": {"l": 70, "r": 16, "t": 24, "b": 50}, "font": FONT,
             "paper_bgcolor": "#ffffff", "plot_bgcolor": "#ffffff", "showlegend": True,
             "legend": {"orientation": "h", "y": -0.25},
-            "title": {"text": escape(label), "font": {"size": 12}, "x": 0.01},
             "xaxis": {"type": "log", "title": {"text": "estimated arithmetic intensity (FLOP/byte)"},
                       "range": [math.log10(x_lo), math.log10(x_hi)]},
             "yaxis": {"type": "log", "title": {"text": "TFLOP/s (activity-based upper estimate)"},

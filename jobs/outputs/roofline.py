@@ -19,6 +19,7 @@ from jobs.evaluation.catalog import normalise_dtype
 from jobs.evaluation.roofline import (
     DRAM,
     FIELD_NAMES,
+    PIPE_LABELS,
     SIGNALS,
     Activities,
     Roofline,
@@ -37,6 +38,12 @@ TIME_POINTS = 120
 #: Per-GPU rows are read at the coarsest tier with this many columns: only their time-means are used.
 GPU_COLUMNS = 100
 CACHE_S = 600
+VERDICT_LABELS = {
+    "compute": "near the compute roof",
+    "memory": "near the memory roof",
+    "under_both": "under both roofs",
+    "unknown": "unknown",
+}
 
 
 def roofs_of(job: Job) -> Roofs:
@@ -145,11 +152,14 @@ def page_lines(summary: dict[str, Any]) -> dict[str, Any]:
         + (f", about {intensity:,.1f} FLOP/byte" if intensity is not None else "")
     )
     counts: dict[str, int] = {}
+    rows = []
     for gpu in summary["gpus"]:
         counts[gpu["verdict"]] = counts.get(gpu["verdict"], 0) + 1
+        pipe = PIPE_LABELS.get(gpu["busiest_pipe"] or "", "")
+        rows.append({**gpu, "verdict_label": VERDICT_LABELS[gpu["verdict"]], "pipe_label": pipe})
     return {
         "roofs": roofs,
         "estimate": estimate,
-        "gpu_counts": sorted(counts.items()),
-        "gpu_rows": summary["gpus"],
+        "gpu_counts": [(VERDICT_LABELS[v], n) for v, n in sorted(counts.items())],
+        "gpu_rows": rows,
     }

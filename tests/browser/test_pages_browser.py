@@ -54,6 +54,11 @@ def test_job_page_renders_its_plots_without_errors(watched, live_server, member,
     assert page.evaluate("document.getElementById('heatmap').data[0].y.length") == 16
     # The finding windows are shaded on the chart.
     assert page.evaluate("document.getElementById('timeseries').layout.shapes.length") >= 3
+    # The roofline (#25 item 6): both roofs, the job over time, its 16 GPUs and its mean, on log axes.
+    page.wait_for_selector("#roofline .main-svg")
+    assert page.evaluate("document.getElementById('roofline')._fullLayout.xaxis.type") == "log"
+    assert page.evaluate("document.getElementById('roofline').data.length") == 5
+    assert page.evaluate("document.getElementById('roofline').data[3].x.length") == 16
     watched.shot("job-page")
     watched.shot("job-page-top", full_page=False)
     # Fits a laptop screen: no horizontal scrolling.
