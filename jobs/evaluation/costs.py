@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time
 
@@ -28,8 +28,8 @@ HOURS_PER_DAY = 24.0
 SECONDS_PER_HOUR = 3600.0
 # The organisation's target MFU when a model/config has no healthy baseline (formulas.md: default 45 %).
 DEFAULT_REFERENCE_MFU = 0.45
-# 1 kWh = 3.6e6 J = 3.6e9 mJ (DCGM's energy counter is in millijoules).
-MJ_PER_KWH = 3.6e9
+# 1 kWh = 3.6e6 J. The energy counter (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ) reaches the evaluation
+# already in J: its increase() is scaled by 1e-3 in jobs.metrics.signals and read by jobs.metrics.ingest.
 J_PER_KWH = 3.6e6
 # dcgm-exporter is usually scraped every 15-30 s. A hole longer than 2 minutes means the exporter or the
 # node was down: we do not know the power then, and a straight line across it would invent energy.
@@ -261,29 +261,6 @@ def window_cost(
 
 
 # ------------------------------------------------------------------------------------------ energy
-
-
-def energy_kwh_from_mj(increase_mj: float) -> float:
-    """kWh from an increase of DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (millijoules) over a window."""
-    return _non_negative("energy increase (mJ)", increase_mj) / MJ_PER_KWH
-
-
-def energy_counter_increase_mj(samples: Sequence[float | None]) -> float:
-    """Increase of the energy counter over ordered samples, treating a drop as a counter reset.
-
-    The counter restarts at zero when the driver reloads; like Prometheus ``increase()``, the value after a
-    reset counts in full. Missing samples (None, NaN) are skipped.
-    """
-    total = 0.0
-    previous: float | None = None
-    for sample in samples:
-        if sample is None or (isinstance(sample, numbers.Real) and math.isnan(sample)):
-            continue
-        value = _non_negative("energy counter sample", sample)
-        if previous is not None:
-            total += value - previous if value >= previous else value
-        previous = value
-    return total
 
 
 def _seconds(timestamp: datetime | float) -> float:

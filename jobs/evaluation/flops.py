@@ -319,59 +319,6 @@ def hardware_flops_per_token(
     )
 
 
-def megatron_flops_per_iteration(
-    *,
-    batch_size: int,
-    seq_len: int,
-    n_layers: int,
-    hidden_size: int,
-    vocab_size: int,
-    recompute: bool = True,
-) -> float:
-    """Megatron (Narayanan et al. 2021, eq. 3) FLOPs per iteration of ``batch_size`` sequences.
-
-    With full recomputation: 96·B·s·l·h²·(1 + s/6h + V/16lh); without: 72·B·s·l·h²·(1 + s/6h + V/12lh).
-    """
-    b = _positive("batch_size", batch_size)
-    s = _positive("seq_len", seq_len)
-    layers = _positive("n_layers", n_layers)
-    h = _positive("hidden_size", hidden_size)
-    v = _positive("vocab_size", vocab_size)
-    if recompute:
-        return 96.0 * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * layers * h))
-    return 72.0 * b * s * layers * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * layers * h))
-
-
-def megatron_flops_per_token(
-    *, seq_len: int, n_layers: int, hidden_size: int, vocab_size: int, recompute: bool = True
-) -> FlopsEstimate:
-    """Megatron eq. 3 divided by B·s tokens. With ``recompute=True`` it counts executed FLOPs (HFU-style)."""
-    total = megatron_flops_per_iteration(
-        batch_size=1,
-        seq_len=seq_len,
-        n_layers=n_layers,
-        hidden_size=hidden_size,
-        vocab_size=vocab_size,
-        recompute=recompute,
-    )
-    per_token = total / float(seq_len)
-    # The s/6h term is attention scores and values; the rest (weights and logits) is parameter work.
-    leading = 96.0 if recompute else 72.0
-    attention = leading * float(n_layers) * float(hidden_size) * float(seq_len) / 6.0
-    kind: Literal["model", "hardware"] = "hardware" if recompute else "model"
-    if recompute:
-        variant = "Megatron eq. 3 / (B·s): 96·l·h²·(1 + s/6h + V/16lh) (full recomputation, HFU-style)"
-    else:
-        variant = "Megatron eq. 3 / (B·s): 72·l·h²·(1 + s/6h + V/12lh) (no recomputation)"
-    return FlopsEstimate(
-        flops_per_token=per_token,
-        variant=variant,
-        kind=kind,
-        parameter_flops_per_token=per_token - attention,
-        attention_flops_per_token=attention,
-    )
-
-
 # ---------------------------------------------------------------------------------------- MFU and HFU
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
@@ -85,18 +84,6 @@ def test_window_cost_rejects_two_prices_at_same_instant() -> None:
 def test_empty_window_costs_nothing() -> None:
     result = costs.window_cost([(T0, 3.0)], T0, T0, gpus=4)
     assert result.usd == 0.0 and result.segments == ()
-
-
-def test_energy_from_counter_increase_in_millijoules() -> None:
-    assert costs.energy_kwh_from_mj(3.6e9) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="must not be negative"):
-        costs.energy_kwh_from_mj(-1.0)
-
-
-def test_energy_counter_increase_survives_reset_and_missing_samples() -> None:
-    samples = [1000.0, 1500.0, None, math.nan, 2000.0, 300.0, 800.0]
-    # 500 + 500, reset (300 counts in full), + 500
-    assert costs.energy_counter_increase_mj(samples) == pytest.approx(1800.0)
 
 
 def test_energy_from_power_trapezoid() -> None:

@@ -14,7 +14,6 @@ import pytest
 from jobs.evaluation.costs import (
     Amount,
     cost_per_day,
-    energy_counter_increase_mj,
     energy_kwh_from_power,
     split_waste,
 )
@@ -28,11 +27,6 @@ def test_a_bool_or_a_numeric_string_is_not_a_gpu_count() -> None:
         cost_per_day(True, 2.0)
     with pytest.raises(ValueError):
         cost_per_day("2", 2.0)  # type: ignore[arg-type]
-
-
-def test_a_flat_energy_counter_adds_nothing() -> None:
-    # 1000 → 1000 is no increase (not a reset); 1000 → 1500 adds 500: total 500 mJ.
-    assert energy_counter_increase_mj([1000.0, 1000.0, 1500.0]) == pytest.approx(500.0)
 
 
 def test_a_missing_power_sample_skips_only_its_two_intervals() -> None:
