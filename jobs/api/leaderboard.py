@@ -25,7 +25,10 @@ _ROW_FIELDS: dict[str, serializers.Field] = {
     "team": serializers.CharField(),
     "team_name": serializers.CharField(),
     "jobs": serializers.IntegerField(),
-    "gpu_hours": serializers.FloatField(help_text="GPUs × hours inside the period"),
+    "gpu_hours": serializers.FloatField(
+        help_text="GPU-equivalents × hours inside the period (a shared or MIG GPU is split between its jobs, "
+        "not counted once per job; jobs.evaluation.totals.gpu_hours_inside)"
+    ),
     "weighted_mfu": serializers.FloatField(allow_null=True, help_text="GPU-hour-weighted MFU, 0-1"),
     "cost_usd": serializers.FloatField(help_text="USD inside the period, jobs with a price"),
     "cost_is_lower_bound": serializers.BooleanField(),

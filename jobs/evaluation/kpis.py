@@ -26,6 +26,7 @@ from jobs.evaluation.flops import (
     model_flops_per_token,
     utilisation,
 )
+from jobs.evaluation.totals import gpu_hours
 
 #: The organisation-wide FLOPs conventions a setting can choose (MFU_FLOPS_CONVENTION).
 FLOPS_CONVENTIONS = ("palm", "6n")
@@ -327,7 +328,7 @@ def compute_kpis(
     duration = max((end - start).total_seconds(), 0.0)
     billed = float(gpu_count) if gpu_equivalents is None else max(float(gpu_equivalents), 0.0)
     peak_gpus = billed if peak_equivalents is None else max(float(peak_equivalents), 0.0)
-    k = Kpis(duration_s=duration, gpu_hours=billed * duration / 3600.0)
+    k = Kpis(duration_s=duration, gpu_hours=gpu_hours(billed, duration / costs.SECONDS_PER_HOUR))
     k.gpu_util_mean = time_mean(gpu_util)
     k.sm_active_mean = time_mean(sm_active)
     k.tensor_active_mean = time_mean(tensor_active)

@@ -63,11 +63,14 @@ def hours_inside(started: datetime, stopped: datetime, start: datetime, end: dat
     return max(seconds, 0.0) / SECONDS_PER_HOUR
 
 
+def gpu_hours(gpu_equivalents: float, hours: float) -> float:
+    """GPU-hours charged: GPU-equivalents x hours (a job's whole run in its evaluation, or a window)."""
+    return _non_negative("gpu_equivalents", gpu_equivalents) * _non_negative("hours", hours)
+
+
 def gpu_hours_inside(job: JobRates, start: datetime, end: datetime) -> float:
     """GPU-hours the job is charged inside the window: hours inside x its GPU-equivalents."""
-    return hours_inside(job.started, job.stopped, start, end) * _non_negative(
-        "gpu_equivalents", job.gpu_equivalents
-    )
+    return gpu_hours(job.gpu_equivalents, hours_inside(job.started, job.stopped, start, end))
 
 
 def cost_inside(job: JobRates, start: datetime, end: datetime) -> float | None:
