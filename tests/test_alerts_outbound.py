@@ -194,3 +194,45 @@ def test_a_subscription_stored_before_the_checks_is_refused_when_sent(
     delivery = _deliver(team, django_capture_on_commit_callbacks)
     assert delivery.status == "gave_up" and "loopback" in delivery.error
     assert prom.hits == []
+
+
+@pytest.mark.django_db
+def test_the_migration_drops_stored_reply_bodies_and_quoted_urls(member, client):
+    """Rows written before the fix: 'HTTP 400: <Prometheus' reply>' keeps 'HTTP 400'; a requests error
+    quoting the webhook path loses it; other errors stay."""
+    import importlib
+
+    from django.apps import apps
+
+    from jobs.models import AlertIncident
+
+    team, _ = member
+    job = _stale_job(team)
+    now = timezone.now()
+    incident = AlertIncident.objects.create(
+        rule="ingestion_stale", job=job, team=team, started_at=now, opened_at=now, last_seen_at=now, title="t"
+    )
+    subs = [
+        AlertSubscription.objects.create(team=team, channel="webhook", url_hint="http://h/…") for _ in "ab"
+    ]
+    errors = [
+        "HTTP 400: " + PROM_REPLY.decode(),
+        "ConnectionError: HTTPSConnectionPool(host='hooks.slack.com', port=443): Max retries exceeded with "
+        "url: /services/T0/B0/SECRET-TOKEN",
+        "HTTP 404",
+        "SMTP 451: b'try later'",
+    ]
+    slots = [(s, e) for s in subs for e in ("opened", "resolved")]
+    for (sub, event), error in zip(slots, errors, strict=True):
+        AlertDelivery.objects.create(
+            incident=incident, subscription=sub, event=event, channel="webhook", error=error, status="gave_up"
+        )
+    migration = importlib.import_module("jobs.migrations.0014_service_health")
+    migration._drop_reply_bodies(apps, None)
+    stored = set(AlertDelivery.objects.values_list("error", flat=True))
+    assert stored == {
+        "HTTP 400",
+        "connection failed (the recorded message named the webhook URL and was dropped)",
+        "HTTP 404",
+        "SMTP 451: b'try later'",
+    }

@@ -3,7 +3,8 @@ receivers' reply bodies.
 
 Before, a failed webhook delivery stored "HTTP <status>: <first 300 characters of the reply>" and the
 alerts page and API showed it: a subscription to Prometheus' query API showed Prometheus' answer. Stored
-errors of that form keep their status code only.
+errors of that form keep their status code only; connection errors that quoted the webhook's URL path (a
+secret for Slack) are replaced by a plain sentence.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ def _drop_reply_bodies(apps: Any, schema_editor: Any) -> None:
         match = _WITH_BODY.match(error)
         if match:
             delivery.objects.filter(pk=pk).update(error=f"HTTP {match.group(1)}")
+    # requests' connection errors named the URL's path ("... with url: /services/T0/B0/<token>"), which
+    # pages must never show (the URL is stored sealed).
+    delivery.objects.filter(error__contains="with url: ").update(
+        error="connection failed (the recorded message named the webhook URL and was dropped)"
+    )
 
 
 class Migration(migrations.Migration):
