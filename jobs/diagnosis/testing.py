@@ -18,6 +18,7 @@ import numpy as np
 
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
 from jobs.evaluation.catalog import match_gpu_name
+from jobs.evaluation.flops import utilisation
 from jobs.metrics.signal_queries import missing_reason
 from jobs.metrics.signals import (
     COUNT,
@@ -126,7 +127,7 @@ def signals_from_sim(
         out.signals[key] = series
     tps = res.throughput.tokens_per_s
     out.signals["tokens_per_second"] = SignalSeries("tokens_per_second", "tokens/s", ts, {MEAN: tps.copy()})
-    mfu = tps * res.throughput.flops_per_token / (len(res.gpus) * res.throughput.peak_flops_per_gpu)
+    mfu = utilisation(res.throughput.flops_per_token, tps, len(res.gpus) * res.throughput.peak_flops_per_gpu)
     out.signals["mfu"] = SignalSeries("mfu", "ratio", ts, {MEAN: mfu})
     return out
 

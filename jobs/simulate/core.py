@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from jobs.evaluation.flops import utilisation
 from jobs.metrics.signals import SIGNALS, Reading, signal_for_metric
 from jobs.simulate.exporter import Exporter, Workload, record
 from jobs.simulate.gpus import GpuModel, gpu_model, gpu_uuid, pci_bus_id
@@ -498,5 +499,5 @@ def _throughput(p: Profile, tensor_eff: np.ndarray, m: GpuModel, spec: SimSpec) 
     w = tensor_eff.mean(axis=0)  # useful tensor work per sample drives tokens
     tps = mean_tps * w / w.mean() if w.mean() > 0 else np.zeros_like(w)
     total = np.cumsum(tps * spec.step_s)
-    mfu = float(tps.mean() * flops_per_token / (spec.gpus * peak))
+    mfu = float(utilisation(flops_per_token, float(tps.mean()), spec.gpus * peak))
     return Throughput(tps, total, mfu, flops_per_token, peak, spec.model_params)
