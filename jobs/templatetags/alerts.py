@@ -45,7 +45,7 @@ def alert_count(counts: dict[int, int] | None, job: Job) -> int:
 
 
 #: Why an alert of a rule that has no finding of its own shows none.
-_NO_FINDING = {
+_NO_FINDING: dict[str, str] = {
     AlertIncident.Rule.INGESTION_STALE: (
         "no finding: this alert is about the job's data not arriving, not about how the job uses its GPUs"
     ),
@@ -66,7 +66,7 @@ def incident_finding_note(incident: AlertIncident) -> str:
             "the job's whole window at its own resolution, and it did not find (or no longer finds) the "
             "pattern there"
         )
-    return _NO_FINDING.get(incident.rule, "no finding is linked to this alert")
+    return _NO_FINDING.get(str(incident.rule), "no finding is linked to this alert")
 
 
 @register.filter
