@@ -51,13 +51,16 @@ class HostLoad:
 #   remote_input: workers wait on network storage (CPUs idle, no iowait, network RX high);
 #   host_sync: one Python thread runs and syncs; the rest of the host idles (busy ~1 core);
 #   network_wait: NCCL moves gradients between nodes over InfiniBand (tens of GB/s per host), CPUs idle;
+#   peer_wait: ranks block in collectives for a slow peer: InfiniBand nearly quiet, CPUs idle;
 #   healthy: workers keep up with time to spare, modest reads, gradients over IB between nodes.
+# Input-bound and sync-bound jobs move ~2 GB/s of gradients per host each way (steps slowed by the wait).
 BEHAVIOURS: dict[str, HostLoad] = {
     "cpu_bound_input": HostLoad(0.92, 0.01, 0.4e9, 0.0, 0.05e9, 0.01e9, 2e9, 0.55),
     "io_bound_input": HostLoad(0.12, 0.25, 2.5e9, 0.0, 0.05e9, 0.01e9, 2e9, 0.60),
     "remote_input": HostLoad(0.08, 0.005, 0.01e9, 0.0, 2.4e9, 0.02e9, 2e9, 0.62),
     "host_sync": HostLoad(0.02, 0.002, 0.02e9, 0.0, 0.01e9, 0.01e9, 2e9, 0.70),
     "network_wait": HostLoad(0.05, 0.002, 0.02e9, 0.0, 0.01e9, 0.01e9, 40e9, 0.70),
+    "peer_wait": HostLoad(0.04, 0.002, 0.02e9, 0.0, 0.01e9, 0.01e9, 0.2e9, 0.70),
     "healthy": HostLoad(0.30, 0.01, 0.3e9, 0.0, 0.05e9, 0.01e9, 12e9, 0.60),
 }
 

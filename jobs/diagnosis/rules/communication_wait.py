@@ -22,6 +22,11 @@ barrier) reads like an input stall in GPU_UTIL at any window and is told apart o
 exposed collective of ~10 % of the step carries less than NVLINK_BUSY_BPS on average and is not separable
 from a healthy step's overlapped traffic here.
 
+Host levels (node_exporter, jobs.diagnosis.host_looks), when collected for a job on several hosts: its
+InfiniBand traffic says whether the collectives cross nodes over the network (a network wait) or the
+links between hosts stay quiet (waiting for a peer). Cannot see: which collective uses the traffic, or
+Ethernet/RoCE NICs that node_exporter's InfiniBand collector does not list.
+
 A trace measures it directly: communication kernel time not overlapped with compute. With the traces of
 several ranks of one capture (`jobs.diagnosis.cross_rank`) it also tells a late rank from the network: the
 rank that arrives last waits least in NCCL, so its NCCL time is the collective itself and the others' extra
@@ -45,6 +50,7 @@ from jobs.diagnosis import regimes as R
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
+from jobs.diagnosis.host_looks import host_look
 from jobs.diagnosis.rules.common import pct, short_idle_gaps, util_level
 from jobs.diagnosis.rules.data_pipeline_stall import links_busy_in
 
@@ -154,6 +160,17 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         else f"In the captured trace window, communication not overlapped with compute takes "
         f"{100 * exposed:.1f} % of the time"
     )
+    # InfiniBand between the job's hosts (node_exporter, jobs.diagnosis.host_looks): traffic says the
+    # collectives cross nodes over the network; quiet IB between several hosts says the ranks wait for a
+    # peer (or NVLink-only traffic) rather than for the network.
+    hl = host_look(f) if "metrics" in sources else None
+    if hl is not None and hl.network_busy is not None and hl.hosts >= 2:
+        evidence += [e for e in hl.evidence() if e.label.startswith(("InfiniBand", "host CPUs"))]
+        title += (
+            f"; InfiniBand carries {(hl.ib_bps or 0.0) / 1e9:.2g} GB/s per host: a network wait between nodes"
+            if hl.network_busy
+            else f"; InfiniBand is quiet between the {hl.hosts} hosts: waiting for a peer, not the network"
+        )
     if late is not None:
         title += (
             f"; most of the NCCL time is waiting for {late.late_names}, which arrives last (it spends "

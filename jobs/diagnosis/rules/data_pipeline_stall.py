@@ -28,6 +28,11 @@ Kind (jobs.diagnosis.kinds): a serving job's utilisation follows its requests, s
 here are never applied to `kind == "inference"` (its utilisation is judged against the load in
 unexplained_waste / idle_gpus); with the kind unknown a metrics-only finding is info.
 
+Host levels (node_exporter, jobs.diagnosis.host_looks), when collected, name the input side's cause with
+a metrics finding: busy CPUs (CPU-bound pipeline), high iowait (storage), network RX with quiet CPUs (a
+remote source), or CPUs that idle meanwhile (an unresolved finding then says "a host synchronisation or
+too few workers" rather than input). Cannot see: which process uses the CPUs.
+
 A trace shows GPU idle time whose gaps start when the host launches late (HTA's host wait) and a
 DataLoader share of the step; py-spy shows the input pipeline hot in the training process.
 
@@ -63,6 +68,7 @@ from jobs.diagnosis import thresholds as T
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
+from jobs.diagnosis.host_looks import host_look
 from jobs.diagnosis.rules.common import pct, short_idle_gaps
 
 CODE = "data_pipeline_stall"
@@ -199,6 +205,25 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         if trace_idle is not None and "metrics" not in sources
         else "GPU time is lost waiting on the host / input pipeline"
     )
+    # node_exporter's host levels tell a CPU- or I/O-bound input pipeline (or a remote source) from hosts
+    # that idle (a synchronisation or too few workers) without a trace (jobs.diagnosis.host_looks).
+    hl = host_look(f) if "metrics" in sources else None
+    host_advice = ""
+    if hl is not None:
+        evidence += hl.evidence()
+        host_advice = hl.input_advice()
+        cause = hl.input_cause
+        if cause in ("cpu", "io", "remote"):
+            base = min(base + 0.05, 0.95)
+            title += {
+                "cpu": ": the input pipeline is CPU-bound (host CPUs busy)",
+                "io": ": the input pipeline waits on storage (host iowait)",
+                "remote": ": the input comes over the network (hosts receiving, CPUs quiet)",
+            }[cause]
+        elif cause == "idle" and unresolved:
+            title += (
+                ": the hosts' CPUs idle meanwhile -- a host synchronisation or too few DataLoader workers"
+            )
     # GR_ENGINE_ACTIVE stands in for a missing GPU_UTIL; say so and trust it a little less.
     missing = f.missing(["gpu_util"]) if "metrics" in sources else []
     finding = Finding(
@@ -210,7 +235,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             coverage=f.coverage(f.util_key) if f.util_key and "metrics" in sources else 1.0,
         ),
         title=title,
-        recommendation=(HOST_WORK_ADVICE if host is not None else "")
+        recommendation=host_advice
+        + (HOST_WORK_ADVICE if host is not None else "")
         + (
             ""
             if host_first and trace_idle is None and not py

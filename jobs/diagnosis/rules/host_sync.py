@@ -7,7 +7,9 @@ of the host's traced time, names the operator stacks that block, and measures th
 causes: idle while the host is blocked, plus the relaunch after a call drained the GPU's queue. The rule
 fires on that GPU idle: a host that blocks while the GPU keeps working (the CPU waiting ahead of a
 GPU-bound step) costs nothing. What it cannot see: Python frames (the site is the operator stack), and
-other processes (a DataLoader worker's syncs are not in the training process's trace).
+other processes (a DataLoader worker's syncs are not in the training process's trace). Host levels from
+node_exporter (jobs.diagnosis.host_looks), when collected, add the hosts' CPU busy and iowait over the job
+as evidence: blocking syncs leave the CPUs mostly idle; they cannot place a sync in time.
 
 Only the steady state counts: without ProfilerStep the analysis window starts at the first kernel, so
 start-up blocking (lazy cudaFree/cudaMalloc of the first operator) is reported in the analysis' `phases`,
@@ -29,6 +31,7 @@ from jobs.diagnosis import thresholds as T
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
+from jobs.diagnosis.host_looks import host_look
 
 CODE = "host_sync"
 RECOMMENDATION = (
@@ -107,6 +110,20 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
             sources.append("nsys stats")
     if not sources:
         return None
+    # node_exporter's host levels over the job (jobs.diagnosis.host_looks): a host that blocks on the GPU
+    # idles its CPUs (one thread waits); busy CPUs or high iowait point at the input side instead.
+    hl = host_look(f)
+    if hl is not None and hl.cpu_busy is not None:
+        evidence += [e for e in hl.evidence() if e.label.startswith(("host CPUs", "host CPU time"))]
+        cause = hl.input_cause
+        if cause == "idle":
+            evidence.append(Evidence("host CPUs", "mostly idle over the job: consistent with blocking syncs"))
+        elif cause in ("cpu", "io"):
+            evidence.append(
+                Evidence(
+                    "host CPUs", "busy or in iowait over the job: the input side may cost more than syncs"
+                )
+            )
     advice = [ADVICE[k] for k in sorted(kinds, key=lambda k: -kinds[k]) if k in ADVICE]
     recommendation = " ".join([*advice, "torch.cuda.set_sync_debug_mode('warn') finds the calls."])
     title = (
