@@ -370,7 +370,9 @@ def _utilization(
 def mfu(
     flops_per_token: float | FlopsEstimate, tokens_per_s: float, devices: int, peak_flops_per_device: float
 ) -> Utilization:
-    """Model FLOPs utilisation: FLOPs/token x tokens/s / (devices x dense peak FLOP/s per device)."""
+    """Model FLOPs utilisation of one run, validated and labelled: FLOPs/token x tokens/s / (devices x dense
+    peak FLOP/s per device), computed by `utilisation`, the formula the evaluation's MFU uses too
+    (jobs.evaluation.kpis). `manage.py mfu` calls this; MFU across jobs is totals.weighted_mfu."""
     return _utilization("MFU", flops_per_token, tokens_per_s, devices, peak_flops_per_device)
 
 
