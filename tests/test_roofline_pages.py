@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from django.test import Client
 
+from jobs.evaluation.schema import Evaluation, GpuSharing, SharedWith, encode
 from jobs.metrics import archive
 from jobs.metrics.archive import Points
 from jobs.models import GpuModel, Job, Team
@@ -154,3 +155,18 @@ def test_job_page_without_dram_says_unknown_and_draws_no_figure(
     assert 'id="roofline"' not in section
     assert _page_data(html)["roofline"] is None
     assert "far below the tensor-pipe estimate" in section
+
+
+@pytest.mark.django_db
+def test_time_sliced_gpus_are_noted_since_activities_include_the_neighbours(
+    api_client_for: Any, member: Any, team: Team
+) -> None:
+    sharing = GpuSharing(
+        share=0.5, gpu_equivalents=1.0, peak_equivalents=1.0,
+        shared=[SharedWith(gpu="node-a/0", other_job="other", start=T0, end=T0 + 3600)],
+    )  # fmt: skip
+    evaluation = encode(Evaluation(duration_s=STEP * N, gpu_hours=1.0, sharing=sharing))
+    job = _job(team, "roof-3", ("tensor_active", "dram_active"), evaluation=evaluation)
+    r = api_client_for(member).get(f"/api/v1/jobs/{job.external_id}/").json()["roofline"]
+    assert "time-sliced with other jobs" in r["gpu_note"]
+    assert r["gpus"][0]["verdict"] == "compute"  # still placed: the note qualifies, it does not hide

@@ -98,9 +98,17 @@ def build_roofline(job: Job) -> Roofline:
     ]
     note = ""
     evaluated = job.evaluated
-    if evaluated is not None and evaluated.sharing is not None:
+    sharing = evaluated.sharing if evaluated is not None else None
+    if sharing is not None and sharing.mig:
+        # DCGM reports profiling fields per MIG instance (the labels carry GPU_I_ID, reference/dcgm.md):
+        # shares of the slice's cycles, while the roofs are the whole GPU's.
         note = (
-            "these GPUs are shared with other jobs: DCGM's activities are per physical GPU and include "
+            "MIG slices: the activities are the slice's, the roofs the whole GPU's, so FLOP/s and bytes/s "
+            "estimates overstate what a slice can reach; the shares and verdicts are the slice's"
+        )
+    elif sharing is not None and sharing.shared:
+        note = (
+            "these GPUs are time-sliced with other jobs: DCGM's activities are per physical GPU and include "
             "their work"
         )
     if not gpus and series.get(DRAM) is not None:
