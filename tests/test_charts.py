@@ -108,13 +108,15 @@ def test_bucket_mean_ignores_missing_samples():
 # ---------------------------------------------------------------------------------------- time series
 
 
-def job_signals(points: int, step: float, gpus: int = 0, gpu_step: float = 300.0, missing=()) -> JobSignals:
+def job_signals(
+    points: int, step: float, gpus: int = 0, gpu_step: float = 300.0, missing=(), host: bool = False
+) -> JobSignals:
     start = 1.7e9
     ts = grid(start, start + step * (points - 1), step)
     sigs = JobSignals(start, float(ts[-1]), step, ts)
     rng = np.random.default_rng(1)
     for key in charts.CHART_SIGNALS:
-        if key in missing:
+        if key in missing or (key.startswith("host_") and not host):  # node_exporter: only when asked
             continue
         level = {"power_usage": 500.0, "sm_clock": 1800.0, "fb_used": 60000.0, "fb_free": 21000.0,
                  "tokens_per_second": 2e6, "pcie_rx_bytes": 1e9}.get(key, 0.5)  # fmt: skip
@@ -128,6 +130,26 @@ def job_signals(points: int, step: float, gpus: int = 0, gpu_step: float = 300.0
             series.per_gpu[5] -= 0.2
         sigs.signals[key] = series
     return sigs
+
+
+def test_host_rows_follow_the_gpu_rows_only_for_a_job_with_node_exporter_data():
+    plain = charts.timeseries_figure(job_signals(61, 30.0))["layout"]
+    assert len([k for k in plain if k.startswith("yaxis")]) == len(charts.ROWS)
+    assert not charts.missing_lines(job_signals(61, 30.0), {})  # no "no data" notes for host rows
+    with_host = charts.timeseries_figure(job_signals(61, 30.0, host=True))
+    layout = with_host["layout"]
+    n = len(charts.ROWS)
+    assert len([k for k in layout if k.startswith("yaxis")]) == n + len(charts.HOST_ROWS)
+    assert (
+        layout[f"yaxis{n + 1}"]["title"]["text"] == "%" and layout[f"yaxis{n + 2}"]["title"]["text"] == "GB/s"
+    )
+    busy = next(t for t in with_host["data"] if t["name"] == "CPU busy (mean per host)")
+    assert busy["yaxis"] == f"y{n + 1}"
+    assert 40 < np.nanmean([v for v in busy["y"] if v is not None]) < 60  # a 0.5 ratio shown in %
+    # Only the CPU row has data: one host row.
+    only_cpu = job_signals(61, 30.0, host=True, missing=[k for k in charts.CHART_SIGNALS if "bytes" in k])
+    rows = [k for k in charts.timeseries_figure(only_cpu)["layout"] if k.startswith("yaxis")]
+    assert len(rows) == n + 1
 
 
 def test_one_shared_time_axis_with_unified_hover_and_units():

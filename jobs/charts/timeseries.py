@@ -85,8 +85,26 @@ ROWS: tuple[Row, ...] = (
     Row("MFU", "%", 100.0, 1, (Line("mfu", "MFU", VERMILLION),), percent=True),
 )  # fmt: skip
 
+# node_exporter's host levels beside the GPU rows (jobs.metrics.host_signals): drawn only for a job whose
+# hosts have them (node_exporter is optional), so a job without them shows no empty host rows.
+HOST_ROWS: tuple[Row, ...] = (
+    Row("Host CPU and memory", "%", 100.0, 1, (
+        Line("host_cpu_busy", "CPU busy (mean per host)", BLUE),
+        Line("host_cpu_iowait", "CPU iowait", VERMILLION, "dash"),
+        Line("host_mem_available", "Memory available", GREEN, "dot"),
+    ), percent=True),
+    Row("Host disk and network", "GB/s", 1e-9, 3, (
+        Line("host_disk_read_bytes", "Disk read (per host)", BLUE),
+        Line("host_disk_write_bytes", "Disk write", BLUE, "dash"),
+        Line("host_net_rx_bytes", "Ethernet RX", PURPLE),
+        Line("host_net_tx_bytes", "Ethernet TX", PURPLE, "dash"),
+        Line("host_ib_rx_bytes", "InfiniBand RX", GREEN),
+        Line("host_ib_tx_bytes", "InfiniBand TX", GREEN, "dash"),
+    )),
+)  # fmt: skip
+
 CHART_SIGNALS: tuple[str, ...] = (
-    *(line.key for row in ROWS for line in (*row.lines, *row.fallback)),
+    *(line.key for row in (*ROWS, *HOST_ROWS) for line in (*row.lines, *row.fallback)),
     "fb_free",
 )
 """Signal keys the time-series figure reads (fb_free gives the memory capacity line)."""
@@ -185,6 +203,13 @@ def row_lines(row: Row, sigs: JobSignals | None) -> list[Line]:
     if any(_has_data(sigs.get(key)) for key in row.fallback_for):
         return list(row.lines)
     return [line for line in row.lines if line.key not in row.fallback_for] + list(row.fallback)
+
+
+def shown_rows(sigs: JobSignals | None) -> tuple[Row, ...]:
+    """The GPU rows, then the host rows that have data (ROWS' indices are unchanged)."""
+    if sigs is None:
+        return ROWS
+    return (*ROWS, *(r for r in HOST_ROWS if any(_has_data(sigs.get(line.key)) for line in r.lines)))
 
 
 def missing_lines(sigs: JobSignals | None, reasons: Mapping[str, str]) -> list[dict[str, str]]:
@@ -301,13 +326,15 @@ def timeseries_figure(
     window: tuple[float, float] | None = None,
     captures: Sequence[CaptureMark] = (),
 ) -> dict[str, Any]:
-    """The job's correlated time series: one subplot per row of ROWS, all on one shared date axis, with
-    unified hover across subplots, finding windows shaded, reference lines (max boost and peak clocks,
-    memory capacity, target MFU), the windows profiler traces captured, and a note in each subplot that has
-    no data. `window` (Unix s) limits the data to a zoom."""
+    """The job's correlated time series: one subplot per row of ROWS (then each of HOST_ROWS that has
+    data), all on one shared date axis, with unified hover across subplots, finding windows shaded,
+    reference lines (max boost and peak clocks, memory capacity, target MFU), the windows profiler traces
+    captured, and a note in each GPU subplot that has no data. `window` (Unix s) limits the data to a
+    zoom."""
     reasons = reasons or {}
     points = clamp_points(points)
-    n = len(ROWS)
+    rows = shown_rows(sigs)
+    n = len(rows)
     gap, height_per_row = 0.035, 118
     row_h = (1 - gap * (n - 1)) / n
     data: list[dict[str, Any]] = []
@@ -333,7 +360,7 @@ def timeseries_figure(
     span = (shown[1] - shown[0]) if shown else 0.0
     if shown and span > 0:
         layout["xaxis"]["range"] = [round(shown[0] * 1000), round(shown[1] * 1000)]
-    for r, row in enumerate(ROWS, start=1):
+    for r, row in enumerate(rows, start=1):
         top = 1 - (r - 1) * (row_h + gap)
         axis_key = "yaxis" if r == 1 else f"yaxis{r}"
         axis: dict[str, Any] = {
