@@ -133,6 +133,11 @@ def test_job_page_shows_the_roofline_figure_and_verdict(client: Client, member: 
     assert "The job: under both roofs" in section
     assert "node-a/0" in section and "near the compute roof" in section and "near the memory roof" in section
     assert "What activity ratios can and cannot say" in section
+    # Every 2-minute window (240 samples in 120 windows) reads tensor 0.325, DRAM 0.45: under both.
+    assert (
+        "Over time (cross-GPU means in 120 windows): near the compute roof 0%, near the memory roof 0%, "
+        "under both roofs 100%." in section
+    )
     fig = _page_data(html)["roofline"]
     names = [t["name"] for t in fig["data"]]
     assert names[0].startswith("memory roof (3.35 TB/s)") and names[1].startswith("compute roof (989.5")

@@ -390,6 +390,15 @@ class Roofline:
     mfu_check: MfuCheck | None
     gpu_note: str = ""
 
+    def time_shares(self) -> dict[str, float] | None:
+        """Share of the job-over-time windows with a verdict that are near each roof or under both (the
+        windows are equal runs of archive points, so shares of time up to the last, shorter one); None when
+        no window has a verdict."""
+        known = [p.verdict for _, p in self.over_time if p.verdict != "unknown"]
+        if not known:
+            return None
+        return {v: known.count(v) / len(known) for v in ("compute", "memory", "under_both")}
+
     def to_dict(self) -> dict[str, Any]:
         """The API's `roofline` object: units in key names, unknowns as null with the reason beside them."""
         r = self.roofs
@@ -414,6 +423,8 @@ class Roofline:
                 }
                 for t, p in self.over_time
             ],
+            "time_shares": self.time_shares(),
+            "time_windows_unknown": sum(1 for _, p in self.over_time if p.verdict == "unknown"),
             "mfu_check": self.mfu_check.to_dict() if self.mfu_check else None,
             "thresholds": {
                 "near_compute": NEAR_COMPUTE,

@@ -165,9 +165,19 @@ def page_lines(summary: dict[str, Any]) -> dict[str, Any]:
         counts[gpu["verdict"]] = counts.get(gpu["verdict"], 0) + 1
         pipe = PIPE_LABELS.get(gpu["busiest_pipe"] or "", "")
         rows.append({**gpu, "verdict_label": VERDICT_LABELS[gpu["verdict"]], "pipe_label": pipe})
+    shares = summary.get("time_shares")
+    over_time = (
+        "Over time (cross-GPU means in "
+        + f"{len(summary['over_time'])} windows): "
+        + ", ".join(f"{VERDICT_LABELS[v]} {share:.0%}" for v, share in shares.items())
+        + (f"; {summary['time_windows_unknown']} windows unknown" if summary["time_windows_unknown"] else "")
+        if shares
+        else ""
+    )
     return {
         "roofs": roofs,
         "estimate": estimate,
+        "over_time": over_time,
         "gpu_counts": [(VERDICT_LABELS[v], n) for v, n in sorted(counts.items())],
         "gpu_rows": rows,
     }

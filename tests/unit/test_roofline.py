@@ -203,3 +203,21 @@ def test_bin_means_averages_runs_and_keeps_empty_runs_unknown() -> None:
     assert cols["a"][0] == 2.0 and math.isnan(cols["a"][1]) and cols["a"][2] == 5.0
     with pytest.raises(ValueError):
         bin_means([0, 1], {"a": [1.0]}, 3)
+
+
+def test_time_shares_count_windows_with_a_verdict_only() -> None:
+    r = job_roofline(
+        h100(),
+        Activities(tensor=0.3, dram=0.5),
+        over_time=[
+            (1.0, Activities(tensor=0.6, dram=0.2)),
+            (2.0, Activities(tensor=0.05, dram=0.7)),
+            (3.0, Activities(tensor=0.1, dram=0.75)),
+            (4.0, Activities()),  # a gap: unknown, not counted as under both
+        ],
+    )
+    shares = r.time_shares()
+    assert shares is not None
+    assert shares == pytest.approx({"compute": 1 / 3, "memory": 2 / 3, "under_both": 0.0})
+    assert r.to_dict()["time_windows_unknown"] == 1
+    assert job_roofline(h100(), Activities(), over_time=[(1.0, Activities())]).time_shares() is None
