@@ -198,6 +198,11 @@ def fetch_host_signals(
     return out, missing
 
 
+def job_hosts(js: JobSignals) -> list[str]:
+    """The host names of a job's GPUs, from the per-GPU rows of its signals (what the join matches)."""
+    return sorted({g.hostname for s in js.signals.values() for g in s.gpus if g.hostname})
+
+
 def add_host_signals(js: JobSignals, series: Mapping[str, SignalSeries], missing: Mapping[str, str]) -> None:
     """Put host signals into a job's JobSignals (same grid) beside its GPU signals."""
     for key, s in series.items():

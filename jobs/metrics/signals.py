@@ -4,6 +4,14 @@ one job's read (`fetch_job_signals`) are in jobs.metrics.signal_queries.
 
 Pure: no Django and no HTTP.
 
+Per-process (per-pod) utilisation on a time-sliced GPU is not exported by any standard exporter, so the
+registry has none: dcgm-exporter "does not report process utilization but gpu and pod utilization"
+(maintainer, NVIDIA/dcgm-exporter #127); with `--kubernetes-virtual-gpus` it copies the device's values to
+every pod sharing the GPU (#587, #642: NVML's utilisation is per device), and the proposed per-pod metric
+from nvmlDeviceGetProcessUtilization (`dcgm_fi_dev_sm_util_per_pod`, PRs #637/#638) was closed unmerged.
+A time-sliced job's share of its GPUs therefore stays the stated even split (jobs.alerts.sharing,
+jobs.diagnosis.rules.shared_gpu), and its series are the whole GPU's.
+
 Values are normalised to the registry's `unit` (ratios 0-1 for utilisations; GPU_UTIL and MEM_COPY_UTIL
 arrive in percent, and so does DCGM 4.6's `DCGM_FI_DEV_GPU_UTIL_RATIO` despite its name: DCGM still stores
 NVML's integer percent; NVLINK_BANDWIDTH_TOTAL, field 449, arrives as an instantaneous MB/s rate although

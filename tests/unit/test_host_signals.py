@@ -133,3 +133,14 @@ def test_fetch_reads_present_signals_and_names_the_missing_ones() -> None:
     js = JobSignals(T0, T0 + 120.0, 30.0, ts)
     H.add_host_signals(js, got, missing)
     assert js.get("host_cpu_busy") is not None and "host_ib_rx_bytes" in js.missing
+
+
+def test_job_hosts_are_the_host_names_of_its_gpu_rows() -> None:
+    from jobs.metrics.signals import GpuKey, SignalSeries
+
+    ts = grid(T0, T0 + 60.0, 30.0)
+    js = JobSignals(T0, T0 + 60.0, 30.0, ts)
+    s = SignalSeries("gpu_util", "ratio", ts, {})
+    s.gpus = (GpuKey("gpu-node-002", "0"), GpuKey("gpu-node-001", "3"), GpuKey("gpu-node-001", "4"))
+    js.signals["gpu_util"] = s
+    assert H.job_hosts(js) == ["gpu-node-001", "gpu-node-002"]
