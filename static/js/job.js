@@ -642,6 +642,56 @@
     tag.addEventListener("error", fn);
   }
 
+  // ---- one GPU over time: a line of the chosen heatmap row against the median row ---------------------
+  function plainText(label) {
+    // Heatmap labels are HTML-escaped for plotly (jobs.charts.escape); the select shows them as text.
+    return new DOMParser().parseFromString(String(label), "text/html").documentElement.textContent;
+  }
+
+  function median(values) {
+    var v = values.filter(function (x) { return x !== null && x !== undefined && !isNaN(x); })
+      .sort(function (a, b) { return a - b; });
+    if (!v.length) { return null; }
+    var m = Math.floor(v.length / 2);
+    return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+  }
+
+  function initGpuLine() {
+    var tools = document.getElementById("gpu-line-tools");
+    var select = document.getElementById("gpu-line-select");
+    var figure = document.getElementById("gpu-line-figure");
+    var plot = document.getElementById("gpu-line");
+    var t = heat && heat.data && heat.data[0];
+    if (!tools || !select || !plot || !t || !t.z || !t.y) { return; }
+    t.y.forEach(function (label, i) {
+      var option = document.createElement("option");
+      option.value = String(i);
+      option.textContent = plainText(label);
+      select.appendChild(option);
+    });
+    var medians = null;
+    tools.hidden = false;
+    select.addEventListener("change", function () {
+      if (select.value === "") { figure.hidden = true; return; }
+      var row = t.z[Number(select.value)];
+      if (!medians) {
+        medians = t.x.map(function (_, j) { return median(t.z.map(function (r) { return r[j]; })); });
+      }
+      figure.hidden = false;
+      Plotly.react(plot, [
+        { type: "scatter", mode: "lines", x: t.x, y: row, name: select.options[select.selectedIndex].textContent,
+          line: { width: 1.5 } },
+        { type: "scatter", mode: "lines", x: t.x, y: medians, name: "median of all GPUs",
+          line: { width: 1, dash: "dash", color: "#6e7781" } }
+      ], {
+        height: 220, margin: { l: 50, r: 16, t: 10, b: 40 }, showlegend: true,
+        legend: { orientation: "h", y: 1.15 },
+        xaxis: { type: "date", range: heat.layout.xaxis.range },
+        yaxis: { title: { text: "%" }, rangemode: "tozero" }
+      }, CONFIG);
+    });
+  }
+
   function start() {
     initFindingButtons();
     watchArtifacts();
@@ -662,6 +712,8 @@
       });
     }).then(function () {
       return draw(heat, page.heatmap);
+    }).then(function () {
+      initGpuLine();
     }).then(function () {
       // The roofline (built by jobs.charts.roofline): no time axis, so not linked to the zoom.
       return draw(document.getElementById("roofline"), page.roofline);

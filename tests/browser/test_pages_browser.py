@@ -59,6 +59,15 @@ def test_job_page_renders_its_plots_without_errors(watched, live_server, member,
     assert page.evaluate("document.getElementById('roofline')._fullLayout.xaxis.type") == "log"
     assert page.evaluate("document.getElementById('roofline').data.length") == 5
     assert page.evaluate("document.getElementById('roofline').data[3].x.length") == 16
+    # One GPU over time (#28 item 9): choosing a GPU draws its heatmap row against the median row.
+    page.wait_for_selector("#gpu-line-tools:not([hidden])")
+    assert page.locator("#gpu-line-select option").count() == 17  # 16 GPUs and the prompt
+    page.select_option("#gpu-line-select", index=6)
+    page.wait_for_selector("#gpu-line .main-svg")
+    assert page.evaluate("document.getElementById('gpu-line').data.length") == 2
+    assert page.evaluate("document.getElementById('gpu-line').data[0].name") == page.evaluate(
+        "document.getElementById('heatmap').data[0].y[5]"
+    )
     watched.shot("job-page")
     watched.shot("job-page-top", full_page=False)
     # Fits a laptop screen: no horizontal scrolling.
