@@ -8,7 +8,7 @@ Simulates one ended job (`jobs.simulate`, healthy scenario, `--gpus` GPUs on 8-G
 dcgm-exporter's labels, a default exporter's counters plus SM_ACTIVE, one sample per `--step-s` over
 `--days`), backfills it into a throwaway Prometheus (promtool, `--chunk-h` hours at a time; `--keep
 DIR` keeps the TSDB there and reuses it on the next run), registers it as a scheduler would (explicit GPU
-list, the simulator's throughput query) and runs `jobs.metrics.ingest.finalize_job` once, as the
+list, the simulator's throughput query) and runs `jobs.metrics.pipeline.finalize_job` once, as the
 finalize task does.
 
 Prints the time of that one try (wall, this process' CPU, Prometheus' CPU), the requests it sent to
@@ -155,10 +155,11 @@ def _slices(sim: Any, seconds: float) -> list[Any]:
 
 def _finalize(sim: Any, tsdb: Path) -> None:
     """Register the simulated job in a throwaway database and finalize it once against Prometheus."""
-    from jobs.metrics import archive, ingest
+    from jobs.metrics import archive
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.metrics.promserver import PrometheusProcess
     from jobs.models import Job, Team
+    from jobs.pipeline import poll as pipeline
     from jobs.registry import register_job
     from jobs.simulate import registration_body
 
@@ -185,7 +186,7 @@ def _finalize(sim: Any, tsdb: Path) -> None:
             assert job.ended_at is not None
             now = job.ended_at + timedelta(minutes=5)
             p0, w0, c0 = _proc_cpu_s(prom._proc.pid), time.perf_counter(), time.process_time()
-            job = ingest.finalize_job(job, client, now=now)
+            job = pipeline.finalize_job(job, client, now=now)
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             p1 = _proc_cpu_s(prom._proc.pid)
         prom_cpu = f"{p1 - p0:.1f}" if p0 is not None and p1 is not None else "?"

@@ -6,7 +6,7 @@ Usage (from the repository root, services started with `.ci/services start`):
 
 Creates a private database (TEST_DATABASE_NAME, default `bench_pages`), fills it, measures, and drops it:
 
-* a finalized 256-GPU, 7-day job archived as `jobs.metrics.ingest.finalize_job` writes it (aggregate series
+* a finalized 256-GPU, 7-day job archived as `jobs.metrics.pipeline.finalize_job` writes it (aggregate series
   at a 300 s step, per-GPU rows at 1800 s, for every signal), with five findings;
 * the same job still running, archived as polling writes it (30 s aggregates, per-GPU rows at 300 s;
   only the charted signals, and per GPU only SM_ACTIVE and GPU_UTIL, to keep the fill time reasonable:

@@ -10,7 +10,7 @@ exporter's label set: gpu, UUID, pci_bus_id, device, modelName, Hostname, driver
 labels), backfills them into a throwaway Prometheus (promtool), registers the jobs as discovery would
 (`{"hpc_job": id}`; `--explicit-share` of them with explicit GPU lists instead) with the simulator's
 throughput query, and runs `--cycles` one-minute cycles from T0 + `--history-min` (default 10 min).
-`--mode per-job` polls every job with `ingest.poll_job`, as the fan-out before the cluster-wide cycle did
+`--mode per-job` polls every job with `pipeline.poll_job`, as the fan-out before the cluster-wide cycle did
 (run it on an older checkout to measure "before").
 
 Per cycle it prints wall time, CPU split (this process = Python + the Postgres client; the Prometheus
@@ -135,6 +135,7 @@ def main() -> None:
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.metrics.promserver import PrometheusProcess
     from jobs.models import Job, Team
+    from jobs.pipeline import poll as pipeline
     from jobs.registry import register_job
     from jobs.simulate import backfill, registration_body, write_openmetrics
 
@@ -167,13 +168,13 @@ def main() -> None:
 
     archive.upsert = counted  # type: ignore[assignment]
     diagnosed = Counter[str]()
-    diagnose = ingest.run_diagnosis
+    diagnose = pipeline.run_diagnosis
 
     def counted_diagnosis(job: Any) -> Any:
         diagnosed["jobs"] += 1
         return diagnose(job)
 
-    ingest.run_diagnosis = counted_diagnosis  # type: ignore[assignment]
+    pipeline.run_diagnosis = counted_diagnosis  # type: ignore[assignment]
     try:
         team = Team.objects.create(slug="bench", name="Bench")
         explicit = round(args.explicit_share * n_jobs)
@@ -188,7 +189,7 @@ def main() -> None:
             # last diagnosis, so about a tenth of the jobs are due in any one-minute cycle. Spread the last
             # diagnoses over the 10 minutes before cycle 1 (without this every job is due in cycle 1 and in
             # none of the next nine, and the steady cycles would leave the diagnosis out).
-            every = ingest.DIAGNOSE_RUNNING_EVERY.total_seconds()
+            every = pipeline.DIAGNOSE_RUNNING_EVERY.total_seconds()
             for i, pk in enumerate(Job.objects.order_by("pk").values_list("pk", flat=True)):
                 last = first - every + 60.0 * (i % round(every / 60.0))
                 Job.objects.filter(pk=pk).update(diagnosed_at=datetime.fromtimestamp(last, tz=UTC))
@@ -212,12 +213,12 @@ def main() -> None:
                 if profiler is not None:
                     profiler.enable()
                 if args.mode == "cycle":
-                    report = ingest.poll_cycle(client, now=now)
+                    report = pipeline.poll_cycle(client, now=now)
                     per_gpu, stale = report["per_gpu"], report["stale"]
                 else:
                     per_gpu, stale = n_jobs, 0
                     for job in ingest.running_jobs():
-                        stale += bool(ingest.poll_job(job, client, now=now).ingest_error)
+                        stale += bool(pipeline.poll_job(job, client, now=now).ingest_error)
                 wall = time.perf_counter() - w0
                 if profiler is not None:
                     profiler.disable()

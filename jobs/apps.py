@@ -15,8 +15,8 @@ class JobsConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
 
         import jobs.tasks  # noqa: F401  (registers the Celery tasks)
-        from jobs.evaluation.refresh import after_price_change
         from jobs.models import PriceEntry
+        from jobs.pipeline.refresh import after_price_change
 
         post_save.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-save")
         post_delete.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-delete")

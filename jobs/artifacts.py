@@ -33,8 +33,8 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from jobs.diagnosis.artifacts import capture_of
 from jobs.enqueue import enqueue
-from jobs.evaluation.refresh import reevaluate
 from jobs.models import Artifact, Job
+from jobs.pipeline.refresh import reevaluate
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError, ParserBug
 from jobs.profiling.monitoring_common import parse_zone

@@ -29,10 +29,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from jobs.artifacts import parse_artifact, store_upload
 from jobs.evaluation.baselines import SYSTEM, promote
 from jobs.findings import run_diagnosis
-from jobs.metrics.ingest import ingest_once, prometheus_client
+from jobs.metrics.ingest import prometheus_client
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.models import Finding, Job, Membership, Team
 from jobs.ownership import Claimant
+from jobs.pipeline.poll import ingest_once
 from jobs.registry import register_job
 from jobs.simulate import (
     SCENARIOS,

@@ -14,21 +14,22 @@ from django.conf import settings
 
 from jobs import artifacts
 from jobs.alerts import incidents, notify, policy
-from jobs.evaluation.refresh import reevaluate_many
 from jobs.metrics import ingest
 from jobs.metrics.discovery import discover
 from jobs.models import Job
 from jobs.outputs import reports
 from jobs.outputs.leaderboard import parse_iso_week
+from jobs.pipeline import poll as pipeline
+from jobs.pipeline.refresh import reevaluate_many
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True, ignore_result=True)
 def poll_running_jobs() -> int:
-    """One cluster-wide poll cycle (`ingest.poll_cycle`: each signal read once for all groupable jobs,
+    """One cluster-wide poll cycle (`pipeline.poll_cycle`: each signal read once for all groupable jobs,
     per job only for selectors that cannot be grouped; a cycle already running makes this a no-op)."""
-    return int(ingest.poll_cycle()["jobs"])
+    return int(pipeline.poll_cycle()["jobs"])
 
 
 @shared_task(acks_late=True, ignore_result=True)
@@ -45,7 +46,7 @@ def poll_job(job_id: int) -> None:
     """Poll one job; a Prometheus outage is recorded on the job and the next minute's poll retries."""
     job = Job.objects.select_related("gpu_model").filter(pk=job_id).first()
     if job is not None:
-        ingest.poll_job(job)
+        pipeline.poll_job(job)
 
 
 @shared_task(acks_late=True, ignore_result=True, bind=True, max_retries=5, default_retry_delay=120)
@@ -54,7 +55,7 @@ def finalize_job(self: Task, job_id: int) -> None:
     job = Job.objects.select_related("gpu_model").filter(pk=job_id).first()
     if job is None or job.status == Job.Status.FINALIZED:
         return
-    job = ingest.finalize_job(job)
+    job = pipeline.finalize_job(job)
     if job.ingest_error:
         raise self.retry()
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from jobs.alerts import incidents
-from jobs.metrics import ingest
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import AlertIncident, Job
+from jobs.pipeline import poll as pipeline
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -91,7 +91,7 @@ def _job(sim, team) -> Job:
 
 def _poll(job: Job, prom, minutes: float) -> Job:
     job.refresh_from_db()
-    return ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=minutes))
+    return pipeline.poll_job(job, _client(prom), now=START + timedelta(minutes=minutes))
 
 
 def _incidents(job: Job, rule: str) -> list[AlertIncident]:
@@ -198,7 +198,7 @@ def test_ingestion_stale_opens_from_the_sweep_and_resolves_on_the_next_poll(
     _poll(job, prom, 30)
     down = PrometheusClient(f"http://127.0.0.1:{_closed_port()}", timeout_s=1, retries=0)
     job.refresh_from_db()
-    ingest.poll_job(job, down, now=START + timedelta(minutes=45))  # fails: no hook runs, the sweep does
+    pipeline.poll_job(job, down, now=START + timedelta(minutes=45))  # fails: no hook runs, the sweep does
     incidents.sweep(now=START + timedelta(minutes=45))
     [opened] = _incidents(job, "ingestion_stale")
     # Since the last archived data: the poll at minute 30 archived up to now minus the ingestion lag.

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from jobs import demo
-from jobs.metrics import ingest
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import AlertIncident
+from jobs.pipeline import poll as pipeline
 from jobs.simulate import backfill, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 
@@ -30,7 +30,7 @@ def test_the_demo_job_that_goes_idle_shows_an_alert(tmp_path, client, catalog):
     teams = demo.ensure_people()
     job = demo.register(planned, result, teams, NOW)
     with PrometheusProcess(tmp_path / "tsdb") as prom:
-        ingest.poll_job(job, PrometheusClient(prom.url, timeout_s=10, retries=0), now=NOW)
+        pipeline.poll_job(job, PrometheusClient(prom.url, timeout_s=10, retries=0), now=NOW)
     opened = AlertIncident.objects.filter(job=job, resolved_at__isnull=True)
     [incident] = opened.filter(rule="gpus_idle")
     assert incident.finding_code == "idle_gpus"

@@ -15,10 +15,10 @@ from django.urls import reverse
 
 from jobs.alerts import sharing
 from jobs.alerts.sharing import Usage, attribute, mig_fraction
-from jobs.evaluation.refresh import reevaluate
-from jobs.metrics import ingest
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Finding, Job
+from jobs.pipeline import poll as pipeline
+from jobs.pipeline.refresh import reevaluate
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -116,7 +116,7 @@ def jobs(prom, sims, make_team, catalog, settings):
             body.pop("gpus")
             body["selector"] = {"hpc_job": job_id}
         out[job_id] = register_job(body).job
-        ingest.finalize_job(out[job_id], client, now=NOW)
+        pipeline.finalize_job(out[job_id], client, now=NOW)
     return out, client
 
 
@@ -260,12 +260,12 @@ def test_a_job_joining_a_gpu_re_evaluates_the_job_already_on_it(
     client = PrometheusClient(prom.url, timeout_s=10, retries=0)
     with django_capture_on_commit_callbacks(execute=True):
         first = register_job(registration_body(sims["6003"], team=team, ended=True)).job
-        ingest.finalize_job(first, client, now=NOW)
+        pipeline.finalize_job(first, client, now=NOW)
     first.refresh_from_db()
     assert first.cost_usd == pytest.approx(4 * PRICE, rel=1e-6)  # alone so far: 2 GPUs x 2 h
     with django_capture_on_commit_callbacks(execute=True):
         second = register_job(registration_body(sims["6004"], team=team, ended=True)).job
-        ingest.finalize_job(second, client, now=NOW)
+        pipeline.finalize_job(second, client, now=NOW)
     first.refresh_from_db()
     second.refresh_from_db()
     # 6004's evaluation named 6003, whose stored one did not name 6004: 6003 was queued and re-evaluated.

@@ -176,8 +176,8 @@ def _late_only(sim, after: float):
 @pytest.mark.django_db
 @pytest.mark.prometheus
 def test_finalize_keeps_the_early_archive_prometheus_no_longer_holds(make_team, tmp_path):
-    from jobs.metrics import ingest
     from jobs.metrics.prometheus import PrometheusClient
+    from jobs.pipeline import poll as pipeline
     from jobs.registry import register_job
     from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
     from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -197,7 +197,7 @@ def test_finalize_keeps_the_early_archive_prometheus_no_longer_holds(make_team, 
         return PrometheusProcess(tmp_path / name)
 
     with prometheus([sim], "full") as full:  # while the job ran, Prometheus held everything
-        ingest.poll_job(job, PrometheusClient(full.url, timeout_s=10, retries=0), now=end)
+        pipeline.poll_job(job, PrometheusClient(full.url, timeout_s=10, retries=0), now=end)
     polled_agg = _stored(job, 30)
     polled_gpu = {g: _stored(job, 300, "gpu", g) for g in ("node-r/0", "node-r/3")}
     first_hour = [t for t in polled_agg if t <= DEFAULT_START + hour]
@@ -205,7 +205,7 @@ def test_finalize_keeps_the_early_archive_prometheus_no_longer_holds(make_team, 
 
     job.refresh_from_db()
     with prometheus([_late_only(sim, DEFAULT_START + hour)], "late") as late:  # the first hour expired
-        job = ingest.finalize_job(job, PrometheusClient(late.url, timeout_s=10, retries=0), now=end)
+        job = pipeline.finalize_job(job, PrometheusClient(late.url, timeout_s=10, retries=0), now=end)
     assert job.status == Job.Status.FINALIZED
     # 0 samples lost: every value polling archived is still there (finalize re-read the same windows of
     # the second hour and could only add to them), at every level.

@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from jobs.metrics import cluster, ingest
+from jobs.metrics import cluster
 from jobs.metrics.prometheus import PrometheusClient, Selector
 from jobs.metrics.signal_queries import fetch_job_signals
 from jobs.metrics.signals import SIGNALS
 from jobs.models import Job, JobSeries
+from jobs.pipeline import poll as pipeline
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -240,7 +241,7 @@ def test_one_bad_job_never_stops_the_cycle_and_the_figures_reach_the_cache(prom,
     worse = _register(sims["a3"], team, labels={"hpc_job": "3003"})
     Job.objects.filter(pk=worse.pk).update(selector={"hpc_job": ["not", "a", "string"]})
     now = START + timedelta(minutes=40)
-    report = ingest.poll_cycle(_client(prom), now=now)
+    report = pipeline.poll_cycle(_client(prom), now=now)
     assert sorted(report["stale_jobs"]) == sorted([bad.external_id, worse.external_id])
     assert sorted(report["polled"]) == sorted([good.external_id, explicit.external_id])
     for job in (bad, worse):
@@ -250,6 +251,6 @@ def test_one_bad_job_never_stops_the_cycle_and_the_figures_reach_the_cache(prom,
     assert good.ingest_error == "" and good.gpu_util_mean is not None
     assert good.data_until == now - timedelta(seconds=60)  # now minus the ingestion lag
     assert JobSeries.objects.filter(job=good, stat="gpu").values("gpu_key").distinct().count() == 8
-    stats = local_cache.get(ingest.POLL_CYCLE_CACHE_KEY)
+    stats = local_cache.get(pipeline.POLL_CYCLE_CACHE_KEY)
     assert set(stats) == {"finished_at", "duration_s", "requests", "jobs", "stale"}
     assert stats["jobs"] == 4 and stats["stale"] == 2 and stats["requests"] > 0

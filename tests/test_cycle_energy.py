@@ -11,6 +11,7 @@ import pytest
 
 from jobs.metrics import cluster, ingest
 from jobs.models import Job
+from jobs.pipeline import poll as pipeline
 from tests.prom_server import prometheus_binary
 from tests.test_cycle_throughput import START, Recording, _register, local_cache, prom, sims  # noqa: F401
 
@@ -73,7 +74,7 @@ def test_a_cycle_sends_only_the_due_jobs_energy_queries_and_keeps_the_others_val
     def energy_queries() -> int:
         return len([q for q in client.instants if "TOTAL_ENERGY" in q])
 
-    ingest.poll_cycle(client, now=START + timedelta(minutes=40))
+    pipeline.poll_cycle(client, now=START + timedelta(minutes=40))
     assert energy_queries() == len(jobs)  # every job's first poll reads its energy
     first = {key: Job.objects.get(pk=j.pk).energy_j for key, j in jobs.items()}
     labelled = {key for key, j in jobs.items() if j.selector}
@@ -84,7 +85,7 @@ def test_a_cycle_sends_only_the_due_jobs_energy_queries_and_keeps_the_others_val
         client.instants.clear()
         now = START + timedelta(minutes=m)
         due = {pk for pk in pks if (m + int(START.timestamp()) // 60) % SLOTS == pk % SLOTS}
-        ingest.poll_cycle(client, now=now)
+        pipeline.poll_cycle(client, now=now)
         assert energy_queries() == len(due), m
         for key, j in jobs.items():
             value = Job.objects.get(pk=j.pk).energy_j
@@ -122,12 +123,12 @@ def test_a_cycle_reads_per_gpu_rows_only_for_the_jobs_whose_turn_it_is(
 
     monkeypatch.setattr(cluster, "_per_gpu_request", spy)
     client = Instants(prom.url)
-    ingest.poll_cycle(client, now=START + timedelta(minutes=40))
+    pipeline.poll_cycle(client, now=START + timedelta(minutes=40))
     assert set().union(*(keys for keys, _ in asked)) == set(by_pk)  # first polls: every job
     reads = dict.fromkeys(by_pk, 0)
     for m in range(41, 41 + SLOTS):
         asked.clear()
-        ingest.poll_cycle(client, now=START + timedelta(minutes=m))
+        pipeline.poll_cycle(client, now=START + timedelta(minutes=m))
         due = {pk for pk in by_pk if (m + int(START.timestamp()) // 60) % SLOTS == pk % SLOTS}
         read = set().union(*(keys for keys, _ in asked)) if asked else set()
         assert read == due, m

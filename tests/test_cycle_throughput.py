@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from jobs.evaluation import load
-from jobs.metrics import archive, ingest
+from jobs.metrics import archive
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.signals import grid
 from jobs.metrics.throughput import groupable, grouped_query, id_batches
 from jobs.models import Job
+from jobs.pipeline import poll as pipeline
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate
 from jobs.simulate.writers import openmetrics_lines
@@ -166,9 +167,9 @@ def test_a_cycle_reads_the_new_window_once_per_template_and_keeps_the_whole_wind
     settings.PROMETHEUS_INGESTION_LAG_S = 60.0
     jobs = _register(sims, make_team("llm"))
     client = Recording(prom.url)
-    ingest.poll_cycle(client, now=START + timedelta(minutes=40))  # first poll: each job's whole window
+    pipeline.poll_cycle(client, now=START + timedelta(minutes=40))  # first poll: each job's whole window
     client.sent.clear()
-    report = ingest.poll_cycle(client, now=START + timedelta(minutes=41))
+    report = pipeline.poll_cycle(client, now=START + timedelta(minutes=41))
     assert sorted(report["polled"]) == sorted(j.external_id for j in jobs.values())
     tokens = [q for q in client.sent if "train_tokens_total" in q]
     # One query for the 4 jobs sharing the template, over the new window only (no per-job query).

@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.evaluation.baselines import SYSTEM, promote
-from jobs.evaluation.refresh import reevaluate
 from jobs.models import Artifact, Finding, PriceEntry, ProgressSample
+from jobs.pipeline.refresh import reevaluate
 from jobs.registry import register_job
 from tests.conftest import job_body
 
@@ -148,7 +148,7 @@ def test_reevaluate_command_brings_stored_jobs_to_the_current_definitions(job):
 def test_a_batch_of_price_entries_queues_one_reevaluation_per_gpu_model(
     job, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from jobs.evaluation import refresh
+    from jobs.pipeline import refresh
 
     j = job("a", 0.30)
     queued: list[list[int]] = []

@@ -12,9 +12,9 @@ from django.core.management import call_command
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.testing import input_from_sim
 from jobs.findings import build_input, run_diagnosis
-from jobs.metrics import ingest
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Artifact, Baseline, Finding, Job
+from jobs.pipeline import poll as pipeline
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -57,7 +57,7 @@ def prom(sims, tmp_path_factory):
 def _finalized(sim, team, prom, model: str = "sim-7b") -> Job:
     job = register_job(registration_body(sim, team=team, model=model)).job
     client = PrometheusClient(prom.url, timeout_s=10, retries=0)
-    return ingest.finalize_job(job, client, now=START + timedelta(hours=3))
+    return pipeline.finalize_job(job, client, now=START + timedelta(hours=3))
 
 
 def _rows(job: Job) -> dict[str, tuple]:

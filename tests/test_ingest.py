@@ -13,6 +13,7 @@ from jobs.metrics import ingest
 from jobs.metrics.archive import load_job_signals
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job, JobSeries
+from jobs.pipeline import poll as pipeline
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -79,7 +80,7 @@ def _assert_same(a: dict, b: dict) -> None:
 @pytest.mark.django_db
 def test_poll_archives_signals_and_computes_mfu_close_to_the_simulated_truth(prom, sims, make_team):
     job = _register(sims["1001"], make_team("llm"), ended=False)
-    job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
+    job = pipeline.poll_job(job, _client(prom), now=START + timedelta(hours=1))
     assert job.ingest_error == ""
     # Not past now minus the ingestion lag (2 x the 30 s scrape interval): later samples may be in flight.
     lag = timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
@@ -108,23 +109,23 @@ def test_repeated_and_overlapping_polls_store_the_same_rows(prom, sims, make_tea
     job = _register(sims["1001"], make_team("llm"), ended=False)
     client = _client(prom)
     now = START + timedelta(minutes=70)
-    ingest.poll_job(job, client, now=now)
+    pipeline.poll_job(job, client, now=now)
     first = _snapshot(job)
     job.refresh_from_db()
-    ingest.poll_job(job, client, now=now)
+    pipeline.poll_job(job, client, now=now)
     _assert_same(_snapshot(job), first)
     job.refresh_from_db()
     # Reset the resume point to the middle of the archive: overlapping polls never double data.
     job.data_until = START + timedelta(minutes=10)
     job.save()
-    ingest.poll_job(job, client, now=now)
+    pipeline.poll_job(job, client, now=now)
     _assert_same(_snapshot(job), first)
 
 
 @pytest.mark.django_db
 def test_a_missing_field_is_reported_missing_not_zero(prom, sims, make_team):
     job = _register(sims["1002"], make_team("llm"), ended=False)
-    job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
+    job = pipeline.poll_job(job, _client(prom), now=START + timedelta(hours=1))
     assert "sm_active" in job.missing_signals
     assert job.sm_active_mean is None
     assert not JobSeries.objects.filter(job=job, signal="sm_active").exists()
@@ -135,16 +136,16 @@ def test_a_missing_field_is_reported_missing_not_zero(prom, sims, make_team):
 @pytest.mark.django_db
 def test_prometheus_down_keeps_the_archive_and_the_next_poll_fills_the_gap(prom, sims, make_team):
     job = _register(sims["1001"], make_team("llm"), ended=False)
-    ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=30))
+    pipeline.poll_job(job, _client(prom), now=START + timedelta(minutes=30))
     kept = _snapshot(job)
     job.refresh_from_db()
     down = PrometheusClient(f"http://127.0.0.1:{_closed_port()}", timeout_s=1, retries=0)
-    job = ingest.poll_job(job, down, now=START + timedelta(minutes=60))
+    job = pipeline.poll_job(job, down, now=START + timedelta(minutes=60))
     assert "could not read Prometheus" in job.ingest_error
     lag = timedelta(seconds=settings.PROMETHEUS_INGESTION_LAG_S)
     assert job.data_until == START + timedelta(minutes=30) - lag
     _assert_same(_snapshot(job), kept)
-    job = ingest.poll_job(job, _client(prom), now=START + timedelta(minutes=90))
+    job = pipeline.poll_job(job, _client(prom), now=START + timedelta(minutes=90))
     assert job.ingest_error == ""
     archived = load_job_signals(job)
     util = archived.get("gpu_util").mean
@@ -157,11 +158,11 @@ def test_prometheus_down_keeps_the_archive_and_the_next_poll_fills_the_gap(prom,
 def test_finalize_merges_into_the_archive_and_is_idempotent(prom, sims, make_team):
     job = _register(sims["1001"], make_team("llm"), ended=True)
     client = _client(prom)
-    job = ingest.finalize_job(job, client, now=START + timedelta(hours=3))
+    job = pipeline.finalize_job(job, client, now=START + timedelta(hours=3))
     assert job.status == Job.Status.FINALIZED
     first = _snapshot(job)
     mfu = job.mfu
-    job = ingest.finalize_job(job, client, now=START + timedelta(hours=3))
+    job = pipeline.finalize_job(job, client, now=START + timedelta(hours=3))
     _assert_same(_snapshot(job), first)
     assert job.mfu == pytest.approx(mfu)
     assert job.gpu_hours == pytest.approx(16.0)
@@ -174,7 +175,7 @@ def test_a_job_id_with_promql_metacharacters_cannot_widen_the_query(prom, sims, 
     job = _register(sims["1001"], make_team("llm"), ended=False)
     job.gpus, job.selector = [], {"hpc_job": '"} or vector(1) #'}
     job.save()
-    job = ingest.poll_job(job, _client(prom), now=START + timedelta(hours=1))
+    job = pipeline.poll_job(job, _client(prom), now=START + timedelta(hours=1))
     assert job.ingest_error == ""
     assert not JobSeries.objects.filter(job=job, signal="gpu_util").exists()
     assert "gpu_util" in job.missing_signals
@@ -185,12 +186,12 @@ def test_running_jobs_are_rediagnosed_every_ten_minutes_not_every_poll(prom, sim
     job = _register(sims["1001"], make_team("llm"), ended=False)
     client = _client(prom)
     first = START + timedelta(minutes=30)
-    job = ingest.poll_job(job, client, now=first)
+    job = pipeline.poll_job(job, client, now=first)
     assert job.diagnosed_at == first
-    job = ingest.poll_job(job, client, now=first + timedelta(minutes=1))
+    job = pipeline.poll_job(job, client, now=first + timedelta(minutes=1))
     assert job.diagnosed_at == first
     later = first + timedelta(minutes=11)
-    job = ingest.poll_job(job, client, now=later)
+    job = pipeline.poll_job(job, client, now=later)
     assert job.diagnosed_at == later
 
 
@@ -246,7 +247,7 @@ def test_finalize_in_bounded_queries_archives_the_same_as_one_query_per_signal(
     client = _client(prom)
     whole = _register(sims["1001"], make_team("llm"), ended=True)
     sent0 = client.requests
-    ingest.finalize_job(whole, client, now=START + timedelta(hours=3))
+    pipeline.finalize_job(whole, client, now=START + timedelta(hours=3))
     unsplit = client.requests - sent0
     first = _snapshot(whole)
     whole.delete()
@@ -254,7 +255,7 @@ def test_finalize_in_bounded_queries_archives_the_same_as_one_query_per_signal(
     monkeypatch.setattr(ingest, "FINALIZE_GPU_BATCH", 3)
     split = _register(sims["1001"], make_team("llm"), ended=True)
     sent0 = client.requests
-    split = ingest.finalize_job(split, client, now=START + timedelta(hours=3))
+    split = pipeline.finalize_job(split, client, now=START + timedelta(hours=3))
     assert split.status == Job.Status.FINALIZED and split.ingest_error == ""
     assert client.requests - sent0 > 2 * unsplit
     _assert_same(_snapshot(split), first)

@@ -16,6 +16,7 @@ from jobs.metrics.archive import load_job_signals
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.signals import SIGNALS
 from jobs.models import Job
+from jobs.pipeline import poll as pipeline
 from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, openmetrics_lines, registration_body, simulate
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -90,7 +91,7 @@ def test_a_poll_over_partial_data_loses_no_sample_once_the_rest_arrives(make_tea
     job = register_job(registration_body(sim, team=team, ended=False)).job
 
     with PrometheusProcess(tsdb) as prom:
-        ingest.poll_cycle(
+        pipeline.poll_cycle(
             PrometheusClient(prom.url, timeout_s=20, retries=0), now=START + timedelta(minutes=122)
         )
     job.refresh_from_db()
@@ -112,7 +113,7 @@ def test_a_poll_over_partial_data_loses_no_sample_once_the_rest_arrives(make_tea
     while not ingest.per_gpu_due(job, now):
         now += timedelta(minutes=1)
     with PrometheusProcess(tsdb) as prom:
-        ingest.poll_cycle(PrometheusClient(prom.url, timeout_s=20, retries=0), now=now)
+        pipeline.poll_cycle(PrometheusClient(prom.url, timeout_s=20, retries=0), now=now)
     job.refresh_from_db()
     reference.refresh_from_db()
     assert job.data_until == reference.data_until == now - timedelta(seconds=60)

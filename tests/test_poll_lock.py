@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 from jobs import locks
-from jobs.metrics import ingest
+from jobs.pipeline import poll as pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 TTL_S = 3  # POLL_CYCLE_LOCK_TTL_S's minimum; production's default is 90
@@ -28,14 +28,14 @@ CHILD = """
 import sys, time
 import django
 django.setup()
-from jobs.metrics import ingest
+from jobs.pipeline import poll as pipeline
 
 def endless_cycle(client, now):
     print("HOLDING", flush=True)
     time.sleep(600)
 
-ingest._poll_cycle = endless_cycle
-print(ingest.poll_cycle(client=object()), flush=True)
+pipeline._poll_cycle = endless_cycle
+print(pipeline.poll_cycle(client=object()), flush=True)
 """
 
 
@@ -45,7 +45,7 @@ def _redis() -> redis.Redis:
 
 def _try_cycle() -> bool:
     """Whether a poll cycle in this process gets the lock (the cycle body stubbed: only the lock counts)."""
-    lock = locks.named_lock(ingest._LOCK_KEY, settings.POLL_CYCLE_LOCK_TTL_S)
+    lock = locks.named_lock(pipeline.LOCK_KEY, settings.POLL_CYCLE_LOCK_TTL_S)
     got = lock.acquire()
     if got:
         lock.release()
@@ -87,7 +87,7 @@ def child_cycle(settings):
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
-        _redis().delete(cache.make_key(ingest._LOCK_KEY))
+        _redis().delete(cache.make_key(pipeline.LOCK_KEY))
 
 
 @pytest.mark.django_db
@@ -95,9 +95,9 @@ def test_a_running_cycle_keeps_the_lock_past_its_ttl_and_a_killed_one_frees_it_w
     # The child holds the lock; its heartbeat renews it, so it is still held after more than two TTLs.
     held_until = time.monotonic() + 2.5 * TTL_S
     while time.monotonic() < held_until:
-        assert ingest.poll_cycle(client=object())["skipped"] is True
+        assert pipeline.poll_cycle(client=object())["skipped"] is True
         time.sleep(0.5)
-    assert _redis().pttl(cache.make_key(ingest._LOCK_KEY)) > 0
+    assert _redis().pttl(cache.make_key(pipeline.LOCK_KEY)) > 0
     child_cycle.send_signal(signal.SIGKILL)  # no finally, no release: only the TTL can free it
     child_cycle.wait(timeout=10)
     killed = time.monotonic()

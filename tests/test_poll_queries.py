@@ -14,8 +14,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs.alerts import incidents
-from jobs.metrics import ingest
 from jobs.models import AlertIncident, Job
+from jobs.pipeline import poll as pipeline
 from tests.prom_server import prometheus_binary
 from tests.test_cluster_poll import START, _client, _register, local_cache, prom, sims  # noqa: F401
 
@@ -48,7 +48,7 @@ def polled(prom, sims, make_team, local_cache, settings, monkeypatch):  # noqa: 
     for key, labels in JOBS:
         _register(sims[key], team, labels=labels)
     client = _client(prom)
-    ingest.poll_cycle(client, now=START + timedelta(minutes=40))
+    pipeline.poll_cycle(client, now=START + timedelta(minutes=40))
     recorded: list[tuple[Job, Any, Any, dict[str, Any], int]] = []
     real = incidents.evaluate_job
 
@@ -60,7 +60,7 @@ def polled(prom, sims, make_team, local_cache, settings, monkeypatch):  # noqa: 
 
     monkeypatch.setattr(incidents, "evaluate_job", recording)
     with CaptureQueriesContext(connection) as ctx:
-        ingest.poll_cycle(client, now=START + timedelta(minutes=45))  # new minutes (and MFU) in the window
+        pipeline.poll_cycle(client, now=START + timedelta(minutes=45))  # new minutes (and MFU) in the window
     monkeypatch.setattr(incidents, "evaluate_job", real)
     return recorded, ctx.captured_queries
 

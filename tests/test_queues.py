@@ -93,7 +93,7 @@ def test_the_poll_task_runs_one_cluster_wide_cycle_not_a_fan_out(monkeypatch):
     from jobs import tasks
 
     cycles: list[int] = []
-    monkeypatch.setattr(tasks.ingest, "poll_cycle", lambda: cycles.append(1) or {"jobs": 2})
+    monkeypatch.setattr(tasks.pipeline, "poll_cycle", lambda: cycles.append(1) or {"jobs": 2})
     monkeypatch.setattr(tasks.poll_job, "apply_async", lambda *a, **k: pytest.fail("fanned out"))
     assert tasks.poll_running_jobs() == 2
     assert cycles == [1]

@@ -16,6 +16,7 @@ from jobs.alerts import incidents
 from jobs.metrics import ingest
 from jobs.models import AlertIncident, Job, ServiceHeartbeat
 from jobs.outputs.exporter import render_service
+from jobs.pipeline import poll as pipeline
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -135,8 +136,8 @@ def test_each_completed_cycle_records_the_heartbeat_and_a_late_record_never_move
     def fake_cycle(client, now):  # the cycle's body; poll_cycle's lock and heartbeat are the real ones
         return {"duration_s": 12.5, "jobs": 3, "stale": 0, "requests": 40, "polled": [], "stale_jobs": []}
 
-    monkeypatch.setattr(ingest, "_poll_cycle", fake_cycle)
-    ingest.poll_cycle(client=object(), now=T0)
+    monkeypatch.setattr(pipeline, "_poll_cycle", fake_cycle)
+    pipeline.poll_cycle(client=object(), now=T0)
     row = ServiceHeartbeat.objects.get(name="poll_cycle")
     assert row.finished_at == T0 + timedelta(seconds=12.5) and row.detail["jobs"] == 3
     service_health.record_cycle(T0 - timedelta(minutes=5), 1.0)

@@ -1,7 +1,7 @@
 """What one poll cycle reads once for all its evaluations, instead of once per job in `load_context`.
 
-`jobs.metrics.ingest._poll_cycle` builds a `CycleContext` (`jobs.evaluation.load.prepare_cycle`) after the
-cycle's signals are read and passes it down store_poll -> update_summary -> load_context. It holds
+`jobs.pipeline.poll._poll_cycle` builds a `CycleContext` (`jobs.evaluation.load.prepare_cycle`) after the
+cycle's signals are read and passes it down store_poll -> evaluate_and_store -> load_context. It holds
 
 - `mig`: each job's MIG instances, read in one query per batch of jobs (`sharing.mig_instances_of`);
 - `throughput`: each job's throughput on its new window, one query per distinct groupable template (and

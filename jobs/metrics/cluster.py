@@ -1,6 +1,6 @@
 """The cluster-wide poll cycle: each signal is read once for all running jobs, then split per job.
 
-Pure (numpy and the Prometheus client; no Django). `jobs.metrics.ingest.poll_cycle` builds a `Target` per
+Pure (numpy and the Prometheus client; no Django). `jobs.pipeline.poll.poll_cycle` builds a `Target` per
 running job, calls `read_cycle`, and archives each job's `JobSignals` exactly as a per-job poll would.
 
 Why: a per-job poll sends ~44 requests per job (presence look-up, one aggregate and one per-GPU query per

@@ -1,46 +1,37 @@
-"""Ingestion: pull a job's DCGM signals from Prometheus, archive them in Postgres, re-evaluate the job.
+"""Ingestion's reading side: what a poll or a finalize of a job reads from Prometheus, and the job's
+ingestion state (missing signals, `ingest_error`); the archive (jobs.metrics.archive) stores what is read.
+The driver that evaluates, stores, diagnoses and alerts on it is jobs.pipeline.poll: this module calls
+nothing above the metrics floor.
 
-- poll (running jobs, every minute, `poll_cycle`: cluster-wide, see jobs.metrics.cluster): reads only the
-  new window, from just before `data_until`, and the archive merges it into its chunks; overlapping or
-  repeated polls store the same values. `data_until` advances only to settled data (#13 item 6).
-- finalize (ended jobs): reads the whole window at a resolution suited to its length and merges it into
-  the archive (never deletes: what Prometheus no longer holds stays as polling archived it).
-- Prometheus down: the job keeps its archive, `ingest_error` says why, and the next successful poll
-  resumes from the last archived point, which fills the gap.
-- After each poll and finalize the job's diagnosis runs again (findings updated in place).
+- poll (running jobs, every minute, cluster-wide: jobs.metrics.cluster): reads only the new window, from
+  just before `data_until` (`poll_window`), and the archive merges it into its chunks; overlapping or
+  repeated polls store the same values. `data_until` advances only to settled data (#13 item 6,
+  `settled_data_until`).
+- finalize (ended jobs, `read_finalize`): reads the whole window at a resolution suited to its length, in
+  bounded queries, and the archive merges it (never deletes: what Prometheus no longer holds stays as
+  polling archived it).
+- Prometheus down: the job keeps its archive, `ingest_error` says why (`mark_stale`), and the next
+  successful poll resumes from the last archived point, which fills the gap.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.core.cache import cache
-from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from jobs import locks, service_health
-from jobs.alerts import incidents as alerts
-from jobs.alerts import sharing
-from jobs.evaluation.cycle import CycleContext
-from jobs.evaluation.evaluate import evaluate
-from jobs.evaluation.load import load_context, prepare_cycle
-from jobs.evaluation.store import store
-from jobs.findings import run_diagnosis
 from jobs.metrics import archive, cluster
-from jobs.metrics.discovery import discover
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import GpuRef, Selector
 from jobs.metrics.signal_queries import fetch_job_signals, window_total_query
 from jobs.metrics.signals import SIGNALS, JobSignals
-from jobs.models import Job, JobSeries
+from jobs.models import Job
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +40,6 @@ POLL_PER_GPU_STEP_S = 300  # heatmaps need coarse per-GPU data only
 POLL_CYCLE_S = 60  # the beat's poll cadence (efficiency/schedule.py: every minute)
 FINALIZE_MAX_POINTS = 4000  # per aggregate series of a finalized job
 FINALIZE_MAX_GPU_POINTS = 500  # per GPU row of a finalized job's heatmap
-DIAGNOSE_RUNNING_EVERY = timedelta(minutes=10)
 _NICE_STEPS = (30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -77,25 +67,6 @@ def nice_step(duration_s: float, max_points: int) -> int:
     return math.ceil(duration_s / max_points)
 
 
-# ------------------------------------------------------------------------------------------- evaluation
-
-
-def update_summary(
-    job: Job,
-    sigs: JobSignals | None,
-    client: PrometheusClient | None,
-    neighbours: sharing.Neighbours | None = None,
-    *,
-    cycle: CycleContext | None = None,
-) -> dict[str, np.ndarray]:
-    """Re-evaluate the job on `sigs` through the spine (load_context -> evaluate -> store; not saved);
-    returns the derived series to archive (throughput, MFU). `neighbours`: the cycle's sharing index;
-    `cycle`: the cycle's shared reads (jobs.evaluation.cycle), None on the per-job paths."""
-    evaluated = evaluate(load_context(job, sigs, client, neighbours=neighbours, cycle=cycle))
-    store(job, evaluated.evaluation)
-    return evaluated.derived
-
-
 # ------------------------------------------------------------------------------------- poll, finalize
 
 
@@ -104,7 +75,7 @@ def update_summary(
 NO_GPUS_MATCHED = "selector matched 0 GPUs"
 
 
-def _record_missing(job: Job, sigs: JobSignals) -> None:
+def record_missing(job: Job, sigs: JobSignals) -> None:
     job.missing_signals = sorted(sigs.missing)
     if sigs.missing and not sigs.signals:
         # Not 30 fields switched off: the selector finds no GPU. Say so once, with the query that found none.
@@ -117,7 +88,7 @@ def _record_missing(job: Job, sigs: JobSignals) -> None:
     job.missing_reasons = dict(sigs.missing)
 
 
-def _energy_total(client: PrometheusClient, selector: Selector, start: float, end: float) -> float | None:
+def energy_total(client: PrometheusClient, selector: Selector, start: float, end: float) -> float | None:
     """Energy in J over the window from the TOTAL_ENERGY_CONSUMPTION counter, or None when absent."""
     window = max(end - start, 60.0)
     try:
@@ -126,10 +97,6 @@ def _energy_total(client: PrometheusClient, selector: Selector, start: float, en
         return None
     values = [s.value for s in samples if math.isfinite(s.value)]
     return float(values[0]) if values else None
-
-
-def _set_energy(job: Job, energy_j: float | None) -> None:
-    job.energy_j = energy_j
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,98 +133,43 @@ def _floor(ts: float, step: float) -> float:
     return math.floor(ts / step) * step
 
 
-def poll_job(job: Job, client: PrometheusClient | None = None, now: datetime | None = None) -> Job:
-    """Archive a running job's new data (idempotent) and recompute its summary; records failures.
-
-    The per-job path: `poll_cycle` reads all groupable jobs at once and uses this for the others."""
-    client = client or prometheus_client()
-    now = now or timezone.now()
-    win = poll_window(job, now)
-    if win.end <= win.start:
-        return job
-    try:
-        selector = job_selector(job)
-        scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
-        sigs = fetch_job_signals(client, selector, win.start, win.end, POLL_STEP_S, scrape_interval_s=scrape)
-        # Per-GPU chunks are longer than aggregate ones: read them from their own chunk start so each
-        # archived row is rewritten whole (one per-GPU query per present signal).
-        wide = fetch_job_signals(
-            client, selector, win.gpu_start, win.end, POLL_PER_GPU_STEP_S,
-            keys=list(sigs.signals), per_gpu_step=POLL_PER_GPU_STEP_S, aggregates=False,
-            scrape_interval_s=scrape,
-        )  # fmt: skip
-        for key, series in wide.signals.items():
-            if key in sigs.signals:
-                sigs.signals[key].gpus = series.gpus
-                sigs.signals[key].gpu_timestamps = series.gpu_timestamps
-                sigs.signals[key].per_gpu = series.per_gpu
-        energy_j = _energy_total(client, selector, job.started_at.timestamp(), win.end)
-    except (PrometheusError, ValueError, TypeError, AttributeError) as exc:
-        # TypeError/AttributeError: a selector stored before today's validation (not a mapping, a list
-        # of GPUs that are not mappings); the job shows why instead of failing every poll.
-        return _mark_stale(job, exc, now)
-    return store_poll(job, sigs, win.end, now, client, energy_j=energy_j)
+#: What a read could not do: Prometheus unreachable or refusing, or a stored selector that cannot be queried
+#: (TypeError/AttributeError: a selector stored before today's validation, not a mapping, a list of GPUs
+#: that are not mappings); the job shows why (`mark_stale`) instead of failing every poll.
+READ_ERRORS = (PrometheusError, ValueError, TypeError, AttributeError)
 
 
-_KEEP = object()  # store_poll: keep the job's energy from the last read
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One read of a job from Prometheus: its signals on the window's grid (per-GPU rows attached) and the
+    energy total in J over the job so far (None when the counter is absent)."""
+
+    signals: JobSignals
+    energy_j: float | None
 
 
-def store_poll(
-    job: Job,
-    sigs: JobSignals,
-    end: float,
-    now: datetime,
-    client: PrometheusClient | None,
-    *,
-    energy_j: object = _KEEP,
-    archived_rows: bool = False,
-    derived_out: list[Any] | None = None,
-    neighbours: sharing.Neighbours | None = None,
-    cycle: CycleContext | None = None,
-) -> Job:
-    """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
-    settled (`settled_data_until`); then the diagnosis (when due) and the alert rules.
-
-    The cycle merges every job's rows in one `archive.upsert` (`archived_rows=True`: already written) and
-    collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job;
-    `neighbours` is its sharing index (jobs.alerts.sharing.Neighbours), read once for all jobs."""
-    with transaction.atomic():
-        # The GPU model with the row (the evaluation reads it), locking only the job's row.
-        job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job.pk)
-        stored = _column_values(job)
-        if energy_j is not _KEEP:
-            _set_energy(job, energy_j if isinstance(energy_j, float) else None)
-        _record_missing(job, sigs)
-        if not archived_rows:
-            archive.upsert(archive.rows_for(job, sigs, {}))
-        # One read of the archive for the summary and the alert rules below (#14): GPU_UTIL per GPU for the
-        # exact idle share; the other per-GPU rows are the bulk of the archive.
-        snapshot = archive.Snapshot(job, per_gpu=("gpu_util",))
-        archived = snapshot.load_job_signals(per_gpu=("gpu_util",))
-        derived = update_summary(job, archived, client, neighbours, cycle=cycle)
-        if archived is not None:
-            rows = archive.derived_rows(*_new_part(job, archived, derived, sigs.start))
-            snapshot.merge(rows)  # the rules read the archive as it is once these rows are written
-            if derived_out is None:
-                archive.upsert(rows)
-            else:
-                derived_out.extend(rows)
-        job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
-        job.last_polled_at = now
-        job.ingest_error = ""
-        due = _diagnosis_due(job, now)
-        # Only the columns this poll changed (the evaluation's JSON is most of the row and often the same).
-        job.save(update_fields=_changed_columns(job, stored))
-    if due:
-        run_diagnosis(job)
-    try:
-        alerts.evaluate_job(job, now, archived=snapshot)
-    except Exception:  # alerting must never fail a poll
-        log.exception("job %s: alert rules failed", job.external_id)
-    return job
+def read_poll(job: Job, client: PrometheusClient, win: PollWindow) -> Read:
+    """A per-job poll's read of `win` (the cluster-wide cycle reads groupable jobs in `cluster.read_cycle`);
+    raises one of READ_ERRORS."""
+    selector = job_selector(job)
+    scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
+    sigs = fetch_job_signals(client, selector, win.start, win.end, POLL_STEP_S, scrape_interval_s=scrape)
+    # Per-GPU chunks are longer than aggregate ones: read them from their own chunk start so each
+    # archived row is rewritten whole (one per-GPU query per present signal).
+    wide = fetch_job_signals(
+        client, selector, win.gpu_start, win.end, POLL_PER_GPU_STEP_S,
+        keys=list(sigs.signals), per_gpu_step=POLL_PER_GPU_STEP_S, aggregates=False,
+        scrape_interval_s=scrape,
+    )  # fmt: skip
+    for key, series in wide.signals.items():
+        if key in sigs.signals:
+            sigs.signals[key].gpus = series.gpus
+            sigs.signals[key].gpu_timestamps = series.gpu_timestamps
+            sigs.signals[key].per_gpu = series.per_gpu
+    return Read(sigs, energy_total(client, selector, job.started_at.timestamp(), win.end))
 
 
-def _new_part(
+def derived_since(
     job: Job, archived: JobSignals, derived: dict[str, np.ndarray], since: float
 ) -> tuple[Job, JobSignals, dict[str, np.ndarray]]:
     """The derived series (throughput, MFU) from `since` on: the archive merges them into their chunks,
@@ -290,31 +202,7 @@ def settled_data_until(sigs: JobSignals, end: float, now: datetime, previous: da
     return max(limit, min(previous.timestamp(), end))
 
 
-def _diagnosis_due(job: Job, now: datetime) -> bool:
-    """Running jobs are re-diagnosed every DIAGNOSE_RUNNING_EVERY, not on every one-minute poll: the
-    diagnosis reads the whole per-GPU archive, which for a large job costs far more than the poll.
-    When due, sets `diagnosed_at` to `now` on `job` (the caller saves it with the poll's other columns,
-    under the row lock, so two polls never both run it)."""
-    last = job.diagnosed_at
-    if last is not None and now - last < DIAGNOSE_RUNNING_EVERY:
-        return False
-    job.diagnosed_at = now
-    return True
-
-
-def _column_values(job: Job) -> dict[str, Any]:
-    """The job's column values as loaded (what `_changed_columns` compares against)."""
-    return {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
-
-
-def _changed_columns(job: Job, stored: dict[str, Any]) -> list[str]:
-    """Columns whose value differs from `stored` (values are assigned, never mutated in place, by the
-    poll), plus `updated_at` (auto_now: saved only when named)."""
-    changed = [name for name, value in stored.items() if getattr(job, name) != value]
-    return sorted({*changed, "updated_at"} - {"id"})
-
-
-def _mark_stale(job: Job, exc: Exception, now: datetime) -> Job:
+def mark_stale(job: Job, exc: Exception, now: datetime) -> Job:
     reason = f"{type(exc).__name__}: {exc}"
     log.warning("job %s: ingestion failed, keeping archived data: %s", job.external_id, reason)
     Job.objects.filter(pk=job.pk).update(
@@ -322,58 +210,6 @@ def _mark_stale(job: Job, exc: Exception, now: datetime) -> Job:
         last_polled_at=now,
     )
     job.refresh_from_db()
-    return job
-
-
-def finalize_job(job: Job, client: PrometheusClient | None = None, now: datetime | None = None) -> Job:
-    """Merge an ended job's whole window, at a resolution suited to its length, into its archive."""
-    client = client or prometheus_client()
-    now = now or timezone.now()
-    if job.ended_at is None:
-        raise ValueError(f"job {job.external_id} has not ended")
-    start, end = job.started_at.timestamp(), job.ended_at.timestamp()
-    duration = max(end - start, POLL_STEP_S)
-    step = nice_step(duration, FINALIZE_MAX_POINTS)
-    gpu_step = max(nice_step(duration, FINALIZE_MAX_GPU_POINTS), step)
-    scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
-    first = math.floor(start / step) * step
-    try:
-        selector = job_selector(job)
-        # Only the label spellings Prometheus holds (2 look-ups instead of OR-ing every spelling in each
-        # query); the time split below bounds what each query reads (FINALIZE_MAX_SAMPLES).
-        found = cluster.discover(client, first, end)
-        selector = selector.restricted(found.labels) or selector
-        sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
-                                 max_samples=FINALIZE_MAX_SAMPLES)  # fmt: skip
-        for batch in _gpu_batches(job, found):
-            # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
-            wide = fetch_job_signals(
-                client, batch, first, end, gpu_step, keys=list(sigs.signals), per_gpu_step=gpu_step,
-                aggregates=False, scrape_interval_s=scrape, max_samples=FINALIZE_MAX_SAMPLES,
-                gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count),
-            )  # fmt: skip
-            _add_per_gpu(sigs, wide)
-        energy_j = _energy_total(client, selector, start, end)
-    except (PrometheusError, ValueError, TypeError, AttributeError) as exc:
-        return _mark_stale(job, exc, now)
-    if not sigs.signals and JobSeries.objects.filter(job=job).exists():
-        # Prometheus no longer has the data (retention): keep the archive from the polls.
-        job = _finish(job, now, note="Prometheus had no data for the window; kept the archive from polling")
-    else:
-        with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job.pk)
-            _set_energy(job, energy_j)
-            _record_missing(job, sigs)
-            # Merge, never replace (#13.6): chunks Prometheus no longer holds (a job longer than its
-            # retention) stay as polling archived them, and the summary is of the merged archive.
-            archive.upsert(archive.rows_for(job, sigs, {}))
-            merged = archive.load_job_signals(job, per_gpu=("gpu_util",))
-            derived = update_summary(job, merged, client)
-            if merged is not None:
-                archive.upsert(archive.derived_rows(job, merged, derived))
-            job.data_until = job.ended_at
-            job = _finish(job, now)
-    run_diagnosis(job)
     return job
 
 
@@ -416,15 +252,34 @@ def _add_per_gpu(sigs: JobSignals, wide: JobSignals) -> None:
         target.per_gpu = np.vstack([rows[k] for k in order]) if order else target.per_gpu
 
 
-def _finish(job: Job, now: datetime, note: str = "") -> Job:
-    if note:
-        job.finalize_note = note[:300]
-    job.status = Job.Status.FINALIZED
-    job.finalized_at = now
-    job.last_polled_at = now
-    job.ingest_error = ""
-    job.save()
-    return job
+def read_finalize(job: Job, client: PrometheusClient) -> Read:
+    """An ended job's whole window at a resolution suited to its length (FINALIZE_MAX_POINTS aggregate points,
+    FINALIZE_MAX_GPU_POINTS per GPU row), in queries of at most FINALIZE_MAX_SAMPLES samples and
+    FINALIZE_GPU_BATCH GPUs; raises one of READ_ERRORS, or ValueError for a job that has not ended."""
+    if job.ended_at is None:
+        raise ValueError(f"job {job.external_id} has not ended")
+    start, end = job.started_at.timestamp(), job.ended_at.timestamp()
+    duration = max(end - start, POLL_STEP_S)
+    step = nice_step(duration, FINALIZE_MAX_POINTS)
+    gpu_step = max(nice_step(duration, FINALIZE_MAX_GPU_POINTS), step)
+    scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
+    first = math.floor(start / step) * step
+    selector = job_selector(job)
+    # Only the label spellings Prometheus holds (2 look-ups instead of OR-ing every spelling in each
+    # query); the time split below bounds what each query reads (FINALIZE_MAX_SAMPLES).
+    found = cluster.discover(client, first, end)
+    selector = selector.restricted(found.labels) or selector
+    sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
+                             max_samples=FINALIZE_MAX_SAMPLES)  # fmt: skip
+    for batch in _gpu_batches(job, found):
+        # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
+        wide = fetch_job_signals(
+            client, batch, first, end, gpu_step, keys=list(sigs.signals), per_gpu_step=gpu_step,
+            aggregates=False, scrape_interval_s=scrape, max_samples=FINALIZE_MAX_SAMPLES,
+            gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count),
+        )  # fmt: skip
+        _add_per_gpu(sigs, wide)
+    return Read(sigs, energy_total(client, selector, start, end))
 
 
 def running_jobs() -> QuerySet[Job]:
@@ -442,27 +297,7 @@ def ended_jobs(grace: timedelta = timedelta(minutes=2)) -> QuerySet[Job]:
     )
 
 
-def ingest_once(client: PrometheusClient | None = None) -> dict[str, Any]:
-    """Discover unregistered jobs (when configured), poll every running job (one cycle) and finalize every
-    ended one, synchronously (the `ingest --once` command)."""
-    client = client or prometheus_client()
-    report: dict[str, Any] = {"polled": [], "finalized": [], "stale": []}
-    report["discovered"] = discover(client)["created"]
-    cycle = poll_cycle(client)
-    report["polled"] += cycle["polled"]
-    report["stale"] += cycle["stale_jobs"]
-    for job in ended_jobs():
-        job = finalize_job(job, client)
-        report["stale" if job.ingest_error else "finalized"].append(job.external_id)
-    return report
-
-
 # ------------------------------------------------------------------------------------------ poll cycle
-
-#: The Django cache key of the last cycle's figures (read by /metrics): finished_at (Unix s), duration_s,
-#: requests (to Prometheus), jobs (polled), stale (jobs left with an ingest error).
-POLL_CYCLE_CACHE_KEY = "efficiency:poll_cycle"
-_LOCK_KEY = "efficiency:poll_cycle_lock"
 
 
 def per_gpu_due(job: Job, now: datetime) -> bool:
@@ -486,7 +321,7 @@ def energy_due(job: Job, now: datetime) -> bool:
     return per_gpu_due(job, now)
 
 
-def _target(job: Job, now: datetime) -> cluster.Target | None:
+def cycle_target(job: Job, now: datetime) -> cluster.Target | None:
     """The cycle's view of a job (None when its window is empty); raises on a selector it cannot use."""
     win = poll_window(job, now)
     if win.end <= win.start:
@@ -501,32 +336,7 @@ def _target(job: Job, now: datetime) -> cluster.Target | None:
     return cluster.Target(job.pk, win.start, win.end, win.gpu_start, labels=dict(job.selector), per_gpu=wide)
 
 
-def poll_cycle(client: PrometheusClient | None = None, now: datetime | None = None) -> dict[str, Any]:
-    """One poll of every running job: the groupable ones read cluster-wide (`jobs.metrics.cluster`, a
-    fixed number of queries per signal), the others per job; each job archived and evaluated as
-    `poll_job` does. One bad job (a stored selector that cannot be queried, an evaluation error) gets an
-    `ingest_error` and never stops the cycle. Writes the cycle's figures to the cache
-    (POLL_CYCLE_CACHE_KEY) and its end as the service's heartbeat (jobs.service_health). A second cycle while
-    one runs returns at once (`skipped`). The lock has a short TTL renewed while the cycle runs
-    (jobs.locks), so a worker killed mid-cycle delays the next cycle by at most POLL_CYCLE_LOCK_TTL_S."""
-    lock = locks.named_lock(_LOCK_KEY, settings.POLL_CYCLE_LOCK_TTL_S)
-    if not lock.acquire():
-        return {"skipped": True, "polled": [], "stale_jobs": [], "jobs": 0}
-    try:
-        now = now or timezone.now()
-        report = _poll_cycle(client or prometheus_client(), now)
-        duration = float(report["duration_s"])
-        service_health.record_cycle(
-            service_health.cycle_end(now, duration),
-            duration,
-            {"jobs": report["jobs"], "stale": report["stale"], "requests": report["requests"]},
-        )
-        return report
-    finally:
-        lock.release()
-
-
-def _archive_cycle(jobs: dict[int, Job], signals: dict[int, JobSignals]) -> bool:
+def archive_cycle(jobs: dict[int, Job], signals: dict[int, JobSignals]) -> bool:
     """Merge every job's new window into the archive in one `archive.upsert` (one COPY and one INSERT
     per level for the cycle instead of per job). False when it failed: then each job writes its own rows,
     and a job whose rows cannot be written gets its own error."""
@@ -537,89 +347,3 @@ def _archive_cycle(jobs: dict[int, Job], signals: dict[int, JobSignals]) -> bool
         log.exception("poll cycle: one archive write for all jobs failed; writing job by job")
         return False
     return True
-
-
-def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
-    t0 = time.monotonic()
-    requests0 = client.requests
-    jobs = {job.pk: job for job in running_jobs()}
-    targets: list[cluster.Target] = []
-    fallback: list[int] = []
-    done: dict[int, Job] = {}
-    for job in jobs.values():
-        try:
-            target = _target(job, now)
-        except Exception as exc:  # a stored selector the builder refuses: that job only
-            done[job.pk] = _mark_stale(job, exc, now)
-            continue
-        if target is not None:
-            targets.append(target)
-        else:
-            done[job.pk] = job
-    grouped = targets
-    with_gpu = sum(t.per_gpu for t in grouped)  # jobs whose per-GPU rows this cycle reads
-    scrape = settings.PROMETHEUS_SCRAPE_INTERVAL_S
-    try:
-        result = cluster.read_cycle(
-            client, grouped, step=POLL_STEP_S, per_gpu_step=POLL_PER_GPU_STEP_S,
-            scrape_interval_s=scrape, workers=cluster.CYCLE_QUERY_WORKERS,
-        )  # fmt: skip
-    except PrometheusError as exc:  # discovery failed: Prometheus is down for everyone
-        for t in grouped:
-            done[t.key] = _mark_stale(jobs[t.key], exc, now)
-        result = cluster.CycleResult()
-    fallback += result.fallback
-    by_key = {t.key: t for t in grouped}
-    for key, reason in result.errors.items():
-        done[key] = _mark_stale(jobs[key], RuntimeError(reason), now)
-    archived_rows = _archive_cycle(jobs, result.signals)
-    # The sharing look-up of every evaluation below from one read (after the archive write, which brings
-    # the per-GPU keys; when it failed each job writes its own rows, so each reads its own keys).
-    neighbours = sharing.Neighbours(list(jobs.values())) if archived_rows and result.signals else None
-    # MIG instances, the new window's throughput (one query per template) and the price/baseline memo,
-    # read once for the cycle's evaluations instead of once per job (jobs.evaluation.cycle).
-    shared: CycleContext | None = None
-    if result.signals:
-        try:
-            shared = prepare_cycle(client, [jobs[k] for k in result.signals], result.signals, now)
-        except Exception:  # the evaluations then read per job, as poll_job does
-            log.exception("poll cycle: the shared reads for the evaluations failed; reading per job")
-    derived: list[Any] = []
-    for key, sigs in result.signals.items():
-        job = jobs[key]
-        try:
-            energy: object = _KEEP
-            if energy_due(job, now):
-                energy = _energy_total(client, job_selector(job), job.started_at.timestamp(), by_key[key].end)
-            done[key] = store_poll(job, sigs, by_key[key].end, now, client, energy_j=energy,
-                                   archived_rows=archived_rows, derived_out=derived,
-                                   neighbours=neighbours, cycle=shared)  # fmt: skip
-            if neighbours is not None:
-                neighbours.update(done[key])
-        except Exception as exc:  # one job's failure must not stop the cycle
-            log.exception("job %s: poll failed", job.external_id)
-            done[key] = _mark_stale(job, exc, now)
-    if shared is not None:
-        derived += shared.repair_rows(jobs)
-    try:
-        archive.upsert(derived)
-    except Exception:  # the next poll writes them again (merges are idempotent)
-        log.exception("poll cycle: writing the derived series failed")
-    for key in fallback:
-        try:
-            done[key] = poll_job(jobs[key], client, now)
-        except Exception as exc:
-            log.exception("job %s: poll failed", jobs[key].external_id)
-            done[key] = _mark_stale(jobs[key], exc, now)
-    stale = sorted(j.external_id for j in done.values() if j.ingest_error)
-    polled = sorted(j.external_id for j in done.values() if not j.ingest_error)
-    stats = {
-        "finished_at": time.time(),
-        "duration_s": time.monotonic() - t0,
-        "requests": client.requests - requests0,
-        "jobs": len(jobs),
-        "stale": len(stale),
-    }
-    cache.set(POLL_CYCLE_CACHE_KEY, stats, None)
-    return {**stats, "polled": polled, "stale_jobs": stale, "per_gpu": with_gpu, "grouped": len(grouped),
-            "per_job": len(fallback)}  # fmt: skip

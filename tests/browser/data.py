@@ -1,5 +1,5 @@
 """Real archived series for page tests: simulated dcgm-exporter data backfilled into a real Prometheus,
-then pulled through jobs.metrics.ingest (finalize for an ended job, poll for a running one), exactly as in
+then pulled through jobs.pipeline.poll (finalize for an ended job, poll for a running one), exactly as in
 production. Shared by tests/test_pages.py and the browser tests.
 """
 
@@ -71,8 +71,8 @@ def register(sim: SimResult, team: Any, *, ended: bool, **extra: Any):
 def ingest(job: Any, prom_url: str, *, ended: bool, hours: float = 2.0) -> Any:
     """Pull the job's series from Prometheus into the archive (finalize when ended, else one poll
     `hours` after the simulated start)."""
-    from jobs.metrics import ingest as ingestion
     from jobs.metrics.prometheus import PrometheusClient
+    from jobs.pipeline import poll as ingestion
 
     client = PrometheusClient(prom_url, timeout_s=20, retries=0)
     if ended:

@@ -4,7 +4,7 @@ N jobs per scenario (random seeds, noise levels, GPU counts, durations and, with
 missing-signal variants such as dcgm-exporter's default counters without SM_ACTIVE) are simulated,
 backfilled with promtool into a private Prometheus started for the run, registered as jobs (throughput from
 the simulator's train_tokens_total through a throughput_query), finalized
-(jobs.metrics.ingest.finalize_job) and
+(jobs.pipeline.poll.finalize_job) and
 diagnosed (jobs.findings.run_diagnosis). Prints the confusion table, precision and recall per code and the
 healthy jobs' false-warning rate. Everything it writes to the database is rolled back at the end.
 
@@ -49,10 +49,10 @@ from jobs.diagnosis.evaluation import (
 )
 from jobs.diagnosis.testing import input_from_sim
 from jobs.findings import run_diagnosis
-from jobs.metrics.ingest import finalize_job
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.promserver import PrometheusProcess, PrometheusStartError, prometheus_binary
 from jobs.models import Baseline, Job, Team
+from jobs.pipeline.poll import finalize_job
 from jobs.registry import register_job
 from jobs.simulate import SimResult, backfill, registration_body, simulate, write_openmetrics
 from jobs.simulate.core import EXTRA_KEYS

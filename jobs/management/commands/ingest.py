@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.metrics import ingest
+from jobs.pipeline import poll as pipeline
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **opts: Any) -> None:
-        report = ingest.ingest_once()
+        report = pipeline.ingest_once()
         if opts["json"]:
             self.stdout.write(json.dumps(report, indent=2))
         else:

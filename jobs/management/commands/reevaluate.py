@@ -11,8 +11,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.evaluation.refresh import reevaluate_many
 from jobs.models import Job
+from jobs.pipeline.refresh import reevaluate_many
 
 
 class Command(BaseCommand):

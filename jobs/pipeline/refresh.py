@@ -1,8 +1,8 @@
 """Re-evaluate stored jobs when an input other than their signals changes: a parsed profiler trace (step
 time gives throughput), a baseline promoted or retired (the reference MFU; queued by
-jobs.evaluation.baselines), a price book entry (cost and waste). Same three steps as ingestion
-(load_context -> evaluate -> store) on the archived signals, then the diagnosis, without Prometheus: a
-throughput PromQL expression is read from the series the last poll archived."""
+jobs.evaluation.baselines), a price book entry (cost and waste). The same evaluation step as a poll
+(`steps.evaluate_and_store`) on the archived signals, then the diagnosis, without Prometheus: a throughput
+PromQL expression is read from the series the last poll archived."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from collections.abc import Iterable
 from django.db import transaction
 
 from jobs.enqueue import enqueue
-from jobs.evaluation.evaluate import evaluate
-from jobs.evaluation.load import load_context
-from jobs.evaluation.store import COLUMNS, store
+from jobs.evaluation.store import COLUMNS
 from jobs.findings import run_diagnosis
 from jobs.metrics import archive
 from jobs.models import Job, PriceEntry
+from jobs.pipeline.steps import evaluate_and_store
 
 log = logging.getLogger(__name__)
 # Price-book changes of the current transaction, per thread (web and worker processes are single-threaded
@@ -33,11 +32,10 @@ def reevaluate(job_id: int, *, diagnose: bool = True) -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job_id)
         sigs = archive.load_job_signals(job, per_gpu=("gpu_util",))
-        evaluated = evaluate(load_context(job, sigs, client=None))
-        store(job, evaluated.evaluation)
+        derived = evaluate_and_store(job, sigs, client=None)
         job.save(update_fields=[*COLUMNS, "updated_at"])
-        if sigs is not None and evaluated.derived:
-            archive.upsert(archive.derived_rows(job, sigs, evaluated.derived))
+        if sigs is not None and derived:
+            archive.upsert(archive.derived_rows(job, sigs, derived))
     if diagnose:
         run_diagnosis(job)
     return job

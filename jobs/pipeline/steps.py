@@ -1,0 +1,31 @@
+"""The evaluation step every trigger shares: load_context -> evaluate -> store on the job (not saved)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.alerts.sharing import Neighbours
+from jobs.evaluation.cycle import CycleContext
+from jobs.evaluation.evaluate import evaluate
+from jobs.evaluation.load import load_context
+from jobs.evaluation.store import store
+from jobs.metrics.prometheus import PrometheusClient
+from jobs.metrics.signals import JobSignals
+from jobs.models import Job
+
+
+def evaluate_and_store(
+    job: Job,
+    sigs: JobSignals | None,
+    client: PrometheusClient | None,
+    neighbours: Neighbours | None = None,
+    *,
+    cycle: CycleContext | None = None,
+) -> dict[str, np.ndarray]:
+    """Re-evaluate the job on `sigs` through the spine (load_context -> evaluate -> store; the caller saves
+    the row) and return the derived series to archive (throughput, MFU). `client` None: a throughput PromQL
+    expression is read from the series the last poll archived. `neighbours`: the cycle's sharing index;
+    `cycle`: the cycle's shared reads (jobs.evaluation.cycle), None on the per-job paths."""
+    evaluated = evaluate(load_context(job, sigs, client, neighbours=neighbours, cycle=cycle))
+    store(job, evaluated.evaluation)
+    return evaluated.derived
