@@ -79,7 +79,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if prometheus_binary() is None or shutil.which("promtool") is None:
         pytest.skip("prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)")
     base = {"duration_s": 3600.0, "step_s": 30.0, "noise": 0.02}
-    a = simulate(SimSpec(scenario="false_saturation", gpus=8, gpus_per_host=4, seed=1, **base))
+    # Every registered field, the health counters dcgm-exporter leaves off by default included (they draw
+    # no random numbers: the other fields are as before).
+    a = simulate(
+        SimSpec(
+            scenario="false_saturation",
+            gpus=8,
+            gpus_per_host=4,
+            seed=1,
+            params={"health_fields": "all"},
+            **base,
+        )
+    )
     b = simulate(
         SimSpec(
             scenario="healthy", gpus=2, gpus_per_host=2, hosts=("node-b.dc1",), job_id=EVIL_ID,
