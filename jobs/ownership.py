@@ -200,7 +200,7 @@ def held_gpus(
     selector was last seen on), less the GPUs the platform declares time-sliced; sorted keys.
 
     A MIG slice is not a whole GPU, but a member's word that it is on a slice is not proof either: only
-    the exporter's instance labels are, and those are counted at poll time (jobs.alerts.sharing)."""
+    the exporter's instance labels are, and those are counted at poll time (jobs.evaluation.sharing)."""
     keys = {gpu_key(g) for g in claimed}
     keys = {k for k in keys if not declared_time_sliced(k, settings.TIME_SLICED_GPUS)}
     if not keys:
@@ -342,7 +342,7 @@ def may_cancel(job: Job) -> str | None:
 
 
 def counts_against(job: Job, other: Job, key: str, *, mig: bool) -> bool:
-    """Whether `other`'s use of GPU `key` lowers `job`'s share of it (jobs.alerts.sharing).
+    """Whether `other`'s use of GPU `key` lowers `job`'s share of it (jobs.evaluation.sharing).
 
     Only on a GPU known to be shared: a MIG instance (`mig`: the exporter's instance labels, or a job's
     own MIG device name), or one the platform declares time-sliced (TIME_SLICED_GPUS); and never by a claim

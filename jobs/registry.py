@@ -43,7 +43,7 @@ def resolve_gpu_model(reported: str) -> GpuModel | None:
     spec = match_gpu_name(name)
     if spec is None:
         # A MIG device name ("NVIDIA-H100-80GB-HBM3-MIG-3g.40gb") is its parent GPU's model; the slice's
-        # share of cost and peak comes from the profile in the name (jobs.alerts.sharing).
+        # share of cost and peak comes from the profile in the name (jobs.evaluation.sharing).
         mig = match_mig_name(name)
         spec = mig[0] if mig is not None else None
     if spec is None:

@@ -1,4 +1,4 @@
-"""Shared GPUs (jobs.alerts.sharing): time-sliced and MIG GPUs detected on simulated exporter data (MIG
+"""Shared GPUs (jobs.evaluation.sharing): time-sliced and MIG GPUs detected on simulated exporter data (MIG
 instances labelled GPU_I_ID / GPU_I_PROFILE, without GPU_UTIL, as dcgm-exporter emits them) through a real
 Prometheus; each GPU's cost attributed per share through the one evaluation (the jobs' stored costs of a
 GPU sum to the GPU's cost); the shared_gpu finding on the job page, the job list and the API."""
@@ -13,8 +13,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from jobs.alerts import sharing
-from jobs.alerts.sharing import Usage, attribute, mig_fraction
+from jobs.evaluation import sharing
+from jobs.evaluation.sharing import Usage, attribute, mig_fraction
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Finding, Job
 from jobs.pipeline import poll as pipeline

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.alerts import sharing
+from jobs.evaluation import sharing
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.alerts import sharing
+from jobs.evaluation import sharing
 from jobs.models import Job
 
 START = datetime(2026, 1, 1, tzinfo=UTC)

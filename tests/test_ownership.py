@@ -21,7 +21,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from efficiency.env import EnvError, env_job_labels
-from jobs.alerts import policy, sharing
+from jobs.alerts import policy
+from jobs.evaluation import sharing
 from jobs.models import AlertIncident, ApiToken, IdlePolicy, Job, JobSeries, PolicyAction
 from jobs.ownership import cancel_refusal, declared_time_sliced, gpu_key, identity_labels
 from tests.conftest import job_body

@@ -209,7 +209,7 @@ class DiagnosisInput:
     #: (setting; the Django side fills it).
     material_waste_usd_per_day: float = 50.0
     #: The job's share of GPUs other jobs also used (time-slicing) or of MIG slices, as the evaluation
-    #: attributed it (jobs.alerts.sharing; None = its GPUs were its own or sharing was not checked). Cost,
+    #: attributed it (jobs.evaluation.sharing; None = its GPUs were its own or sharing was not checked). Cost,
     #: waste and MFU passed in are already per share; the shared_gpu rule explains it.
     sharing: GpuSharing | None = None
 

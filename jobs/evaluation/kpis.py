@@ -316,7 +316,7 @@ def compute_kpis(
 ) -> Kpis:
     """All of a job's summary numbers over [start, end]; see reference/formulas.md for the definitions.
 
-    Shared GPUs (jobs.alerts.sharing): `gpu_equivalents` is what the job is charged for (GPUs x its share
+    Shared GPUs (jobs.evaluation.sharing): `gpu_equivalents` is what the job is charged for (GPUs x its share
     of their time; a MIG slice's compute slices / 7), used for GPU-hours, cost, energy and so waste;
     `peak_equivalents` is how many whole-GPU dense peaks it could reach (MFU's capacity; a MIG slice's SMs
     / the GPU's SMs). Both default to `gpu_count` (the job's GPUs were its own).

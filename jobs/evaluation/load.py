@@ -14,7 +14,6 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
-from jobs.alerts.sharing import Neighbours, mig_instances_of, shared_gpus, summarise
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
@@ -22,6 +21,7 @@ from jobs.evaluation.cycle import CycleContext, RecentThroughput
 from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
 from jobs.evaluation.monitoring_logs import with_monitoring_logs
 from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
+from jobs.evaluation.sharing import Neighbours, mig_instances_of, shared_gpus, summarise
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError, Series
 from jobs.metrics.signals import JobSignals, grid
 from jobs.metrics.throughput import (
@@ -370,7 +370,7 @@ def sharing_for(
     neighbours: Neighbours | None = None,
     mig: Mapping[int, dict[str, tuple[str, str]]] | None = None,
 ) -> GpuSharing | None:
-    """The job's share of GPUs other jobs also used, or of its MIG slices (jobs.alerts.sharing); None when
+    """The job's share of GPUs other jobs also used, or of its MIG slices (jobs.evaluation.sharing); None when
     its GPUs were its own. Without a client the MIG instances come from the last stored evaluation.
     `neighbours`: the poll cycle's index of the other jobs and their GPUs (read once, not per job);
     `mig`: the cycle's MIG instances per job (one query per batch of jobs, not per job)."""

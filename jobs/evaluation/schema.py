@@ -46,7 +46,7 @@ class SharedWith(msgspec.Struct, frozen=True, kw_only=True):
     end: float
     mig: bool = False
     #: The other job is another team's: pages, findings and labels do not name it (read policy; its id
-    #: stays here for re-evaluating it, jobs.alerts.sharing.stale_neighbours).
+    #: stays here for re-evaluating it, jobs.evaluation.sharing.stale_neighbours).
     other_team: bool = False
 
     @property
@@ -58,7 +58,7 @@ class SharedWith(msgspec.Struct, frozen=True, kw_only=True):
 class GpuSharing(msgspec.Struct, frozen=True, kw_only=True):
     """How much of its GPUs a job held when they were shared (time-slicing) or sliced (MIG).
 
-    `share` = the job's attributed GPU-time / the GPU-time it held (jobs.alerts.sharing.attribute);
+    `share` = the job's attributed GPU-time / the GPU-time it held (jobs.evaluation.sharing.attribute);
     `gpu_equivalents` = GPUs x share: what cost, GPU-hours, energy and waste are charged for;
     `peak_equivalents` = whole-GPU dense peaks the job could reach (MFU's capacity): the same as
     `gpu_equivalents` on time-sliced GPUs, a MIG slice's SMs / the GPU's SMs on a slice (catalog.mig_slice).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobs.alerts.sharing import refresh_neighbours_on_commit
 from jobs.evaluation.schema import Evaluation, encode
+from jobs.evaluation.sharing import refresh_neighbours_on_commit
 from jobs.models import Job
 
 #: Job columns that `store` writes (everything code filters, sorts or aggregates on).

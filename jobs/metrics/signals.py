@@ -9,7 +9,7 @@ registry has none: dcgm-exporter "does not report process utilization but gpu an
 (maintainer, NVIDIA/dcgm-exporter #127); with `--kubernetes-virtual-gpus` it copies the device's values to
 every pod sharing the GPU (#587, #642: NVML's utilisation is per device), and the proposed per-pod metric
 from nvmlDeviceGetProcessUtilization (`dcgm_fi_dev_sm_util_per_pod`, PRs #637/#638) was closed unmerged.
-A time-sliced job's share of its GPUs therefore stays the stated even split (jobs.alerts.sharing,
+A time-sliced job's share of its GPUs therefore stays the stated even split (jobs.evaluation.sharing,
 jobs.diagnosis.rules.shared_gpu), and its series are the whole GPU's.
 
 Values are normalised to the registry's `unit` (ratios 0-1 for utilisations; GPU_UTIL and MEM_COPY_UTIL

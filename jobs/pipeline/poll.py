@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from jobs import locks, service_health
 from jobs.alerts import incidents as alerts
-from jobs.alerts.sharing import Neighbours
 from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.load import prepare_cycle
+from jobs.evaluation.sharing import Neighbours
 from jobs.findings import run_diagnosis
 from jobs.metrics import archive, cluster
 from jobs.metrics.discovery import discover

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.alerts.sharing import Neighbours
 from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.evaluate import evaluate
 from jobs.evaluation.load import load_context
+from jobs.evaluation.sharing import Neighbours
 from jobs.evaluation.store import store
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.signals import JobSignals

@@ -137,7 +137,7 @@ def job_duration_s(job: Any) -> float | None:
     """The evaluated job's duration in seconds, as its stored evaluation has it (`Evaluation.duration_s`).
 
     Never rebuilt from the GPU-hours: those are GPU-equivalents × duration, and on shared (time-sliced) or
-    MIG GPUs the GPU-equivalents are GPUs × the job's share (jobs.alerts.sharing), so dividing by the GPU
+    MIG GPUs the GPU-equivalents are GPUs × the job's share (jobs.evaluation.sharing), so dividing by the GPU
     count gave share × duration (8 GPUs at 4 GPU-equivalents for a day: half a day, half the total).
     None before the first evaluation (or after a schema change)."""
     evaluated = job.evaluated

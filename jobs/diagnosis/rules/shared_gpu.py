@@ -2,7 +2,7 @@
 
 The seed's causes 4 and 7: "a GPU shared by several tasks competing for time slices ... utilisation is
 thinned out"; MIG partitions and a scheduler giving one GPU to several jobs make a GPU "look underfed".
-The detection and the attribution are jobs.alerts.sharing's (one computation, stored with the evaluation
+The detection and the attribution are jobs.evaluation.sharing's (one computation, stored with the evaluation
 as `GpuSharing` and passed in `DiagnosisInput.sharing`); this rule explains it:
 
 * which GPUs, with whom, when, and the job's share of their GPU-time;
