@@ -212,6 +212,25 @@ def add_host_signals(js: JobSignals, series: Mapping[str, SignalSeries], missing
     js.missing.update(missing)
 
 
+def attach_host_signals(
+    client: HostClient, js: JobSignals, *, join: HostJoin = HostJoin(), rate_window_s: float | None = None
+) -> JobSignals:
+    """Read the host signals of the hosts `js`'s GPU rows name, on `js`'s grid, into `js` (the one call a
+    poll needs after reading the GPU signals). Without per-GPU rows the hosts are unknown and every host
+    signal is missing with that reason."""
+    hosts = job_hosts(js)
+    if not hosts:
+        why = "the job's GPU host names are unknown (no per-GPU rows in this read): host signals not joined"
+        js.missing.update({k: why for k in HOST_SIGNALS if k not in js.signals})
+        return js
+    series, missing = fetch_host_signals(
+        client, hosts, js.start, float(js.timestamps[-1]) if js.timestamps.size else js.end, js.step,
+        join=join, rate_window_s=rate_window_s,
+    )  # fmt: skip
+    add_host_signals(js, series, missing)
+    return js
+
+
 def host_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     """Cross-host mean/min/max/count of per-host values (hosts x time, NaN = no sample), as the aggregate
     query computes them (NaN where no host reports)."""

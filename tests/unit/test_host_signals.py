@@ -144,3 +144,30 @@ def test_job_hosts_are_the_host_names_of_its_gpu_rows() -> None:
     s.gpus = (GpuKey("gpu-node-002", "0"), GpuKey("gpu-node-001", "3"), GpuKey("gpu-node-001", "4"))
     js.signals["gpu_util"] = s
     assert H.job_hosts(js) == ["gpu-node-001", "gpu-node-002"]
+
+
+def test_attach_reads_the_hosts_of_the_gpu_rows_on_the_jobs_grid() -> None:
+    from jobs.metrics.signals import GpuKey, SignalSeries
+
+    ts = grid(T0, T0 + 120.0, 30.0)
+    js = JobSignals(T0, T0 + 120.0, 30.0, ts)
+    s = SignalSeries("gpu_util", "ratio", ts, {})
+    s.gpus = (GpuKey("gpu-node-001", "0"), GpuKey("gpu-node-002", "0"))
+    js.signals["gpu_util"] = s
+    busy = [Series({"stat": st}, ts, np.full(ts.size, v)) for st, v in (("mean", 0.9), ("count", 2.0))]
+    client = _Client([H.CPU], {"host_cpu_busy": busy})
+    H.attach_host_signals(client, js, rate_window_s=60.0)
+    got = js.get("host_cpu_busy")
+    assert (
+        got is not None and np.array_equal(got.timestamps, ts) and got.mean is not None and got.mean[0] == 0.9
+    )
+    assert 'instance=~"(gpu-node-001|gpu-node-002)' in client.queries[0]
+    assert "host_ib_rx_bytes" in js.missing
+
+
+def test_attach_without_gpu_rows_says_the_hosts_are_unknown() -> None:
+    ts = grid(T0, T0 + 60.0, 30.0)
+    js = JobSignals(T0, T0 + 60.0, 30.0, ts)
+    client = _Client([H.CPU], {})
+    H.attach_host_signals(client, js)
+    assert client.queries == [] and "host names are unknown" in js.missing["host_cpu_busy"]
