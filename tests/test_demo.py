@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.diagnosis_inputs import input_from_sim
 from jobs import demo
 from jobs.diagnosis import ArtifactAnalysis, diagnose
-from jobs.diagnosis.testing import input_from_sim
 from jobs.profiling.kineto import parse_kineto
 from jobs.profiling.trace_analysis import analyze_trace
 from jobs.simulate import SCENARIOS

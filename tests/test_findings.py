@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.management import call_command
 
+from benchmarks.diagnosis_inputs import input_from_sim
 from jobs.diagnosis import diagnose
-from jobs.diagnosis.testing import input_from_sim
 from jobs.findings import build_input, run_diagnosis
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Artifact, Baseline, Finding, Job

@@ -22,8 +22,8 @@ chain of windows is applied to it (reference/sampling.md):
   leaves a hole (about 1 % here); a node can be lost for minutes.
 
 The result is an ordinary `SimResult` on the scrape grid with `sample_offsets` (the per-target offset of
-each GPU's samples after the grid time), so the writers, `testing.signals_from_sim` and the diagnosis
-read it like any other simulated job.
+each GPU's samples after the grid time), so the writers, `signals_from_sim`
+(benchmarks/diagnosis_inputs.py) and the diagnosis read it like any other simulated job.
 """
 
 from __future__ import annotations

@@ -365,7 +365,7 @@ def test_the_simulator_refuses_a_second_value_for_a_fact_the_catalog_holds() -> 
 
 
 def test_the_rules_harness_reads_the_gpu_facts_from_the_catalog_row() -> None:
-    from jobs.diagnosis.testing import input_from_sim
+    from benchmarks.diagnosis_inputs import input_from_sim
     from jobs.simulate import SimSpec, simulate
 
     res = simulate(SimSpec(scenario="healthy", gpus=1, duration_s=600, gpu_model="NVIDIA A100-SXM4-40GB"))

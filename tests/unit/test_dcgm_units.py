@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jobs.diagnosis.testing import signals_from_sim
+from benchmarks.diagnosis_inputs import signals_from_sim
 from jobs.metrics.promql import Selector
 from jobs.metrics.signal_queries import (
     aggregate_query,

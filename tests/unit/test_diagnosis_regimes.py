@@ -13,10 +13,10 @@ import functools
 
 import pytest
 
+from benchmarks.diagnosis_inputs import input_from_sim
 from jobs.diagnosis import DiagnosisInput, Finding, Severity, diagnose
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import RULES
-from jobs.diagnosis.testing import input_from_sim
 from jobs.simulate import SimSpec, simulate
 from jobs.simulate.exporter import Exporter, Workload, collective_wait, healthy, input_stall
 from jobs.simulate.seeds import SEED_CASES
@@ -207,7 +207,7 @@ def test_idle_gpus_prints_the_evaluations_idle_share() -> None:
 
 
 def test_the_variant_matrix_scores_both_regimes() -> None:
-    from jobs.diagnosis.evaluation import format_matrix, matrix_jobs, run_direct
+    from benchmarks.diagnosis_harness import format_matrix, matrix_jobs, run_direct
 
     jobs = matrix_jobs(
         scrapes=(15.0,), steps=(2.0, 120.0), windows=(1.0,), comm_sm=(0.65,), duration_s=1800.0

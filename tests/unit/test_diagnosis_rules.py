@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.diagnosis_inputs import blank_profiling, input_from_sim, signals_from_sim
 from jobs.diagnosis import CODES, ArtifactAnalysis, DiagnosisInput, Finding, Severity, diagnose
 from jobs.diagnosis import engine as E
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import RULES
-from jobs.diagnosis.testing import blank_profiling, input_from_sim, signals_from_sim
 from jobs.metrics.signals import DEFAULT_DISABLED, SignalSeries
 from jobs.simulate import SCENARIOS, SimSpec, simulate
 

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.diagnosis_inputs import input_from_sim, signals_from_sim
 from jobs.diagnosis.base import Severity
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.rules import gpu_errors
 from jobs.diagnosis.rules.gpu_errors import aggregate_increase, counter_increase
-from jobs.diagnosis.testing import input_from_sim, signals_from_sim
 from jobs.metrics.signals import SIGNALS, Reading
 from jobs.simulate.core import SimSpec, simulate
 from jobs.simulate.writers import openmetrics_lines

@@ -8,11 +8,11 @@ import functools
 import numpy as np
 import pytest
 
+from benchmarks.diagnosis_inputs import input_from_sim, signals_from_sim
 from jobs.diagnosis.base import DiagnosisInput
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.host_looks import HostLook, host_look
 from jobs.diagnosis.rules import communication_wait, data_pipeline_stall
-from jobs.diagnosis.testing import input_from_sim, signals_from_sim
 from jobs.simulate import SimSpec, simulate
 from jobs.simulate import node_exporter as N
 from jobs.simulate.exporter import Exporter, Workload, collective_at_sm, input_stall

@@ -13,11 +13,11 @@ import warnings
 import numpy as np
 import pytest
 
+from benchmarks.diagnosis_inputs import input_from_sim
 from jobs.diagnosis import DiagnosisInput, Finding, Severity, diagnose
 from jobs.diagnosis import kinds as K
 from jobs.diagnosis import regimes as R
 from jobs.diagnosis.features import Features
-from jobs.diagnosis.testing import input_from_sim
 from jobs.metrics.signals import COUNT, MAX, MEAN, MIN, GpuKey, JobSignals, SignalSeries
 from jobs.simulate import SimSpec, simulate
 from jobs.simulate.exporter import Exporter, Workload, collective_wait

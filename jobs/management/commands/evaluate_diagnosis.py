@@ -8,13 +8,14 @@ the simulator's train_tokens_total through a throughput_query), finalized
 diagnosed (jobs.findings.run_diagnosis). Prints the confusion table, precision and recall per code and the
 healthy jobs' false-warning rate. Everything it writes to the database is rolled back at the end.
 
-`--matrix` is the benchmark of variants the rules were not tuned on (jobs.diagnosis.evaluation.matrix_jobs):
+`--matrix` is the benchmark of variants the rules were not tuned on (benchmarks/diagnosis_harness.py,
+matrix_jobs):
 scrape interval 5/15/30/60 s x step 0.2/2/10/120 s x NVML window 1/6 s and 1 s x healthy, input stall
 synchronised/staggered and 2/3 of the step, collective spin/drop x link traffic in the troughs/idle links,
 collectives spinning at mean SM activity 20/35/50/65/80 %, tiny kernels; recorded through NVML's
 window, DCGM's collect interval, per-target scrape offsets, ~1 % failed scrapes, a lost node, noise and
 dcgm-exporter's default counters on every other job. It reads them back as ingestion would
-(jobs.diagnosis.testing.signals_from_sim: lookback, rate windows, per-GPU rows) without Prometheus or the
+(benchmarks.diagnosis_inputs.signals_from_sim: lookback, rate windows, per-GPU rows) without Prometheus or the
 database, and prints precision and recall per code, overall, per regime (resolved / unresolved) and per
 NVML window. A benchmark to print, not a timed test.
 """
@@ -33,8 +34,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from jobs.diagnosis import Finding, diagnose
-from jobs.diagnosis.evaluation import (
+from benchmarks.diagnosis_harness import (
     BASELINE_SCENARIO,
     EvalJob,
     Outcome,
@@ -47,7 +47,8 @@ from jobs.diagnosis.evaluation import (
     scenario_names,
     score,
 )
-from jobs.diagnosis.testing import input_from_sim
+from benchmarks.diagnosis_inputs import input_from_sim
+from jobs.diagnosis import Finding, diagnose
 from jobs.findings import run_diagnosis
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.promserver import PrometheusProcess, PrometheusStartError, prometheus_binary

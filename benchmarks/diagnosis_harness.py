@@ -4,11 +4,14 @@
 and, when samples go missing, missing-signal variants such as dcgm-exporter's default counters without
 SM_ACTIVE). A pseudo-scenario `baseline_regression` is a healthy job compared with a faster baseline. The
 `evaluate_diagnosis` command runs them through a real Prometheus and the whole pipeline; `run_direct`
-runs the same jobs through `testing.signals_from_sim` (no Prometheus) for quick experiments.
+runs the same jobs through `diagnosis_inputs.signals_from_sim` (no Prometheus) for quick experiments.
 
 Scoring: a job's predicted codes are its findings at warning or critical severity (info findings are
 context, not diagnoses). Per code: precision = TP / (TP + FP), recall = TP / (TP + FN) over the jobs whose
 planted code is that code; healthy jobs count as false warnings when any code is predicted.
+
+Not production code (it imports the simulator): it lives under benchmarks/, beside the inputs it scores
+(benchmarks.diagnosis_inputs), and the `evaluate_diagnosis` command imports it from here.
 """
 
 from __future__ import annotations
@@ -269,7 +272,7 @@ def _abbrev(code: str) -> str:
 def run_direct(
     jobs: Sequence[EvalJob], diagnose_job: Callable[[EvalJob, SimResult], tuple[list[Finding], float | None]]
 ) -> list[Outcome]:
-    """Simulate each job and diagnose it with `diagnose_job` (e.g. via testing.input_from_sim)."""
+    """Simulate each job and diagnose it with `diagnose_job` (e.g. via diagnosis_inputs.input_from_sim)."""
     outcomes = []
     for job in jobs:
         res = simulate(job.spec)

@@ -5,8 +5,9 @@ simulated job was backfilled into Prometheus and read back: raw exporter values 
 units, counters turned into rate(x[5m]), Prometheus's 5-minute lookback (a lost scrape reads as the
 previous value, longer holes as no data), cross-GPU mean/min/max/count, throttle-reason shares, XID
 max/non-zero count and the per-GPU matrices. `input_from_sim` adds the KPIs (MFU from the simulated
-throughput, cost and waste from a price) as `DiagnosisInput`. Used by the unit tests and for quick
-experiments.
+throughput, cost and waste from a price) as `DiagnosisInput`. Used by the unit tests, the
+diagnosis harness (benchmarks.diagnosis_harness, the `evaluate_diagnosis` command) and for quick experiments;
+not production code, so it lives outside the jobs package.
 """
 
 from __future__ import annotations
