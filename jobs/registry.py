@@ -213,7 +213,7 @@ def register_job(data: dict[str, Any], claimant: Claimant | None = None) -> Regi
 
 @transaction.atomic
 def register_discovered(job: Job, via: str) -> Job:
-    """Save a job discovery built from an exporter label (jobs.metrics.discovery), with its provenance:
+    """Save a job discovery built from an exporter label (jobs.pipeline.discovery), with its provenance:
     platform-seen, not vouched for by a scheduler, so a member cannot take its id and the idle policy
     does not cancel it (jobs.ownership). The registry stays the one writer of provenance."""
     job.registered_by, job.cluster, job.registered_via = Job.Provenance.DISCOVERY, "", via[:200]

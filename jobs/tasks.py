@@ -15,11 +15,11 @@ from django.conf import settings
 from jobs import artifacts
 from jobs.alerts import incidents, notify, policy
 from jobs.metrics import ingest
-from jobs.metrics.discovery import discover
 from jobs.models import Job
 from jobs.outputs import reports
 from jobs.outputs.leaderboard import parse_iso_week
 from jobs.pipeline import poll as pipeline
+from jobs.pipeline.discovery import discover
 from jobs.pipeline.refresh import reevaluate_many
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.metrics.discovery import discover
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job
+from jobs.pipeline.discovery import discover
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 

@@ -23,7 +23,6 @@ from jobs.evaluation.load import prepare_cycle
 from jobs.evaluation.sharing import Neighbours
 from jobs.findings import run_diagnosis
 from jobs.metrics import archive, cluster
-from jobs.metrics.discovery import discover
 from jobs.metrics.ingest import (
     POLL_PER_GPU_STEP_S,
     POLL_STEP_S,
@@ -47,6 +46,7 @@ from jobs.metrics.ingest import (
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.signals import JobSignals
 from jobs.models import Job, JobSeries
+from jobs.pipeline.discovery import discover
 from jobs.pipeline.steps import evaluate_and_store
 
 log = logging.getLogger(__name__)
