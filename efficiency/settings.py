@@ -258,6 +258,10 @@ PROMETHEUS_SCRAPE_INTERVAL_S = env_float("PROMETHEUS_SCRAPE_INTERVAL_S", 30.0, m
 PROMETHEUS_INGESTION_LAG_S = env_float(
     "PROMETHEUS_INGESTION_LAG_S", 2 * PROMETHEUS_SCRAPE_INTERVAL_S, min_value=0.0, max_value=3600
 )
+# The label of node_exporter's series that holds the node name matching dcgm-exporter's Hostname
+# (`instance` for host:port targets, or a relabelled `nodename`/`Hostname`); empty = host signals are not
+# read (jobs.metrics.host_signals). Off by default: each per-job read costs 1 + 9 more queries.
+NODE_EXPORTER_HOST_LABEL = env_str("NODE_EXPORTER_HOST_LABEL", "")
 
 # Organisation defaults (editable per job / baseline; see reference/formulas.md).
 # Reference MFU per dtype family, each a fraction of THAT dtype's dense peak (an FP8 job is measured against

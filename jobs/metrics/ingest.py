@@ -27,6 +27,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.metrics import archive, cluster
+from jobs.metrics.host_signals import HOST_SIGNALS, HostJoin, attach_host_signals
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import GpuRef, Selector
 from jobs.metrics.signal_queries import fetch_job_signals, window_total_query
@@ -166,7 +167,23 @@ def read_poll(job: Job, client: PrometheusClient, win: PollWindow) -> Read:
             sigs.signals[key].gpus = series.gpus
             sigs.signals[key].gpu_timestamps = series.gpu_timestamps
             sigs.signals[key].per_gpu = series.per_gpu
+    attach_hosts(client, sigs)
     return Read(sigs, energy_total(client, selector, job.started_at.timestamp(), win.end))
+
+
+def attach_hosts(client: PrometheusClient, sigs: JobSignals) -> None:
+    """node_exporter's host signals for the hosts of the job's GPU rows, when NODE_EXPORTER_HOST_LABEL
+    names where node_exporter's series hold the node name (off when empty). Auxiliary: a failed host read
+    leaves the host signals missing with the error, never fails the poll."""
+    label = settings.NODE_EXPORTER_HOST_LABEL
+    if not label:
+        return
+    try:
+        attach_host_signals(client, sigs, join=HostJoin(label))
+    except READ_ERRORS as exc:
+        why = f"host signals not read: {type(exc).__name__}: {exc}"[:300]
+        log.warning("%s (NODE_EXPORTER_HOST_LABEL=%r)", why, label)
+        sigs.missing.update({k: why for k in HOST_SIGNALS if k not in sigs.signals})
 
 
 def derived_since(
@@ -279,6 +296,7 @@ def read_finalize(job: Job, client: PrometheusClient) -> Read:
             gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count),
         )  # fmt: skip
         _add_per_gpu(sigs, wide)
+    attach_hosts(client, sigs)
     return Read(sigs, energy_total(client, selector, start, end))
 
 
