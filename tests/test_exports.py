@@ -178,3 +178,25 @@ def test_job_series_csv_per_signal_and_per_gpu(client, alice, jobs):
     assert client.get(reverse("job-series-csv", args=[job.external_id]) + "?signal=nope").status_code == 400
     page = client.get(reverse("job-detail", args=[job.external_id])).content.decode()
     assert reverse("job-series-csv", args=[job.external_id]) in page
+
+
+def test_job_series_csv_exports_host_signals_with_their_units(client, alice, jobs):
+    _, (job, *_) = jobs
+    t0 = job.started_at.timestamp()
+    ts = np.array([t0 + 60, t0 + 120])
+    stats = {"mean": np.array([2.5e9, 2.0e9]), "count": np.array([2.0, 2.0])}
+    sigs = JobSignals(
+        ts[0],
+        ts[-1],
+        60.0,
+        ts,
+        {"host_disk_read_bytes": SignalSeries("host_disk_read_bytes", "B/s", ts, stats)},
+    )
+    archive.upsert(archive.rows_for(job, sigs, {}))
+    client.force_login(alice)
+    url = reverse("job-series-csv", args=[job.external_id]) + "?signal=host_disk_read_bytes"
+    rows = _csv(client.get(url))
+    header = list(rows[0])
+    assert "host_disk_read_bytes mean (B/s)" in header  # reloaded with its own unit, not "ratio"
+    assert "host_disk_read_bytes count (hosts reporting)" in header
+    assert [r["host_disk_read_bytes mean (B/s)"] for r in rows] == ["2500000000.0", "2000000000.0"]

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET
 
 from jobs.evaluation.costs import Amount
 from jobs.metrics.archive import load_job_signals, load_per_gpu
+from jobs.metrics.host_signals import HOST_SIGNALS
 from jobs.metrics.signals import COUNT, NONZERO, SAMPLED, SIGNALS, THROTTLE_BITS
 from jobs.models import Job
 from jobs.permissions import readable_job_or_404
@@ -151,13 +152,17 @@ def leaderboard_csv(request: HttpRequest) -> HttpResponseBase:
 
 
 def _unit(key: str, unit: str) -> str:
-    return unit or (SIGNALS[key].unit if key in SIGNALS else "")
+    if unit:
+        return unit
+    if key in HOST_SIGNALS:
+        return HOST_SIGNALS[key].unit
+    return SIGNALS[key].unit if key in SIGNALS else ""
 
 
 def _stat_unit(key: str, stat: str, unit: str) -> str:
     """The unit of one aggregate: GPUs for the counts, GPUs with a nonzero code, else the signal's unit."""
     if stat == COUNT:
-        return "GPUs reporting"
+        return "hosts reporting" if key in HOST_SIGNALS else "GPUs reporting"
     if stat == SAMPLED:
         return "GPUs' worth of samples"
     if stat == NONZERO:
@@ -174,7 +179,12 @@ def job_series_csv(request: HttpRequest, external_id: str) -> HttpResponseBase:
     job = readable_job_or_404(request.user, external_id=external_id)
     signal = request.GET.get("signal", "").strip()
     per_gpu = request.GET.get("per_gpu") == "1"
-    if signal and signal not in SIGNALS and signal not in ("tokens_per_second", "mfu"):
+    if (
+        signal
+        and signal not in SIGNALS
+        and signal not in HOST_SIGNALS
+        and signal not in ("tokens_per_second", "mfu")
+    ):
         return HttpResponse(f"unknown signal {signal!r}", status=400, content_type="text/plain")
     if per_gpu:
         if not signal:
