@@ -96,3 +96,18 @@ def test_manage_py_parses_without_importing_django():
     assert "jobs.profiling.kineto" in imported
     assert not {m for m in imported if m.split(".")[0] in ("django", "celery", "efficiency")}
     assert proc.stdout == _django(path, "--json")
+
+
+def test_the_efficiency_client_imports_only_requests_and_the_standard_library():
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "jobs.client", "--help"],
+        cwd=REPO, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {
+        line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")
+    }
+    assert "requests" in imported
+    heavy = ("django", "celery", "numpy", "efficiency", "msgspec", "orjson")
+    assert not {m for m in imported if m.split(".")[0] in heavy}
+    assert not {m for m in imported if m.startswith("jobs.") and m != "jobs.client"}
