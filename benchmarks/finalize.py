@@ -8,7 +8,7 @@ Simulates one ended job (`jobs.simulate`, healthy scenario, `--gpus` GPUs on 8-G
 dcgm-exporter's labels, a default exporter's counters plus SM_ACTIVE, one sample per `--step-s` over
 `--days`), backfills it into a throwaway Prometheus (promtool, `--chunk-h` hours at a time; `--keep
 DIR` keeps the TSDB there and reuses it on the next run), registers it as a scheduler would (explicit GPU
-list, the simulator's throughput query) and runs `jobs.metrics.pipeline.finalize_job` once, as the
+list, the simulator's throughput query) and runs `jobs.pipeline.finalize_job` once, as the
 finalize task does.
 
 Prints the time of that one try (wall, this process' CPU, Prometheus' CPU), the requests it sent to
