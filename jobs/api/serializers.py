@@ -14,7 +14,7 @@ from jobs.api.parsers import text_problem
 from jobs.evaluation.catalog import DTYPES, normalise_dtype
 from jobs.metrics.promql import MAX_ALTERNATIVES, count_label_alternatives
 from jobs.metrics.throughput import TemplateError, mark_free_form, validate_template
-from jobs.models import Baseline, Finding, Job, PriceEntry, ProgressSample, Team
+from jobs.models import Baseline, Job, PriceEntry, Team
 from jobs.registry import check_moment, check_window
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -289,35 +289,6 @@ class ProgressSerializer(serializers.Serializer):
         if problem := check_moment(value):
             raise serializers.ValidationError(problem)
         return value
-
-
-class FindingSerializer(serializers.ModelSerializer):
-    """A diagnosis finding as served under a job."""
-
-    class Meta:
-        model = Finding
-        fields = [
-            "code",
-            "severity",
-            "confidence",
-            "title",
-            "window_start",
-            "window_end",
-            "windows",
-            "evidence",
-            "recommendation",
-            "waste_per_day_usd",
-            "missing_signals",
-            "updated_at",
-        ]
-
-
-class ProgressSampleSerializer(serializers.ModelSerializer):
-    """A stored progress point."""
-
-    class Meta:
-        model = ProgressSample
-        fields = ["timestamp", "step", "tokens"]
 
 
 class BaselineSerializer(serializers.ModelSerializer):

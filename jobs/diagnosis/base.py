@@ -7,7 +7,7 @@ finding's estimated `impact` (share of the job's GPU time the cause costs) into 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -212,11 +212,6 @@ class DiagnosisInput:
     #: attributed it (jobs.evaluation.sharing; None = its GPUs were its own or sharing was not checked). Cost,
     #: waste and MFU passed in are already per share; the shared_gpu rule explains it.
     sharing: GpuSharing | None = None
-
-
-def severity_at_least(findings: Iterable[Finding], level: Severity) -> list[Finding]:
-    """The findings whose severity is `level` or higher."""
-    return [f for f in findings if f.severity.rank >= level.rank]
 
 
 def confidence(

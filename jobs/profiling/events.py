@@ -543,24 +543,9 @@ CPU_OP_COLUMNS: dict[str, str] = {"start_ns": "q", "dur_ns": "q", "name": "i", "
 ANNOTATION_COLUMNS: dict[str, str] = {"start_ns": "q", "dur_ns": "q", "name": "i", "source": "b", "tid": "q"}
 
 
-def empty_gpu_ops() -> GpuOps:
-    """A GpuOps table with no rows."""
-    return GpuOps(**ColumnBuilder(GPU_COLUMNS).to_numpy())
-
-
-def empty_runtime_calls() -> RuntimeCalls:
-    """A RuntimeCalls table with no rows."""
-    return RuntimeCalls(**ColumnBuilder(RUNTIME_COLUMNS).to_numpy())
-
-
 def empty_cpu_ops() -> CpuOps:
     """A CpuOps table with no rows."""
     return CpuOps(**ColumnBuilder(CPU_OP_COLUMNS).to_numpy())
-
-
-def empty_annotations() -> Annotations:
-    """An Annotations table with no rows."""
-    return Annotations(**ColumnBuilder(ANNOTATION_COLUMNS).to_numpy())
 
 
 def class_of_names(strings: StringTable, kinds: I8, names: I32) -> I8:

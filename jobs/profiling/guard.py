@@ -162,11 +162,6 @@ class Budget:
 _current: ContextVar[Budget | None] = ContextVar("parser_budget", default=None)
 
 
-def current_budget() -> Budget | None:
-    """The budget of the parse running in this context, if any."""
-    return _current.get()
-
-
 def checkpoint() -> None:
     """Call often from parser loops: every few thousand calls, checks the running parse's budgets."""
     budget = _current.get()

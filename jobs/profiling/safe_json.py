@@ -116,19 +116,6 @@ def finite_or_none(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
-def safe_int_or_none(value: Any) -> int | None:
-    """An integer within ±2^53, or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        if not math.isfinite(value) or abs(value) > MAX_SAFE_INT:
-            return None
-        value = int(value)
-    if isinstance(value, int) and -MAX_SAFE_INT <= value <= MAX_SAFE_INT:
-        return value
-    return None
-
-
 def make_storable(obj: Any, *, max_string_chars: int = MAX_STRING_CHARS) -> tuple[Any, int]:
     """A storable copy of `obj` and how many values had to change.
 
