@@ -297,7 +297,14 @@ def test_migration_0010_converts_old_rows_and_the_reader_gets_the_same_samples(m
     latest = executor.loader.graph.leaf_nodes("jobs")
     executor.migrate([("jobs", "0009_team_budget_promotion_override")])
     try:
-        job = _job(make_team, "old-layout")
+        # The job as the schema at 0009 has it (today's model has columns added later, e.g. registered_by).
+        old_apps = executor.loader.project_state(("jobs", "0009_team_budget_promotion_override")).apps
+        team = make_team("llm")
+        start = datetime.fromtimestamp(T0, tz=UTC)
+        old_job = old_apps.get_model("jobs", "Job").objects.create(
+            external_id="old-layout", name="j", team_id=team.pk, gpu_count=2, started_at=start,
+            ended_at=start + timedelta(days=2),
+        )  # fmt: skip
         # An old row: chunk from its aligned start T0 (the old rule: floor(t / 7200 s)), timestamps next to
         # every value, NULL for a gap; the first sample sits on T0 itself.
         times = [T0 + 30.0 * i for i in range(6)]
@@ -307,12 +314,13 @@ def test_migration_0010_converts_old_rows_and_the_reader_gets_the_same_samples(m
                 'INSERT INTO jobs_jobseries (job_id, signal, stat, gpu_key, step_seconds, start, "end", '
                 'timestamps, "values") '
                 "VALUES (%s, %s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s), %s, %s)",
-                [job.pk, "gpu_util", "mean", "", 30, T0, times[-1], times, values],
+                [old_job.pk, "gpu_util", "mean", "", 30, T0, times[-1], times, values],
             )
         executor = MigrationExecutor(connection)
         executor.migrate(latest)
     finally:
         MigrationExecutor(connection).migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    job = Job.objects.get(pk=old_job.pk)
     # T0 closes the window (T0 - 30, T0]: it belongs to the chunk before (ending at T0) now.
     assert _stored(job, 30) == {t: v for t, v in zip(times, values, strict=True) if v is not None}
     sigs = archive.load_job_signals(job, per_gpu=False)
