@@ -93,3 +93,18 @@ def test_weighted_mfu_weights_by_peak_equivalent_hours_and_skips_unknown_mfu() -
     assert weighted_mfu([]) is None
     with pytest.raises(ValueError, match="must not be negative"):
         weighted_mfu([(0.5, -1.0)])
+
+
+def test_with_one_price_the_periods_costs_add_up_to_the_price_books_cost_of_the_run() -> None:
+    # 4 GPU-equivalents at $6.88/GPU-h: $/day = 4 x 6.88 x 24 = 660.48. Split at T0 + 24 h, the two
+    # windows' costs add up to the dated price book's cost of the whole 30 h run: 4 x 30 x 6.88 = 825.60.
+    from jobs.evaluation.costs import cost_per_day, window_cost
+
+    job = _job(gpu_equivalents=4.0, cost_per_day_usd=cost_per_day(4.0, 6.88))
+    first = cost_inside(job, T0 - 48 * H, T0 + 24 * H)
+    second = cost_inside(job, T0 + 24 * H, T0 + 96 * H)
+    assert first is not None and second is not None
+    book = window_cost([(T0, 6.88)], job.started, job.stopped, 4.0)
+    assert book.usd == pytest.approx(825.60)
+    assert first + second == pytest.approx(book.usd)
+    assert gpu_hours_inside(job, T0 - 48 * H, T0 + 96 * H) == pytest.approx(book.gpu_hours)
