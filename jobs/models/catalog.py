@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.contrib.postgres.fields import ArrayField
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from jobs.evaluation.catalog import DTYPE_KEYS
 from jobs.evaluation.catalog import peak_flops as catalog_peak_flops
 
 
@@ -54,6 +56,21 @@ class GpuModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Refuse peak keys outside the catalog's dtype table and non-positive peaks (admin edits): a key
+        such as "bf16-mixed" or "BF16" would never be looked up, and 0 would read as a real peak."""
+        super().clean()
+        if not isinstance(self.peak_tflops, dict):
+            raise ValidationError({"peak_tflops": "a JSON object {dtype: TFLOP/s}"})
+        unknown = sorted(set(self.peak_tflops) - set(DTYPE_KEYS))
+        if unknown:
+            raise ValidationError(
+                {"peak_tflops": f"unknown dtype keys {unknown}; use {', '.join(DTYPE_KEYS)}"}
+            )
+        for key, value in self.peak_tflops.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValidationError({"peak_tflops": f"{key}: a positive number of TFLOP/s, got {value!r}"})
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for a dtype (any alias: "bf16-mixed", "torch.bfloat16"), or None when the

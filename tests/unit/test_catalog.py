@@ -143,6 +143,22 @@ def test_database_rows_and_specs_share_one_peak_lookup_that_normalises_the_dtype
     assert catalog.peak_flops({"bf16": "312"}, "bf16") is None
 
 
+def test_an_admin_edit_of_a_row_is_held_to_the_dtype_table() -> None:
+    from django.core.exceptions import ValidationError
+
+    from jobs.models import GpuModel
+
+    GpuModel(name="X", peak_tflops={"bf16": 312.0, "fp64_tensor": 19.5}).clean()
+    for peaks, message in (
+        ({"bf16-mixed": 312.0}, "unknown dtype keys"),
+        ({"fp32": 19.5}, "unknown dtype keys"),  # no dense FP32 tensor peak: DTYPE_KEYS leaves it out
+        ({"bf16": 0}, "positive number"),
+        ({"bf16": "312"}, "positive number"),
+    ):
+        with pytest.raises(ValidationError, match=message):
+            GpuModel(name="X", peak_tflops=peaks).clean()
+
+
 def test_variant_specific_facts() -> None:
     specs = {spec.name: spec for spec in catalog.GPU_SPECS}
     assert specs["A100 SXM 40GB"].bandwidth_tbps == 1.555 and specs["A100 SXM 80GB"].bandwidth_tbps == 2.039
