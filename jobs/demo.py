@@ -28,6 +28,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 
 from jobs.artifacts import parse_artifact, store_upload
 from jobs.evaluation.baselines import SYSTEM, promote
+from jobs.evaluation.flops import utilisation
 from jobs.findings import run_diagnosis
 from jobs.metrics.ingest import prometheus_client
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
@@ -241,7 +242,7 @@ def step_throughput(result: SimResult, batch: SeedBatch) -> SimResult:
     tp = result.throughput
     rate = batch.tokens_per_step / workload.step_s
     tps = np.full(len(result.timestamps), rate)
-    mfu = rate * tp.flops_per_token / (len(result.gpus) * tp.peak_flops_per_gpu)
+    mfu = utilisation(tp.flops_per_token, rate, len(result.gpus) * tp.peak_flops_per_gpu)
     # The counter a training loop exports: cumulative tokens at each sample (scrape interval = spec.step_s).
     total = np.cumsum(tps * result.spec.step_s)
     return replace(result, throughput=replace(tp, tokens_per_s=tps, tokens_total=total, mfu=mfu))
