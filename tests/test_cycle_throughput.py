@@ -12,7 +12,7 @@ import pytest
 
 from jobs.evaluation import load
 from jobs.metrics import archive
-from jobs.metrics.prometheus import PrometheusClient
+from jobs.metrics.prometheus import PrometheusClient, read_summed
 from jobs.metrics.signals import grid
 from jobs.metrics.throughput import groupable, grouped_query, id_batches
 from jobs.models import Job
@@ -143,7 +143,7 @@ def test_one_grouped_query_gives_each_job_its_own_querys_values(prom, sims, make
     got = load.read_recent_throughput(client, list(jobs.values()), {j.pk: ts for j in jobs.values()})
     assert len(client.sent) == 1 and client.sent[0].startswith("sum by (job_id)")
     for key, job in jobs.items():
-        own = load._read_throughput(client, load.throughput_query(job).query or "", ts, 30.0)
+        own = read_summed(client, load.throughput_query(job).query or "", ts, 30.0, timeout_s=10.0)
         if key == "7004":
             assert own is None and got[job.pk].values is None  # no series: unknown, not 0
             continue

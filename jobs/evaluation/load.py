@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -22,7 +21,15 @@ from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_
 from jobs.evaluation.monitoring_logs import with_monitoring_logs
 from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
 from jobs.evaluation.sharing import Neighbours, mig_instances_of, shared_gpus, summarise
-from jobs.metrics.prometheus import PrometheusClient, PrometheusError, Series
+from jobs.metrics.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    Series,
+    capped_timeout,
+    read_summed,
+    summed_on_grid,
+)
+from jobs.metrics.sampling import positions_on_grid
 from jobs.metrics.signals import JobSignals, grid
 from jobs.metrics.throughput import (
     Runnable,
@@ -75,31 +82,6 @@ def template_checker(cycle: CycleContext) -> Callable[[str], str]:
     return check
 
 
-@contextmanager
-def _query_timeout(client: PrometheusClient, seconds: float) -> Iterator[None]:
-    """The client's timeout (HTTP and Prometheus' own `timeout=`) at most `seconds` for one query, so
-    one expensive throughput query cannot hold a poll for the client's full timeout and retries."""
-    saved = client.timeout_s
-    client.timeout_s = min(saved, seconds)
-    try:
-        yield
-    finally:
-        client.timeout_s = saved
-
-
-def _summed(series: Sequence[Series], ts: np.ndarray) -> np.ndarray:
-    """Several series (one per rank, say) add up on `ts`; a time with no sample at all stays missing."""
-    rows = np.vstack([s.on_grid(ts) for s in series])
-    return np.where(np.isnan(rows).all(axis=0), np.nan, np.nansum(rows, axis=0))
-
-
-def _read_throughput(client: PrometheusClient, query: str, ts: np.ndarray, step: float) -> np.ndarray | None:
-    """The job's query over `ts` (None when it returned no series), within THROUGHPUT_QUERY_TIMEOUT_S."""
-    with _query_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
-        series = client.range(query, float(ts[0]), float(ts[-1]), step)
-    return _summed(series, ts) if series else None
-
-
 def throughput_series(
     job: Job,
     ts: np.ndarray,
@@ -131,7 +113,7 @@ def throughput_series(
         if cycle is not None and job.pk in cycle.recent_start:
             values = _cycle_throughput(job, query, ts, step, client, sigs, cycle)
         else:
-            values = _read_throughput(client, query, ts, step)
+            values = read_summed(client, query, ts, step, timeout_s=settings.THROUGHPUT_QUERY_TIMEOUT_S)
         if values is not None:
             return values, f"PromQL: {query}"
         reason = _no_series(query)
@@ -166,14 +148,6 @@ def _archived_from(job: Job, query: str) -> Literal["values", "none"] | None:
     return None
 
 
-def _positions(grid_ts: np.ndarray, want: np.ndarray) -> np.ndarray | None:
-    """Indexes of `want` in `grid_ts` (both sorted grids), or None when some time is not on it."""
-    idx = np.searchsorted(grid_ts, want)
-    if want.size == 0 or idx[-1] >= grid_ts.size or not np.array_equal(grid_ts[idx], want):
-        return None
-    return idx
-
-
 def _cycle_throughput(
     job: Job,
     query: str,
@@ -203,7 +177,7 @@ def _cycle_throughput(
         if vouched == "none":
             earlier = np.full(ts.size, np.nan)  # nothing then: only the new window can hold a value
         if vouched is None or earlier is None or earlier.size != ts.size:
-            values = _read_throughput(client, query, ts, step)
+            values = read_summed(client, query, ts, step, timeout_s=settings.THROUGHPUT_QUERY_TIMEOUT_S)
             if values is not None:
                 cycle.repairs[job.pk] = (ts[before], values[before], step)
             return values
@@ -211,13 +185,13 @@ def _cycle_throughput(
     tail: np.ndarray | None = None
     if tail_ts.size:
         got = cycle.throughput.get(job.pk)
-        idx = _positions(got.timestamps, tail_ts) if got is not None else None
+        idx = positions_on_grid(got.timestamps, tail_ts) if got is not None else None
         if got is not None and got.error is not None:
             raise got.error
         if got is not None and idx is not None:
             tail = got.values[idx] if got.values is not None else None
         else:
-            tail = _read_throughput(client, query, tail_ts, step)
+            tail = read_summed(client, query, tail_ts, step, timeout_s=settings.THROUGHPUT_QUERY_TIMEOUT_S)
     out = np.full(ts.size, np.nan)
     if earlier is not None:
         out[before] = earlier[before]
@@ -275,7 +249,7 @@ def read_recent_throughput(
                 lo = min(float(ts[0]) for _, ts in batch)
                 hi = max(float(ts[-1]) for _, ts in batch)
                 try:
-                    with _query_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
+                    with capped_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
                         series = client.range(grouped_query(template, label, ids), lo, hi, step)
                 except PrometheusError as exc:
                     out.update({job.pk: RecentThroughput(ts, error=exc) for job, ts in batch})
@@ -285,7 +259,7 @@ def read_recent_throughput(
                     found[s.labels.get(label, "")].append(s)
                 for job, ts in batch:
                     mine = found.get(job.external_id)
-                    out[job.pk] = RecentThroughput(ts, _summed(mine, ts) if mine else None)
+                    out[job.pk] = RecentThroughput(ts, summed_on_grid(mine, ts) if mine else None)
     return out
 
 

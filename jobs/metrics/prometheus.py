@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -487,3 +487,31 @@ def _matrix_series(raw: msgspec.Raw) -> list[Series]:
 def _fmt_ts(ts: float) -> str:
     # Millisecond precision is what Prometheus keeps; repr-free formatting avoids 1e+09 notation.
     return f"{ts:.3f}".rstrip("0").rstrip(".")
+
+
+@contextlib.contextmanager
+def capped_timeout(client: PrometheusClient, seconds: float) -> Iterator[None]:
+    """The client's timeout (HTTP and Prometheus' own `timeout=`) at most `seconds` for the queries inside,
+    so one expensive query cannot hold a poll for the client's full timeout and retries."""
+    saved = client.timeout_s
+    client.timeout_s = min(saved, seconds)
+    try:
+        yield
+    finally:
+        client.timeout_s = saved
+
+
+def summed_on_grid(series: Sequence[Series], ts: np.ndarray) -> np.ndarray:
+    """Several series (one per rank, say) added up on `ts`; a time with no sample at all stays missing."""
+    rows = np.vstack([s.on_grid(ts) for s in series])
+    return np.where(np.isnan(rows).all(axis=0), np.nan, np.nansum(rows, axis=0))
+
+
+def read_summed(
+    client: PrometheusClient, query: str, ts: np.ndarray, step: float, *, timeout_s: float
+) -> np.ndarray | None:
+    """`query` over the grid `ts`, its series summed (`summed_on_grid`), within `timeout_s`; None when it
+    returned no series."""
+    with capped_timeout(client, timeout_s):
+        series = client.range(query, float(ts[0]), float(ts[-1]), step)
+    return summed_on_grid(series, ts) if series else None

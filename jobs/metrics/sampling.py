@@ -206,3 +206,11 @@ def coverage_note(coverage: float | None) -> str | None:
     if coverage < COVERAGE_SHOW_BELOW:
         return f"coverage {100 * coverage:.0f} %"
     return None
+
+
+def positions_on_grid(grid_ts: np.ndarray, want: np.ndarray) -> np.ndarray | None:
+    """Indexes of the times `want` in `grid_ts` (both sorted grids), or None when some time is not on it."""
+    idx = np.searchsorted(grid_ts, want)
+    if want.size == 0 or idx[-1] >= grid_ts.size or not np.array_equal(grid_ts[idx], want):
+        return None
+    return idx

@@ -339,3 +339,13 @@ def test_idle_share_is_idle_observed_time_over_observed_time() -> None:
     ev = {e.label: e.value for e in f.evidence}
     assert ev["idle GPU-hours"] == 0.51
     assert 0.0 <= f.impact <= 1.0
+
+
+def test_positions_on_grid_finds_each_time_and_refuses_a_time_off_the_grid_or_past_its_end() -> None:
+    from jobs.metrics.sampling import positions_on_grid
+
+    grid = np.arange(0.0, 300.0, 30.0)
+    assert positions_on_grid(grid, np.array([60.0, 90.0, 270.0])).tolist() == [2, 3, 9]
+    assert positions_on_grid(grid, np.array([60.0, 75.0])) is None  # 75 s is between two grid times
+    assert positions_on_grid(grid, np.array([270.0, 300.0])) is None  # 300 s is past the grid's end
+    assert positions_on_grid(grid, np.array([])) is None
