@@ -96,14 +96,13 @@ def store_poll(
 
     The cycle merges every job's rows in one `archive.upsert` (`archived_rows=True`: already written) and
     collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job;
-    `neighbours` is its sharing index (jobs.alerts.Neighbours), read once for all jobs."""
+    `neighbours` is its sharing index (jobs.evaluation.sharing.Neighbours), read once for all jobs."""
     with transaction.atomic():
         # The GPU model with the row (the evaluation reads it), locking only the job's row.
         job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job.pk)
         stored = _column_values(job)
         if energy_j is not _KEEP:
             job.energy_j = energy_j if isinstance(energy_j, float) else None
-        record_missing(job, sigs)
         if not archived_rows:
             archive.upsert(archive.rows_for(job, sigs, {}))
         # One read of the archive for the summary and the alert rules below (#14): GPU_UTIL per GPU for the
@@ -118,6 +117,9 @@ def store_poll(
                 archive.upsert(rows)
             else:
                 derived_out.extend(rows)
+        # The ingestion state after the evaluation, which does not read it: the poll's metrics-side work
+        # stays together instead of interleaving with the evaluation's.
+        record_missing(job, sigs)
         job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
         job.last_polled_at = now
         job.ingest_error = ""
