@@ -108,3 +108,25 @@ def test_a_cached_job_is_never_answered_to_a_user_outside_its_team(make_team, ma
     # The outsider's own job is served: its figures, not the cached ones of the other job.
     own = client.get(reverse("job-figures", args=[other.external_id]))
     assert own.status_code == 200 and set(_util_line(own.json())) == {75.0}
+
+
+@pytest.mark.django_db
+def test_the_pages_cached_roofline_follows_the_jobs_dtype(make_team, make_user, client):
+    from jobs.models import GpuModel
+
+    job = _finalized_job(make_team)
+    job.gpu_model, job.dtype = GpuModel.objects.get(name="H100 SXM"), "bf16"
+    job.save()
+    client.force_login(make_user("viewer", teams=[job.team]))
+    url = reverse("job-detail", args=[job.external_id])
+
+    def roofs() -> str:
+        text = client.get(url).content.decode()
+        section = text[text.index('id="roofline-section"') :]
+        return section[: section.index("</section>")]
+
+    assert "bf16: compute roof" in roofs()
+    assert "bf16: compute roof" in roofs()  # from the cache
+    job.dtype = "fp8"  # the roofs are the FP8 dense peak's now
+    job.save()
+    assert "fp8: compute roof" in roofs() and "bf16: compute roof" not in roofs()
