@@ -11,7 +11,7 @@ import pytest
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis.base import ArtifactAnalysis
 from jobs.profiling.capture import MAX_CHARS, capture_from_nvidia_smi, make_capture
-from jobs.profiling.host_analysis import api_name
+from jobs.profiling.host_blocking import api_name
 from jobs.profiling.kineto import parse_kineto
 from jobs.profiling.monitoring import analyze_nvidia_smi
 from jobs.profiling.trace_analysis import analyze_trace

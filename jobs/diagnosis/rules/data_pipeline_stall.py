@@ -466,7 +466,7 @@ def _host_work(
     """The GPU waiting for the host's CPU work between kernels, from traces: (recurring share of the
     window, repeats?, the operators that fill the idle), or None; appends evidence and windows.
 
-    Reads the analysis' ``gpu_idle_attribution.host_work`` (`jobs.profiling.host_analysis._host_work`):
+    Reads the analysis' ``gpu_idle_attribution.host_work`` (`jobs.profiling.host_work.host_work_breakdown`):
     late-launch idle in long gaps while a launching thread is inside a traced CPU operator. The worst
     rank decides; its share must reach `TT.HOST_WORK_IDLE_PCT` of the window.
     """
