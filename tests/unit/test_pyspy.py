@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from jobs.profiling.errors import ArtifactError
-from jobs.profiling.pyspy import CLASSES, Frame, analyze_pyspy, frame_class, parse_pyspy
+from jobs.profiling.pyspy import CLASSES, analyze_pyspy, frame_class
+from jobs.profiling.pyspy_parse import Frame, parse_pyspy
 from tests.conftest import sample_path
 
 DATA = Path(__file__).parent / "data"
@@ -208,7 +209,8 @@ def test_truncated_files_parse_or_raise_artifact_error() -> None:
 
 
 def test_icicle_nodes_are_numbered_in_file_order_whatever_order_the_tree_is_built_in() -> None:
-    from jobs.profiling.pyspy import _icicle, parse_pyspy_raw
+    from jobs.profiling.pyspy import _icicle
+    from jobs.profiling.pyspy_parse import parse_pyspy_raw
 
     # Built from sorted stacks (a;b, a;b;d, a;c), numbered as first met in the file: a, b, c, then d.
     profile = parse_pyspy_raw(
