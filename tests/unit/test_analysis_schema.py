@@ -1,0 +1,116 @@
+"""The typed views of stored artifact analyses (jobs.profiling.analysis_schema): lenient, field by field."""
+
+from __future__ import annotations
+
+import math
+
+from jobs.profiling import analysis_schema as S
+
+
+def test_a_trace_rank_reads_its_blocks_and_ignores_unknown_keys() -> None:
+    stored = {
+        "source": "kineto",
+        "unknown_top_level": {"x": 1},
+        "capture": {"start_unix": 1716423322.5, "end_unix": 1716423323, "ranks": [0], "gpu_names": ["A100"]},
+        "ranks": [
+            {
+                "rank": 3,
+                "temporal_breakdown": {"idle_pct": 77.7, "span_ms": 435, "new_key": "ignored"},
+                "kernel_breakdown": {"kernel_count": 1800, "tiny_kernels": {"count_pct": 42.9}},
+                "gpu_idle_attribution": {
+                    "has_gpu_ops": True,
+                    "idle_gaps": [{"lower_us": 30, "upper_us": 1000, "count": 2353}],
+                    "host_work": {"cpu_ops_pct": 19.7, "top_ops": [{"name": "aten::mul", "count": 6}]},
+                },
+                "host_blocking": {"step_pct": 0.01, "sites": [{"site": "cudaEventSynchronize"}]},
+            }
+        ],
+    }
+    trace = S.decode_trace(stored)
+    rank = trace.ranks[0]
+    assert rank.rank == 3
+    assert rank.temporal_breakdown.idle_pct == 77.7
+    assert rank.temporal_breakdown.span_ms == 435.0 and isinstance(rank.temporal_breakdown.span_ms, float)
+    assert rank.kernel_breakdown.tiny_kernels.count_pct == 42.9
+    assert rank.attributed
+    assert rank.gpu_idle_attribution.idle_gaps[0].upper_us == 1000.0
+    assert rank.gpu_idle_attribution.host_work.top_ops[0].name == "aten::mul"
+    assert rank.host_blocking is not None and rank.host_blocking.sites[0].site == "cudaEventSynchronize"
+    assert trace.capture is not None and trace.capture.window == (1716423322.5, 1716423323.0)
+
+
+def test_an_older_rank_without_blocks_reads_as_empty_blocks_of_none() -> None:
+    rank = S.decode_trace({"ranks": [{"rank": 0}]}).ranks[0]
+    assert rank.temporal_breakdown.idle_pct is None
+    assert rank.gpu_idle_attribution.host_work.cpu_ops_pct is None
+    assert rank.gpu_idle_attribution.idle_gaps == []
+    assert not rank.attributed
+    # host_blocking's presence is evidence (the blocking analysis ran), so its absence stays visible.
+    assert rank.host_blocking is None
+
+
+def test_values_of_the_wrong_type_read_as_absent_and_bad_list_entries_are_dropped() -> None:
+    rank = S.decode_trace(
+        {
+            "ranks": [
+                "not a rank",
+                {
+                    "rank": "three",
+                    "temporal_breakdown": {"idle_pct": "77", "compute_pct": True, "span_ms": math.nan},
+                    "memcpy": {"by_kind": [{"copy_kind": "HtoD", "time_ms": 1.5}, 7, {"copy_kind": 5}]},
+                    "tensor_cores": "broken",
+                    "gpu_idle_attribution": {"has_gpu_ops": "yes"},
+                },
+            ]
+        }
+    ).ranks
+    assert len(rank) == 1
+    r = rank[0]
+    assert r.rank is None
+    assert (
+        r.temporal_breakdown.idle_pct,
+        r.temporal_breakdown.compute_pct,
+        r.temporal_breakdown.span_ms,
+    ) == (
+        None,
+        None,
+        None,
+    )
+    # The entry whose copy_kind is a number keeps its other fields; the non-mapping entry is dropped.
+    assert [(k.copy_kind, k.time_ms) for k in r.memcpy.by_kind] == [("HtoD", 1.5), (None, None)]
+    assert r.tensor_cores == S.TensorCores()
+    assert not r.attributed
+
+
+def test_a_payload_that_is_not_a_mapping_decodes_to_the_empty_analysis() -> None:
+    assert S.decode_trace(None).ranks == []
+    assert S.decode_trace([1, 2]).ranks == []
+    assert S.decode_pyspy("x").classes_pct is None
+    assert S.decode_capture({"capture": "x"}) is None
+    assert S.decode_capture(None) is None
+
+
+def test_ncu_nsys_pyspy_and_monitoring_blocks() -> None:
+    ncu = S.decode_ncu(
+        {"format": "ncu_csv", "bound_time_share_pct": {"memory": 61.0, "compute": "n/a"}, "tensor_cores": {}}
+    )
+    assert ncu.format == "ncu_csv" and ncu.bound_time_share_pct == {"memory": 61.0}
+    nsys = S.decode_nsys_stats(
+        {"format": "nsys_stats_csv", "memory_ops": {"by_operation": [{"operation": "[CUDA memcpy HtoD]"}]}}
+    )
+    assert (
+        nsys.memory_ops.by_operation[0].operation == "[CUDA memcpy HtoD]"
+        and nsys.kernels.total_time_ms is None
+    )
+    py = S.decode_pyspy({"classes_pct": {"input": 37.0}, "hot_inclusive": [{"label": "f", "class": "input"}]})
+    assert py.classes_pct == {"input": 37.0} and py.hot_inclusive[0].frame_class == "input"
+    smi = S.decode_monitoring(
+        {"format": "nvidia_smi_csv", "start_unix_s": 1.7e9, "gpus": [{"gpu_name": "H100"}]}
+    )
+    assert smi.gpus[0].gpu_name == "H100" and smi.end_unix_s is None
+
+
+def test_a_capture_window_needs_both_ends_in_order() -> None:
+    assert S.Capture(start_unix=2.0, end_unix=1.0).window is None
+    assert S.Capture(start_unix=1.0).window is None
+    assert S.Capture(start_unix=1.0, end_unix=1.0).window == (1.0, 1.0)
