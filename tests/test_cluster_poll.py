@@ -169,6 +169,38 @@ def test_requests_per_cycle_grow_with_signals_not_jobs(prom, sims):
         m in _present_names(sims) for m in s.metrics)})  # fmt: skip
 
 
+def test_new_jobs_with_different_starts_are_read_in_one_catch_up_round(prom, sims):
+    """#26 item 3: N first polls (or catch-ups) whose windows start at N different times cost one round of
+    queries together, beside the up-to-date jobs' round: requests do not grow with N (one round per job
+    before, 80 requests for 3 new jobs), and each job's series are those it gets read alone."""
+    end = T0 + 80 * MIN
+    current = _target(1, sims["a1"], T0 + 75 * MIN, end, labels={"hpc_job": "3001"})
+    ids = ("3001", "3002", "3003")
+
+    def behind(n: int) -> list[cluster.Target]:  # n jobs, starts 5 minutes apart over the first hour
+        return [
+            _target(100 + i, sims["a1"], T0 + 5 * MIN * i, end, labels={"hpc_job": ids[i % 3]})
+            for i in range(n)
+        ]
+
+    with _client(prom) as client:
+        few = cluster.read_cycle(client, [current, *behind(3)], step=STEP, per_gpu_step=None)
+        many = cluster.read_cycle(client, [current, *behind(11)], step=STEP, per_gpu_step=None)
+        alone = cluster.read_cycle(client, behind(11)[7:8], step=STEP, per_gpu_step=None)
+    present = len(few.signals[1].signals)
+    assert few.errors == many.errors == {}
+    assert few.queries == many.queries == 2 + 2 * present  # discovery + 2 rounds, for 3 new jobs or 11
+    assert len(many.signals) == 12
+    _assert_equal_signals(many.signals[107], alone.signals[107], per_gpu=False)
+    assert many.signals[107].timestamps[0] == T0 + 35 * MIN
+    # Starts further apart than one catch-up bucket are cut into buckets: still not one round per job.
+    with _client(prom) as client:
+        bucketed = cluster.read_cycle(
+            client, [current, *behind(11)], step=STEP, per_gpu_step=None, catch_up_s=20 * MIN
+        )
+    assert bucketed.queries == 2 + (1 + 3) * present  # starts over 50 min in 20-min buckets: 3 rounds
+
+
 def _present_names(sims) -> set[str]:
     return {r.metric_name(k) for r in sims.values() for k in r.fields if k in SIGNALS}
 

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jobs.metrics.prometheus import PrometheusClient
+from jobs.metrics.prometheus import MAX_POINTS_PER_SERIES, PrometheusClient
 from jobs.metrics.promql import (
     HOST_LABEL_SPELLINGS,
     Matcher,
@@ -215,6 +215,7 @@ def read_cycle(
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
     discovery: Discovery | None = None,
     max_spread_s: float = 900.0,
+    catch_up_s: float | None = None,
     workers: int = 1,
 ) -> CycleResult:
     """Read every target's signals with a fixed number of queries per signal (see the module docstring).
@@ -222,11 +223,15 @@ def read_cycle(
     `workers` > 1: that many range queries in flight at once (`_Fetcher`; a plain PrometheusClient only),
     so Prometheus evaluates the next query while this process decodes and splits the last one.
 
-    `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Targets whose windows
-    start more than `max_spread_s` apart are read in separate rounds (a job far behind, after an outage
-    or on its first poll, would otherwise widen every job's window): rounds grow with how spread the
-    windows are, not with the number of jobs. Prometheus errors bubble up from discovery; a failed group
-    query marks that group's jobs (`errors`), not the others.
+    `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Jobs far behind (a
+    first poll, a catch-up after an outage: window start more than `max_spread_s` before the newest start)
+    are read apart from the up-to-date ones, whose windows they would otherwise widen, and together with
+    each other (#26 item 3): one round per `catch_up_s` of window starts (default: Prometheus' points per
+    series at `step`, ~91 h at 30 s), each query of which the client splits at that point limit. So a
+    cycle sends at most 1 + ceil(spread of the starts / catch_up_s) rounds of queries, whatever the number
+    of new jobs (was one round per 15 minutes of spread: 11 new jobs cost 316 requests).
+    Prometheus errors bubble up from discovery; a failed group query marks that group's jobs (`errors`),
+    not the others.
     """
     result = CycleResult()
     if not targets:
@@ -237,7 +242,8 @@ def read_cycle(
         discovery = discover(client, lo, hi)
         result.queries += 2
     groups: list[_Group] = []
-    for bucket in _rounds(targets, max_spread_s):
+    span = (MAX_POINTS_PER_SERIES - 1) * step if catch_up_s is None else catch_up_s
+    for bucket in _rounds(targets, max_spread_s, span):
         found, fallback = plan(bucket, discovery)
         groups += found
         result.fallback += fallback
@@ -315,15 +321,23 @@ class _Fetcher:
             copy.close()
 
 
-def _rounds(targets: Sequence[Target], max_spread_s: float) -> list[list[Target]]:
-    """Targets sorted by window start, cut where a start lies more than `max_spread_s` after its round's
-    first one."""
+def _rounds(targets: Sequence[Target], max_spread_s: float, catch_up_s: float) -> list[list[Target]]:
+    """The up-to-date targets (window start within `max_spread_s` of the newest start) as one round, and
+    the ones far behind in rounds of their own, sorted by start and cut where a start lies more than
+    `catch_up_s` after its round's first one: rounds bounded by the spread of the starts, not by the
+    number of jobs behind. Catch-up rounds first (oldest first), the up-to-date round last."""
+    ordered = sorted(targets, key=lambda t: t.start)
+    if not ordered:
+        return []
+    newest = ordered[-1].start
+    current = [t for t in ordered if newest - t.start <= max_spread_s]
     rounds: list[list[Target]] = []
-    for t in sorted(targets, key=lambda t: t.start):
-        if rounds and t.start - rounds[-1][0].start <= max_spread_s:
+    for t in ordered[: len(ordered) - len(current)]:  # the rest, all earlier than every current start
+        if rounds and t.start - rounds[-1][0].start <= catch_up_s:
             rounds[-1].append(t)
         else:
             rounds.append([t])
+    rounds.append(current)
     return rounds
 
 
