@@ -19,8 +19,6 @@ trimmed export of 300 ms of events from a 138 s session keeps 138 s there.
 from __future__ import annotations
 
 import contextlib
-import math
-import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -30,13 +28,10 @@ import numpy as np
 import numpy.typing as npt
 
 from jobs.profiling.events import (
-    ANNOTATION_COLUMNS,
     COPY_KIND_LABELS,
     GPU_COLUMNS,
-    RUNTIME_COLUMNS,
     SYNC_KIND_NAMES,
     Annotations,
-    AnnotationSource,
     ColumnBuilder,
     DeviceInfo,
     DistributedInfo,
@@ -45,7 +40,6 @@ from jobs.profiling.events import (
     OpKind,
     RankTrace,
     RuntimeCalls,
-    RuntimeKind,
     StringTable,
     SyncKind,
     Trace,
@@ -53,12 +47,23 @@ from jobs.profiling.events import (
     empty_cpu_ops,
 )
 from jobs.profiling.guard import checkpoint, guarded
+from jobs.profiling.nsys_tables import (
+    StringResolver,
+    analysis_window,
+    as_int,
+    as_stream,
+    as_time,
+    load_strings,
+    meta,
+    read_devices,
+    read_nvtx,
+    read_runtime,
+    session_start,
+    sync_kind_map,
+)
 from jobs.profiling.safe_sqlite import GuardedSQLite, check_sqlite_header
 
 DEFAULT_TIMEOUT_S = 120.0
-_NO_ID_U32 = 0xFFFFFFFF
-_API_VERSION_SUFFIX = re.compile(r"_v\d+$")
-_STRING_TABLES = ("StringIds", "StringTable", "Strings")
 # (column candidates..., default) for the device/stream/correlation/process columns of activity tables.
 _COMMON_COLUMNS: list[tuple[str, ...]] = [
     ("deviceId", "0"),
@@ -66,14 +71,6 @@ _COMMON_COLUMNS: list[tuple[str, ...]] = [
     ("correlationId", "-1"),
     ("globalPid", "0"),
 ]
-# ENUM_CUPTI_SYNC_TYPE names -> our SyncKind, for exports whose numbering we should not assume.
-_SYNC_ENUM_SUFFIX = {
-    "EVENT_SYNCHRONIZE": SyncKind.EVENT_SYNC,
-    "STREAM_WAIT_EVENT": SyncKind.STREAM_WAIT_EVENT,
-    "STREAM_SYNCHRONIZE": SyncKind.STREAM_SYNC,
-    "CONTEXT_SYNCHRONIZE": SyncKind.CONTEXT_SYNC,
-}
-_NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 # Kineto's spelling for the synthesised memcpy names; unified-memory copies are named like plain ones.
 _COPY_LABELS = {kind: label.removeprefix("UVM ") for kind, label in COPY_KIND_LABELS.items()}
 _MEM_LABELS: dict[int, str] = {
@@ -102,46 +99,9 @@ def parse_nsys(path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Tra
     return trace
 
 
-def _load_strings(reader: GuardedSQLite) -> dict[int, str]:
-    for table in _STRING_TABLES:
-        if table in reader.tables:
-            id_col = reader.col(table, "id")
-            val_col = reader.col(table, "value", "string", "text")
-            if id_col == "NULL" or val_col == "NULL":
-                continue
-            return {
-                _int(i, -1): str(v)
-                for i, v in reader.rows(f'SELECT {id_col}, {val_col} FROM "{table}"')
-                if isinstance(i, int | float) and not isinstance(i, bool) and v is not None
-            }
-    return {}
-
-
-class _StringResolver:
-    """Maps nsys string ids (or inline text) to our string-table indices, caching per id."""
-
-    def __init__(self, strings: StringTable, ids: dict[int, str]) -> None:
-        self.strings = strings
-        self.ids = ids
-        self.cache: dict[Any, int] = {}
-
-    def __call__(self, value: Any, fallback: str = "") -> int:
-        idx = self.cache.get(value)
-        if idx is None:
-            if isinstance(value, int):
-                text = self.ids.get(value, f"<string {value}>")
-            elif isinstance(value, str):
-                text = value
-            else:
-                text = fallback
-            idx = self.strings.intern(text)
-            self.cache[value] = idx
-        return idx
-
-
 def _parse(reader: GuardedSQLite) -> Trace:
     strings = StringTable()
-    resolve = _StringResolver(strings, _load_strings(reader))
+    resolve = StringResolver(strings, load_strings(reader))
     warnings: list[str] = []
     gpu = ColumnBuilder(GPU_COLUMNS)
     gpu_pid: list[int] = []  # process of each GPU op, for joining runtime calls
@@ -167,24 +127,24 @@ def _parse(reader: GuardedSQLite) -> Trace:
         gpu.append_row(
             start,
             max(end - start, 0),
-            _int(dev, 0),
-            _stream(stream),
+            as_int(dev, 0),
+            as_stream(stream),
             kind,
             0,  # kclass: filled in one vectorised pass at the end
             name,
-            _int(corr, -1),
-            _int(nbytes, -1),
+            as_int(corr, -1),
+            as_int(nbytes, -1),
             copy_kind,
             src_kind,
             dst_kind,
             sync_kind,
             np.nan,
             np.nan,
-            _int(grid_blocks, -1),
-            _int(block_threads, -1),
+            as_int(grid_blocks, -1),
+            as_int(block_threads, -1),
         )
         # globalPid is (vm id, pid) << 24: the shifted value identifies the process.
-        gpu_pid.append(_int(gpid, 0) >> 24)
+        gpu_pid.append(as_int(gpid, 0) >> 24)
 
     present: list[str] = []
 
@@ -206,7 +166,7 @@ def _parse(reader: GuardedSQLite) -> Trace:
             ],
         )
         for start, end, dev, stream, corr, gpid, name, grid_n, block_n in reader.rows(sql):
-            start, end = _time(start), _time(end)
+            start, end = as_time(start), as_time(end)
             if start is None or end is None:
                 continue
             checkpoint()
@@ -219,8 +179,8 @@ def _parse(reader: GuardedSQLite) -> Trace:
                 OpKind.KERNEL,
                 resolve(name, "<unnamed kernel>"),
                 corr,
-                grid_blocks=_int(grid_n, -1),
-                block_threads=_int(block_n, -1),
+                grid_blocks=as_int(grid_n, -1),
+                block_threads=as_int(block_n, -1),
             )
     else:
         warnings.append("The export has no CUPTI_ACTIVITY_KIND_KERNEL table (no CUDA kernels were traced).")
@@ -241,11 +201,11 @@ def _parse(reader: GuardedSQLite) -> Trace:
             ],
         )
         for start, end, dev, stream, corr, gpid, nbytes, ck, sk, dk in reader.rows(sql):
-            start, end = _time(start), _time(end)
+            start, end = as_time(start), as_time(end)
             if start is None or end is None:
                 continue
             checkpoint()
-            ck, sk, dk = _int(ck, 0), _int(sk, MemKind.UNKNOWN), _int(dk, MemKind.UNKNOWN)
+            ck, sk, dk = as_int(ck, 0), as_int(sk, MemKind.UNKNOWN), as_int(dk, MemKind.UNKNOWN)
             label = (
                 f"Memcpy {_COPY_LABELS.get(ck, 'Unknown')} "
                 f"({_MEM_LABELS.get(sk, 'Unknown')} -> {_MEM_LABELS.get(dk, 'Unknown')})"
@@ -259,7 +219,7 @@ def _parse(reader: GuardedSQLite) -> Trace:
                 OpKind.MEMCPY,
                 strings.intern(label),
                 corr,
-                nbytes=_int(nbytes, -1),
+                nbytes=as_int(nbytes, -1),
                 copy_kind=ck if 0 <= ck <= 13 else 0,
                 src_kind=sk if 0 <= sk <= 7 else MemKind.UNKNOWN,
                 dst_kind=dk if 0 <= dk <= 7 else MemKind.UNKNOWN,
@@ -272,11 +232,11 @@ def _parse(reader: GuardedSQLite) -> Trace:
             st, [("start", "NULL"), ("end", "NULL"), *_COMMON_COLUMNS, ("bytes", "-1"), ("memKind", "2")]
         )
         for start, end, dev, stream, corr, gpid, nbytes, mk in reader.rows(sql):
-            start, end = _time(start), _time(end)
+            start, end = as_time(start), as_time(end)
             if start is None or end is None:
                 continue
             checkpoint()
-            label = f"Memset ({_MEM_LABELS.get(_int(mk, 2), 'Unknown')})"
+            label = f"Memset ({_MEM_LABELS.get(as_int(mk, 2), 'Unknown')})"
             add_op(
                 gpid,
                 start,
@@ -286,7 +246,7 @@ def _parse(reader: GuardedSQLite) -> Trace:
                 OpKind.MEMSET,
                 strings.intern(label),
                 corr,
-                nbytes=_int(nbytes, -1),
+                nbytes=as_int(nbytes, -1),
             )
 
     yt = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
@@ -296,13 +256,13 @@ def _parse(reader: GuardedSQLite) -> Trace:
             yt,
             [("start", "NULL"), ("end", "NULL"), *_COMMON_COLUMNS, ("syncType", "deprecatedSyncType", "0")],
         )
-        sync_kinds = _sync_kind_map(reader)
+        sync_kinds = sync_kind_map(reader)
         for start, end, dev, stream, corr, gpid, sync_value in reader.rows(sql):
-            start, end = _time(start), _time(end)
+            start, end = as_time(start), as_time(end)
             if start is None or end is None:
                 continue
             checkpoint()
-            kind = sync_kinds.get(_int(sync_value, 0), SyncKind.UNKNOWN)
+            kind = sync_kinds.get(as_int(sync_value, 0), SyncKind.UNKNOWN)
             add_op(
                 gpid,
                 start,
@@ -320,11 +280,11 @@ def _parse(reader: GuardedSQLite) -> Trace:
     all_ops = GpuOps(**cols)
     op_pid = np.array(gpu_pid, dtype=np.int64)
 
-    runtime, rt_pid = _read_runtime(reader, resolve, present)
-    nvtx, nvtx_pid = _read_nvtx(reader, resolve, present)
-    devices = _read_devices(reader)
-    unix_offset = _session_start(reader)
-    session = _analysis_window(reader)
+    runtime, rt_pid = read_runtime(reader, resolve, present)
+    nvtx, nvtx_pid = read_nvtx(reader, resolve, present)
+    devices = read_devices(reader)
+    unix_offset = session_start(reader)
+    session = analysis_window(reader)
     window = _event_window(all_ops, runtime, nvtx)
 
     ranks = _split_by_device(all_ops, op_pid, runtime, rt_pid, nvtx, nvtx_pid, devices, unix_offset, window)
@@ -336,8 +296,8 @@ def _parse(reader: GuardedSQLite) -> Trace:
             f"{dropped_rt} runtime calls came from processes without GPU activity and were left out."
         )
     metadata = {
-        "export_schema_version": _meta(reader, "EXPORT_SCHEMA_VERSION"),
-        "nsys_version": _meta(reader, "EXPORT_PRODUCT_VERSION"),
+        "export_schema_version": meta(reader, "EXPORT_SCHEMA_VERSION"),
+        "nsys_version": meta(reader, "EXPORT_PRODUCT_VERSION"),
         "tables_read": present,
         "gpu_ops": len(all_ops),
         "runtime_calls": len(runtime),
@@ -355,165 +315,6 @@ def _parse(reader: GuardedSQLite) -> Trace:
     return Trace(source="nsys", strings=strings, ranks=ranks, metadata=metadata, warnings=warnings)
 
 
-def _sync_kind_map(reader: GuardedSQLite) -> dict[int, int]:
-    """syncType value -> SyncKind, from the export's own enum table when it has one (CUPTI numbering else)."""
-    mapping = {int(k): int(k) for k in SyncKind}
-    table = "ENUM_CUPTI_SYNC_TYPE"
-    if table in reader.tables and reader.col(table, "id") != "NULL" and reader.col(table, "name") != "NULL":
-        for value, name in reader.rows(f'SELECT id, name FROM "{table}"'):
-            if isinstance(value, int) and -(2**31) <= value < 2**31 and isinstance(name, str):
-                for suffix, kind in _SYNC_ENUM_SUFFIX.items():
-                    if name.endswith(suffix):
-                        mapping[value] = int(kind)
-    return mapping
-
-
-#: Integers from the export beyond this are not believable (timestamps, ids, sizes): "unknown".
-_MAX_INT = 2**62
-
-
-def _int(value: Any, default: int) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if -_MAX_INT <= value <= _MAX_INT else default
-    if isinstance(value, float) and math.isfinite(value) and abs(value) <= _MAX_INT:
-        return int(value)
-    return default
-
-
-def _time(value: Any) -> int | None:
-    """A timestamp in ns (SQLite is dynamically typed: text, blobs, NaN or 2^63 may sit in the column)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if -_MAX_INT <= value <= _MAX_INT else None
-    if isinstance(value, float) and math.isfinite(value) and abs(value) <= _MAX_INT:
-        return int(value)
-    return None
-
-
-def _stream(value: Any) -> int:
-    stream = _int(value, -1)
-    return -1 if stream == _NO_ID_U32 else stream
-
-
-def _read_runtime(
-    reader: GuardedSQLite, resolve: _StringResolver, present: list[str]
-) -> tuple[RuntimeCalls, npt.NDArray[np.int64]]:
-    rt = ColumnBuilder(RUNTIME_COLUMNS)
-    pids: list[int] = []
-    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    if table in reader.tables:
-        present.append(table)
-        name_col = reader.col(table, "nameId", "name")
-        sql = (
-            f"SELECT start, end, {name_col}, {reader.col(table, 'correlationId', default='-1')}, "
-            f"{reader.col(table, 'globalTid', default='0')} FROM {table}"
-        )
-        # nsys spells API names with a version suffix ("cudaLaunchKernel_v7000"); Kineto does not.
-        clean: dict[int, int] = {}
-        for start, end, name, corr, gtid in reader.rows(sql):
-            start, end = _time(start), _time(end)
-            if start is None or end is None:
-                continue
-            checkpoint()
-            raw_idx = resolve(name, "<unknown runtime call>")
-            idx = clean.get(raw_idx)
-            if idx is None:
-                text = resolve.strings[raw_idx]
-                idx = resolve.strings.intern(_API_VERSION_SUFFIX.sub("", text))
-                clean[raw_idx] = idx
-            text = resolve.strings[idx]
-            kind = (
-                RuntimeKind.DRIVER
-                if text.startswith("cu") and not text.startswith("cuda")
-                else RuntimeKind.RUNTIME
-            )
-            gtid = _int(gtid, 0)
-            rt.append_row(start, max(end - start, 0), idx, _int(corr, -1), gtid & 0xFFFFFF, kind)
-            pids.append(gtid >> 24)
-    return RuntimeCalls(**rt.to_numpy()), np.array(pids, dtype=np.int64)
-
-
-def _read_nvtx(
-    reader: GuardedSQLite, resolve: _StringResolver, present: list[str]
-) -> tuple[Annotations, npt.NDArray[np.int64]]:
-    ann = ColumnBuilder(ANNOTATION_COLUMNS)
-    pids: list[int] = []
-    table = "NVTX_EVENTS"
-    if table in reader.tables:
-        present.append(table)
-        text_col = reader.col(table, "text")
-        text_id_col = reader.col(table, "textId")
-        type_col = reader.col(table, "eventType", default="59")
-        sql = (
-            f"SELECT start, end, {text_col}, {text_id_col}, {reader.col(table, 'globalTid', default='0')} "
-            f"FROM {table} WHERE {type_col} IN {_NVTX_RANGE_TYPES} AND end IS NOT NULL AND end >= start"
-        )
-        for start, end, text, text_id, gtid in reader.rows(sql):
-            start, end = _time(start), _time(end)
-            if start is None or end is None or end < start:
-                continue
-            checkpoint()
-            name = text if isinstance(text, str) else text_id
-            gtid = _int(gtid, 0)
-            ann.append_row(
-                start, end - start, resolve(name, "<unnamed range>"), AnnotationSource.NVTX, gtid & 0xFFFFFF
-            )
-            pids.append(gtid >> 24)
-    return Annotations(**ann.to_numpy()), np.array(pids, dtype=np.int64)
-
-
-def _read_devices(reader: GuardedSQLite) -> dict[int, DeviceInfo]:
-    devices: dict[int, DeviceInfo] = {}
-    table = "TARGET_INFO_GPU"
-    if table in reader.tables:
-        sql = reader.select(
-            table,
-            [
-                ("cuDevice", "id", "0"),
-                ("name", "''"),
-                ("smCount", "multiProcessorCount", "NULL"),
-                ("totalMemory", "NULL"),
-                ("computeMajor", "NULL"),
-                ("computeMinor", "NULL"),
-                ("maxWarpsPerSm", "NULL"),
-                ("threadsPerWarp", "NULL"),
-            ],
-        )
-        for dev, name, sms, mem, major, minor, warps, warp_size in reader.rows(sql):
-            dev_id = _int(dev, 0)
-            threads = _int(warps, 0) * _int(warp_size, 0) if 0 < _int(warp_size, 0) <= 1024 else 0
-            threads = threads if 0 < threads < 2**31 else 0
-            devices[dev_id] = DeviceInfo(
-                id=dev_id,
-                name=name[:200] if isinstance(name, str) else "",
-                num_sms=_int(sms, 0) if 0 < _int(sms, 0) < 2**31 else None,
-                total_memory_bytes=_int(mem, 0) if _int(mem, 0) > 0 else None,
-                compute_capability=f"{major}.{minor}"
-                if isinstance(major, int) and isinstance(minor, int)
-                else None,
-                max_threads_per_sm=threads or None,
-            )
-    table = "TARGET_INFO_CUDA_DEVICE"
-    if table in reader.tables and reader.col(table, "cudaId") != "NULL":
-        sql = f"SELECT cudaId, {reader.col(table, 'numMultiprocessors', default='NULL')} FROM {table}"
-        for dev, sms in reader.rows(sql):
-            dev_id = _int(dev, -1)
-            if dev_id < 0:
-                continue
-            info = devices.setdefault(dev_id, DeviceInfo(id=dev_id))
-            if info.num_sms is None and _int(sms, 0) > 0:
-                info.num_sms = _int(sms, 0)
-    return devices
-
-
-def _session_start(reader: GuardedSQLite) -> int | None:
-    table = "TARGET_INFO_SESSION_START_TIME"
-    if table in reader.tables and reader.col(table, "utcEpochNs") != "NULL":
-        row = reader.one(f"SELECT utcEpochNs FROM {table} LIMIT 1")
-        if row and isinstance(row[0], int) and not isinstance(row[0], bool) and 0 <= row[0] < _MAX_INT:
-            return row[0]
-    return None
-
-
 def _event_window(ops: GpuOps, runtime: RuntimeCalls, nvtx: Annotations) -> tuple[int, int] | None:
     """[first event start, last event end) over GPU ops, runtime calls and NVTX ranges (ns)."""
     lows: list[int] = []
@@ -527,25 +328,6 @@ def _event_window(ops: GpuOps, runtime: RuntimeCalls, nvtx: Annotations) -> tupl
             lows.append(int(start.min()))
             highs.append(int((start + np.maximum(dur, 0)).max()))
     return (min(lows), max(highs)) if lows else None
-
-
-def _analysis_window(reader: GuardedSQLite) -> tuple[int, int] | None:
-    """The session's analysed range [0, ANALYSIS_DETAILS.duration): reported, not used as the window."""
-    table = "ANALYSIS_DETAILS"
-    if table in reader.tables and reader.col(table, "duration") != "NULL":
-        row = reader.one(f"SELECT duration FROM {table} LIMIT 1")
-        if row and isinstance(row[0], int) and not isinstance(row[0], bool) and 0 < row[0] < _MAX_INT:
-            # Event timestamps count from the session start, so the analysed range is [0, duration).
-            return 0, row[0]
-    return None
-
-
-def _meta(reader: GuardedSQLite, name: str) -> str | None:
-    table = "META_DATA_EXPORT"
-    if table not in reader.tables:
-        return None
-    row = reader.one(f"SELECT value FROM {table} WHERE name = ? LIMIT 1", (name,))
-    return str(row[0])[:200] if row and row[0] is not None else None
 
 
 def _split_by_device(
