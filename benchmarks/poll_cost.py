@@ -1,0 +1,235 @@
+"""Our CPU per poll cycle beside the Prometheus floor (#26 item 2), measured in one run.
+
+Usage (from the repository root, services started):
+
+    .venv/bin/python benchmarks/poll_cost.py --gpus 400 [--cycles 3] [--profile] [--keep DIR]
+
+Builds N/8 running jobs x 8 GPUs (one node each, `hpc_job` labels, a default dcgm-exporter's counters
+plus SM_ACTIVE, 30 s samples), backfills them into a throwaway Prometheus (promtool) and registers them
+in a throwaway database, as benchmarks/poll_cycle.py does. Then it runs `--cycles` one-minute cycles
+(`jobs.pipeline.poll.poll_cycle`, the cycle's per-job path included: archive, evaluation, derived series,
+diagnosis when due, alert rules) and records every HTTP request the last cycle sent to Prometheus. Last,
+it replays those requests alone, with the cycle's query concurrency (`cluster.CYCLE_QUERY_WORKERS`), and
+measures Prometheus' CPU for them: the floor, what any client of the same reads must pay.
+
+It prints, for the last (steady) cycle: our CPU (this process: Python, numpy, the HTTP and Postgres
+clients; plus this connection's Postgres backend, from /proc), Prometheus' CPU during the cycle and during
+the replay, the ratio ours / replay, and the load average before and after (a busy machine inflates
+every figure, ours and Prometheus' alike, but the ratio less). `--profile` runs one more cycle under
+cProfile (which inflates CPU, so it is not the measured one) and prints its top (cumulative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
+os.environ.setdefault("TEST_DATABASE_NAME", "bench_poll_cost")
+
+import django
+
+django.setup()
+
+import requests  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+
+T0 = 1_767_225_600.0  # jobs.simulate.DEFAULT_START: a multiple of the 2 h aggregate chunk
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process in seconds (None when /proc does not show it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class _Recorder:
+    """Records every HTTP request sent through requests.Session.request while `on` is set."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.sent: list[tuple[str, str, Any, Any]] = []
+        self._original = requests.Session.request
+        original = self._original
+        recorder = self
+
+        def request(session: requests.Session, method: str, url: str, **kwargs: Any) -> Any:
+            if recorder.on:
+                recorder.sent.append((method, url, kwargs.get("data"), kwargs.get("params")))
+            return original(session, method, url, **kwargs)
+
+        requests.Session.request = request  # type: ignore[method-assign,assignment]
+
+    def replay(self, workers: int, timeout_s: float) -> float:
+        """Send the recorded requests again (`workers` at a time); returns the wall seconds."""
+        session = requests.Session()
+        original = self._original
+
+        def send(item: tuple[str, str, Any, Any]) -> None:
+            method, url, data, params = item
+            resp = original(session, method, url, data=data, params=params, timeout=timeout_s)
+            resp.raise_for_status()
+            _ = resp.content  # the whole body, as the client reads it
+
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(send, self.sent))
+        session.close()
+        return time.perf_counter() - t
+
+
+def _simulate(jobs: int, minutes: float, seed: int) -> list[Any]:
+    from jobs.metrics.signals import DEFAULT_DISABLED
+    from jobs.simulate import CLUSTER_MIX, SimSpec, simulate
+
+    names = list(CLUSTER_MIX)
+    out = []
+    for j in range(jobs):
+        offset = 30.0 * (j % 4)  # jobs started within the first 2 minutes
+        spec = SimSpec(
+            scenario=names[j % len(names)],
+            gpus=8,
+            hosts=(f"gpu-node-{j + 1:05d}",),
+            job_id=str(60000 + j),
+            start=T0 + offset,
+            duration_s=minutes * 60.0 - offset,
+            seed=seed * 100000 + j,
+            missing_fraction=0.01,
+            disabled=DEFAULT_DISABLED - {"sm_active"},
+        )
+        out.append(simulate(spec))
+    return out
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def main() -> None:
+    """Run the benchmark (see the module docstring)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--gpus", type=int, default=400)
+    parser.add_argument("--cycles", type=int, default=3, help="cycles to run; the last one is measured")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--history-min", type=int, default=10, help="job age at the first cycle (minutes)")
+    parser.add_argument("--keep", help="directory to keep (and reuse) the backfilled TSDB in")
+    parser.add_argument("--profile", action="store_true", help="cProfile the measured cycle, top 40")
+    parser.add_argument("--profile-out", help="also write the profile's pstats to this file")
+    args = parser.parse_args()
+    if args.cycles < 1:
+        parser.error("--cycles must be at least 1")
+
+    from jobs.metrics import cluster
+    from jobs.metrics.prometheus import PrometheusClient
+    from jobs.metrics.promserver import PrometheusProcess
+    from jobs.models import Job, Team
+    from jobs.pipeline import poll as pipeline
+    from jobs.registry import register_job
+    from jobs.simulate import backfill, registration_body, write_openmetrics
+
+    n_jobs = max(1, args.gpus // 8)
+    first = T0 + args.history_min * 60.0
+    minutes = args.history_min + args.cycles + 3
+    sims = _simulate(n_jobs, minutes, args.seed)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-poll-cost-"))
+    tsdb = work / f"tsdb-{n_jobs}-{args.seed}-{minutes}"
+    if not tsdb.exists():
+        om = work / "data.om"
+        write_openmetrics(sims, om)
+        backfill(om, tsdb, timeout_s=3600)
+        om.unlink()
+
+    setup_test_environment()
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    recorder = _Recorder()
+    try:
+        team = Team.objects.create(slug="bench", name="Bench")
+        for sim in sims:
+            body = registration_body(sim, team=team, ended=False)
+            body["gpus"], body["selector"] = [], {"hpc_job": sim.spec.job_id}
+            register_job(body)
+        # Steady state: a tenth of the jobs due for their diagnosis in each one-minute cycle.
+        every = pipeline.DIAGNOSE_RUNNING_EVERY.total_seconds()
+        for i, pk in enumerate(Job.objects.order_by("pk").values_list("pk", flat=True)):
+            last = first - every + 60.0 * (i % round(every / 60.0))
+            Job.objects.filter(pk=pk).update(diagnosed_at=datetime.fromtimestamp(last, tz=UTC))
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            pg_pid = int(cur.fetchone()[0])
+        with PrometheusProcess(tsdb) as prom:
+            assert prom._proc is not None
+            prom_pid = prom._proc.pid
+            client = PrometheusClient(prom.url, timeout_s=60, retries=0)
+            profiler: cProfile.Profile | None = None
+            measured: dict[str, float] = {}
+            for c in range(args.cycles + (1 if args.profile else 0)):
+                now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
+                if c == args.cycles:  # one more cycle under the profiler (which inflates CPU): not measured
+                    profiler = cProfile.Profile()
+                    profiler.enable()
+                    pipeline.poll_cycle(client, now=now)
+                    profiler.disable()
+                    break
+                recorder.on = c == args.cycles - 1
+                load0 = _load()
+                cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
+                w0 = time.perf_counter()
+                report = pipeline.poll_cycle(client, now=now)
+                wall = time.perf_counter() - w0
+                cpu = time.process_time() - cpu0
+                p1, g1 = _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
+                recorder.on = False
+                assert p0 is not None and p1 is not None and g0 is not None and g1 is not None
+                measured = {"wall": wall, "python": cpu, "prometheus": p1 - p0, "postgres": g1 - g0}
+                print(f"cycle {c + 1}: {report['jobs']} jobs, {report['stale']} stale, wall {wall:.1f} s, "
+                      f"python {cpu:.2f} CPU-s, postgres {g1 - g0:.2f} CPU-s, load {load0}",
+                      flush=True)  # fmt: skip
+            wall, cpu = measured["wall"], measured["python"]
+            prom_cycle, postgres = measured["prometheus"], measured["postgres"]
+            time.sleep(1.0)
+            r0 = _proc_cpu_s(prom_pid)
+            replay_wall = recorder.replay(cluster.CYCLE_QUERY_WORKERS, 60.0)
+            r1 = _proc_cpu_s(prom_pid)
+            assert r0 is not None and r1 is not None
+            prom_replay = r1 - r0
+            ours = cpu + postgres
+            print(f"\nmeasured cycle ({n_jobs} jobs x 8 GPUs, {len(recorder.sent)} Prometheus requests):")
+            print(f"  ours:        {ours:6.2f} CPU-s  (python {cpu:.2f} + postgres backend {postgres:.2f}); "
+                  f"{1000 * ours / n_jobs:.1f} ms per job; cycle wall {wall:.1f} s")  # fmt: skip
+            print(f"  prometheus:  {prom_cycle:6.2f} CPU-s during the cycle")
+            print(f"  replay:      {prom_replay:6.2f} CPU-s of Prometheus for the same requests alone "
+                  f"(wall {replay_wall:.1f} s)")  # fmt: skip
+            ratio = ours / prom_replay if prom_replay > 0 else float("inf")
+            print(f"  ratio ours / Prometheus floor: {ratio:.2f} (target <= 1.5); load average {_load()}")
+            if profiler is not None:
+                print(f"\nprofile of cycle {args.cycles + 1} (not the measured one):")
+                stats = pstats.Stats(profiler)
+                stats.sort_stats("cumulative").print_stats(40)
+                if args.profile_out:
+                    stats.dump_stats(args.profile_out)
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+if __name__ == "__main__":
+    main()
