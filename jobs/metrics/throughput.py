@@ -11,9 +11,12 @@ writes a *template*: a small PromQL subset in which every vector selector is exa
 dcgm-exporter series and rarely carry the exporter's labels, so the job's GPU selector is not reused; the
 job's external id is its identity (unique; one registered to another team cannot be taken). The value is
 escaped with `jobs.metrics.promql.label_matcher`, so an id cannot leave its string literal.
-`validate_template` parses the template and refuses, with the rule in the message:
+`validate_template` parses the template with promql-parser (Prometheus' grammar and type rules; what it
+cannot parse is refused, e.g. a trailing comma or a duration out of order), walks the tree and refuses,
+with the rule in the message:
 
-- any label matcher other than `$job` (no `{job_id=~".+"}`, no `{__name__=~...}`), any string literal;
+- any label matcher other than `$job` (no `{job_id=~".+"}`, no `{__name__=~...}`), any string literal,
+  any comment (`#`: the parser drops it, and a leading FREE_FORM_MARK would pass as staff's);
 - a metric without `{$job}` (every vector selector reads only the job's series), or no selector at all;
 - functions and aggregations outside `FUNCTIONS` / `AGGREGATIONS` (no `label_replace`, `absent`, ...),
   `offset`, `@`, vector-matching modifiers (`on`, `group_left`), comparisons and set operators;
@@ -24,7 +27,7 @@ Staff may store free-form PromQL instead (`FREE_FORM_MARK` is prefixed, a PromQL
 text still runs as is); a free-form query without the mark (stored before templates existed, or by a
 non-staff user) is not run: `runnable_query` says why, and the job's throughput is unknown with it.
 
-Pure Python, no Django: settings (lookback, job label) are passed in.
+Pure Python (and promql-parser), no Django: settings (lookback, job label) are passed in.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
+
+import promql_parser
 
 from jobs.metrics.promql import (
     label_matcher,
@@ -49,38 +55,30 @@ MAX_TEMPLATE_CHARS = 2000
 
 Kind = Literal["scalar", "vector", "matrix"]
 
-#: Range-vector functions (their one argument is a matrix), and the instant-vector ones with the types of
-#: their arguments. Nothing that renames labels, reads metadata or builds series from nothing.
+#: Range-vector functions (their one argument is a matrix), and the instant-vector ones. Nothing that
+#: renames labels, reads metadata or builds series from nothing. The argument types and counts are
+#: checked by the parser (Prometheus' own function table).
 RANGE_FUNCTIONS = frozenset(
     {
         "rate", "irate", "increase", "delta", "idelta", "deriv", "avg_over_time", "sum_over_time",
         "min_over_time", "max_over_time", "count_over_time", "last_over_time",
     }
 )  # fmt: skip
-VECTOR_FUNCTIONS: dict[str, tuple[tuple[Kind, ...], ...]] = {
-    "abs": (("vector",),),
-    "ceil": (("vector",),),
-    "floor": (("vector",),),
-    "round": (("vector",), ("vector", "scalar")),
-    "clamp": (("vector", "scalar", "scalar"),),
-    "clamp_min": (("vector", "scalar"),),
-    "clamp_max": (("vector", "scalar"),),
-}
-FUNCTIONS = RANGE_FUNCTIONS | frozenset(VECTOR_FUNCTIONS)
+VECTOR_FUNCTIONS = frozenset({"abs", "ceil", "floor", "round", "clamp", "clamp_min", "clamp_max"})
+FUNCTIONS = RANGE_FUNCTIONS | VECTOR_FUNCTIONS
 AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
-_ARITHMETIC = ("+", "-", "*", "/")
-_TOKEN = re.compile(
-    r"""
-    (?P<space>\s+)
-  | (?P<job>\$job\b)
-  | (?P<duration>(?:\d+(?:ms|s|m|h|d|w|y))+)
-  | (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
-  | (?P<name>[a-zA-Z_][a-zA-Z0-9_:]*)
-  | (?P<punct>[(){}\[\],:+\-*/])
-    """,
-    re.VERBOSE,
-)
+ARITHMETIC = frozenset({"+", "-", "*", "/"})
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+#: `$job` is not PromQL: before parsing, each `$job` becomes this matcher, and afterwards every selector
+#: must carry exactly it. A label name starting with `__` is reserved by Prometheus (no exporter sets
+#: one), and the template may not spell the sentinel itself, so only `$job` can produce it.
+_SENTINEL_LABEL = "__efficiency_job__"
+_SENTINEL_VALUE = "job"
+_SENTINEL = f'{_SENTINEL_LABEL}="{_SENTINEL_VALUE}"'
+_JOB_WORD = re.compile(r"\$job\b")
+#: Parser messages that a template author meets most often, said as our rule (the rest pass through).
+_RANGE_ARG = re.compile(r"expected type matrix in call to function '(\w+)'")
 
 
 class TemplateError(ValueError):
@@ -95,139 +93,35 @@ def parse_duration(text: str) -> float:
     return float(sum(int(n) * _UNIT_S[u] for n, u in parts))
 
 
-@dataclass(frozen=True)
-class _Tok:
-    kind: str
-    text: str
-    pos: int
+def _parse(template: str) -> promql_parser.Expr:
+    """The syntax tree of a template (with `$job` as the sentinel matcher), parsed by promql-parser
+    (Prometheus' grammar and type rules, https://github.com/GreptimeTeam/promql-parser); TemplateError
+    for anything it cannot parse or that a comment or the sentinel could hide."""
+    if "#" in template:
+        # A comment is dropped by the parser, so it could carry text no rule sees; a template that
+        # began with FREE_FORM_MARK would also be stored as staff's free-form PromQL.
+        raise TemplateError("'#' (a PromQL comment) is not allowed in a throughput template")
+    if _SENTINEL_LABEL in template:
+        raise TemplateError(f"{_SENTINEL_LABEL} is reserved; write metric{{$job}}")
+    try:
+        return promql_parser.parse(_JOB_WORD.sub(_SENTINEL, template))
+    except ValueError as exc:
+        message = str(exc).replace(_SENTINEL, JOB_PLACEHOLDER)
+        if (m := _RANGE_ARG.search(message)) is not None:
+            name = m.group(1)
+            raise TemplateError(f"{name}() takes one range, e.g. {name}(metric{{$job}}[5m])") from exc
+        raise TemplateError(f"not valid PromQL: {message}") from exc
 
 
-def _tokens(text: str) -> list[_Tok]:
-    out: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            ch = text[pos]
-            what = "string literals and label matchers other than $job" if ch in "\"'`=~!" else repr(ch)
-            raise TemplateError(f"{what} are not allowed in a throughput template (at character {pos + 1})")
-        kind = m.lastgroup or ""
-        if kind != "space":
-            out.append(_Tok(kind, m.group(), pos))
-        pos = m.end()
-    return out
+class _Checker:
+    """Walks a parsed template, refusing every node outside the subset, and tells each node's type."""
 
-
-class _Parser:
-    """Recursive descent over the template subset, with the type (scalar/vector/matrix) of each part."""
-
-    def __init__(self, text: str, max_lookback_s: float) -> None:
-        self.toks = _tokens(text)
-        self.i = 0
+    def __init__(self, max_lookback_s: float) -> None:
         self.max_lookback_s = max_lookback_s
         self.selectors = 0
-        self.subqueries = 0
 
-    # -- helpers
-    def peek(self, offset: int = 0) -> _Tok | None:
-        j = self.i + offset
-        return self.toks[j] if j < len(self.toks) else None
-
-    def take(self, text: str | None = None, kind: str | None = None) -> _Tok:
-        tok = self.peek()
-        if tok is None:
-            raise TemplateError(f"the template ends early (expected {text or kind})")
-        if (text is not None and tok.text != text) or (kind is not None and tok.kind != kind):
-            raise TemplateError(f"expected {text or kind} at character {tok.pos + 1}, found {tok.text!r}")
-        self.i += 1
-        return tok
-
-    def at(self, text: str, offset: int = 0) -> bool:
-        tok = self.peek(offset)
-        return tok is not None and tok.text == text
-
-    def at_kind(self, kind: str, offset: int = 0) -> bool:
-        tok = self.peek(offset)
-        return tok is not None and tok.kind == kind
-
-    # -- grammar
-    def parse(self) -> Kind:
-        kind = self.expr()
-        if (tok := self.peek()) is not None:
-            raise TemplateError(f"unexpected {tok.text!r} at character {tok.pos + 1}")
-        if kind == "matrix":
-            raise TemplateError("the template must give an instant vector (wrap a range in rate(...))")
-        if self.selectors == 0:
-            raise TemplateError(
-                "the template reads no series: throughput_query must read only the job's series, each metric "
-                "written metric{$job}, e.g. sum(rate(train_tokens_total{$job}[5m]))"
-            )
-        return kind
-
-    def expr(self) -> Kind:
-        left = self.term()
-        while (tok := self.peek()) is not None and tok.text in ("+", "-"):
-            self.i += 1
-            self._no_modifier()
-            left = self._binary(left, self.term(), tok)
-        return left
-
-    def term(self) -> Kind:
-        left = self.unary()
-        while (tok := self.peek()) is not None and tok.text in ("*", "/"):
-            self.i += 1
-            self._no_modifier()
-            left = self._binary(left, self.unary(), tok)
-        return left
-
-    def _binary(self, left: Kind, right: Kind, op: _Tok) -> Kind:
-        if "matrix" in (left, right):
-            raise TemplateError(
-                f"{op.text!r} needs instant vectors or numbers, not a range (character {op.pos + 1})"
-            )
-        return "vector" if "vector" in (left, right) else "scalar"
-
-    def _no_modifier(self) -> None:
-        if any(self.at(word) for word in ("on", "ignoring", "group_left", "group_right", "bool")):
-            raise TemplateError("vector matching modifiers (on, ignoring, group_left, bool) are not allowed")
-
-    def unary(self) -> Kind:
-        if self.at("-") or self.at("+"):
-            self.i += 1
-            kind = self.unary()
-            if kind == "matrix":
-                raise TemplateError("a sign needs an instant vector or a number, not a range")
-            return kind
-        return self.postfix()
-
-    def postfix(self) -> Kind:
-        before = self.subqueries
-        kind = self.primary()
-        if self.at("["):
-            if self.subqueries > before:
-                raise TemplateError("a subquery inside a subquery is not allowed")
-            self.subqueries += 1
-            kind = self.subquery(kind)
-        tok = self.peek()
-        if tok is not None and tok.kind == "name" and tok.text in ("offset", "bool"):
-            raise TemplateError(f"{tok.text!r} is not allowed in a throughput template")
-        return kind
-
-    def subquery(self, kind: Kind) -> Kind:
-        start = self.take("[")
-        if kind != "vector":
-            raise TemplateError(f"a subquery needs an instant vector (character {start.pos + 1})")
-        window = self._lookback(parse_duration(self.take(kind="duration").text), "subquery range")
-        self.take(":")
-        if not self.at_kind("duration"):
-            raise TemplateError("a subquery needs an explicit step ([range:step])")
-        step = parse_duration(self.take(kind="duration").text)
-        if step <= 0 or window / step > MAX_SUBQUERY_POINTS:
-            raise TemplateError(f"a subquery may evaluate at most {MAX_SUBQUERY_POINTS} steps (range ÷ step)")
-        self.take("]")
-        return "matrix"
-
-    def _lookback(self, seconds: float, what: str) -> float:
+    def _lookback(self, window: timedelta, what: str) -> float:
+        seconds = window.total_seconds()
         if seconds <= 0:
             raise TemplateError(f"the {what} must be positive")
         if seconds > self.max_lookback_s:
@@ -236,99 +130,118 @@ class _Parser:
             )
         return seconds
 
-    def primary(self) -> Kind:
-        tok = self.peek()
-        if tok is None:
-            raise TemplateError("the template ends early")
-        if tok.kind == "number":
-            self.i += 1
-            return "scalar"
-        if tok.text == "(":
-            self.i += 1
-            kind = self.expr()
-            self.take(")")
-            return kind
-        if tok.text == "{" or tok.kind == "job":
+    @staticmethod
+    def _no_offset_or_at(node: promql_parser.VectorSelector | promql_parser.SubqueryExpr) -> None:
+        if node.offset is not None:
+            raise TemplateError("'offset' is not allowed in a throughput template")
+        if node.at is not None:
+            raise TemplateError("'@' is not allowed in a throughput template")
+
+    def selector(self, node: promql_parser.VectorSelector) -> None:
+        name = node.name
+        if not name:
             raise TemplateError("a selector needs a metric name: metric{$job}")
-        if tok.kind != "name":
-            raise TemplateError(f"unexpected {tok.text!r} at character {tok.pos + 1}")
-        nxt = self.peek(1)
-        if tok.text in AGGREGATIONS:
-            return self.aggregation()
-        if nxt is not None and nxt.text == "(":
-            return self.call()
-        if tok.text in ("by", "without", "offset", "on", "ignoring", "and", "or", "unless", "bool"):
-            raise TemplateError(f"{tok.text!r} is not allowed here (character {tok.pos + 1})")
-        return self.selector()
-
-    def selector(self) -> Kind:
-        name = self.take(kind="name")
-        if not self.at("{"):
+        matchers = node.matchers
+        own = [
+            m
+            for m in matchers.matchers
+            if m.name == _SENTINEL_LABEL
+            and m.value == _SENTINEL_VALUE
+            and m.op == promql_parser.MatchOp.Equal
+        ]
+        if not matchers.matchers and not matchers.or_matchers:
+            raise TemplateError(f"{name} must be written {name}{{$job}}: it would read every team's series")
+        if len(own) != 1 or len(matchers.matchers) != 1 or matchers.or_matchers:
             raise TemplateError(
-                f"{name.text} must be written {name.text}{{$job}}: it would read every team's series"
+                "string literals and label matchers other than $job are not allowed in a throughput "
+                f"template: write {name}{{$job}}"
             )
-        self.take("{")
-        self.take(kind="job")
-        self.take("}")
+        self._no_offset_or_at(node)
         self.selectors += 1
-        if self.at("[") and self.at("]", 2):  # a range; `[5m:1m]` is a subquery, left to postfix
-            self.take("[")
-            self._lookback(parse_duration(self.take(kind="duration").text), "range")
-            self.take("]")
-            return "matrix"
-        return "vector"
 
-    def _grouping(self) -> None:
-        self.take("(")
-        while not self.at(")"):
-            validate_label_name(self.take(kind="name").text)
-            if not self.at(")"):
-                self.take(",")
-        self.take(")")
-
-    def aggregation(self) -> Kind:
-        self.take(kind="name")
-        if self.at("by") or self.at("without"):
-            self.i += 1
-            self._grouping()
-        self.take("(")
-        if self.expr() != "vector":
-            raise TemplateError("an aggregation needs an instant vector")
-        self.take(")")
-        if self.at("by") or self.at("without"):
-            self.i += 1
-            self._grouping()
-        return "vector"
-
-    def call(self) -> Kind:
-        name = self.take(kind="name")
-        if name.text not in FUNCTIONS:
-            allowed = ", ".join(sorted(FUNCTIONS | AGGREGATIONS))
-            raise TemplateError(
-                f"function {name.text!r} is not allowed in a throughput template; use {allowed}"
-            )
-        self.take("(")
-        args: list[Kind] = []
-        while not self.at(")"):
-            args.append(self.expr())
-            if not self.at(")"):
-                self.take(",")
-        self.take(")")
-        if name.text in RANGE_FUNCTIONS:
-            if args != ["matrix"]:
-                raise TemplateError(f"{name.text}() takes one range, e.g. {name.text}(metric{{$job}}[5m])")
+    def walk(self, node: promql_parser.Expr, in_subquery: bool = False) -> Kind:
+        """The type of `node` after checking it and everything under it."""
+        if isinstance(node, promql_parser.NumberLiteral):
+            return "scalar"
+        if isinstance(node, promql_parser.StringLiteral):
+            raise TemplateError("string literals are not allowed in a throughput template")
+        if isinstance(node, promql_parser.VectorSelector):
+            self.selector(node)
             return "vector"
-        if tuple(args) not in VECTOR_FUNCTIONS[name.text]:
-            raise TemplateError(f"{name.text}() does not take ({', '.join(args)})")
-        return "vector"
+        if isinstance(node, promql_parser.MatrixSelector):
+            self.selector(node.vector_selector)
+            self._lookback(node.range, "range")
+            return "matrix"
+        if isinstance(node, promql_parser.SubqueryExpr):
+            if in_subquery:
+                raise TemplateError("a subquery inside a subquery is not allowed")
+            self._no_offset_or_at(node)
+            if node.range is None:  # the grammar requires one; the stubs allow None
+                raise TemplateError("a subquery needs a range ([range:step])")
+            window = self._lookback(node.range, "subquery range")
+            if node.step is None:
+                raise TemplateError("a subquery needs an explicit step ([range:step])")
+            step = node.step.total_seconds()
+            if step <= 0 or window / step > MAX_SUBQUERY_POINTS:
+                raise TemplateError(
+                    f"a subquery may evaluate at most {MAX_SUBQUERY_POINTS} steps (range ÷ step)"
+                )
+            self.walk(node.expr, in_subquery=True)
+            return "matrix"
+        if isinstance(node, promql_parser.ParenExpr | promql_parser.UnaryExpr):
+            return self.walk(node.expr, in_subquery)
+        if isinstance(node, promql_parser.Call):
+            name = node.func.name
+            if name not in FUNCTIONS:
+                allowed = ", ".join(sorted(FUNCTIONS | AGGREGATIONS))
+                raise TemplateError(
+                    f"function {name!r} is not allowed in a throughput template; use {allowed}"
+                )
+            for arg in node.args:
+                self.walk(arg, in_subquery)
+            return "vector"
+        if isinstance(node, promql_parser.AggregateExpr):
+            op = str(node.op)
+            if op not in AGGREGATIONS or node.param is not None:
+                raise TemplateError(
+                    f"aggregation {op!r} is not allowed in a throughput template; use "
+                    f"{', '.join(sorted(AGGREGATIONS))}"
+                )
+            self.walk(node.expr, in_subquery)
+            return "vector"
+        if isinstance(node, promql_parser.BinaryExpr):
+            op = str(node.op)
+            if op not in ARITHMETIC:
+                raise TemplateError(
+                    f"unexpected {op!r}: a throughput template combines only with + - * / (no comparisons, "
+                    "set operators (and, or, unless), %, ^ or atan2)"
+                )
+            if node.modifier is not None:
+                raise TemplateError(
+                    "vector matching modifiers (on, ignoring, group_left, bool) are not allowed"
+                )
+            kinds = (self.walk(node.lhs, in_subquery), self.walk(node.rhs, in_subquery))
+            return "vector" if "vector" in kinds else "scalar"
+        raise TemplateError(f"{type(node).__name__} is not allowed in a throughput template")
 
 
 def validate_template(text: str, *, max_lookback_s: float) -> str:
-    """`text` stripped when it is an allowed throughput template; TemplateError naming the rule otherwise."""
+    """`text` stripped when it is an allowed throughput template; TemplateError naming the rule otherwise.
+
+    promql-parser parses it (what it cannot parse is refused); the tree is walked and every node must be
+    in the subset the module docstring lists."""
     template = text.strip()
     if len(template) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"a throughput template has at most {MAX_TEMPLATE_CHARS} characters")
-    _Parser(template, max_lookback_s).parse()
+    checker = _Checker(max_lookback_s)
+    kind = checker.walk(_parse(template))
+    if kind == "matrix":
+        raise TemplateError("the template must give an instant vector (wrap a range in rate(...))")
+    if checker.selectors == 0:
+        raise TemplateError(
+            "the template reads no series: throughput_query must read only the job's series, each metric "
+            "written metric{$job}, e.g. sum(rate(train_tokens_total{$job}[5m]))"
+        )
     return template
 
 
@@ -425,6 +338,28 @@ def own_job_selector_problem(
 MAX_GROUP_REGEX_CHARS = 4000
 
 
+def _selectors_and_aggregations(node: promql_parser.Expr) -> tuple[int, int]:
+    """How many vector selectors and aggregations `node` holds (itself included)."""
+    children: list[promql_parser.Expr] = []
+    selectors = aggregations = 0
+    if isinstance(node, promql_parser.VectorSelector | promql_parser.MatrixSelector):
+        selectors = 1
+    elif isinstance(node, promql_parser.AggregateExpr):
+        aggregations = 1
+        children = [node.expr]
+    elif isinstance(node, promql_parser.SubqueryExpr | promql_parser.ParenExpr | promql_parser.UnaryExpr):
+        children = [node.expr]
+    elif isinstance(node, promql_parser.Call):
+        children = list(node.args)
+    elif isinstance(node, promql_parser.BinaryExpr):
+        children = [node.lhs, node.rhs]
+    for child in children:
+        s, a = _selectors_and_aggregations(child)
+        selectors += s
+        aggregations += a
+    return selectors, aggregations
+
+
 def groupable(template: str) -> bool:
     """Whether a validated template can be read for many jobs at once by `grouped_query`.
 
@@ -434,22 +369,20 @@ def groupable(template: str) -> bool:
     job the sum its own query gives. One selector only: with two, a vector-vector operator could fail for
     one job's series (duplicate matches), and the grouped query would then fail for every job.
     """
+    text = template.strip()
+    if not text.startswith("sum"):  # grouped_query splices after the leading `sum`
+        return False
     try:
-        toks = _tokens(template.strip())
+        root = _parse(text)
     except TemplateError:
         return False
-    if len(toks) < 4 or toks[0].text != "sum" or toks[1].text != "(" or toks[-1].text != ")":
+    if (
+        not isinstance(root, promql_parser.AggregateExpr)
+        or str(root.op) != "sum"
+        or root.modifier is not None
+    ):
         return False
-    depth = 0
-    for i, tok in enumerate(toks[1:], start=1):
-        depth += tok.text == "("
-        depth -= tok.text == ")"
-        if depth == 0 and i != len(toks) - 1:
-            return False  # the outer sum closes before the end: `sum(a) + sum(b)`
-    names = [t.text for t in toks[2:] if t.kind == "name"]
-    if any(n in AGGREGATIONS or n in ("by", "without") for n in names):
-        return False
-    return sum(t.kind == "job" for t in toks) == 1
+    return _selectors_and_aggregations(root.expr) == (1, 0)
 
 
 def grouped_query(template: str, job_label: str, external_ids: Sequence[str]) -> str:

@@ -70,6 +70,51 @@ def test_refused_templates_name_the_rule(template, rule):
     assert rule in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("template", "rule"),
+    [
+        # Not PromQL, although the hand-written parser took them: Prometheus would fail them at every poll.
+        ("sum by (rank) (x{$job}) by (pod)", "not valid PromQL"),
+        ("clamp_min(x{$job}, 0,)", "trailing commas"),
+        ("rate(x{$job}[30s1m])", "not a valid duration"),
+        ("sum(x{$job}) by (a)(b)", "not valid PromQL"),
+        # The tree walk: each node outside the subset is named.
+        ("x{$job} @ 100", "'@' is not allowed"),
+        ("rate(x{$job}[5m] @ end())", "'@' is not allowed"),
+        ("max_over_time(rate(x{$job}[1m])[30m:1m] offset 5m)", "'offset' is not allowed"),
+        ("topk(2, x{$job})", "aggregation 'topk' is not allowed"),
+        ("quantile(0.9, x{$job})", "aggregation 'quantile' is not allowed"),
+        ("x{$job} unless y{$job}", "unexpected 'unless'"),
+        ("x{$job} ^ 2", "unexpected '^'"),
+        ("x{$job} atan2 y{$job}", "unexpected 'atan2'"),
+        ("x{$job} > bool 0", "unexpected '>'"),
+        ("x{$job} * ignoring (pod) group_left y{$job}", "vector matching modifiers"),
+        ('"x"', "string literals"),
+        ("info(x{$job})", "function 'info' is not allowed"),
+        # `$job` only as a selector's whole matcher set, and the sentinel it becomes cannot be written.
+        ("sum by ($job) (x{$job})", "not valid PromQL"),
+        ("$jobs{$job}", "not valid PromQL"),
+        ('x{__efficiency_job__="job"}', "reserved"),
+        ("x{$job, $job}", "label matchers other than $job"),
+        ("x{$job or $job}", "label matchers other than $job"),
+        ("x{$job}[0s]", "not valid PromQL"),
+    ],
+)
+def test_the_promql_parser_and_the_tree_walk_refuse_what_the_subset_leaves_out(template, rule):
+    with pytest.raises(TemplateError) as err:
+        validate_template(template, max_lookback_s=HOUR)
+    assert rule in str(err.value), str(err.value)
+    assert "__efficiency_job__" not in str(err.value) or "reserved" in rule  # messages say $job
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["avg(x{$job}) * NaN", "x{$job} * 0x10", "sum by (rank,) (x{$job})", "round(x{$job}, 0.5)"],
+)
+def test_promql_the_hand_written_parser_refused_but_prometheus_accepts_is_allowed(template):
+    assert validate_template(template, max_lookback_s=HOUR) == template
+
+
 def test_durations_are_read_in_seconds():
     assert parse_duration("5m") == 300
     assert parse_duration("1h30m") == 5400
