@@ -70,7 +70,7 @@ def _late_gaps(rank: RankTrace, idle: iv.Intervals) -> tuple[npt.NDArray[np.bool
     """For each idle gap: (late, queued) -- was the GPU op that ends it launched after the gap began (the
     queue ran dry), or before it (it was queued and waited on something else)?
 
-    HTA's host-wait test (see `trace_analysis.idle_breakdown`) on the union of the streams: of the ops
+    HTA's host-wait test (see `hta_breakdowns.idle_breakdown`) on the union of the streams: of the ops
     starting when the gap ends, the earliest launched decides. A gap no op ends (the window's edge) or
     ended by an op whose launching call is not in the trace is neither.
     """

@@ -118,7 +118,7 @@ def test_findings_of_the_issue_trace_cover_the_steady_state_not_the_start_up() -
     # [BASE, BASE + 1.7904 s] that start-up is part of.
     span = {"start_unix": BASE_NS / 1e9, "end_unix": BASE_NS / 1e9 + 1.7904}
     art = ArtifactAnalysis("kineto", {"ranks": [rank], "capture": span})
-    assert A.RankView(art, rank).windows == [(pytest.approx(start), pytest.approx(end))]
+    assert A.RankView(art, art.trace.ranks[0]).windows == [(pytest.approx(start), pytest.approx(end))]
     for f in found.values():
         assert f.windows == [(pytest.approx(start), pytest.approx(end))], f.code
 
@@ -293,7 +293,8 @@ def test_real_multi_stream_traces_idle_on_the_union_not_the_stream_sum(
     # streams idle at the same time. The union's idle is checked against a plain merge of the analysed
     # kernels, copies and memsets (HTA's window: ops launched before the last ProfilerStep).
     from jobs.profiling.events import OpKind
-    from jobs.profiling.trace_analysis import analysis_window, round_like_hta
+    from jobs.profiling.hta_breakdowns import round_like_hta
+    from jobs.profiling.trace_analysis import analysis_window
 
     trace = parse_kineto(sample_or_skip(f"kineto/{name}"))
     rank = trace.ranks[0]
