@@ -47,7 +47,7 @@ services:
 	@$(SERVICES) start
 
 migrate: venv services
-	$(PY) manage.py migrate --noinput
+	DEBUG=true $(PY) manage.py migrate --noinput
 
 export DEMO_STATE_DIR ?= $(CURDIR)/$(VAR)/demo
 
@@ -64,7 +64,7 @@ $(DEMO_SECRET_FILE):
 	@umask 077 && $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
 
 demo: migrate $(DEMO_SECRET_FILE)
-	$(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
+	DEBUG=true $(PY) manage.py load_demo --tsdb $(VAR)/prometheus/data
 	@$(SERVICES) restart-prometheus
 	$(DEMO_ENV) $(PY) manage.py collectstatic --noinput -v0
 	@mkdir -p $(VAR)/run
@@ -74,7 +74,7 @@ demo: migrate $(DEMO_SECRET_FILE)
 	@# The web server serves the simulated exporter: --finish waits until Prometheus has scraped the running
 	@# jobs from it, so the first poll reads current data (no "Ingestion stale" alert at start, #28 item 3).
 	@for i in $$(seq 60); do curl -fsS -o /dev/null http://$(WEB_ADDR)/login/ && break; sleep 0.5; done
-	$(PY) manage.py load_demo --finish
+	DEBUG=true $(PY) manage.py load_demo --finish
 	$(DEMO_ENV) $(VENV)/bin/celery -A efficiency worker --loglevel INFO --concurrency 2 --detach \
 	  --pidfile $(VAR)/run/worker.pid --logfile $(VAR)/run/worker.log
 	$(DEMO_ENV) $(VENV)/bin/celery -A efficiency beat --loglevel INFO --detach \

@@ -29,7 +29,9 @@ from efficiency.sso_config import load_sso_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-DEBUG = env_bool("DEBUG", True)
+# False unless set: a process started without DEBUG runs like a deployment (SECRET_KEY required, HTTPS-only
+# cookies, HSTS). Development sets DEBUG=true (the Makefile's dev targets, efficiency/settings_test.py).
+DEBUG = env_bool("DEBUG", False)
 _DEV_SECRET = "dev-only-insecure-key-do-not-use-in-production-0123456789abcdefghijklmnop"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET if DEBUG else None)
 if not DEBUG and SECRET_KEY == _DEV_SECRET:

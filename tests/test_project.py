@@ -181,3 +181,21 @@ def test_deploy_check_is_clean_in_a_production_like_environment():
         "WARNING",
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_debug_is_off_unless_set():
+    """Issue 27 item 4: settings defaulted to DEBUG=True. A process started without DEBUG now runs like a
+    deployment: it refuses to start without a private SECRET_KEY, and with one it has DEBUG off."""
+    dropped = ("DJANGO_", "PYTEST", "DEBUG", "SECRET_KEY")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+
+    def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "manage.py", *args]
+        return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=99)
+
+    result = run(base, "check")
+    assert result.returncode != 0 and "SECRET_KEY is required but not set" in result.stderr
+    code = "from django.conf import settings; print('DEBUG', settings.DEBUG)"
+    result = run({**base, "SECRET_KEY": "a-private-key-" + "x" * 40}, "shell", "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert "DEBUG False" in result.stdout
