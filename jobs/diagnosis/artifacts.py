@@ -14,6 +14,7 @@ from typing import Any
 
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
+from jobs.profiling.analysis_schema import Capture, GpuIdleAttribution, TraceRank, lenient
 from jobs.profiling.capture import capture_from_nvidia_smi, make_capture
 
 KEYS_USED: dict[str, tuple[str, ...]] = {
@@ -103,34 +104,29 @@ def items(obj: Any, *path: str | int) -> list[Mapping[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class RankView:
-    """One rank of a trace analysis with the artifact it came from."""
+    """One rank of a trace analysis (typed: jobs.profiling.analysis_schema.TraceRank) with its artifact."""
 
     artifact: ArtifactAnalysis
-    data: Mapping[str, Any]
+    rank: TraceRank
 
     @property
     def label(self) -> str:
         """E.g. "trace.json.gz rank 3"."""
-        rank = self.data.get("rank")
         name = self.artifact.name or self.artifact.kind
-        return f"{name} rank {rank}" if rank is not None else name
+        return f"{name} rank {self.rank.rank}" if self.rank.rank is not None else name
 
     @property
     def source(self) -> str:
         """The artifact kind as a source label ("kineto trace", "nsys_sqlite trace")."""
         return f"{self.artifact.kind} trace"
 
-    def n(self, *path: str | int) -> float | None:
-        """A number inside this rank's analysis."""
-        return getnum(self.data, *path)
-
     def has_gpu_work(self) -> bool:
         """True when the rank has GPU ops (CPU-only traces carry no GPU evidence)."""
-        return self.n("temporal_breakdown", "span_ms") not in (None, 0.0)
+        return self.rank.temporal_breakdown.span_ms not in (None, 0.0)
 
     def too_small(self) -> bool:
         """Fewer kernels than `TT.MIN_TRACE_KERNELS` (when the analysis counts them): no evidence."""
-        kernels = self.n("kernel_breakdown", "kernel_count")
+        kernels = self.rank.kernel_breakdown.kernel_count
         return kernels is not None and kernels < TT.MIN_TRACE_KERNELS
 
     def attributed(self) -> bool:
@@ -138,12 +134,12 @@ class RankView:
 
         Analyses stored by parsers older than that section lack it; rules then use their older criteria.
         """
-        section = get(self.data, "gpu_idle_attribution")
-        return isinstance(section, Mapping) and section.get("has_gpu_ops") is True
+        return self.rank.attributed
 
-    def attribution(self, key: str) -> float | None:
-        """A number of the `gpu_idle_attribution` section (shares are % of the profiled steps)."""
-        return self.n("gpu_idle_attribution", key)
+    @property
+    def idle(self) -> GpuIdleAttribution:
+        """The rank's `gpu_idle_attribution` block (shares are % of the profiled steps)."""
+        return self.rank.gpu_idle_attribution
 
     @property
     def windows(self) -> list[tuple[float, float]]:
@@ -153,9 +149,9 @@ class RankView:
         activity), so a finding does not cover the start-up before it; otherwise the capture window of
         the artifact (see `capture_window`).
         """
-        if get(self.data, "phases", "basis") == "gpu_span":
-            start = self.n("phases", "window_start_unix")
-            end = self.n("phases", "window_end_unix")
+        phases = self.rank.phases
+        if phases.basis == "gpu_span":
+            start, end = phases.window_start_unix, phases.window_end_unix
             if start is not None and end is not None and start <= end:
                 return [(start, end)]
         return capture_window(self.artifact)
@@ -195,10 +191,9 @@ def trace_ranks(inp: DiagnosisInput) -> Iterator[RankView]:
     idle" says nothing about training.
     """
     for art in inp.artifacts:
-        for rank in items(art.analysis, "ranks"):
+        for rank in art.trace.ranks:
             view = RankView(art, rank)
-            has_work = isinstance(rank.get("temporal_breakdown"), Mapping) and view.has_gpu_work()
-            if has_work and not view.too_small():
+            if view.has_gpu_work() and not view.too_small():
                 yield view
 
 
@@ -239,10 +234,8 @@ def capture_window(art: ArtifactAnalysis) -> list[tuple[float, float]]:
     Findings from a trace cover only this window, not the whole job.
     """
     block = capture_of(art.analysis)
-    start, end = num(get(block, "start_unix")), num(get(block, "end_unix"))
-    if start is None or end is None or end < start:
-        return []
-    return [(start, end)]
+    window = lenient(block, Capture).window if block is not None else None
+    return [window] if window is not None else []
 
 
 def merge_windows(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:

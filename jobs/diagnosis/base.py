@@ -10,11 +10,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from jobs.diagnosis import thresholds as T
 from jobs.evaluation.schema import GpuSharing
 from jobs.metrics.signals import JobSignals
+from jobs.profiling import analysis_schema as AS
 
 CODES: tuple[str, ...] = (
     "false_saturation",
@@ -164,14 +166,38 @@ class Finding:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArtifactAnalysis:
-    """A parsed artifact: its kind (jobs.models.Artifact.Kind value) and the analysis dict its parser made."""
+    """A parsed artifact: its kind (jobs.models.Artifact.Kind value) and the analysis dict its parser made.
+
+    Rules read the analysis through its typed views (jobs.profiling.analysis_schema), decoded once per
+    diagnosis and cached on the instance (hence no slots: cached_property needs a __dict__).
+    """
 
     kind: str
     analysis: Mapping[str, Any]
     name: str = ""
     rank: int | None = None
+
+    @cached_property
+    def trace(self) -> AS.TraceAnalysis:
+        """The analysis as a trace analysis (no ranks when it is not one)."""
+        return AS.decode_trace(self.analysis)
+
+    @cached_property
+    def nsys_stats(self) -> AS.NsysStatsAnalysis:
+        """The analysis as an `nsys stats` CSV analysis (check `.format`)."""
+        return AS.decode_nsys_stats(self.analysis)
+
+    @cached_property
+    def ncu(self) -> AS.NcuAnalysis:
+        """The analysis as an Nsight Compute CSV analysis (check `.format`)."""
+        return AS.decode_ncu(self.analysis)
+
+    @cached_property
+    def pyspy(self) -> AS.PySpyAnalysis:
+        """The analysis as a py-spy analysis (`classes_pct` is None when it is not one)."""
+        return AS.decode_pyspy(self.analysis)
 
 
 @dataclass(slots=True)

@@ -24,12 +24,13 @@ capture windows overlap, or when no rank's clock is known); collectives outside 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis.base import DiagnosisInput, Evidence
+from jobs.profiling.analysis_schema import TraceRank
 
 #: Fewest ranks with collective kernels that can be compared.
 MIN_RANKS = 2
@@ -135,30 +136,27 @@ def rank_names(ranks: Iterable[RankNumbers]) -> str:
     return ", ".join(r.name for r in items)
 
 
-def steps_analysed(rank: Mapping[str, Any]) -> int:
+def steps_analysed(rank: TraceRank) -> int:
     """Steps inside a rank's analysis window (HTA's: every ProfilerStep but the last; 1 without steps)."""
-    window = A.get(rank, "window")
-    profiler = A.num(A.get(window, "profiler_steps"))
+    profiler = rank.window.profiler_steps
     if profiler is None or profiler < 2:
         return 1
-    excludes = A.get(window, "excludes_last_profiler_step") is True
-    return int(profiler) - 1 if excludes else int(profiler)
+    return int(profiler) - 1 if rank.window.excludes_last_profiler_step is True else int(profiler)
 
 
 def rank_numbers(view: A.RankView) -> RankNumbers | None:
     """The per-step numbers of one trace rank, or None when it ran no collective kernels."""
-    comm = view.n("comm_compute_overlap", "communication_ms")
+    overlap = view.rank.comm_compute_overlap
+    comm = overlap.communication_ms
     if comm is None or comm <= 0:
         return None
-    steps = steps_analysed(view.data)
-    compute = view.n("comm_compute_overlap", "computation_ms")
-    step = view.n("step_times", "median_ms")
+    steps = steps_analysed(view.rank)
+    compute = overlap.computation_ms
+    step = view.rank.step_times.median_ms
     if step is None or step <= 0:
-        span = view.n("temporal_breakdown", "span_ms")
+        span = view.rank.temporal_breakdown.span_ms
         step = span / steps if span else None
-    rank = view.data.get("rank")
-    if not isinstance(rank, int) or isinstance(rank, bool):
-        rank = view.artifact.rank
+    rank = view.rank.rank if view.rank.rank is not None else view.artifact.rank
     windows = view.windows
     return RankNumbers(
         rank=rank,

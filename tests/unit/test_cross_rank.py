@@ -10,6 +10,7 @@ import pytest
 from jobs.diagnosis import cross_rank as X
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput, Finding, Severity
+from jobs.profiling.analysis_schema import TraceRank, lenient
 from jobs.profiling.kineto import parse_kineto
 from jobs.profiling.trace_analysis import analyze_trace
 from tests.conftest import sample_path
@@ -150,10 +151,13 @@ def test_the_same_rank_uploaded_twice_counts_once() -> None:
 
 
 def test_steps_analysed_follow_htas_window() -> None:
-    assert X.steps_analysed({"window": {"profiler_steps": 5, "excludes_last_profiler_step": True}}) == 4
-    assert X.steps_analysed({"window": {"profiler_steps": 5, "excludes_last_profiler_step": False}}) == 5
-    assert X.steps_analysed({"window": {"profiler_steps": 0}}) == 1
-    assert X.steps_analysed({}) == 1
+    def steps(rank: dict[str, Any]) -> int:
+        return X.steps_analysed(lenient(rank, TraceRank))
+
+    assert steps({"window": {"profiler_steps": 5, "excludes_last_profiler_step": True}}) == 4
+    assert steps({"window": {"profiler_steps": 5, "excludes_last_profiler_step": False}}) == 5
+    assert steps({"window": {"profiler_steps": 0}}) == 1
+    assert steps({}) == 1
 
 
 def test_two_real_ranks_of_one_128_rank_job_are_within_normal_skew() -> None:
@@ -185,4 +189,4 @@ def test_two_real_ranks_of_one_128_rank_job_are_within_normal_skew() -> None:
 def _numbers(art: ArtifactAnalysis) -> X.RankNumbers | None:
     from jobs.diagnosis.artifacts import RankView
 
-    return X.rank_numbers(RankView(art, art.analysis["ranks"][0]))
+    return X.rank_numbers(RankView(art, art.trace.ranks[0]))

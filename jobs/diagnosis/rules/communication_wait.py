@@ -267,11 +267,11 @@ def _trace(
 ) -> float:
     worst = 0.0
     for r in A.trace_ranks(inp):
-        comm = r.n("comm_compute_overlap", "communication_ms")
-        span = r.n("temporal_breakdown", "span_ms")
+        comm = r.rank.comm_compute_overlap.communication_ms
+        span = r.rank.temporal_breakdown.span_ms
         if not comm or not span:
             continue
-        overlap = r.n("comm_compute_overlap", "overlap_pct") or 0.0
+        overlap = r.rank.comm_compute_overlap.overlap_pct or 0.0
         exposed_pct = 100.0 * comm * (1.0 - overlap / 100.0) / span
         poor = overlap < T.OVERLAP_LOW_PCT
         if exposed_pct >= T.EXPOSED_COMM_HIGH_PCT or (exposed_pct >= T.EXPOSED_COMM_PCT and poor):
@@ -280,7 +280,7 @@ def _trace(
                 Evidence(f"{r.label}: overlapped with compute", round(overlap, 1), "%"),
                 Evidence(f"{r.label}: exposed communication", round(exposed_pct, 2), "% of span"),
             ]
-            share = r.n("step_breakdown", "communication_pct")
+            share = r.rank.step_breakdown.communication_pct
             if share is not None:
                 evidence.append(Evidence(f"{r.label}: communication share of step", round(share, 2), "%"))
             worst = max(worst, exposed_pct / 100.0)
@@ -307,7 +307,7 @@ def _late_rank(inp: DiagnosisInput, evidence: list[Evidence]) -> X.Imbalance | N
 def _nsys_stats(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> float:
     worst = 0.0
     for art in A.nsys_stats(inp):
-        share = A.getnum(art.analysis, "kernels", "nccl_time_share_pct")
+        share = art.nsys_stats.kernels.nccl_time_share_pct
         if share is not None and share >= T.EXPOSED_COMM_HIGH_PCT:
             evidence.append(Evidence(f"{A.source_label(art)}: NCCL share of kernel time", share, "%"))
             worst = max(worst, share / 100.0 * 0.5)  # overlap unknown: assume half is hidden

@@ -426,24 +426,24 @@ def _trace(
     worst: float | None = None
     for r in A.trace_ranks(inp):
         if r.attributed():
-            exposed = r.attribution("input_pct")
+            exposed = r.idle.input_pct
             if exposed is None or exposed < TT.INPUT_IDLE_PCT:
                 continue
-            loader = r.n("input_pipeline", "dataloader_step_pct")
-            iterator = A.get(r.data, "input_pipeline", "iterator")
+            loader = r.rank.input_pipeline.dataloader_step_pct
+            iterator = r.rank.input_pipeline.iterator
             evidence += [
                 Evidence(f"{r.label}: GPU idle while the host waits in the DataLoader", exposed, "% of step"),
                 Evidence(f"{r.label}: DataLoader time on the host (captured window)", loader, "% of step"),
-                Evidence(f"{r.label}: GPU idle", r.attribution("idle_pct"), "% of step"),
+                Evidence(f"{r.label}: GPU idle", r.idle.idle_pct, "% of step"),
             ]
-            if isinstance(iterator, str):
+            if iterator is not None:
                 evidence.append(Evidence(f"{r.label}: DataLoader iterator", iterator))
             share = exposed / 100.0
         else:
-            loader = r.n("step_breakdown", "dataloader_pct")
+            loader = r.rank.step_breakdown.dataloader_pct
             if loader is None or loader < T.DATALOADER_PCT:
                 continue  # GPU idle without a hot DataLoader is not evidence of an input stall
-            idle = r.n("temporal_breakdown", "idle_pct")
+            idle = r.rank.temporal_breakdown.idle_pct
             evidence += [
                 Evidence(f"{r.label}: DataLoader share of step", round(loader, 2), "%"),
                 Evidence(f"{r.label}: GPU idle", None if idle is None else round(idle, 2), "% of span"),
@@ -474,42 +474,42 @@ def _host_work(
     for r in A.trace_ranks(inp):
         if not r.attributed():
             continue
-        hw = A.get(r.data, "gpu_idle_attribution", "host_work")
-        share = A.getnum(hw, "cpu_ops_pct")
+        hw = r.idle.host_work
+        share = hw.cpu_ops_pct
         if share is None or share < TT.HOST_WORK_IDLE_PCT:
             continue
         repeats, recurring, how = A.repetition(
             share,
-            r.attribution("steps"),
-            A.getnum(hw, "cpu_ops_steps"),
-            A.getnum(hw, "cpu_ops_gaps"),
-            A.getnum(hw, "cpu_ops_largest_gap_pct"),
+            r.idle.steps,
+            hw.cpu_ops_steps,
+            hw.cpu_ops_gaps,
+            hw.cpu_ops_largest_gap_pct,
         )
-        ops = A.items(hw, "top_ops")
+        ops = hw.top_ops
         evidence += [
             Evidence(
                 f"{r.label}: GPU idle with nothing queued while the launching threads run CPU operators",
                 round(share, 2),
                 "% of window",
             ),
-            Evidence(f"{r.label}: GPU idle", _round(r.attribution("idle_pct")), "% of window"),
+            Evidence(f"{r.label}: GPU idle", _round(r.idle.idle_pct), "% of window"),
             Evidence(
                 f"{r.label}: GPU idle in gaps of >= 1 ms ended by a late launch",
-                _round(A.getnum(hw, "late_launch_pct")),
+                _round(hw.late_launch_pct),
                 "% of window",
             ),
             Evidence(
                 f"{r.label}: of it, the host in CUDA runtime calls (allocation, lazy init)",
-                _round(A.getnum(hw, "runtime_pct")),
+                _round(hw.runtime_pct),
                 "% of window",
             ),
             Evidence(
                 f"{r.label}: of it, the host in nothing traced (Python, sleep, I/O: not visible)",
-                _round(A.getnum(hw, "untraced_pct")),
+                _round(hw.untraced_pct),
                 "% of window",
             ),
             Evidence(
-                f"{r.label}: DataLoader time on the host", r.n("input_pipeline", "dataloader_step_pct"), "%"
+                f"{r.label}: DataLoader time on the host", r.rank.input_pipeline.dataloader_step_pct, "%"
             ),
         ]
         if how is not None:
@@ -524,13 +524,13 @@ def _host_work(
         for op in ops[:3]:
             evidence.append(
                 Evidence(
-                    f"{r.label}: host in {str(op.get('name', '?'))[:160]} "
-                    f"({int(A.num(op.get('count')) or 0)} calls) while the GPU waits",
-                    A.num(op.get("idle_pct")),
+                    f"{r.label}: host in {(op.name or '?')[:160]} "
+                    f"({int(op.count or 0)} calls) while the GPU waits",
+                    op.idle_pct,
                     "% of window",
                 )
             )
-        names = [str(op.get("name")) for op in ops[:2] if op.get("name")]
+        names = [op.name for op in ops[:2] if op.name]
         hit = (clamp01(recurring / 100.0), repeats, names)
         if worst is None or hit[0] > worst[0]:
             worst = hit
@@ -561,9 +561,9 @@ def _round(value: float | None) -> float | None:
 def _trace_advice(inp: DiagnosisInput) -> str:
     """What the traces' DataLoader iterator class says about the workers, as advice ('' when unknown)."""
     iterators = {
-        A.get(r.data, "input_pipeline", "iterator")
+        r.rank.input_pipeline.iterator
         for r in A.trace_ranks(inp)
-        if (r.attribution("input_pct") or 0.0) >= TT.INPUT_IDLE_PCT
+        if (r.idle.input_pct or 0.0) >= TT.INPUT_IDLE_PCT
     }
     if "single_process" in iterators:
         return (
@@ -583,20 +583,17 @@ def _trace_advice(inp: DiagnosisInput) -> str:
 def _pyspy(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> bool:
     hit = False
     for art in A.pyspy(inp):
-        share = A.getnum(art.analysis, "input_pipeline_pct")
+        analysis = art.pyspy
+        share = analysis.input_pipeline_pct
         if share is None or share < T.PYSPY_INPUT_PCT:
             continue
         hit = True
         evidence.append(Evidence(f"{A.source_label(art)}: Python samples in the input pipeline", share, "%"))
         hot = [
-            h
-            for h in A.items(art.analysis, "hot_inclusive")
-            if h.get("class") in ("data_loading", "tokenization", "collate")
+            h for h in analysis.hot_inclusive if h.frame_class in ("data_loading", "tokenization", "collate")
         ][:3]
         for h in hot:
-            evidence.append(
-                Evidence(f"hot: {str(h.get('label', '?'))[:120]}", A.num(h.get("inclusive_pct")), "%")
-            )
+            evidence.append(Evidence(f"hot: {(h.label or '?')[:120]}", h.inclusive_pct, "%"))
         if "py-spy" not in sources:
             sources.append("py-spy")
     return hit

@@ -68,14 +68,12 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         share, pg = _trace_share(r)
         if share is None or share < T.MEMCPY_SHARE_PCT:
             continue
-        busy = 1.0 - (r.n("temporal_breakdown", "idle_pct") or 0.0) / 100.0
+        busy = 1.0 - (r.rank.temporal_breakdown.idle_pct or 0.0) / 100.0
         minor.append(share * busy < MEMCPY_SPAN_PCT)
         evidence.append(Evidence(f"{r.label}: host<->device memcpy", round(share, 1), "% of GPU busy time"))
-        for kind in A.items(r.data, "memcpy", "by_kind"):
-            if kind.get("copy_kind") in _HOST_KINDS:
-                evidence.append(
-                    Evidence(f"{r.label}: {kind.get('copy_kind')} copies", A.num(kind.get("time_ms")), "ms")
-                )
+        for kind in r.rank.memcpy.by_kind:
+            if kind.copy_kind in _HOST_KINDS:
+                evidence.append(Evidence(f"{r.label}: {kind.copy_kind} copies", kind.time_ms, "ms"))
         if pg is not None:
             evidence.append(Evidence(f"{r.label}: pageable host memory", round(pg, 1), "% of host bytes"))
             pageable = pageable or pg >= T.PAGEABLE_PCT
@@ -86,9 +84,10 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         if r.source not in sources:
             sources.append(r.source)
     for art in A.nsys_stats(inp):
-        ops = A.items(art.analysis, "memory_ops", "by_operation")
-        host_ms = sum(A.num(o.get("total_time_ms")) or 0.0 for o in ops if o.get("operation") in _HOST_KINDS)
-        kernel_ms = A.getnum(art.analysis, "kernels", "total_time_ms")
+        stats = art.nsys_stats
+        ops = stats.memory_ops.by_operation
+        host_ms = sum(o.total_time_ms or 0.0 for o in ops if o.operation in _HOST_KINDS)
+        kernel_ms = stats.kernels.total_time_ms
         if kernel_ms and host_ms / (host_ms + kernel_ms) * 100 >= T.MEMCPY_SHARE_PCT:
             evidence.append(
                 Evidence(f"{A.source_label(art)}: host<->device memcpy time", round(host_ms, 3), "ms")
@@ -135,14 +134,10 @@ def _gbps(value: float | None) -> float | None:
 
 
 def _trace_share(r: A.RankView) -> tuple[float | None, float | None]:
-    host_ms = sum(
-        A.num(k.get("time_ms")) or 0.0
-        for k in A.items(r.data, "memcpy", "by_kind")
-        if k.get("copy_kind") in _HOST_KINDS
-    )
-    compute = r.n("temporal_breakdown", "compute_ms")
-    non_compute = r.n("temporal_breakdown", "non_compute_ms")
+    host_ms = sum(k.time_ms or 0.0 for k in r.rank.memcpy.by_kind if k.copy_kind in _HOST_KINDS)
+    compute = r.rank.temporal_breakdown.compute_ms
+    non_compute = r.rank.temporal_breakdown.non_compute_ms
     busy = (compute or 0.0) + (non_compute or 0.0)
     if not host_ms or busy <= 0:
-        return None, r.n("memcpy", "pageable_bytes_pct")
-    return min(100.0, 100.0 * host_ms / busy), r.n("memcpy", "pageable_bytes_pct")
+        return None, r.rank.memcpy.pageable_bytes_pct
+    return min(100.0, 100.0 * host_ms / busy), r.rank.memcpy.pageable_bytes_pct

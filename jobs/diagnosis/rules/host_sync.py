@@ -23,7 +23,6 @@ CPU time in them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from jobs.diagnosis import artifacts as A
@@ -32,6 +31,7 @@ from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.host_looks import host_look
+from jobs.profiling.analysis_schema import HostBlocking
 
 CODE = "host_sync"
 RECOMMENDATION = (
@@ -78,8 +78,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     measured = False
     repeating = False
     for r in A.trace_ranks(inp):
-        if r.attributed() and isinstance(A.get(r.data, "host_blocking"), Mapping):
-            hit = _attributed(r, evidence, kinds)
+        if r.attributed() and r.rank.host_blocking is not None:
+            hit = _attributed(r, r.rank.host_blocking, evidence, kinds)
             if hit is None:
                 continue
             measured = True
@@ -100,8 +100,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         if r.source not in sources:
             sources.append(r.source)
     for art in A.nsys_stats(inp):
-        calls = A.getnum(art.analysis, "cuda_api", "sync_calls") or 0.0
-        share = A.getnum(art.analysis, "cuda_api", "sync_share_of_api_pct") or 0.0
+        api = art.nsys_stats.cuda_api
+        calls, share = api.sync_calls or 0.0, api.sync_share_of_api_pct or 0.0
         if calls >= T.SYNC_CALLS_MIN or share >= 2 * T.SYNC_TIME_PCT:
             evidence += [
                 Evidence(f"{A.source_label(art)}: sync API calls", int(calls), "count"),
@@ -156,11 +156,11 @@ def repetition(r: A.RankView) -> tuple[bool, float, str | None]:
     The recurring share is the host-sync idle (% of the window) without a one-off gap. Analyses made
     before the repetition keys existed count as repeating (their old criteria stand).
     """
-    idle_sync = r.attribution("host_sync_pct") or 0.0
-    steps = r.attribution("steps") or 0.0
-    with_sync = r.attribution("host_sync_steps")
-    gaps = r.attribution("host_sync_gaps")
-    largest = r.attribution("host_sync_largest_gap_pct")
+    idle_sync = r.idle.host_sync_pct or 0.0
+    steps = r.idle.steps or 0.0
+    with_sync = r.idle.host_sync_steps
+    gaps = r.idle.host_sync_gaps
+    largest = r.idle.host_sync_largest_gap_pct
     if steps >= TT.REPEAT_MIN_STEPS and with_sync is not None:
         share = 100.0 * with_sync / steps
         repeats = with_sync >= TT.REPEAT_MIN_STEPS and share >= TT.REPEAT_STEP_SHARE_PCT
@@ -175,15 +175,15 @@ def repetition(r: A.RankView) -> tuple[bool, float, str | None]:
 
 
 def _attributed(
-    r: A.RankView, evidence: list[Evidence], kinds: dict[str, float]
+    r: A.RankView, blocking: HostBlocking, evidence: list[Evidence], kinds: dict[str, float]
 ) -> tuple[float, bool, float] | None:
     """Evidence from the host_blocking and gpu_idle_attribution sections: (GPU idle %, warning?,
     recurring GPU idle %)."""
-    idle_sync = r.attribution("host_sync_pct")
+    idle_sync = r.idle.host_sync_pct
     if idle_sync is None or idle_sync < TT.HOST_SYNC_IDLE_PCT:
         return None
     repeats, recurring, how = repetition(r)
-    blocked = r.n("host_blocking", "step_pct")
+    blocked = blocking.step_pct
     evidence += [
         Evidence(
             f"{r.label}: GPU idle caused by host blocking (captured window)", round(idle_sync, 2), "% of step"
@@ -193,10 +193,10 @@ def _attributed(
         ),
         Evidence(
             f"{r.label}: CPU blocked on the GPU",
-            _round(r.n("host_blocking", "cpu_time_pct")),
+            _round(blocking.cpu_time_pct),
             "% of CPU time",
         ),
-        Evidence(f"{r.label}: GPU idle", _round(r.attribution("idle_pct")), "% of step"),
+        Evidence(f"{r.label}: GPU idle", _round(r.idle.idle_pct), "% of step"),
     ]
     if how is not None:
         evidence.append(
@@ -207,35 +207,31 @@ def _attributed(
                 "% of step recurring",
             )
         )
-    for row in A.items(r.data, "host_blocking", "by_kind"):
-        kind = str(row.get("kind"))
-        kinds[kind] = kinds.get(kind, 0.0) + (A.num(row.get("time_ms")) or 0.0)
-        evidence.append(Evidence(f"{r.label}: blocking calls: {kind}", A.num(row.get("count")), "count"))
-    for site in A.items(r.data, "host_blocking", "sites")[:3]:
+    for row in blocking.by_kind:
+        kind = str(row.kind)
+        kinds[kind] = kinds.get(kind, 0.0) + (row.time_ms or 0.0)
+        evidence.append(Evidence(f"{r.label}: blocking calls: {kind}", row.count, "count"))
+    for site in blocking.sites[:3]:
         evidence.append(
-            Evidence(
-                f"{r.label}: blocks at {str(site.get('site', '?'))[:200]}",
-                A.num(site.get("step_pct")),
-                "% of step",
-            )
+            Evidence(f"{r.label}: blocks at {(site.site or '?')[:200]}", site.step_pct, "% of step")
         )
     return idle_sync, repeats and recurring >= TT.HOST_SYNC_IDLE_WARN_PCT, recurring
 
 
 def _legacy(r: A.RankView, evidence: list[Evidence]) -> tuple[float, bool] | None:
     """Older analyses: synchronize calls per step and CPU time in them: (impact, warning?)."""
-    calls = r.n("sync", "cpu_sync_calls") or 0.0
-    sync_ms = r.n("sync", "cpu_sync_ms") or 0.0
-    span = r.n("temporal_breakdown", "span_ms")
-    steps = r.n("step_times", "count") or 0.0
-    if not steps and (r.n("step_breakdown", "steps") or 0.0) > 1:
-        steps = r.n("step_breakdown", "steps") or 0.0
+    calls = r.rank.sync.cpu_sync_calls or 0.0
+    sync_ms = r.rank.sync.cpu_sync_ms or 0.0
+    span = r.rank.temporal_breakdown.span_ms
+    steps = r.rank.step_times.count or 0.0
+    if not steps and (r.rank.step_breakdown.steps or 0.0) > 1:
+        steps = r.rank.step_breakdown.steps or 0.0
     per_step = calls / steps if steps else None
     frequent = per_step >= T.SYNC_CALLS_PER_STEP if per_step is not None else calls >= T.SYNC_CALLS_MIN
     time_pct = 100.0 * sync_ms / span if span else 0.0
     if not frequent and time_pct < T.SYNC_TIME_PCT:
         return None
-    names = ", ".join(str(c.get("name")) for c in A.items(r.data, "sync", "cpu_sync_by_call")[:3])
+    names = ", ".join(str(c.name) for c in r.rank.sync.cpu_sync_by_call[:3])
     evidence += [
         Evidence(f"{r.label}: blocking sync calls{f' ({names})' if names else ''}", int(calls), "count"),
         Evidence(f"{r.label}: CPU time blocked in syncs", round(sync_ms, 3), "ms"),
@@ -243,11 +239,11 @@ def _legacy(r: A.RankView, evidence: list[Evidence]) -> tuple[float, bool] | Non
     ]
     if per_step is not None:
         evidence.append(Evidence(f"{r.label}: sync calls per step", round(per_step, 1), "count"))
-    gpu_syncs = r.n("sync", "gpu_sync_count")
+    gpu_syncs = r.rank.sync.gpu_sync_count
     if gpu_syncs:
         evidence.append(Evidence(f"{r.label}: GPU-side sync records", int(gpu_syncs), "count"))
     # The GPU idles at most while the CPU is blocked and the queue is drained.
-    idle = (r.n("temporal_breakdown", "idle_pct") or 0.0) / 100.0
+    idle = (r.rank.temporal_breakdown.idle_pct or 0.0) / 100.0
     many = per_step is not None and per_step >= 2 * T.SYNC_CALLS_PER_STEP
     warn = time_pct >= T.SYNC_TIME_PCT or (many and idle * 100 >= T.TRACE_IDLE_MIN_PCT)
     return clamp01(min(time_pct / 100.0, idle)), warn

@@ -155,12 +155,12 @@ def _trace(
     """
     hit = False
     for r in A.trace_ranks(inp):
-        tiny = r.n("kernel_breakdown", "tiny_kernels", "count_pct")
-        shorter = r.n("launch_stats", "gpu_shorter_than_launch_pct")
-        kernels, steps = r.n("kernel_breakdown", "kernel_count"), r.n("step_times", "count")
+        tiny = r.rank.kernel_breakdown.tiny_kernels.count_pct
+        shorter = r.rank.launch_stats.gpu_shorter_than_launch_pct
+        kernels, steps = r.rank.kernel_breakdown.kernel_count, r.rank.step_times.count
         if r.attributed():
-            launch = r.attribution("launch_gaps_pct")
-            busy = r.attribution("launch_gaps_host_busy_pct")
+            launch = r.idle.launch_gaps_pct
+            busy = r.idle.launch_gaps_host_busy_pct
             if launch is None or launch < TT.LAUNCH_GAPS_PCT:
                 continue
             launching = (
@@ -170,22 +170,19 @@ def _trace(
             )
             if not launching:
                 continue
-            gaps = {
-                (A.num(g.get("lower_us")), A.num(g.get("upper_us"))): A.num(g.get("count"))
-                for g in A.items(r.data, "gpu_idle_attribution", "idle_gaps")
-            }
+            gaps = {(g.lower_us, g.upper_us): g.count for g in r.idle.idle_gaps}
             evidence += [
                 Evidence(f"{r.label}: GPU idle in launch gaps < 1 ms (captured window)", launch, "% of step"),
                 Evidence(f"{r.label}: idle gaps of 30 µs – 1 ms", gaps.get((30.0, 1000.0)), "count"),
                 Evidence(f"{r.label}: host busy during those gaps", busy, "%"),
-                Evidence(f"{r.label}: GPU idle", r.attribution("idle_pct"), "% of step"),
+                Evidence(f"{r.label}: GPU idle", r.idle.idle_pct, "% of step"),
                 Evidence(f"{r.label}: kernels shorter than 10 µs", tiny, "% of kernels"),
                 Evidence(f"{r.label}: kernels shorter than their launch call", shorter, "%"),
             ]
             impacts.append(clamp01(launch / 100.0))
         else:
-            kernel_wait = r.n("idle_breakdown", "kernel_wait_pct")
-            idle = r.n("temporal_breakdown", "idle_pct")
+            kernel_wait = r.rank.idle_breakdown.kernel_wait_pct
+            idle = r.rank.temporal_breakdown.idle_pct
             if tiny is None or tiny < T.TINY_KERNEL_COUNT_PCT or idle is None or idle < T.TRACE_IDLE_MIN_PCT:
                 continue
             waiting = (kernel_wait or 0.0) >= T.KERNEL_WAIT_SHARE_PCT or (shorter or 0.0) >= (
@@ -212,7 +209,7 @@ def _trace(
 def _nsys_stats(inp: DiagnosisInput, evidence: list[Evidence], sources: list[str]) -> bool:
     hit = False
     for art in A.nsys_stats(inp):
-        tiny = A.getnum(art.analysis, "kernels", "tiny_instance_share_pct")
+        tiny = art.nsys_stats.kernels.tiny_instance_share_pct
         if tiny is not None and tiny >= T.TINY_KERNEL_COUNT_PCT:
             hit = True
             evidence.append(

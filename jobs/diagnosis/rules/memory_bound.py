@@ -49,8 +49,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         impact = busy_share(f) * clamp01(1.0 - (tensor or 0.0) / T.TENSOR_ACTIVE_HEALTHY)
         sources.append("metrics")
     for art in A.ncu(inp):
-        ours = A.getnum(art.analysis, "bound_time_share_pct", "memory")
-        theirs = A.getnum(art.analysis, "ncu_verdict_time_share_pct", "memory")
+        ncu = art.ncu
+        ours = ncu.bound_time_share_pct.get("memory")
+        theirs = ncu.ncu_verdict_time_share_pct.get("memory")
         share = max((v for v in (ours, theirs) if v is not None), default=None)
         if share is not None and share >= T.NCU_MEMORY_BOUND_PCT:
             label = A.source_label(art)
@@ -59,12 +60,12 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
                 Evidence(f"{label}: kernel time ncu's SOL rule calls memory-bound", theirs, "%"),
                 Evidence(
                     f"{label}: memory throughput, duration-weighted",
-                    A.getnum(art.analysis, "duration_weighted_memory_throughput_pct"),
+                    ncu.duration_weighted_memory_throughput_pct,
                     "% of peak",
                 ),
                 Evidence(
                     f"{label}: SM throughput, duration-weighted",
-                    A.getnum(art.analysis, "duration_weighted_sm_throughput_pct"),
+                    ncu.duration_weighted_sm_throughput_pct,
                     "% of peak",
                 ),
             ]

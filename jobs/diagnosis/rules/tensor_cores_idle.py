@@ -103,7 +103,7 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         hit = _summary(art, evidence)
         if hit is None:
             continue
-        label = "nsys stats" if A.get(art.analysis, "format") == "nsys_stats_csv" else "ncu"
+        label = "nsys stats" if art.nsys_stats.format == "nsys_stats_csv" else "ncu"
         if label not in sources:
             sources.append(label)
         base = max(base, 0.6)
@@ -145,9 +145,9 @@ def _trace(r: A.RankView, evidence: list[Evidence]) -> float | None:
     convolutions (sgemm, FFMA xmma, scudnn) are matmuls that ran on CUDA cores. A trace cannot see
     whether the model's matmuls *could* be tensor-core shaped; the dtype the job declares says they should.
     """
-    share = r.n("tensor_cores", "tensor_core_compute_time_pct")
-    simt = r.n("tensor_cores", "simt_compute_time_pct")
-    compute = r.n("temporal_breakdown", "compute_pct")
+    cores = r.rank.tensor_cores
+    share, simt = cores.tensor_core_compute_time_pct, cores.simt_compute_time_pct
+    compute = r.rank.temporal_breakdown.compute_pct
     if share is None or compute is None or compute < TT.COMPUTE_MIN_PCT:
         return None
     # With the SIMT share known, the matmuls on CUDA cores are the evidence (a step without matmuls
@@ -159,12 +159,8 @@ def _trace(r: A.RankView, evidence: list[Evidence]) -> float | None:
     evidence.append(Evidence(f"{r.label}: compute time in tensor-core kernels", share, "%"))
     if simt is not None:
         evidence.append(Evidence(f"{r.label}: compute time in SIMT (FP32/FP64 CUDA-core) matmuls", simt, "%"))
-        for k in A.items(r.data, "tensor_cores", "top_simt_kernels")[:3]:
-            evidence.append(
-                Evidence(
-                    f"{r.label}: SIMT kernel {str(k.get('name', '?'))[:120]}", A.num(k.get("time_ms")), "ms"
-                )
-            )
+        for k in cores.top_simt_kernels[:3]:
+            evidence.append(Evidence(f"{r.label}: SIMT kernel {(k.name or '?')[:120]}", k.time_ms, "ms"))
     if simt is not None:
         return clamp01(compute / 100.0 * simt / 100.0 * TT.SIMT_TIME_SAVED)
     # Older analyses without the SIMT share: half of the non-tensor compute time, as before.
@@ -177,9 +173,8 @@ def _summary(art: ArtifactAnalysis, evidence: list[Evidence]) -> float | None:
     Same criterion as a trace: SIMT (CUDA-core) matmuls take at least `TT.SIMT_COMPUTE_PCT` of the
     compute-kernel time. Shares are of summed kernel time (a summary has no span).
     """
-    block = A.get(art.analysis, "tensor_cores")
-    simt = A.getnum(block, "simt_compute_time_pct")
-    share = A.getnum(block, "tensor_core_compute_time_pct")
+    block = art.ncu.tensor_cores if art.ncu.format == "ncu_csv" else art.nsys_stats.tensor_cores
+    simt, share = block.simt_compute_time_pct, block.tensor_core_compute_time_pct
     if simt is None or simt < TT.SIMT_COMPUTE_PCT:
         return None
     label = A.source_label(art)
@@ -187,12 +182,10 @@ def _summary(art: ArtifactAnalysis, evidence: list[Evidence]) -> float | None:
         Evidence(f"{label}: compute-kernel time in tensor-core kernels", share, "%"),
         Evidence(f"{label}: compute-kernel time in SIMT (CUDA-core) matmuls, e.g. cuBLAS gemv", simt, "%"),
     ]
-    pipe = A.getnum(block, "tensor_pipe_active_pct")
+    pipe = block.tensor_pipe_active_pct
     if pipe is not None:
         evidence.append(Evidence(f"{label}: tensor pipe active (ncu, duration-weighted)", pipe, "%"))
-    for k in A.items(block, "top_simt_kernels")[:3]:
-        evidence.append(
-            Evidence(f"{label}: SIMT kernel {str(k.get('name', '?'))[:120]}", A.num(k.get("time_ms")), "ms")
-        )
-    compute = A.getnum(block, "compute_share_of_kernel_time_pct")
+    for k in block.top_simt_kernels[:3]:
+        evidence.append(Evidence(f"{label}: SIMT kernel {(k.name or '?')[:120]}", k.time_ms, "ms"))
+    compute = block.compute_share_of_kernel_time_pct
     return clamp01((compute if compute is not None else 100.0) / 100.0 * simt / 100.0 * TT.SIMT_TIME_SAVED)
