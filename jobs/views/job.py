@@ -349,22 +349,6 @@ def _page_figures(
     return cached[0], cached[1]
 
 
-def _page_roofline(job: Job) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """The roofline's summary and page lines, and its figure as the page JSON's `"roofline":…` member,
-    serialised and escaped once per job version: the cached roofline (a 256-GPU figure) was unpickled and
-    re-encoded on every view, ~20 ms of a finalized 256-GPU job's page (benchmarks/pages.py). Keyed on what
-    jobs.outputs.roofline keys its own cache on."""
-    parts = (job.pk, job.updated_at, job.data_until, job.mfu, job.dtype, job.gpu_model_id)
-    key = "job-roofline-page:" + hashlib.sha256(repr(parts).encode()).hexdigest()
-    cached = cache.get(key)
-    if cached is None:
-        roofline = job_roofline_data(job)  # its own cache: no query when only this entry expired
-        member = _escape_script_json(dumps({"roofline": roofline["figure"]}).decode()[1:-1])
-        cached = (roofline["summary"], roofline_page_lines(roofline["summary"]), member)
-        cache.set(key, cached, FIGURES_CACHE_S)
-    return cached[0], cached[1], cached[2]
-
-
 def _page_json(page_data: dict[str, Any], figure_members: str, element_id: str) -> str:
     """json_script of `page_data` with the figures' serialised, escaped members spliced in (the same
     element and JSON object as json_script(page_data | figures))."""
@@ -567,14 +551,15 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     can_write = can_write_team(request.user, job.team)
     span_s = _job_span_s(job)
     marks, bands = _cached_finding_layout(job, findings, span_s)
-    roofline, roofline_lines, roofline_member = _page_roofline(job)
-    # The page's JSON (element job-data) also carries "timeseries", "heatmap" and "roofline": see _page_json.
+    roofline = job_roofline_data(job)  # cached until the job changes: no query on a warm page
+    # The page's JSON (element job-data) also carries "timeseries" and "heatmap": see _page_json.
     page_data = {
         "artifacts": artifact_views.figures_of(artifacts),
         "refresh_url": reverse("job-figures", args=[job.external_id]),
         "finding_bands": bands,
         "running": job.status == Job.Status.RUNNING,
         "refresh_s": REFRESH_S,
+        "roofline": roofline["figure"],
         "pending_artifacts": [
             v.artifact.pk
             for v in artifacts
@@ -612,8 +597,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "kinds": Artifact.Kind.choices,
         "figures": figures,
         "page_data": page_data,
-        # The figures' and the roofline's members come serialised from the cache: see _page_json.
-        "page_json": _page_json(page_data, figure_members + "," + roofline_member, "job-data"),
+        "page_json": _page_json(page_data, figure_members, "job-data"),
         "comparison": comparison,
         "mfu_vs_baseline": mfu_row,
         "in_baseline": comparison is not None and job.pk in comparison.run_ids,
@@ -628,9 +612,9 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "resolution": resolution(figures["archive_step_s"], job.evaluated),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
         "grafana_url": grafana_link(job),
-        "roofline": roofline,
-        "roofline_lines": roofline_lines,
-        "has_roofline_figure": not roofline_member.endswith(":null"),
+        "roofline": roofline["summary"],
+        "roofline_lines": roofline_page_lines(roofline["summary"]),
+        "has_roofline_figure": roofline["figure"] is not None,
     }
     response = render(request, "jobs/job_detail.html", context)
     # The browser starts fetching the page's scripts when the response's headers arrive, before its renderer
