@@ -6,8 +6,10 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.models import Finding, Job
+from jobs.outputs.exporter import _GAUGES, INFO
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +45,10 @@ def test_metrics_lists_recent_jobs_with_escaped_labels(client, jobs):
     text = response.content.decode()
     assert 'job_id="evil\\"} 1\\nx"' in text
     assert "efficiency_job_mfu_ratio{" in text and " 0.31\n" in text
-    assert 'code="false_saturation",severity="warning"} 1' in text
+    evil = {"job_id": 'evil"} 1\nx', "team": "llm"}
+    assert ("efficiency_job_findings", {**evil, "code": "false_saturation", "severity": "warning"}, 1.0) in (
+        _samples(text)
+    )
     assert 'job_id="old"' not in text
 
 
@@ -59,9 +64,46 @@ def test_series_labels_are_stable_and_status_is_on_the_info_metric(client, jobs)
         labels = line[line.index("{") + 1 : line.rindex("}")]
         assert not labels.startswith("job=") and ',job="' not in labels, line
         if line.startswith("efficiency_job_info{"):
-            assert 'status="running"' in line and 'model="llama-7b"' in line and line.endswith(" 1")
+            assert 'status="running"' in line and 'model="llama-7b"' in line
+            assert float(line.rsplit(" ", 1)[1]) == 1, line
         else:
             assert "status=" not in labels and "model=" not in labels, line
+
+
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of an exposition as Prometheus reads it (label values unescaped)."""
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+
+
+@pytest.mark.django_db
+def test_each_per_job_family_reads_back_with_its_labels_and_values(client, jobs):
+    """The exposition parsed as Prometheus parses it: the job collector's names, the two stable labels on
+    every per-job series (the descriptive ones on the info metric only) and the job's numbers, with the
+    external id read back exactly as registered (escaping round-trips)."""
+    samples = _samples(client.get("/metrics").content.decode())
+    per_job = [s for s in samples if s[0].startswith("efficiency_job_")]
+    assert {name for name, _, _ in per_job} <= {name for name, _, _ in _GAUGES} | {
+        INFO,
+        "efficiency_job_findings",
+    }
+    evil = {"job_id": 'evil"} 1\nx', "team": "llm"}
+    info = {"status": "running", "model": "llama-7b", "gpu_model": "unknown", "name": ""}
+    assert (INFO, {**evil, **info}, 1.0) in per_job
+    for name, value in [
+        ("efficiency_job_mfu_ratio", 0.31),
+        ("efficiency_job_cost_usd_per_day", 1321.0),
+        ("efficiency_job_waste_usd_per_day", 408.0),
+        ("efficiency_job_waste_known", 1.0),
+        ("efficiency_job_gpus", 8.0),
+    ]:
+        assert (name, evil, value) in per_job, name
+    # Unknown numbers are absent, never 0: the job has no HFU, throughput or SM-active mean.
+    assert not any(name == "efficiency_job_hfu_ratio" for name, _, _ in per_job)
+    assert all(labels["job_id"] != "old" for _, labels, _ in per_job)
 
 
 @pytest.mark.django_db

@@ -126,10 +126,12 @@ def test_metrics_export_omits_unknown_waste_and_exports_its_lower_bound(jobs, se
     lines = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if not line.startswith("#")}
     b = [k for k in lines if 'job_id="B-2"' in k]
     assert not any(k.startswith("efficiency_job_waste_usd_per_day{") for k in b)
-    assert any(k.startswith("efficiency_job_waste_lower_bound_usd_per_day{") and lines[k] == "48" for k in b)
-    assert any(k.startswith("efficiency_job_waste_known{") and lines[k] == "0" for k in b)
+    assert any(
+        k.startswith("efficiency_job_waste_lower_bound_usd_per_day{") and float(lines[k]) == 48 for k in b
+    )
+    assert any(k.startswith("efficiency_job_waste_known{") and float(lines[k]) == 0 for k in b)
     a = [k for k in lines if 'job_id="A-1"' in k]
-    assert any(k.startswith("efficiency_job_waste_usd_per_day{") and lines[k] == "160" for k in a)
+    assert any(k.startswith("efficiency_job_waste_usd_per_day{") and float(lines[k]) == 160 for k in a)
 
 
 def test_every_channel_counts_the_jobs_whose_means_rest_on_part_of_their_window(

@@ -12,6 +12,9 @@ a job finishing does not start new series. The dashboard and rules in efficiency
 Access: `Authorization: Bearer <METRICS_TOKEN>`. Without a token /metrics answers 403 unless
 METRICS_PUBLIC=true opens it on purpose (the demo on loopback): job names and costs are not public data.
 
+Both parts are prometheus_client Collectors (`JobCollector`, `ServiceCollector`), written out by its
+`generate_latest` (label values escaped by it).
+
 The service's own health (`ServiceCollector`, prometheus_client, read at scrape time; a number that is not
 known is not exported, never 0):
 
@@ -68,6 +71,8 @@ logger = logging.getLogger(__name__)
 
 RECENT = timedelta(days=7)
 INFO = "efficiency_job_info"
+#: The labels of every per-job series: stable for the job's life (see the module docstring).
+JOB_LABELS = ["job_id", "team"]
 _GAUGES = (
     ("efficiency_job_mfu_ratio", "mfu", "Model FLOPs utilization of the job ({convention}), 0-1."),
     ("efficiency_job_hfu_ratio", "hfu", "Hardware FLOPs utilization incl. recomputation, 0-1."),
@@ -109,52 +114,63 @@ def _value(job: Job, field: str) -> float | None:
     if field == "mfu_fallback":
         return None if job.mfu is None else float(job.mfu_fallback)
     value = getattr(job, field)
-    return None if value is None else float(value)
+    # Six significant digits, as the exposition always carried: more would be noise of the estimates.
+    return None if value is None else float(f"{float(value):.6g}")
 
 
-def escape(value: str) -> str:
-    """A label value escaped for the text exposition format."""
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class JobCollector(Collector):
+    """The per-job families (the module docstring says which), read from the database at scrape time.
 
+    prometheus_client writes the exposition: label values are escaped by it, label names come out
+    sorted (order carries no meaning to Prometheus), values as Go would print them (`1.0`)."""
 
-def render() -> str:
-    """The exposition text."""
-    since = timezone.now() - RECENT
-    jobs = list(
-        Job.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
-        .select_related("team", "gpu_model")
-        .order_by("external_id")
-    )
-    labels = {j.pk: f'job_id="{escape(j.external_id)}",team="{escape(j.team.slug)}"' for j in jobs}
-    lines: list[str] = [
-        f"# HELP {INFO} The job's descriptive labels (status, model, GPU model, name); value 1.",
-        f"# TYPE {INFO} gauge",
-    ]
-    for j in jobs:
-        lines.append(
-            f'{INFO}{{{labels[j.pk]},status="{j.status}",model="{escape(j.model_name)}",'
-            f'gpu_model="{escape(j.gpu_model.name if j.gpu_model else "unknown")}",'
-            f'name="{escape(j.name)}"}} 1'
+    def __init__(self, now: datetime | None = None) -> None:
+        self.now = now
+
+    def collect(self) -> Iterator[Metric]:
+        """efficiency_job_info, one gauge family per `_GAUGES` entry, and efficiency_job_findings."""
+        since = (self.now or timezone.now()) - RECENT
+        jobs = list(
+            Job.objects.filter(Q(ended_at__isnull=True) | Q(ended_at__gte=since))
+            .select_related("team", "gpu_model")
+            .order_by("external_id")
         )
-    convention = CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION]
-    for name, field, help_text in _GAUGES:
-        lines += [f"# HELP {name} {help_text.format(convention=convention)}", f"# TYPE {name} gauge"]
-        for job in jobs:
-            value = _value(job, field)
-            if value is not None:
-                lines.append(f"{name}{{{labels[job.pk]}}} {float(value):.6g}")
-    counts = Counter(
-        Finding.objects.filter(job_id__in=labels).values_list("job_id", "code", "severity").iterator()
-    )
-    lines += [
-        "# HELP efficiency_job_findings Open diagnosis findings of the job by code and severity.",
-        "# TYPE efficiency_job_findings gauge",
-    ]
-    for (job_id, code, severity), n in sorted(counts.items()):
-        lines.append(
-            f'efficiency_job_findings{{{labels[job_id]},code="{escape(code)}",severity="{severity}"}} {n}'
+        identity = {j.pk: [j.external_id, j.team.slug] for j in jobs}
+        info = GaugeMetricFamily(
+            INFO,
+            "The job's descriptive labels (status, model, GPU model, name); value 1.",
+            labels=[*JOB_LABELS, "status", "model", "gpu_model", "name"],
         )
-    return "\n".join(lines) + "\n"
+        for j in jobs:
+            gpu_model = j.gpu_model.name if j.gpu_model else "unknown"
+            info.add_metric([*identity[j.pk], j.status, j.model_name, gpu_model, j.name], 1.0)
+        yield info
+        convention = CONVENTION_LABELS[settings.MFU_FLOPS_CONVENTION]
+        for name, field, help_text in _GAUGES:
+            family = GaugeMetricFamily(name, help_text.format(convention=convention), labels=JOB_LABELS)
+            for job in jobs:
+                value = _value(job, field)
+                if value is not None:
+                    family.add_metric(identity[job.pk], value)
+            yield family
+        counts = Counter(
+            Finding.objects.filter(job_id__in=identity).values_list("job_id", "code", "severity").iterator()
+        )
+        findings = GaugeMetricFamily(
+            "efficiency_job_findings",
+            "Open diagnosis findings of the job by code and severity.",
+            labels=[*JOB_LABELS, "code", "severity"],
+        )
+        for (job_id, code, severity), n in sorted(counts.items()):
+            findings.add_metric([*identity[job_id], code, severity], float(n))
+        yield findings
+
+
+def render(now: datetime | None = None) -> str:
+    """The per-job families in the text exposition format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector(now))
+    return generate_latest(registry).decode()
 
 
 POLL_CYCLE_KEY = "efficiency:poll_cycle"
@@ -213,7 +229,10 @@ def _per_status(name: str, help_text: str, rows: QuerySet[Any], statuses: list[s
 
 
 class ServiceCollector(Collector):
-    """The service's own health, read from the database, the shared cache and the broker at scrape time."""
+    """Both parts are prometheus_client Collectors (`JobCollector`, `ServiceCollector`), written out by its
+    `generate_latest` (label values escaped by it).
+
+    The service's own health, read from the database, the shared cache and the broker at scrape time."""
 
     def __init__(self, now: datetime | None = None) -> None:
         self.now = now
@@ -371,6 +390,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             return HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
     elif not settings.METRICS_PUBLIC:
         return HttpResponse(NOT_CONFIGURED, status=403, content_type="text/plain; charset=utf-8")
-    # Both parts are the 0.0.4 text format (prometheus_client's 1.0.0 content type only adds escaping
-    # options this output does not use).
-    return HttpResponse(render() + render_service(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(JobCollector())
+    registry.register(ServiceCollector())
+    # The 0.0.4 text format (prometheus_client's 1.0.0 content type only adds escaping options this
+    # output does not use).
+    return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")
