@@ -31,7 +31,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from jobs.diagnosis.artifacts import capture_of
+from jobs.diagnosis.artifacts import capture as captured
 from jobs.enqueue import enqueue
 from jobs.models import Artifact, Job
 from jobs.pipeline.refresh import reevaluate
@@ -495,7 +495,7 @@ def run_check(artifact: Artifact, analysis: dict[str, Any]) -> RunCheckResult:
         return gpu.name if gpu is not None else None
 
     # nvidia-smi analyses stored before their parser wrote a capture block get one from their own columns.
-    capture = capture_of(analysis)
+    capture = captured(analysis)
     return check_run(
         capture, facts, rank=artifact.rank, now_unix=timezone.now().timestamp(), canonical_gpu=canonical
     )

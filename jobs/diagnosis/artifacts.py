@@ -7,14 +7,13 @@ never raises. Keys read here are listed in `KEYS_USED` for the people who change
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
-from jobs.profiling.analysis_schema import Capture, GpuIdleAttribution, TraceRank, lenient
+from jobs.profiling.analysis_schema import Capture, GpuIdleAttribution, TraceRank, decode_monitoring, lenient
 from jobs.profiling.capture import capture_from_nvidia_smi, make_capture
 
 KEYS_USED: dict[str, tuple[str, ...]] = {
@@ -66,40 +65,6 @@ KEYS_USED: dict[str, tuple[str, ...]] = {
         "tensor_cores.{simt_compute_time_pct,tensor_core_compute_time_pct,tensor_pipe_active_pct,...}",
     ),
 }
-
-
-def num(value: Any) -> float | None:
-    """A finite float from a JSON value, None for anything else (None, strings, NaN, bools)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    out = float(value)
-    return out if math.isfinite(out) else None
-
-
-def get(obj: Any, *path: str | int) -> Any:
-    """obj[path[0]][path[1]]... or None when any step is missing or of the wrong type."""
-    cur = obj
-    for key in path:
-        if isinstance(key, int):
-            if not isinstance(cur, list) or not -len(cur) <= key < len(cur):
-                return None
-            cur = cur[key]
-        else:
-            if not isinstance(cur, Mapping):
-                return None
-            cur = cur.get(key)
-    return cur
-
-
-def getnum(obj: Any, *path: str | int) -> float | None:
-    """`get` as a finite float (None otherwise)."""
-    return num(get(obj, *path))
-
-
-def items(obj: Any, *path: str | int) -> list[Mapping[str, Any]]:
-    """A list of dicts at `path` (non-dict entries dropped); [] when absent."""
-    value = get(obj, *path)
-    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,32 +163,40 @@ def trace_ranks(inp: DiagnosisInput) -> Iterator[RankView]:
 
 
 def capture_of(analysis: Any) -> Mapping[str, Any] | None:
-    """The analysis' `capture` block (jobs.profiling.capture contract), or None when it has none.
+    """The analysis' `capture` block as stored (jobs.profiling.capture contract), or None when it has none.
 
-    nvidia-smi analyses made before their parser wrote the block get one derived from their own
-    start/end and GPU names.
+    nvidia-smi and dstat analyses made before their parser wrote the block get one derived from their
+    own start/end and GPU names (or host). Readers use `capture` (typed); this stays for the run check's
+    stored-shape callers and the pages that show the block as stored.
     """
-    block = get(analysis, "capture")
+    if not isinstance(analysis, Mapping):
+        return None
+    block = analysis.get("capture")
     if isinstance(block, Mapping):
         return block
-    if get(analysis, "format") == "nvidia_smi_csv":
+    if analysis.get("format") == "nvidia_smi_csv":
         return capture_from_nvidia_smi(analysis)
-    if get(analysis, "format") == "dstat_csv":
+    if analysis.get("format") == "dstat_csv":
         return capture_from_dstat(analysis)
     return None
+
+
+def capture(analysis: Any) -> Capture | None:
+    """`capture_of` decoded (jobs.profiling.analysis_schema.Capture), or None when there is none."""
+    block = capture_of(analysis)
+    return lenient(block, Capture) if block is not None else None
 
 
 def capture_from_dstat(analysis: Mapping[str, Any]) -> dict[str, Any]:
     """The capture block of a dstat analysis (`monitoring.analyze_dstat`): the "Host:" line, and the time
     range when the log has a time column (dstat knows no GPU and no rank)."""
-    host = analysis.get("host")
-    start = num(analysis.get("start_unix_s"))
+    log = decode_monitoring(analysis)
     return make_capture(
-        start_unix=start,
-        end_unix=analysis.get("end_unix_s"),
-        hosts=[host] if isinstance(host, str) else [],
+        start_unix=log.start_unix_s,
+        end_unix=log.end_unix_s,
+        hosts=[log.host] if log.host is not None else [],
         source="dstat time column (first to last sample)"
-        if start is not None
+        if log.start_unix_s is not None
         else "unknown: the dstat log has no time column",
     )
 
@@ -233,8 +206,8 @@ def capture_window(art: ArtifactAnalysis) -> list[tuple[float, float]]:
 
     Findings from a trace cover only this window, not the whole job.
     """
-    block = capture_of(art.analysis)
-    window = lenient(block, Capture).window if block is not None else None
+    block = capture(art.analysis)
+    window = block.window if block is not None else None
     return [window] if window is not None else []
 
 

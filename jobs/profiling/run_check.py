@@ -29,11 +29,12 @@ that exists in this job — the metadata is identical. The user can exclude such
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from jobs.profiling.analysis_schema import Capture, lenient
 
 #: Seconds of clock skew tolerated between the capturing node and the job's registered window.
 CLOCK_SLACK_S = 600.0
@@ -59,24 +60,11 @@ class RunCheckResult:
     checked: list[str] = field(default_factory=list)
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    out = float(value)
-    return out if math.isfinite(out) else None
-
-
 def _iso(ts: float) -> str:
     try:
         return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
     except (OverflowError, OSError, ValueError):
         return f"{ts:.0f} (unix s)"
-
-
-def _ints(values: Any) -> list[int]:
-    if not isinstance(values, Sequence) or isinstance(values, str):
-        return []
-    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
 
 def short_host(name: str) -> str:
@@ -89,7 +77,7 @@ def short_host(name: str) -> str:
 
 
 def check_run(
-    capture: Mapping[str, Any] | None,
+    capture: Capture | Mapping[str, Any] | None,
     job: JobFacts,
     *,
     rank: int | None,
@@ -101,14 +89,14 @@ def check_run(
     `canonical_gpu` maps a device name as the file spells it to the catalog's canonical name (None when
     the catalog does not know it). Returns `matches` when at least one check could be made and all
     passed, `mismatch` with the reasons when any failed, `unverifiable` when nothing could be checked.
+    A stored capture block (a mapping) is decoded leniently (jobs.profiling.analysis_schema): what is
+    missing or of another type is not checked.
     """
-    cap: Mapping[str, Any] = capture if isinstance(capture, Mapping) else {}
+    cap = capture if isinstance(capture, Capture) else lenient(capture, Capture)
     mismatches: list[str] = []
     checked: list[str] = []
 
-    listed = cap.get("gpu_names")
-    listed = listed if isinstance(listed, list | tuple) else []
-    names = [n.strip()[:200] for n in listed if isinstance(n, str) and n.strip()]
+    names = [n.strip()[:200] for n in cap.gpu_names if n.strip()]
     if names:
         other: list[str] = []
         for name in dict.fromkeys(names):
@@ -122,7 +110,7 @@ def check_run(
             ours = job.gpu_model or "an unknown GPU model"
             mismatches.append(f"captured on {', '.join(other)}, but the job runs on {ours}")
 
-    start, end = _finite(cap.get("start_unix")), _finite(cap.get("end_unix"))
+    start, end = cap.start_unix, cap.end_unix
     if start is not None or end is not None:
         checked.append("time")
         first = start if start is not None else end
@@ -135,7 +123,7 @@ def check_run(
                 f"{_iso(job.start_unix)} – {_iso(job_end)}"
             )
 
-    file_ranks = _ints(cap.get("ranks"))
+    file_ranks = list(cap.ranks)
     ranks = ([rank] if rank is not None else []) + file_ranks
     if ranks:
         checked.append("rank")
@@ -145,18 +133,13 @@ def check_run(
                 f"rank {', '.join(map(str, outside))} is not one of the job's {job.gpu_count} GPUs "
                 f"(ranks 0–{job.gpu_count - 1})"
             )
-    world = cap.get("world_size")
-    if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+    world = cap.world_size
+    if world is not None and world > 0:
         checked.append("world size")
         if world != job.gpu_count:
             mismatches.append(f"the trace is from a {world}-rank run; the job has {job.gpu_count} GPUs")
 
-    listed_hosts = cap.get("hosts")
-    file_hosts: set[str] = (
-        {short_host(h) for h in listed_hosts if isinstance(h, str)}
-        if isinstance(listed_hosts, list)
-        else set()
-    )
+    file_hosts = {short_host(h) for h in cap.hosts}
     job_hosts = {short_host(h) for h in job.hosts}
     file_hosts.discard("")
     job_hosts.discard("")

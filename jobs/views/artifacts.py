@@ -13,7 +13,7 @@ from typing import Any
 
 from jobs import charts
 from jobs.charts import CaptureMark
-from jobs.diagnosis.artifacts import capture_of
+from jobs.diagnosis.artifacts import capture
 from jobs.models import Artifact
 from jobs.outputs.numbers import format_number
 
@@ -323,18 +323,13 @@ def present(artifact: Artifact) -> ArtifactView:
 
 def capture_marks(artifacts: Iterable[Artifact]) -> list[CaptureMark]:
     """The capture windows of the artifacts the diagnosis uses, where the file states its time."""
-
-    def finite(value: Any) -> float | None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        return float(value) if ok else None
-
     marks: list[CaptureMark] = []
     for art in artifacts:
         if not art.used_in_diagnosis:
             continue
-        cap = capture_of(art.analysis)
-        start = finite(cap.get("start_unix")) if cap else None
-        end = finite(cap.get("end_unix")) if cap else None
+        cap = capture(art.analysis)
+        start = cap.start_unix if cap else None
+        end = cap.end_unix if cap else None
         if start is not None:
             marks.append(CaptureMark(start, max(end if end is not None else start, start), art.original_name))
     return marks
