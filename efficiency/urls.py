@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 
 from jobs.api.root import ApiRootView
-from jobs.demo import live_exporter_view
+from jobs.demo.live import live_exporter_view
 from jobs.outputs.exporter import metrics_view
 from jobs.sso import LocalAndSsoLogoutView
 from jobs.views import healthz

@@ -187,8 +187,8 @@ def media_root(settings, tmp_path):
 @pytest.fixture
 def catalog(db):
     """The seeded GPU catalog and price book (transactional tests flush the migration's rows)."""
+    from jobs.demo.seed import seed_catalog
     from jobs.models import GpuModel, PriceEntry
-    from jobs.seed import seed_catalog
 
     seed_catalog(GpuModel, PriceEntry)
     return GpuModel.objects.all()

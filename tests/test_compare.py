@@ -469,9 +469,9 @@ def test_the_demos_seed_runs_compare_with_a_full_trace_diff(settings, tmp_path, 
     """The demo's seed runs (jobs.demo: case 1 as three runs of one LoRA fine-tune, 33 -> 68 -> 85 %; case
     2 before and after its collective was overlapped) through the demo's own path: simulated dcgm-exporter
     data backfilled into a real Prometheus, registered, finalized, every run's trace attached
-    (demo.finish). Issue 28 item 5: every README compare link has a trace diff and a known step time, and
+    (loader.finish). Issue 28 item 5: every README compare link has a trace diff and a known step time, and
     tokens/s changes as the step time does (tokens per step / step time)."""
-    from jobs import demo
+    from jobs.demo import cluster, loader
     from jobs.outputs.compare_data import build
     from tests.prom_server import PrometheusProcess, prometheus_binary
 
@@ -479,17 +479,17 @@ def test_the_demos_seed_runs_compare_with_a_full_trace_diff(settings, tmp_path, 
         pytest.skip("prometheus is not installed (Debian package 'prometheus')")
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
     wanted = {x for pair in DEMO_SEED_PAIRS for x in pair[:2]}
-    planned = [d for d in demo.plan(now) if d.spec.job_id in wanted]
+    planned = [d for d in cluster.plan(now) if d.spec.job_id in wanted]
     assert len(planned) == len(wanted)
-    results = [demo.simulate_job(d, now) for d in planned]
-    demo.backfill_results(results, tmp_path / "tsdb")
+    results = [cluster.simulate_job(d, now) for d in planned]
+    loader.backfill_results(results, tmp_path / "tsdb")
     settings.MEDIA_ROOT = str(tmp_path / "media")
     with PrometheusProcess(tmp_path / "tsdb") as server:
         settings.PROMETHEUS_URL = server.url
-        teams = demo.ensure_people()
+        teams = cluster.ensure_people()
         for d, result in zip(planned, results, strict=True):
-            demo.register(d, result, teams, now)
-        demo.finish(wait_live_s=0)
+            cluster.register(d, result, teams, now)
+        loader.finish(wait_live_s=0)
     for a_id, b_id, step_a, step_b in DEMO_SEED_PAIRS:
         run_a, run_b = (Job.objects.get(external_id=x) for x in (a_id, b_id))
         c = build(run_a, run_b).comparison

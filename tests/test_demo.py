@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks.diagnosis_inputs import input_from_sim
-from jobs import demo
+from jobs.demo import cluster, live, loader, traces
 from jobs.diagnosis import ArtifactAnalysis, diagnose
 from jobs.profiling.kineto import parse_kineto
 from jobs.profiling.trace_analysis import analyze_trace
@@ -21,7 +21,7 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def test_the_plan_covers_every_scenario_on_disjoint_hosts():
-    plan = demo.plan(NOW)
+    plan = cluster.plan(NOW)
     assert {d.spec.scenario for d in plan} >= set(SCENARIOS)
     hosts = [h for d in plan for h in d.spec.hosts]
     assert len(hosts) == len(set(hosts))
@@ -30,11 +30,11 @@ def test_the_plan_covers_every_scenario_on_disjoint_hosts():
 
 
 def test_the_synthetic_trace_yields_a_host_sync_finding():
-    analysis = analyze_trace(parse_kineto(demo.host_sync_trace()))
+    analysis = analyze_trace(parse_kineto(traces.host_sync_trace()))
     rank = analysis["ranks"][0]
     assert rank["sync"]["cpu_sync_calls"] == 5 * 4  # 4 per step; the last step is left out, as HTA does
     assert rank["step_times"]["count"] == 6
-    spec = demo.plan(NOW)[0].spec
+    spec = cluster.plan(NOW)[0].spec
     from jobs.simulate import simulate
 
     inp = input_from_sim(simulate(spec), artifacts=[ArtifactAnalysis("kineto", analysis, "rank0.json", 0)])
@@ -42,9 +42,9 @@ def test_the_synthetic_trace_yields_a_host_sync_finding():
 
 
 def test_the_live_exporter_serves_valid_exposition_text(tmp_path: Path):
-    running = [d.spec for d in demo.plan(NOW) if not d.ended]
-    (tmp_path / demo.LIVE_SPECS_FILE).write_text(json.dumps([_spec_dict(s) for s in running]))
-    text = demo.live_exporter_text(tmp_path, running[0].start + 600)
+    running = [d.spec for d in cluster.plan(NOW) if not d.ended]
+    (tmp_path / live.LIVE_SPECS_FILE).write_text(json.dumps([_spec_dict(s) for s in running]))
+    text = live.live_exporter_text(tmp_path, running[0].start + 600)
     assert "DCGM_FI_DEV_GPU_UTIL{" in text and 'train_tokens_total{job_id="demo-4900"' in text
     try:
         result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
@@ -73,7 +73,7 @@ def test_the_seed_case_studies_are_in_the_demo_and_get_the_seeds_diagnosis():
     from jobs.simulate import simulate
     from jobs.simulate.seeds import SEED_CASES
 
-    seeds = {d.spec.job_id: d for d in demo.plan(NOW) if d.spec.workload is not None}
+    seeds = {d.spec.job_id: d for d in cluster.plan(NOW) if d.spec.workload is not None}
     assert set(seeds) == {f"demo-{name}" for name in SEED_CASES}
     assert seeds["demo-seed1-run1"].kind == "fine_tuning" and seeds["demo-seed2"].spec.gpus == 32
     for job_id, d in seeds.items():
@@ -90,7 +90,7 @@ def test_demo_jobs_register_a_full_model_shape_and_their_mfu_evaluates_as_simula
     from jobs.evaluation.kpis import ModelShape
     from jobs.simulate import registration_body, simulate
 
-    for d in (demo.plan(NOW)[0], next(d for d in demo.plan(NOW) if d.spec.workload is not None)):
+    for d in (cluster.plan(NOW)[0], next(d for d in cluster.plan(NOW) if d.spec.workload is not None)):
         res = simulate(d.spec)
         model = dict(registration_body(res, team="t")["model"])
         assert {"n_layers", "n_heads", "head_dim", "hidden", "seq_len"} <= set(model)
@@ -119,9 +119,9 @@ SEED_RUNS = [
 def test_every_seed_run_has_a_trace_of_its_own_step_that_names_the_seeds_cause(job_id, expected, step_s):
     from jobs.profiling.run_check import JobFacts, check_run
 
-    d = next(d for d in demo.plan(NOW) if d.spec.job_id == job_id)
+    d = next(d for d in cluster.plan(NOW) if d.spec.job_id == job_id)
     assert d.spec.workload is not None and d.spec.workload.step_s == pytest.approx(step_s)
-    doc = demo.SEED_TRACES[job_id](d.spec.start + 1800.0)
+    doc = traces.SEED_TRACES[job_id](d.spec.start + 1800.0)
     assert len(doc) < 2_000_000  # small enough to generate and parse while the demo loads
     analysis = analyze_trace(parse_kineto(doc))
     facts = JobFacts(d.spec.gpu_model, d.spec.gpus, d.spec.start, d.spec.start + d.spec.duration_s)
@@ -153,7 +153,7 @@ def test_every_seed_run_has_a_trace_of_its_own_step_that_names_the_seeds_cause(j
         assert 100.0 - attribution["idle_pct"] == pytest.approx(85.4, abs=0.5)
         assert attribution["launch_gaps_pct"] < 1.0 and attribution["input_pct"] < 1.0
     art = ArtifactAnalysis("kineto", analysis, "rank0.pt.trace.json", 0)
-    found = diagnose(input_from_sim(demo.simulate_job(d, NOW), artifacts=[art]))
+    found = diagnose(input_from_sim(cluster.simulate_job(d, NOW), artifacts=[art]))
     warned = {f.code for f in found if f.severity.rank >= 1}
     assert warned == ({expected} if expected else set()), [(f.code, f.severity) for f in found]
     if expected:
@@ -165,12 +165,12 @@ def test_seed_throughput_is_tokens_per_step_over_the_step_time():
     """Issue 28 item 5: run 1 -> run 2 of case 1 halves the step (2 s -> 0.97 s), so tokens/s doubles
     (the simulator's tensor-derived rate rose 27 %); MFU follows the rate and stays under the hardware's
     tensor-activity upper estimate."""
-    runs = {d.spec.job_id: d for d in demo.plan(NOW) if d.batch is not None}
+    runs = {d.spec.job_id: d for d in cluster.plan(NOW) if d.batch is not None}
     assert set(runs) == {job_id for job_id, _, _ in SEED_RUNS}
     rate, mfu = {}, {}
     for job_id, _, step_s in SEED_RUNS:
         d = runs[job_id]
-        res = demo.simulate_job(d, NOW)
+        res = cluster.simulate_job(d, NOW)
         tp = res.throughput
         assert d.batch is not None
         assert tp.tokens_per_s == pytest.approx(d.batch.tokens_per_step / step_s)
@@ -197,9 +197,9 @@ def test_seed_throughput_is_tokens_per_step_over_the_step_time():
 def test_step_throughput_refuses_a_job_without_a_step():
     from jobs.simulate import simulate
 
-    plain = demo.plan(NOW)[0]
+    plain = cluster.plan(NOW)[0]
     with pytest.raises(ValueError, match="no step time"):
-        demo.step_throughput(simulate(plain.spec), demo.SeedBatch(8, 2048))
+        cluster.step_throughput(simulate(plain.spec), cluster.SeedBatch(8, 2048))
 
 
 # ------------------------------------------------------------------ issue 28 item 3: no stale alerts at start
@@ -226,7 +226,7 @@ def test_finish_waits_until_every_running_job_was_scraped_after_it_began():
     prom = _FakeProm([{"a": 900.0, "b": 900.0}, {"a": 1_010.0, "b": 900.0}, {"a": 1_010.0, "b": 1_012.0}])
     slept: list[float] = []
     clock = iter(range(2_000, 3_000)).__next__
-    ok = demo.wait_for_live_data(
+    ok = loader.wait_for_live_data(
         prom, ["a", "b"], began, timeout_s=60, sleep=slept.append, clock=lambda: float(clock())
     )
     assert ok and len(prom.queries) == 3 and slept == [5.0, 5.0]
@@ -241,8 +241,8 @@ def test_finish_gives_up_waiting_with_the_reason_when_nothing_is_scraped():
     def sleep(s: float) -> None:
         now[0] += s
 
-    ok = demo.wait_for_live_data(prom, ["a", "b"], 1_000.0, timeout_s=20, progress=lines.append, sleep=sleep,
-                                 clock=lambda: now[0])  # fmt: skip
+    ok = loader.wait_for_live_data(prom, ["a", "b"], 1_000.0, timeout_s=20, progress=lines.append,
+                                   sleep=sleep, clock=lambda: now[0])  # fmt: skip
     assert not ok and now[0] == 20.0
     assert lines and "has not scraped a, b from the simulated exporter in 20 s" in lines[-1]
 
@@ -253,11 +253,11 @@ def test_load_backfills_the_running_jobs_last_up_to_their_own_backfill_and_says_
     takes minutes, and data that old at the first poll opened the demo with "Ingestion stale" alerts."""
     from django.core.management import call_command
 
-    plan = demo.plan(NOW)
+    plan = cluster.plan(NOW)
     small = [plan[0], next(d for d in plan if not d.ended)]
-    monkeypatch.setattr(demo, "plan", lambda now: small)
+    monkeypatch.setattr(loader, "plan", lambda now: small)
     clock = [100.0]
-    monkeypatch.setattr(demo.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(loader.time, "monotonic", lambda: clock[0])
     written: list[tuple[str, float]] = []
 
     def fake_backfill(results, tsdb_dir, progress):
@@ -265,10 +265,10 @@ def test_load_backfills_the_running_jobs_last_up_to_their_own_backfill_and_says_
             written.append((r.spec.job_id, float(r.timestamps[-1])))
         clock[0] += 420.0  # promtool takes 7 minutes on a busy machine
 
-    monkeypatch.setattr(demo, "backfill_results", fake_backfill)
-    monkeypatch.setattr(demo, "register", lambda *a, **k: None)
+    monkeypatch.setattr(loader, "backfill_results", fake_backfill)
+    monkeypatch.setattr(loader, "register", lambda *a, **k: None)
     out = io.StringIO()
-    report = demo.load(
+    report = loader.load(
         tmp_path / "tsdb", tmp_path / "state", now=NOW, progress=lambda line: out.write(line + "\n")
     )
     assert report["jobs_created"] == 2
@@ -284,7 +284,7 @@ def test_load_backfills_the_running_jobs_last_up_to_their_own_backfill_and_says_
         "register",
     ]
     # The command prints each phase with the time since it started.
-    monkeypatch.setattr(demo, "load", lambda tsdb, state, progress: progress("backfill: 10/60 jobs written")
+    monkeypatch.setattr(loader, "load", lambda tsdb, state, progress: progress("backfill: 10/60 jobs written")
                         or {"jobs_created": 0, "jobs_existing": 0, "live_jobs": 0})  # fmt: skip
     cmd_out = io.StringIO()
     call_command("load_demo", tsdb=str(tmp_path / "tsdb"), state_dir=str(tmp_path / "state"), stdout=cmd_out)
@@ -305,11 +305,11 @@ def test_finish_polls_only_after_the_wait_and_reports_each_phase(monkeypatch):
         calls.append(f"wait {job_ids} {timeout_s:g}")
         return True
 
-    monkeypatch.setattr(demo, "wait_for_live_data", fake_wait)
-    monkeypatch.setattr(demo, "ingest_once", lambda client: calls.append("ingest") or
+    monkeypatch.setattr(loader, "wait_for_live_data", fake_wait)
+    monkeypatch.setattr(loader, "ingest_once", lambda client: calls.append("ingest") or
                         {"polled": ["demo-4900"], "finalized": [], "stale": []})  # fmt: skip
     lines: list[str] = []
-    report = demo.finish(lines.append, wait_live_s=30, client=object())  # type: ignore[arg-type]
+    report = loader.finish(lines.append, wait_live_s=30, client=object())  # type: ignore[arg-type]
     assert calls == ["wait ['demo-4900'] 30", "ingest"] and report["live_caught_up"]
     phases = [line.split(":")[0] for line in lines]
     assert phases == ["live data", "ingest", "ingest", "traces", "baselines", "diagnosis"]
@@ -333,15 +333,15 @@ def _card(doc: bytes, drop_attribution: bool = False):
 def test_the_trace_card_shows_gpu_idle_as_the_finding_does():
     """The card showed "GPU idle 57.1 %" (share of the GPU span) beside the finding's "GPU idle: 70 % of
     step": now one number with one definition, and busy and idle add up to the step."""
-    d = next(d for d in demo.plan(NOW) if d.spec.job_id == "demo-seed1-run1")
-    analysis, facts = _card(demo.seed_input_trace(d.spec.start + 1800.0))
+    d = next(d for d in cluster.plan(NOW) if d.spec.job_id == "demo-seed1-run1")
+    analysis, facts = _card(traces.seed_input_trace(d.spec.start + 1800.0))
     value, definition = facts["GPU idle (rank 0)"]
     assert value == "70 % of the step" and "the findings' definition" in definition
     assert "waiting for input 60 %" in definition and "other 10 %" in definition
     assert facts["Compute kernels (rank 0)"][0] == "30 % of the step"
     assert "GPU idle" not in facts  # the span-based share is not shown beside it
     art = ArtifactAnalysis("kineto", analysis, "rank0.pt.trace.json", 0)
-    found = diagnose(input_from_sim(demo.simulate_job(d, NOW), artifacts=[art]))
+    found = diagnose(input_from_sim(cluster.simulate_job(d, NOW), artifacts=[art]))
     stall = next(f for f in found if f.code == "data_pipeline_stall")
     idle = [e for e in stall.evidence if e.label.endswith("GPU idle")]
     assert [(e.value, e.unit) for e in idle] == [(70.0, "% of step")]
@@ -349,13 +349,13 @@ def test_the_trace_card_shows_gpu_idle_as_the_finding_does():
 
 def test_host_wait_is_a_share_of_the_span_not_of_a_tiny_idle_time():
     """A communication-bound trace showed "Idle waiting for the host 100.0 %" with 0.2 % idle."""
-    _, facts = _card(demo.seed_collective_trace(1.7e9), drop_attribution=True)
+    _, facts = _card(traces.seed_collective_trace(1.7e9), drop_attribution=True)
     idle, _ = facts["GPU idle"]
     value, definition = facts["Idle waiting for the host"]
     assert idle == "0.17 %" and value == "0.17 % of the span"
     assert definition.startswith("100 % of the 0.17 % idle")
     # With the attribution: the collective is communication, not idle, in the step's own unit.
-    _, facts = _card(demo.seed_collective_trace(1.7e9))
+    _, facts = _card(traces.seed_collective_trace(1.7e9))
     assert facts["GPU idle (rank 0)"][0] == "0.173 % of the step"
     assert facts["Communication (rank 0)"][0] == "33.3 % of the step"
 

@@ -40,7 +40,7 @@ FLOORS: dict[str, int] = {
     # 1: evaluate
     "jobs.evaluation": 1,
     "jobs.registry": 1,
-    "jobs.seed": 1,
+    "jobs.demo.seed": 1,  # seeds the GPU catalog (the data migration runs it), not demo data
     "jobs.simulate": 1,
     # 2: diagnose
     "jobs.diagnosis": 2,

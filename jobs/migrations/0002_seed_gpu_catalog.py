@@ -1,10 +1,10 @@
-"""Seed the GPU catalog and the price book (see jobs.seed); only adds what is missing."""
+"""Seed the GPU catalog and the price book (see jobs.demo.seed); only adds what is missing."""
 
 from django.db import migrations
 
 
 def seed(apps, schema_editor):
-    from jobs.seed import seed_catalog
+    from jobs.demo.seed import seed_catalog
 
     seed_catalog(apps.get_model("jobs", "GpuModel"), apps.get_model("jobs", "PriceEntry"))
 

@@ -81,8 +81,8 @@ def catalog(transactional_db: None) -> None:
     transactional, and a transactional test before them may have flushed the migration's seed rows
     (Django's serialized_rollback restores them only while content-type ids never changed, which other
     transactional tests break); seeding is idempotent."""
+    from jobs.demo.seed import seed_catalog
     from jobs.models import GpuModel, PriceEntry
-    from jobs.seed import seed_catalog
 
     seed_catalog(GpuModel, PriceEntry)
 

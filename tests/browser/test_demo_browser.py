@@ -1,7 +1,7 @@
 """The demo as a visitor first sees it, in headless Chromium (issue 28 items 3, 5 and 6).
 
 The demo's own path: `jobs.demo` plans the jobs, simulates their dcgm-exporter data, backfills it into a
-real Prometheus, registers them as the scheduler would and runs `demo.finish` (ingest, traces). Item 3's
+real Prometheus, registers them as the scheduler would and runs `loader.finish` (ingest, traces). Item 3's
 test also runs the simulated exporter in the live server and a Prometheus that scrapes it, as `make demo`
 does. Screenshots: test-artifacts/screenshots/item{3,5,6}-*.png.
 """
@@ -41,16 +41,16 @@ def _now() -> datetime:
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list[Any], list[Any], datetime]]:
     """A real Prometheus holding the demo's seed runs, as `load_demo` backfills them."""
-    from jobs import demo
+    from jobs.demo import cluster, loader
     from tests.prom_server import PrometheusProcess, prometheus_binary
 
     if prometheus_binary() is None:
         pytest.skip("prometheus is not installed (Debian package 'prometheus')")
     now = _now()
-    planned = [d for d in demo.plan(now) if d.batch is not None]
-    results = [demo.simulate_job(d, now) for d in planned]
+    planned = [d for d in cluster.plan(now) if d.batch is not None]
+    results = [cluster.simulate_job(d, now) for d in planned]
     tsdb = tmp_path_factory.mktemp("demo-seeds") / "tsdb"
-    demo.backfill_results(results, tsdb)
+    loader.backfill_results(results, tsdb)
     with PrometheusProcess(tsdb) as server:
         yield server, planned, results, now
 
@@ -58,14 +58,14 @@ def seeds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list[
 def _load(
     settings: Any, tmp_path: Path, prom_url: str, planned: list[Any], results: list[Any], now: datetime
 ) -> None:
-    from jobs import demo
+    from jobs.demo import cluster, loader
 
     settings.PROMETHEUS_URL = prom_url
     settings.MEDIA_ROOT = str(tmp_path / "media")
-    teams = demo.ensure_people()
+    teams = cluster.ensure_people()
     for d, result in zip(planned, results, strict=True):
-        demo.register(d, result, teams, now)
-    demo.finish(wait_live_s=0)
+        cluster.register(d, result, teams, now)
+    loader.finish(wait_live_s=0)
 
 
 def _number(text: str) -> float:
@@ -74,12 +74,12 @@ def _number(text: str) -> float:
 
 
 def _log_in(watched: Watched, base: str) -> None:
-    from jobs import demo
+    from jobs.demo import cluster
 
     page = watched.page
     page.goto(f"{base}/login/")
     page.get_by_label("User name").fill("demo")
-    page.get_by_label("Password").fill(demo.DEMO_PASSWORD)
+    page.get_by_label("Password").fill(cluster.DEMO_PASSWORD)
     page.get_by_role("button", name="Log in").click()
     page.wait_for_url(f"{base}/")
 
@@ -196,29 +196,30 @@ def test_the_demo_opens_without_stale_alerts(watched, live_server, settings, tmp
     scraped the simulated exporter (served by the web server, started before it) and its first poll reads
     current data: no "Ingestion stale" alert, and Prometheus holds data of the job newer than `finish`'s
     start (before, `finish` polled before the web server, hence the exporter, had started)."""
-    from jobs import demo
+    from jobs.demo import cluster, loader
+    from jobs.demo.live import LIVE_SPECS_FILE
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.models import AlertIncident, Job
 
     now = _now()
-    live = next(d for d in demo.plan(now) if d.spec.job_id == "demo-4900")
-    result = demo.simulate_job(live, now - timedelta(minutes=12))
+    live = next(d for d in cluster.plan(now) if d.spec.job_id == "demo-4900")
+    result = cluster.simulate_job(live, now - timedelta(minutes=12))
     tsdb = tmp_path / "tsdb"
-    demo.backfill_results([result], tsdb)
+    loader.backfill_results([result], tsdb)
     state = tmp_path / "state"
     state.mkdir()
     spec = asdict(live.spec) | {"disabled": sorted(live.spec.disabled)}
-    (state / demo.LIVE_SPECS_FILE).write_text(json.dumps([spec]))
+    (state / LIVE_SPECS_FILE).write_text(json.dumps([spec]))
     settings.DEMO_STATE_DIR = str(state)
     settings.MEDIA_ROOT = str(tmp_path / "media")
     with _prometheus_scraping(tsdb, live_server.url.removeprefix("http://"), tmp_path) as url:
         settings.PROMETHEUS_URL = url
-        teams = demo.ensure_people()
-        demo.register(live, result, teams, now)
+        teams = cluster.ensure_people()
+        cluster.register(live, result, teams, now)
         lines: list[str] = []
         began = time.time()
-        report = demo.finish(lines.append, wait_live_s=120.0)
-        newest = demo.live_data_until(PrometheusClient(url), ["demo-4900"])
+        report = loader.finish(lines.append, wait_live_s=120.0)
+        newest = loader.live_data_until(PrometheusClient(url), ["demo-4900"])
     job = Job.objects.get(external_id="demo-4900")
     open_rules = set(
         AlertIncident.objects.filter(job=job, resolved_at__isnull=True).values_list("rule", flat=True)

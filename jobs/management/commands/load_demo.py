@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import demo
+from jobs.demo import loader
 from jobs.simulate import BackfillError
 
 
@@ -35,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--wait-live",
             type=float,
-            default=demo.LIVE_WAIT_S,
+            default=loader.LIVE_WAIT_S,
             metavar="SECONDS",
             help="--finish: how long to wait for Prometheus to scrape the running jobs from the simulated "
             "exporter before the first poll (0: do not wait)",
@@ -52,7 +52,7 @@ class Command(BaseCommand):
         if opts["finish"]:
             if opts["wait_live"] < 0:
                 raise CommandError("--wait-live must be >= 0 seconds")
-            report = demo.finish(progress, wait_live_s=opts["wait_live"])
+            report = loader.finish(progress, wait_live_s=opts["wait_live"])
             self.stdout.write(
                 f"demo: polled {len(report['polled'])}, finalized {len(report['finalized'])}, "
                 f"stale {len(report['stale'])}; "
@@ -65,7 +65,7 @@ class Command(BaseCommand):
         if not state:
             raise CommandError("give --state-dir or set DEMO_STATE_DIR")
         try:
-            report = demo.load(Path(opts["tsdb"]), Path(state), progress=progress)
+            report = loader.load(Path(opts["tsdb"]), Path(state), progress=progress)
         except BackfillError as exc:
             raise CommandError(f"promtool could not backfill the demo metrics: {exc}") from None
         self.stdout.write(

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from jobs.demo.seed import seed_catalog
 from jobs.models import GpuModel, PriceEntry
-from jobs.seed import seed_catalog
 
 
 class Command(BaseCommand):

@@ -1,0 +1,220 @@
+"""Loading the demo (``manage.py load_demo``): `load` simulates the planned jobs, backfills their metrics
+into Prometheus' TSDB with promtool and registers them; `finish`, once Prometheus serves the blocks, waits
+for the live exporter's data, ingests, attaches the traces, promotes healthy history to baselines and
+diagnoses again."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from jobs.artifacts import parse_artifact, store_upload
+from jobs.demo.cluster import HOST_SYNC_JOB, ensure_people, plan, register, simulate_job
+from jobs.demo.live import LIVE_SPECS_FILE
+from jobs.demo.traces import SEED_TRACES, host_sync_trace
+from jobs.evaluation.baselines import SYSTEM, promote
+from jobs.findings import run_diagnosis
+from jobs.metrics.ingest import prometheus_client
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError
+from jobs.models import Finding, Job
+from jobs.pipeline.poll import ingest_once
+from jobs.simulate import SimResult, backfill, write_openmetrics
+
+BACKFILL_TIMEOUT_S = 1800.0
+
+
+#: Progress lines: one per this many jobs backfilled (promtool is most of `load`'s minutes).
+PROGRESS_EVERY_JOBS = 10
+
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def backfill_results(results: list[SimResult], tsdb_dir: Path, progress: Progress = _quiet) -> None:
+    """Write the jobs' series as TSDB blocks into `tsdb_dir` with promtool, all or nothing."""
+    tsdb_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        # Blocks are written to a staging directory and moved into tsdb_dir only once every job's
+        # backfill succeeded: an interrupted run must not leave blocks behind, since a rerun simulates
+        # the same series at a slightly different `now` and the two would interleave (counter resets
+        # everywhere: rate() and so MFU many times too high).
+        staging = Path(tmp) / "blocks"
+        # One OpenMetrics file per job: promtool (2.42 has no --max-block-duration) parses its whole
+        # input once per 2 h block it writes, so one file of six weeks (550 MB) costs 504 passes over
+        # 550 MB; per job it is each job's own blocks over its own samples. Overlapping blocks of
+        # jobs that ran at the same time are merged by Prometheus.
+        for i, result in enumerate(results):
+            path = Path(tmp) / f"demo-{i}.om"
+            write_openmetrics([result], path)
+            # The limit only stops a hung promtool (a busy machine makes it slow, not stuck).
+            backfill(path, staging, timeout_s=BACKFILL_TIMEOUT_S)
+            path.unlink()
+            done = i + 1
+            if done % PROGRESS_EVERY_JOBS == 0 or done == len(results):
+                progress(f"backfill: {done}/{len(results)} jobs written")
+        for block in staging.iterdir():
+            shutil.move(block, tsdb_dir / block.name)
+
+
+def load(
+    tsdb_dir: Path, state_dir: Path, now: datetime | None = None, progress: Progress = _quiet
+) -> dict[str, Any]:
+    """Create people and jobs, backfill their metrics into `tsdb_dir`; idempotent (skips loaded jobs).
+
+    The running jobs are simulated and backfilled last, up to the moment just before their own backfill
+    (not the start of `load`): the minutes the history takes to backfill are not a hole in their data.
+    """
+    began = time.monotonic()
+    now = now or datetime.now(UTC)
+    teams = ensure_people()
+    planned = plan(now)
+    known = set(
+        Job.objects.filter(external_id__in=[d.spec.job_id for d in planned]).values_list(
+            "external_id", flat=True
+        )
+    )
+    new = [d for d in planned if d.spec.job_id not in known]
+    ended = [d for d in new if d.ended]
+    running = [d for d in new if not d.ended]
+    if new:
+        progress(f"simulate: {len(ended)} ended jobs")
+        results = [simulate_job(d, now) for d in ended]
+        progress(f"backfill: {len(ended)} ended jobs into {tsdb_dir}")
+        backfill_results(results, tsdb_dir, progress)
+        # `now` moved on while the history was backfilled (minutes on a busy machine).
+        live_until = now + timedelta(seconds=time.monotonic() - began)
+        progress(f"simulate and backfill: {len(running)} running jobs up to {live_until:%H:%M:%S} UTC")
+        live_results = [simulate_job(d, live_until) for d in running]
+        backfill_results(live_results, tsdb_dir, progress)
+        progress(f"register: {len(new)} jobs")
+        for demo, result in zip([*ended, *running], [*results, *live_results], strict=True):
+            register(demo, result, teams, now)
+    live = [
+        asdict(d.spec) | {"disabled": sorted(d.spec.disabled)} for d in planned if not d.ended
+    ]  # step-level (workload) jobs have all ended: live specs stay plain JSON
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / LIVE_SPECS_FILE).write_text(json.dumps(live, indent=1))
+    return {"jobs_created": len(new), "jobs_existing": len(known), "live_jobs": len(live)}
+
+
+#: How long `finish` waits for Prometheus to scrape the simulated exporter before its first poll.
+LIVE_WAIT_S = 180.0
+
+
+def live_data_until(client: PrometheusClient, job_ids: list[str]) -> dict[str, float]:
+    """The newest GPU_UTIL sample Prometheus holds for each running demo job (Unix s; absent = none in
+    Prometheus' 5 min lookback)."""
+    if not job_ids:
+        return {}
+    ids = "|".join(job_ids)  # demo ids: letters, digits and '-', nothing a regex would read specially
+    query = f'max by (hpc_job) (timestamp(DCGM_FI_DEV_GPU_UTIL{{hpc_job=~"{ids}"}}))'
+    return {s.labels.get("hpc_job", ""): s.value for s in client.instant(query)}
+
+
+def wait_for_live_data(
+    client: PrometheusClient,
+    job_ids: list[str],
+    since: float,
+    timeout_s: float = LIVE_WAIT_S,
+    progress: Progress = _quiet,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.time,
+) -> bool:
+    """Wait until Prometheus holds a sample newer than `since` for every running demo job, i.e. it has
+    scraped the simulated exporter since `finish` began; True when it has, False after `timeout_s`.
+
+    Why (issue 28 item 3): the running jobs' backfilled data ends when `load` wrote it; a poll before the
+    exporter is scraped sees data minutes old, and the demo opened with "Ingestion stale" alerts."""
+    deadline = clock() + timeout_s
+    while True:
+        try:
+            latest = live_data_until(client, job_ids)
+        except PrometheusError as exc:
+            latest, error = {}, str(exc)
+        else:
+            error = ""
+        behind = [j for j in job_ids if latest.get(j, 0.0) < since]
+        if not behind:
+            return True
+        if clock() >= deadline:
+            progress(
+                f"live data: Prometheus has not scraped {', '.join(behind)} from the simulated exporter "
+                f"in {timeout_s:.0f} s{f' ({error})' if error else ''}; is the web server running with "
+                "DEMO_STATE_DIR? Their first poll reads the backfilled data only"
+            )
+            return False
+        sleep(5.0)
+
+
+def attach_traces(progress: Progress = _quiet) -> int:
+    """Upload and parse each demo trace (the host-sync job's, every seed run's) once; returns how many
+    were attached now."""
+    attached = 0
+    makers: dict[str, Callable[[float], bytes]] = {
+        HOST_SYNC_JOB: lambda _start: host_sync_trace(),
+        **SEED_TRACES,
+    }
+    for job_id, make in makers.items():
+        job = Job.objects.filter(external_id=job_id).first()
+        if job is None or job.artifacts.exists():
+            continue
+        doc = make(job.started_at.timestamp() + 1800.0)
+        artifact = store_upload(job, io.BytesIO(doc), filename="rank0.pt.trace.json", parse=False)
+        parse_artifact(artifact.pk)
+        attached += 1
+    progress(f"traces: {attached} attached and parsed")
+    return attached
+
+
+def finish(
+    progress: Progress = _quiet, *, wait_live_s: float = LIVE_WAIT_S, client: PrometheusClient | None = None
+) -> dict[str, Any]:
+    """After Prometheus has loaded the demo blocks (and, in `make demo`, the web server serving the
+    simulated exporter has started): wait until the running jobs' data is being scraped, ingest everything,
+    attach the profiler traces, promote the healthy history runs to baselines, and diagnose again so every
+    finding code appears somewhere."""
+    began = time.time()
+    client = client or prometheus_client()
+    live = list(
+        Job.objects.filter(registered_by=Job.Provenance.DEMO, status=Job.Status.RUNNING)
+        .order_by("external_id")
+        .values_list("external_id", flat=True)
+    )
+    caught_up = True
+    if live and wait_live_s > 0:
+        progress(f"live data: waiting for Prometheus to scrape {len(live)} running jobs")
+        caught_up = wait_for_live_data(client, live, began, wait_live_s, progress)
+    progress("ingest: polling running jobs and finalizing ended ones")
+    report = ingest_once(client)
+    progress(
+        f"ingest: polled {len(report['polled'])}, finalized {len(report['finalized'])}, "
+        f"stale {len(report['stale'])}"
+    )
+    attach_traces(progress)
+    promoted = 0
+    for candidate in Job.objects.filter(external_id__startswith="demo-h", status=Job.Status.FINALIZED):
+        healthy = (
+            candidate.mfu is not None
+            and candidate.mfu >= 0.4
+            and not candidate.findings.exclude(severity=Finding.Severity.INFO).exists()
+        )
+        if healthy and not candidate.baselines.exists():
+            promote(candidate, SYSTEM)
+            promoted += 1
+    progress(f"baselines: {promoted} runs promoted")
+    for other in Job.objects.filter(external_id__startswith="demo-h"):
+        run_diagnosis(other)
+    progress("diagnosis: history re-diagnosed against the baselines")
+    return {**report, "baselines_promoted_runs": promoted, "live_caught_up": caught_up}
