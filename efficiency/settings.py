@@ -128,17 +128,17 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "job-list"
 LOGOUT_REDIRECT_URL = "login"
-# Single sign-on (OpenID Connect through mozilla-django-oidc, jobs.sso; README "Single sign-on"): off unless
+# Single sign-on (OpenID Connect through mozilla-django-oidc, jobs/sso/; README "Single sign-on"): off unless
 # OIDC_ENABLED=true, and then complete or the process does not start. SsoBackend declines every login
 # while SSO is off; local accounts always log in through ModelBackend.
 SSO = load_sso_config()
 # django-axes (below) neither counts nor locks the SSO callback: it is no password guess.
-AXES_WHITELIST_CALLABLE = "jobs.sso.not_a_password_login"
+AXES_WHITELIST_CALLABLE = "jobs.sso.views.not_a_password_login"
 # Login throttling (django-axes) first: a locked-out username + address is refused before any backend.
 AUTHENTICATION_BACKENDS = [
     "jobs.auth_backends.LoginThrottleBackend",
     "django.contrib.auth.backends.ModelBackend",
-    "jobs.sso.SsoBackend",
+    "jobs.sso.backend.SsoBackend",
 ]
 AXES_ENABLED = env_bool("AXES_ENABLED", True)
 # Failed password logins of one username from one address before both are locked out, for the cool-off.

@@ -8,7 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
 from jobs.api.root import ApiRootView
 from jobs.demo.live import live_exporter_view
 from jobs.outputs.exporter import metrics_view
-from jobs.sso import LocalAndSsoLogoutView
+from jobs.sso.views import LocalAndSsoLogoutView
 from jobs.views import healthz
 
 admin.site.site_header = "efficiency administration"
@@ -21,8 +21,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     # Ends the local session, and the provider's too after an SSO login when OIDC_END_SESSION_ENDPOINT is set.
     path("logout/", LocalAndSsoLogoutView.as_view(), name="logout"),
-    # OpenID Connect login (jobs.sso): 404 unless OIDC_ENABLED=true.
-    path("oidc/", include("jobs.sso")),
+    # OpenID Connect login (jobs.sso.views): 404 unless OIDC_ENABLED=true.
+    path("oidc/", include("jobs.sso.views")),
     path("admin/", admin.site.urls),
     path("api/v1/", ApiRootView.as_view(), name="api-root"),  # before the router's root, which it replaces
     path("api/v1/", include("jobs.api.urls")),

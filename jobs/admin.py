@@ -196,7 +196,8 @@ class PolicyActionAdmin(admin.ModelAdmin):
 @admin.register(SsoIdentity)
 class SsoIdentityAdmin(admin.ModelAdmin):
     """Provider identities (issuer + subject) and the account each signs in as. Adding one here is how an
-    admin links a staff or superuser account to SSO: a login never matches those by email (jobs.sso)."""
+    admin links a staff or superuser account to SSO: a login never matches those by email
+    (jobs.sso.backend)."""
 
     list_display = ["user", "subject", "issuer", "linked_by", "email_at_link", "created_at", "last_login_at"]
     search_fields = ["subject", "user__username", "email_at_link"]

@@ -36,7 +36,7 @@ FLOORS: dict[str, int] = {
     "jobs.permissions": 0,
     "jobs.ownership": 0,
     "jobs.service_health": 0,
-    "jobs.sso_email": 0,
+    "jobs.sso.emails": 0,
     # 1: evaluate
     "jobs.evaluation": 1,
     "jobs.registry": 1,

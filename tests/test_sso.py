@@ -1,4 +1,4 @@
-"""OIDC login (jobs.sso) against a real local provider (tests/oidc_provider.py), driven end to end:
+"""OIDC login (jobs.sso.backend) against a real local provider (tests/oidc_provider.py), driven end to end:
 Django's test client for our side, requests for the browser's hop through the provider."""
 
 from __future__ import annotations
@@ -411,7 +411,7 @@ def test_local_password_login_still_works_with_sso_on(client, sso, make_user):
 
 def test_the_sso_backend_is_installed_beside_the_local_one(settings):
     assert "django.contrib.auth.backends.ModelBackend" in settings.AUTHENTICATION_BACKENDS
-    assert "jobs.sso.SsoBackend" in settings.AUTHENTICATION_BACKENDS
+    assert "jobs.sso.backend.SsoBackend" in settings.AUTHENTICATION_BACKENDS
 
 
 # -- configuration (pure) -------------------------------------------------------------------------------

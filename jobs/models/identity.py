@@ -11,9 +11,9 @@ class SsoIdentity(models.Model):
 
     OIDC Core 5.7: `sub` is unique and never reassigned within one issuer, and (iss, sub) is the only
     stable identifier of an end user; the email claim can change and may be shared or reassigned. Once an
-    identity is linked, the login finds its user by (issuer, subject) alone (jobs.sso). Created by the first
-    SSO login of the identity, or by an admin in the admin site, which is the only way to link a staff or
-    superuser account.
+    identity is linked, the login finds its user by (issuer, subject) alone (jobs.sso.backend). Created by
+    the first SSO login of the identity, or by an admin in the admin site, which is the only way to link a
+    staff or superuser account.
     """
 
     issuer = models.CharField(max_length=500, help_text="The provider's issuer URL (the ID token's iss).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import template
 
-from jobs.sso import sso_config
+from jobs.sso.backend import sso_config
 
 register = template.Library()
 

@@ -1,10 +1,10 @@
-"""jobs.sso_email: the first-login email rule, without a database."""
+"""jobs.sso.emails: the first-login email rule, without a database."""
 
 from __future__ import annotations
 
 import pytest
 
-from jobs.sso_email import Account, EmailMatch, email_key, is_unambiguous, match_account, may_take_email
+from jobs.sso.emails import Account, EmailMatch, email_key, is_unambiguous, match_account, may_take_email
 
 ALICE = Account(1, "alice@example.com", privileged=False, linked=False)
 SAM = Account(2, "sam@example.com", privileged=False, linked=False)

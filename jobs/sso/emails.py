@@ -1,9 +1,9 @@
 """Which local account, if any, an SSO identity's first login may take over by email. Pure: no Django.
 
-Once linked, an identity signs in by (issuer, subject) only (jobs.sso, jobs.models.SsoIdentity): the email
-is a claim that changes and can be reassigned; OIDC Core 5.7 names (iss, sub) as the only stable key. Email
-matters once, at an identity's first login, to link an existing local account, and then only under these
-rules (`match_account`):
+Once linked, an identity signs in by (issuer, subject) only (jobs.sso.backend, jobs.models.SsoIdentity):
+the email is a claim that changes and can be reassigned; OIDC Core 5.7 names (iss, sub) as the only stable
+key. Email matters once, at an identity's first login, to link an existing local account, and then only
+under these rules (`match_account`):
 
 - only a verified email (``email_verified`` true) is matched at all;
 - addresses are compared exactly on their key, NFKC normalisation then case folding, both sides, in Python

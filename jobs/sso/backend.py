@@ -1,4 +1,5 @@
-"""Single sign-on with OpenID Connect (mozilla-django-oidc): the backend, the views mounted under /oidc/.
+"""Single sign-on with OpenID Connect (mozilla-django-oidc): the authentication backend (the views
+mounted under /oidc/ are in `jobs.sso.views`).
 
 Off unless ``OIDC_ENABLED=true`` (``settings.SSO``, from efficiency.sso_config): the backend then declines
 every login and the /oidc/ views answer 404, so local accounts work exactly as without SSO.
@@ -7,7 +8,7 @@ On each SSO login the backend
 - verifies the ID token fully (signature against the provider's JWKS, issuer, audience = our client id,
   expiry, nonce; mozilla-django-oidc itself skips the audience and issuer checks, so we do them here);
 - finds the account by the provider identity, (issuer, subject), once linked (jobs.models.SsoIdentity);
-  at the identity's first login it links an existing account by verified email under jobs.sso_email's
+  at the identity's first login it links an existing account by verified email under jobs.sso.emails'
   rules (exact NFKC + casefold comparison in Python, no look-alike addresses, never a staff or superuser
   account, never one linked to another identity), or creates one named by ``OIDC_USERNAME_CLAIM``
   (default ``preferred_username``, falling back to the email); it never takes over a local account by
@@ -30,30 +31,24 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import urlencode
 
 import jwt
 import requests
 from django.conf import settings
-from django.contrib import messages
 from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import Group, User
-from django.contrib.auth.views import LogoutView
 from django.core.exceptions import SuspiciousOperation
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
-from django.urls import path, reverse
+from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.encoding import smart_str
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
-from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from efficiency.sso_config import SsoConfig, teams_from_groups
 from jobs.models import Membership, SsoIdentity, Team
-from jobs.sso_email import Account, match_account, may_take_email
+from jobs.sso.emails import Account, match_account, may_take_email
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +64,7 @@ ISSUER_MAX = 500
 # Why this request's SSO attempt was refused, for the login page's message: the backend has the request,
 # the callback view (which shows the message) does not see the backend's exceptions. Kept in the request's
 # WSGI environ under a prefixed extension key (PEP 3333's convention), so it dies with the request.
-_REFUSAL_KEY = "efficiency.sso_refusal"
+REFUSAL_KEY = "efficiency.sso_refusal"
 
 
 class SsoRefused(Exception):
@@ -82,7 +77,7 @@ def sso_config() -> SsoConfig:
     return config
 
 
-def _oidc_setting(attr: str, *default: Any) -> Any:
+def oidc_setting(attr: str, *default: Any) -> Any:
     """mozilla-django-oidc's settings, derived from settings.SSO so there is one source of truth."""
     sso = sso_config()
     derived: dict[str, Any] = {
@@ -112,7 +107,7 @@ def _oidc_setting(attr: str, *default: Any) -> Any:
 
 def _refuse(request: HttpRequest | None, reason: str) -> None:
     if request is not None:
-        request.META[_REFUSAL_KEY] = reason
+        request.META[REFUSAL_KEY] = reason
     log.warning("SSO login refused: %s", reason)
 
 
@@ -131,7 +126,7 @@ def _verified(value: object) -> bool:
 
 
 def _accounts() -> list[Account]:
-    """Every account with an email, as jobs.sso_email's rules see it. The comparison key (NFKC + casefold)
+    """Every account with an email, as jobs.sso.emails' rules see it. The comparison key (NFKC + casefold)
     is computed in Python, so the database cannot narrow the rows; read at an identity's first login and
     when a linked user's email changes, not at every login."""
     linked = SsoIdentity.objects.filter(user=OuterRef("pk"))
@@ -146,7 +141,7 @@ def _accounts() -> list[Account]:
 class SsoBackend(OIDCAuthenticationBackend):
     """OIDC authorization-code login that maps the provider's groups to teams; inert when SSO is off."""
 
-    get_settings = staticmethod(_oidc_setting)
+    get_settings = staticmethod(oidc_setting)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The project uses Django's own User (no AUTH_USER_MODEL swap); typed as such below.
@@ -260,7 +255,7 @@ class SsoBackend(OIDCAuthenticationBackend):
 
     def get_or_create_user(self, access_token: str, id_token: str, payload: dict[str, Any]) -> User:
         """The account of this provider identity (the ID token's verified iss and sub): its linked account
-        once linked; at its first login an existing account by verified email (jobs.sso_email) or a new
+        once linked; at its first login an existing account by verified email (jobs.sso.emails) or a new
         account, and the link is stored. Replaces the library's email lookup (``email__iexact``)."""
         claims = self.get_userinfo(access_token, id_token, payload)
         self.verify_claims(claims)
@@ -333,7 +328,7 @@ class SsoBackend(OIDCAuthenticationBackend):
 
     def update_user(self, user: User, claims: dict[str, Any]) -> User:
         """Names, email, staff flag and team memberships from the claims, on every login. The email only
-        when verified and held by no other account (jobs.sso_email.may_take_email)."""
+        when verified and held by no other account (jobs.sso.emails.may_take_email)."""
         groups = _groups(claims, self.config.groups_claim)
         email = str(claims["email"])
         if email != user.email:
@@ -391,97 +386,3 @@ def sync_memberships(user: User, granted: dict[str, str], *, create_teams: bool)
         # Managed by SSO and no longer granted: the membership goes (if an admin has not removed it).
         Membership.objects.filter(user=user, team__slug=slug).delete()
         marker.user_set.remove(user)
-
-
-def not_a_password_login(request: HttpRequest, credentials: dict[str, Any] | None = None) -> bool:
-    """django-axes' AXES_WHITELIST_CALLABLE: True for the SSO callback, which axes then neither counts nor
-    locks. It guesses no password (the provider throttles its own logins), and counting its failures per
-    address would let one client behind a shared NAT lock everyone there out of SSO."""
-    return request.path_info == reverse("oidc_authentication_callback")
-
-
-def _enabled_or_404() -> None:
-    if not sso_config().enabled:
-        raise Http404("Single sign-on is not enabled")
-
-
-class SsoLoginView(OIDCAuthenticationRequestView):
-    """Starts the login: redirects to the provider's authorization endpoint (state, nonce, PKCE)."""
-
-    get_settings = staticmethod(_oidc_setting)
-
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        """404 while SSO is off."""
-        _enabled_or_404()
-        response: HttpResponseBase = super().dispatch(request, *args, **kwargs)
-        return response
-
-
-class SsoCallbackView(OIDCAuthenticationCallbackView):
-    """The provider redirects here with a code; logs the user in or shows on the login page why not."""
-
-    get_settings = staticmethod(_oidc_setting)
-
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        """404 while SSO is off."""
-        _enabled_or_404()
-        response: HttpResponseBase = super().dispatch(request, *args, **kwargs)
-        return response
-
-    def get(self, request: HttpRequest) -> HttpResponseBase:
-        """The library's callback; an unknown state (a replayed or foreign callback) is a refusal too."""
-        if request.GET.get("error"):
-            description = request.GET.get("error_description", "")[:200]
-            request.META[_REFUSAL_KEY] = (
-                f"the provider answered {request.GET['error'][:64]!r} {description}".strip()
-            )
-        elif "code" in request.GET and "state" in request.GET and "oidc_states" not in request.session:
-            request.META[_REFUSAL_KEY] = "this login was not started in this browser session, or it expired"
-        try:
-            response: HttpResponseBase = super().get(request)
-        except SuspiciousOperation:
-            request.META[_REFUSAL_KEY] = "this login's state is unknown (already used, or not started here)"
-            return self.login_failure()
-        return response
-
-    def login_failure(self) -> HttpResponseBase:
-        """Back to the login page with the reason (local login still works there)."""
-        reason = self.request.META.pop(_REFUSAL_KEY, None)
-        if reason is None and getattr(self, "user", None) is not None and not self.user.is_active:
-            reason = "this account is disabled"
-        name = sso_config().provider_name
-        messages.error(
-            self.request, f"Sign-in with {name} failed: {reason or 'the login was not completed'}."
-        )
-        return HttpResponseRedirect(reverse("login"))
-
-
-class LocalAndSsoLogoutView(LogoutView):
-    """Ends the local session; after an SSO login with OIDC_END_SESSION_ENDPOINT set, also the provider's.
-
-    The provider is told through RP-initiated logout (id_token_hint, post_logout_redirect_uri = our login
-    page, which must be registered with the provider). Without the endpoint only the local session ends
-    and a new "Sign in with ..." may pass straight through while the provider's session lasts.
-    """
-
-    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        """Local logout, then the provider's end-session endpoint when there is one to tell."""
-        id_token = request.session.get("oidc_id_token")
-        response: HttpResponse = super().post(request, *args, **kwargs)
-        config = sso_config()
-        if config.enabled and config.end_session_endpoint and isinstance(id_token, str):
-            query = urlencode(
-                {
-                    "id_token_hint": id_token,
-                    "client_id": config.client_id,
-                    "post_logout_redirect_uri": request.build_absolute_uri(reverse("login")),
-                }
-            )
-            return HttpResponseRedirect(f"{config.end_session_endpoint}?{query}")
-        return response
-
-
-urlpatterns = [
-    path("authenticate/", login_not_required(SsoLoginView.as_view()), name="oidc_authentication_init"),
-    path("callback/", login_not_required(SsoCallbackView.as_view()), name="oidc_authentication_callback"),
-]
