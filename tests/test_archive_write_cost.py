@@ -92,32 +92,26 @@ def test_text_columns_with_copys_special_characters_round_trip(make_team):
 
 
 @pytest.mark.django_db
-def test_reading_stored_chunks_fetches_only_the_chunks_asked_for(make_team):
-    # Two jobs x two signals x two GPUs stored; a write asks for one (job, signal, GPU) per job, crosswise.
-    # Filtering each key column by its own list would fetch all 8 chunks (the lists' cross product).
+def test_reading_stored_chunks_leaves_out_the_per_gpu_rows_of_jobs_not_asking_for_them(make_team):
+    # A cycle writes the per-GPU rows of the jobs due for them and the cross-GPU rows of every job: the read
+    # of the stored chunks must not fetch the per-GPU chunks of the others (it fetched them all, to drop
+    # them in Python, before the GPU keys were part of its filter).
     from jobs.metrics.archive.write import _existing
 
-    jobs = [_job(make_team, f"x{i}") for i in range(2)]
+    jobs = [_job(make_team, f"x{i}") for i in range(3)]
     stored = []
     for n, job in enumerate(jobs):
-        for signal in ("gpu_util", "sm_active"):
-            for gpu in ("node/0", "node/1"):
-                value = (
-                    0.125 * (n + 1)
-                    + (0.5 if signal == "sm_active" else 0.0)
-                    + (0.0625 if gpu[-1] == "1" else 0)
-                )
-                stored.append(
-                    Points(job.pk, signal, "gpu", gpu, 30, np.array([T0 + 30.0]), np.array([value]))
-                )
+        for gpu in range(4):
+            value = 0.125 * (n + 1) + 0.0625 * gpu
+            stored.append(Points(job.pk, "gpu_util", "gpu", f"node{n}/{gpu}", 30, np.array([T0 + 30.0]),
+                                 np.array([value])))  # fmt: skip
+        stored.append(
+            Points(job.pk, "gpu_util", "mean", "", 30, np.array([T0 + 30.0]), np.array([0.5 + n / 8]))
+        )
     archive.upsert(stored)
-    wanted = [
-        (jobs[0].pk, "gpu_util", "gpu", "node/1", 30, T0),
-        (jobs[1].pk, "sm_active", "gpu", "node/0", 30, T0),
-        (jobs[1].pk, "sm_active", "gpu", "node/9", 30, T0),  # not stored
-        (jobs[0].pk, "gpu_util", "gpu", "node/1", 1800, T0 // (1800 * 240) * (1800 * 240)),  # the 1800 s tier
-        (jobs[0].pk, "gpu_util", "gpu", "node/1", 30, T0 + SPAN),  # the next chunk: not stored
-    ]
+    wanted = [(jobs[0].pk, "gpu_util", "gpu", f"node0/{g}", 30, T0) for g in range(4)]
+    wanted += [(job.pk, "gpu_util", "mean", "", 30, T0) for job in jobs]
+    wanted.append((jobs[0].pk, "gpu_util", "gpu", "node0/9", 30, T0))  # not stored
     fetched: list[int] = []
 
     def count_rows(execute, sql, params, many, context):
@@ -128,12 +122,8 @@ def test_reading_stored_chunks_fetches_only_the_chunks_asked_for(make_team):
 
     with connection.execute_wrapper(count_rows):
         found = _existing(wanted)
-    assert fetched == [3]
-    assert sorted(found) == sorted([wanted[0], wanted[1], wanted[3]])
-    assert found[wanted[0]][0] == np.float32(0.1875)
-    assert found[wanted[1]][0] == np.float32(0.75)
-    tier_start = wanted[3][5]
-    assert found[wanted[3]][(T0 - tier_start) // 1800] == np.float32(
-        0.1875
-    )  # the window closing at T0 + 1800
+    assert fetched == [7]  # jobs 1 and 2's 8 per-GPU chunks not among them
+    assert sorted(found) == sorted(wanted[:7])
+    assert [found[k][0] for k in wanted[:4]] == [np.float32(0.125 + 0.0625 * g) for g in range(4)]
+    assert [found[k][0] for k in wanted[4:7]] == [np.float32(0.5 + n / 8) for n in range(3)]
     assert np.isnan(found[wanted[0]][1:]).all() and found[wanted[0]].size == archive.CHUNK_POINTS

@@ -22,6 +22,7 @@ from jobs.metrics.archive.layout import (
     GPU_TIERS,
     Points,
     _Key,
+    utc,
 )
 from jobs.metrics.signals import COUNT, MAX, MIN, SAMPLED
 from jobs.models import JobSeries
@@ -85,23 +86,30 @@ def _existing(keys: list[_Key]) -> dict[_Key, np.ndarray]:
     if not keys:
         return {}
     table = connection.ops.quote_name(JobSeries._meta.db_table)
-    # One row per wanted key tuple, joined on the whole unique key (series_chunk_unique answers each probe):
-    # only the chunks asked for come back, each with its key's position in `keys`. (Filtering each column
-    # by its own = ANY list instead fetched the cross product of the lists: on a cycle, every job's
-    # per-GPU chunks of every signal, most of them then dropped here.) Starts travel as whole Unix seconds
-    # (chunk starts lie on the clock), cheaper to send than timestamps.
-    columns = list(zip(*keys, strict=True))
+    # Each key column as its own = ANY list, which the (job, signal, stat, start) index answers, GPU keys
+    # included: a cycle writes the per-GPU rows of the fifth of its jobs due for them (ingest.per_gpu_due),
+    # and without the GPU list this read fetched every listed job's per-GPU chunks too, to drop them
+    # below. The rows of other combinations still returned are few (all jobs of a write share its chunk
+    # starts) and dropped below. (A join on the whole key tuples, unnest(...) JOIN on the unique key,
+    # fetches only the wanted rows but cost more CPU, in Python and Postgres, on 3,300 keys: 40-70 ms
+    # against 21-25 ms; see benchmarks/poll_cost.py.)
+    jobs, signals, stats, gpus, steps, starts = (sorted(set(c)) for c in zip(*keys, strict=True))
     sql = (
-        f'SELECT k.i, s."values" FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::int[], '
-        f"%s::bigint[]) WITH ORDINALITY AS k(job_id, signal, stat, gpu_key, step, start, i) "
-        f"JOIN {table} s ON s.job_id = k.job_id AND s.signal = k.signal AND s.stat = k.stat "
-        f"AND s.gpu_key = k.gpu_key AND s.step_seconds = k.step AND s.start = to_timestamp(k.start)"
+        f'SELECT job_id, signal, stat, gpu_key, step_seconds, extract(epoch from start)::bigint, "values" '
+        f"FROM {table} WHERE job_id = ANY(%s) AND signal = ANY(%s) AND stat = ANY(%s) "
+        f"AND gpu_key = ANY(%s) AND step_seconds = ANY(%s) AND start = ANY(%s)"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(c) for c in columns])
+        cursor.execute(sql, [jobs, signals, stats, gpus, steps, [utc(t) for t in starts]])
         found = cursor.fetchall()
-    hits: list[_Key] = [keys[i - 1] for i, _ in found]
-    blobs: list[bytes] = [bytes(blob)[: CHUNK_POINTS * _F4.itemsize] for _, blob in found]
+    wanted = set(keys)
+    hits: list[_Key] = []
+    blobs: list[bytes] = []
+    for job_id, signal, stat, gpu_key, step, start, blob in found:
+        key = (job_id, signal, stat, gpu_key, step, int(start))
+        if key in wanted:
+            hits.append(key)
+            blobs.append(bytes(blob)[: CHUNK_POINTS * _F4.itemsize])
     if not hits:
         return {}
     # All chunks padded with NaN into one matrix at once (per-chunk numpy calls cost more on a cycle).
