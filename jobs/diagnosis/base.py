@@ -204,7 +204,8 @@ class ArtifactAnalysis:
 class DiagnosisInput:
     """Everything the rules read about one job. Unknown numbers are None, never 0.
 
-    `baseline` is the active baseline's stats ({metric: {median, mad, iqr, n, ...}}).
+    `baseline` is the active baseline's stats as stored ({metric: {median, mad, iqr, n, ...}}); rules read
+    them through jobs.evaluation.baseline_stats.decode_stats (lenient, like the artifact analyses).
     """
 
     signals: JobSignals | None
@@ -219,7 +220,7 @@ class DiagnosisInput:
     gpu_memory_mib: float | None = None
     max_clock_mhz: float | None = None  # max boost clock (catalog), what throttling is judged against
     tdp_w: float | None = None
-    baseline: Mapping[str, Mapping[str, Any]] | None = None
+    baseline: Mapping[str, Any] | None = None
     artifacts: Sequence[ArtifactAnalysis] = ()
     step_time_ms: float | None = None
     #: What the job does: "training", "fine_tuning" or "inference" (jobs.models.Job.Kind values); the

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from jobs.enqueue import enqueue
+from jobs.evaluation.baseline_stats import MetricStats, decode_stats, encode_stats
 from jobs.evaluation.robust import RegressionCheck, Summary, canonical_config, check_regression, summarize
 from jobs.models import Baseline, Finding, Job, PromotionOverride
 from jobs.permissions import can_write_team
@@ -129,8 +130,8 @@ def config_of(job: Job) -> dict[str, object]:
 
 
 def stats_for(runs: list[Job]) -> dict[str, dict[str, Any]]:
-    """Baseline.stats for a set of runs: metric key -> summarize() of the runs' values as a dict."""
-    return {m.key: asdict(summarize([m.read(run) for run in runs])) for m in METRICS}
+    """Baseline.stats for a set of runs: metric key -> summarize() of the runs' values (baseline_stats)."""
+    return encode_stats({m.key: summarize([m.read(run) for run in runs]) for m in METRICS})
 
 
 def health_blockers(findings: Sequence[Finding]) -> list[Finding]:
@@ -294,11 +295,9 @@ class Comparison:
         return {run.pk for run in self.baseline.runs.all()}
 
 
-def _summary(stats: dict[str, Any] | None) -> Summary | None:
-    if not stats or stats.get("median") is None or not stats.get("n"):
-        return None
-    fields: dict[str, Any] = {k: stats.get(k) for k in ("median", "mad", "iqr", "n", "min", "max")}
-    return Summary(**fields)
+def _summary(stats: MetricStats | None) -> Summary | None:
+    # A metric no run had (n = 0) has no band to compare against.
+    return stats.summary() if stats is not None and stats.n else None
 
 
 def compare_with(job: Job, baseline: Baseline) -> Comparison:
@@ -306,9 +305,10 @@ def compare_with(job: Job, baseline: Baseline) -> Comparison:
     (jobs.evaluation.robust.check_regression: outside the band when > 3 robust sd and > 5 % from the
     median)."""
     rows = []
+    stats = decode_stats(baseline.stats)
     for metric in METRICS:
         value = metric.read(job)
-        summary = _summary((baseline.stats or {}).get(metric.key))
+        summary = _summary(stats.get(metric.key))
         check = (
             check_regression(value, summary, higher_is_better=metric.higher_is_better)
             if value is not None and summary is not None

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db.models import Count
 from django.utils import timezone
 
+from jobs.evaluation.baseline_stats import decode_stats
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
@@ -323,7 +324,8 @@ def reference_for(job: Job, cycle: CycleContext | None = None) -> tuple[float, s
     else:
         baseline = active_baseline(job)
     if baseline is not None:
-        median = (baseline.stats.get("mfu") or {}).get("median")
+        mfu = decode_stats(baseline.stats).get("mfu")
+        median = mfu.median if mfu is not None else None
         if median:
             return float(median), f"baseline {baseline.fingerprint[:8]} median"
     return target_mfu(job.dtype, settings.TARGET_MFU, settings.TARGET_MFU_FP8)

@@ -27,6 +27,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from jobs.charts import sparkline_points
 from jobs.evaluation import baselines as baseline_ops
+from jobs.evaluation.baseline_stats import MetricStats, decode_stats
 from jobs.evaluation.catalog import DTYPES
 from jobs.evaluation.costs import Amount
 from jobs.evaluation.kpis import CONVENTION_LABELS
@@ -470,7 +471,7 @@ def baseline_list(request: HttpRequest) -> HttpResponse:
     rows = [
         {
             "baseline": b,
-            "stats": [(m, (b.stats or {}).get(m.key) or {}) for m in baseline_ops.METRICS],
+            "stats": _metric_stats(b),
             "can_retire": b.retired_at is None and (writable is None or b.team_id in writable),
         }
         for b in qs
@@ -526,6 +527,12 @@ def gpu_catalog(request: HttpRequest) -> HttpResponse:
 def _dtype_order(dtype: str) -> tuple[int, str]:
     # The catalog's one dtype table sets the column order; a key an admin typed outside it goes last.
     return (DTYPES.index(dtype) if dtype in DTYPES else len(DTYPES), dtype)
+
+
+def _metric_stats(baseline: Baseline) -> list[tuple[baseline_ops.Metric, MetricStats]]:
+    """(metric, its stored summary) per baseline metric; a metric the stats lack reads as all unknown."""
+    stats = decode_stats(baseline.stats)
+    return [(m, stats.get(m.key) or MetricStats()) for m in baseline_ops.METRICS]
 
 
 READINESS_DAYS = 7

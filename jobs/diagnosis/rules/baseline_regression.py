@@ -11,7 +11,6 @@ is lost, never why (the cause rules do).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from jobs.diagnosis import detectors as D
 from jobs.diagnosis import thresholds as T
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
+from jobs.evaluation.baseline_stats import MetricStats, decode_stats
 from jobs.evaluation.robust import RegressionCheck, Summary, check_regression
 
 CODE = "baseline_regression"
@@ -43,8 +43,9 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     evidence: list[Evidence] = []
     worst: tuple[str, RegressionCheck] | None = None
     secondary = False
+    stats = decode_stats(inp.baseline)
     for metric, (higher_better, aliases) in T.BASELINE_METRICS.items():
-        summary = _summary(inp.baseline, aliases)
+        summary = _summary(stats, aliases)
         value = values.get(metric)
         if summary is None or value is None or summary.median is None:
             continue
@@ -119,23 +120,13 @@ def _job_values(inp: DiagnosisInput, f: Features) -> dict[str, float | None]:
     }
 
 
-def _summary(stats: Mapping[str, Mapping[str, Any]], aliases: tuple[str, ...]) -> Summary | None:
+def _summary(stats: Mapping[str, MetricStats], aliases: tuple[str, ...]) -> Summary | None:
     for name in aliases:
         entry = stats.get(name)
-        if not isinstance(entry, Mapping):
-            continue
-
-        def get(k: str, entry: Mapping[str, Any] = entry) -> float | None:
-            v = entry.get(k)
-            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-        median = get("median")
-        if median is None:
-            continue
-        n = entry.get("n")
-        return Summary(
-            median, get("mad"), get("iqr"), int(n) if isinstance(n, int) else 1, get("min"), get("max")
-        )
+        # A stored summary without its run count is read as one run (the band then rests on its spread).
+        summary = entry.summary(n_unknown=1) if entry is not None else None
+        if summary is not None:
+            return summary
     return None
 
 
