@@ -166,6 +166,21 @@ def private_cache_prefix():
         yield
 
 
+def clear_private_cache() -> int:
+    """Delete this test run's cache entries only (those under its private KEY_PREFIX) and say how many.
+
+    Never `cache.clear()` on the Redis cache: it is FLUSHDB on the database the Celery broker, redbeat and a
+    developer's demo share, so it empties their queues and schedule too."""
+    from django.core.cache import cache
+
+    backend = cache._cache  # type: ignore[attr-defined]  # django's RedisCache: its client wrapper
+    client = backend.get_client(None, write=True)
+    deleted = 0
+    for key in client.scan_iter(match=f"{cache.key_prefix}:*", count=500):
+        deleted += int(client.delete(key))
+    return deleted
+
+
 @pytest.fixture
 def celery_eager():
     """Run Celery tasks inline, propagating their exceptions."""

@@ -1,4 +1,4 @@
-"""The job page's cached figures (jobs.views.job: `cached_figures`, `_page_figures`, `_figures_json`): a
+"""The job page's cached figures (jobs.views.job_figures: `cached_figures`, `page_figures`, `figures_json`): a
 change to what they are drawn from is never answered from the cache, and the cache never lets a user see a job
 outside their readable scope."""
 
@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
-from django.core.cache import cache
 from django.urls import reverse
 
 from jobs.artifact_review import Review, review_artifact
 from jobs.metrics import archive
 from jobs.metrics.archive import Points
 from jobs.models import Artifact, Job
+from tests.conftest import clear_private_cache
 
 T0 = 1_767_225_600.0  # a multiple of the archive's 2 h chunk
 CAPTURE = "capture-rank0.pt.trace.json"
@@ -22,9 +22,10 @@ CAPTURE = "capture-rank0.pt.trace.json"
 
 @pytest.fixture(autouse=True)
 def _empty_cache():
-    cache.clear()
+    # This run's entries only: cache.clear() would FLUSHDB the Redis the broker and redbeat share.
+    clear_private_cache()
     yield
-    cache.clear()
+    clear_private_cache()
 
 
 def _finalized_job(make_team, slug: str = "llm", external_id: str = "fin-1", level: float = 0.5) -> Job:

@@ -199,3 +199,16 @@ def test_debug_is_off_unless_set():
     result = run({**base, "SECRET_KEY": "a-private-key-" + "x" * 40}, "shell", "-c", code)
     assert result.returncode == 0, result.stderr
     assert "DEBUG False" in result.stdout
+
+
+def test_no_test_flushes_the_shared_redis():
+    """`cache.clear()` on the Redis cache is FLUSHDB on the database the broker and redbeat share: a test that
+    ran it emptied every other process's queues. Tests use tests.conftest.clear_private_cache, or a locmem
+    cache (the `local_cache` fixtures) where clear() is private."""
+    offenders = []
+    for path in (REPO_ROOT / "tests").rglob("*.py"):
+        text = path.read_text()
+        calls = [line for line in text.splitlines() if line.strip().startswith("cache.clear()")]
+        if calls and "LocMemCache" not in text:
+            offenders.append(str(path.relative_to(REPO_ROOT)))
+    assert offenders == []
