@@ -23,6 +23,7 @@ class QueueName(StrEnum):
 TASK_QUEUES: dict[str, QueueName] = {
     "jobs.tasks.poll_running_jobs": QueueName.POLL,
     "jobs.tasks.poll_job": QueueName.POLL,
+    "jobs.tasks.poll_shard": QueueName.POLL,
     "jobs.tasks.finalize_ended_jobs": QueueName.POLL,
     "jobs.tasks.finalize_job": QueueName.POLL,
     "jobs.tasks.discover_jobs": QueueName.POLL,

@@ -360,6 +360,13 @@ ALERT_WEBHOOK_MAX_RESPONSE_BYTES = env_int(
 # ingestion_stale alerts, which would otherwise fire for every job (jobs.service_health).
 POLL_CYCLE_LOCK_TTL_S = env_int("POLL_CYCLE_LOCK_TTL_S", 90, min_value=3, max_value=600)
 POLL_STALLED_AFTER_S = env_float("POLL_STALLED_AFTER_S", 150.0, min_value=10.0, max_value=86_400.0)
+# Sharding the poll cycle (#26 item 1, jobs.pipeline.poll): after the cluster-wide read, each batch of
+# POLL_SHARD_JOBS jobs' evaluation, diagnosis and alert rules runs as a `poll_shard` task on the poll queue
+# (0: in the cycle's process, one worker). A shard's inputs wait in the cache for POLL_SHARD_TTL_S (a shard
+# redelivered later re-reads its jobs); the cycle waits at most POLL_SHARD_WAIT_S for its shards.
+POLL_SHARD_JOBS = env_int("POLL_SHARD_JOBS", 0, min_value=0, max_value=100_000)
+POLL_SHARD_TTL_S = env_int("POLL_SHARD_TTL_S", 900, min_value=60, max_value=86_400)
+POLL_SHARD_WAIT_S = env_float("POLL_SHARD_WAIT_S", 300.0, min_value=1.0, max_value=3_600.0)
 # Idle-GPU policy (jobs.alerts.policy): only teams listed here may have jobs cancelled, only when the team
 # enabled its policy; IDLE_POLICY_DRY_RUN=true logs every action without doing it, whatever the team says.
 IDLE_POLICY_TEAMS = env_list("IDLE_POLICY_TEAMS", [])

@@ -21,6 +21,7 @@ from jobs.outputs.leaderboard import parse_iso_week
 from jobs.pipeline import poll as pipeline
 from jobs.pipeline.discovery import discover
 from jobs.pipeline.refresh import reevaluate_many
+from jobs.pipeline.shards import ShardSpec
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,16 @@ def poll_running_jobs() -> int:
     """One cluster-wide poll cycle (`pipeline.poll_cycle`: each signal read once for all groupable jobs,
     per job only for selectors that cannot be grouped; a cycle already running makes this a no-op)."""
     return int(pipeline.poll_cycle()["jobs"])
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def poll_shard(cycle_id: str, index: int, job_ids: list[int], now: str) -> int:
+    """One shard of a sharded poll cycle (POLL_SHARD_JOBS > 0): its jobs' evaluation, diagnosis and alert
+    rules from the reads the cycle stored (`pipeline.poll_shard`; idempotent, so a redelivery after a
+    worker died mid-shard is safe). Returns the jobs stored."""
+    spec = ShardSpec(cycle_id, int(index), tuple(int(i) for i in job_ids), datetime.fromisoformat(now))
+    report = pipeline.poll_shard(spec)
+    return len(report["polled"]) + len(report["stale"])
 
 
 @shared_task(acks_late=True, ignore_result=True)

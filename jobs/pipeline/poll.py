@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,6 +47,7 @@ from jobs.metrics.ingest import (
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.signals import JobSignals
 from jobs.models import Job, JobSeries
+from jobs.pipeline import shards
 from jobs.pipeline.discovery import discover
 from jobs.pipeline.steps import evaluate_and_store
 
@@ -218,20 +220,35 @@ def ingest_once(client: PrometheusClient | None = None) -> dict[str, Any]:
     return report
 
 
-def poll_cycle(client: PrometheusClient | None = None, now: datetime | None = None) -> dict[str, Any]:
+def poll_cycle(
+    client: PrometheusClient | None = None,
+    now: datetime | None = None,
+    *,
+    shard_size: int | None = None,
+    dispatch: shards.Dispatch | None = None,
+) -> dict[str, Any]:
     """One poll of every running job: the groupable ones read cluster-wide (`jobs.metrics.cluster`, a
     fixed number of queries per signal), the others per job; each job archived and evaluated as
     `poll_job` does. One bad job (a stored selector that cannot be queried, an evaluation error) gets an
     `ingest_error` and never stops the cycle. Writes the cycle's figures to the cache
     (POLL_CYCLE_CACHE_KEY) and its end as the service's heartbeat (jobs.service_health). A second cycle while
     one runs returns at once (`skipped`). The lock has a short TTL renewed while the cycle runs
-    (jobs.locks), so a worker killed mid-cycle delays the next cycle by at most POLL_CYCLE_LOCK_TTL_S."""
+    (jobs.locks), so a worker killed mid-cycle delays the next cycle by at most POLL_CYCLE_LOCK_TTL_S.
+
+    Sharded (#26 item 1; `shard_size` jobs per shard, default POLL_SHARD_JOBS, 0 = in this process): after
+    the cluster-wide read and archive write, each batch's per-job work runs as a `poll_shard` task
+    (`dispatch`, default Celery; see jobs.pipeline.shards) and the cycle waits for them under its lock;
+    `shards_pending` lists the shards not done by POLL_SHARD_WAIT_S."""
     lock = locks.named_lock(LOCK_KEY, settings.POLL_CYCLE_LOCK_TTL_S)
     if not lock.acquire():
         return {"skipped": True, "polled": [], "stale_jobs": [], "jobs": 0}
     try:
         now = now or timezone.now()
-        report = _poll_cycle(client or prometheus_client(), now)
+        # Only the options given (the cycle's body is replaced by (client, now) stand-ins in tests).
+        options: dict[str, Any] = {"shard_size": shard_size} if shard_size is not None else {}
+        if dispatch is not None:
+            options["dispatch"] = dispatch
+        report = _poll_cycle(client or prometheus_client(), now, **options)
         duration = float(report["duration_s"])
         service_health.record_cycle(
             service_health.cycle_end(now, duration),
@@ -243,7 +260,110 @@ def poll_cycle(client: PrometheusClient | None = None, now: datetime | None = No
         lock.release()
 
 
-def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
+def _store_jobs(
+    client: PrometheusClient,
+    now: datetime,
+    jobs: dict[int, Job],
+    inputs: dict[int, tuple[JobSignals, float]],
+    archived_rows: bool,
+    neighbours: Neighbours | None,
+    shared: CycleContext | None,
+) -> dict[int, Job]:
+    """Store, evaluate, diagnose (when due) and alert on each job of `inputs` (its new signals and window
+    end), then write their derived rows in one upsert: the cycle's per-job work, in the cycle's process or
+    in one shard. One job's failure marks that job stale, never the others."""
+    done: dict[int, Job] = {}
+    derived: list[Any] = []
+    for key, (sigs, end) in inputs.items():
+        job = jobs[key]
+        try:
+            energy: object = _KEEP
+            if energy_due(job, now):
+                energy = energy_total(client, job_selector(job), job.started_at.timestamp(), end)
+            done[key] = store_poll(job, sigs, end, now, client, energy_j=energy, archived_rows=archived_rows,
+                                   derived_out=derived, neighbours=neighbours, cycle=shared)  # fmt: skip
+            if neighbours is not None:
+                neighbours.update(done[key])
+        except Exception as exc:  # one job's failure must not stop the cycle
+            log.exception("job %s: poll failed", job.external_id)
+            done[key] = mark_stale(job, exc, now)
+    if shared is not None:
+        derived += shared.repair_rows(jobs)
+    try:
+        archive.upsert(derived)
+    except Exception:  # the next poll writes them again (merges are idempotent)
+        log.exception("poll cycle: writing the derived series failed")
+    return done
+
+
+def _run_shards(
+    inputs: dict[int, tuple[JobSignals, float]],
+    archived_rows: bool,
+    shared: CycleContext | None,
+    now: datetime,
+    size: int,
+    dispatch: shards.Dispatch,
+) -> tuple[dict[int, Mapping[str, list[str]]], list[int]]:
+    """Store each batch's inputs, hand the batches to the workers and wait for them (under the cycle's
+    heartbeat lock, at most POLL_SHARD_WAIT_S). Returns the finished shards' done markers (their polled
+    and stale jobs) by shard index and the indexes of shards still pending at the deadline (they finish
+    later; the next cycle re-polls what they have not stored)."""
+    cycle_id = shards.new_cycle_id()
+    specs = []
+    for index, keys in enumerate(shards.batches(sorted(inputs), size)):
+        spec = shards.ShardSpec(cycle_id, index, keys, now)
+        part = {k: inputs[k] for k in keys}
+        data = shards.ShardInput(part, archived_rows, shards.context_for(shared, keys))
+        shards.store_input(spec, data)
+        specs.append(spec)
+    for spec in specs:
+        dispatch(spec)
+    finished, pending = shards.wait(specs, float(settings.POLL_SHARD_WAIT_S))
+    if pending:
+        log.warning("poll cycle: %d of %d shards not done after %.0f s", len(pending), len(specs),
+                    settings.POLL_SHARD_WAIT_S)  # fmt: skip
+    return finished, pending
+
+
+def poll_shard(spec: shards.ShardSpec, client: PrometheusClient | None = None) -> dict[str, list[str]]:
+    """Run one shard of a cycle (the `poll_shard` task): its jobs' evaluation, diagnosis and alert rules
+    from the inputs the cycle stored, then its done marker. Idempotent: run twice (a redelivery after a
+    worker died mid-shard), it leaves the state one run leaves. Inputs past their TTL: each job is polled
+    again on its own (`poll_job`). A job a newer cycle has polled since is left alone."""
+    client = client or prometheus_client()
+    data = shards.load_input(spec)
+    found = {j.pk: j for j in Job.objects.select_related("gpu_model").filter(pk__in=spec.job_ids)}
+    # Polled by a later cycle since (this shard was redelivered late): its state is newer than ours.
+    newer = {pk for pk, j in found.items() if j.last_polled_at is not None and j.last_polled_at > spec.now}
+    jobs = {pk: j for pk, j in found.items() if pk not in newer and j.status == Job.Status.RUNNING}
+    done: dict[int, Job] = {}
+    if data is None:
+        log.warning("poll shard %s/%d: inputs expired; polling its %d jobs one by one", spec.cycle_id,
+                    spec.index, len(jobs))  # fmt: skip
+        for key, job in jobs.items():
+            try:
+                done[key] = poll_job(job, client, spec.now)
+            except Exception as exc:
+                log.exception("job %s: poll failed", job.external_id)
+                done[key] = mark_stale(job, exc, spec.now)
+    else:
+        inputs = {k: v for k, v in data.signals.items() if k in jobs}
+        neighbours = Neighbours(list(jobs.values())) if data.archived_rows and inputs else None
+        done = _store_jobs(client, spec.now, jobs, inputs, data.archived_rows, neighbours, data.context)
+    polled = sorted(j.external_id for j in done.values() if not j.ingest_error)
+    stale = sorted(j.external_id for j in done.values() if j.ingest_error)
+    polled += sorted(found[pk].external_id for pk in newer)
+    shards.mark_done(spec, polled, stale)
+    return {"polled": polled, "stale": stale}
+
+
+def _poll_cycle(
+    client: PrometheusClient,
+    now: datetime,
+    *,
+    shard_size: int | None = None,
+    dispatch: shards.Dispatch | None = None,
+) -> dict[str, Any]:
     t0 = time.monotonic()
     requests0 = client.requests
     jobs = {job.pk: job for job in running_jobs()}
@@ -288,35 +408,27 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
             shared = prepare_cycle(client, [jobs[k] for k in result.signals], result.signals, now)
         except Exception:  # the evaluations then read per job, as poll_job does
             log.exception("poll cycle: the shared reads for the evaluations failed; reading per job")
-    derived: list[Any] = []
-    for key, sigs in result.signals.items():
-        job = jobs[key]
-        try:
-            energy: object = _KEEP
-            if energy_due(job, now):
-                energy = energy_total(client, job_selector(job), job.started_at.timestamp(), by_key[key].end)
-            done[key] = store_poll(job, sigs, by_key[key].end, now, client, energy_j=energy,
-                                   archived_rows=archived_rows, derived_out=derived,
-                                   neighbours=neighbours, cycle=shared)  # fmt: skip
-            if neighbours is not None:
-                neighbours.update(done[key])
-        except Exception as exc:  # one job's failure must not stop the cycle
-            log.exception("job %s: poll failed", job.external_id)
-            done[key] = mark_stale(job, exc, now)
-    if shared is not None:
-        derived += shared.repair_rows(jobs)
-    try:
-        archive.upsert(derived)
-    except Exception:  # the next poll writes them again (merges are idempotent)
-        log.exception("poll cycle: writing the derived series failed")
+    inputs = {key: (sigs, by_key[key].end) for key, sigs in result.signals.items()}
+    shard_jobs = int(settings.POLL_SHARD_JOBS) if shard_size is None else shard_size
+    pending: list[int] = []
+    sharded: dict[str, list[str]] = {"polled": [], "stale": []}
+    if shard_jobs > 0 and inputs:
+        # #26 item 1: the per-job work as shards on the poll queue (jobs.pipeline.shards).
+        send = dispatch or shards.send
+        finished, pending = _run_shards(inputs, archived_rows, shared, now, shard_jobs, send)
+        for marker in finished.values():
+            sharded["polled"] += marker["polled"]
+            sharded["stale"] += marker["stale"]
+    else:
+        done.update(_store_jobs(client, now, jobs, inputs, archived_rows, neighbours, shared))
     for key in fallback:
         try:
             done[key] = poll_job(jobs[key], client, now)
         except Exception as exc:
             log.exception("job %s: poll failed", jobs[key].external_id)
             done[key] = mark_stale(jobs[key], exc, now)
-    stale = sorted(j.external_id for j in done.values() if j.ingest_error)
-    polled = sorted(j.external_id for j in done.values() if not j.ingest_error)
+    stale = sorted([*(j.external_id for j in done.values() if j.ingest_error), *sharded["stale"]])
+    polled = sorted([*(j.external_id for j in done.values() if not j.ingest_error), *sharded["polled"]])
     stats = {
         "finished_at": time.time(),
         "duration_s": time.monotonic() - t0,
@@ -326,4 +438,4 @@ def _poll_cycle(client: PrometheusClient, now: datetime) -> dict[str, Any]:
     }
     cache.set(POLL_CYCLE_CACHE_KEY, stats, None)
     return {**stats, "polled": polled, "stale_jobs": stale, "per_gpu": with_gpu, "grouped": len(grouped),
-            "per_job": len(fallback)}  # fmt: skip
+            "per_job": len(fallback), "shards_pending": pending}  # fmt: skip
