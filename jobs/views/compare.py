@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET
 
 from jobs import charts
 from jobs.outputs.compare_data import CompareError, build, get_pair
-from jobs.views.job import json_script
+from jobs.views.page_json import json_script
 
 
 @require_GET

@@ -58,7 +58,7 @@ from jobs.permissions import (
     scope_to_teams,
     writable_team_ids,
 )
-from jobs.views.job import no_gpus_matched
+from jobs.views.job_summary import no_gpus_matched
 
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
 _LIST_FIELDS = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from jobs.views.job import _escape_script_json, _page_json, dumps, json_script
+from jobs.views.page_json import dumps, escape_script_json, json_script, page_json
 
 
 def _element_json(html: str) -> str:
@@ -20,8 +20,8 @@ def test_spliced_page_json_is_the_same_object_and_escaping_as_json_script() -> N
         "heatmap": {"data": [{"type": "heatmap", "z": [[0.1]]}]},
     }
     page = {"refresh_url": "/jobs/a&b/figures.json", "finding_bands": [{"code": "<x>"}], "running": True}
-    members = _escape_script_json(dumps(figures).decode()[1:-1])
-    spliced = _element_json(str(_page_json(page, members, "job-data")))
+    members = escape_script_json(dumps(figures).decode()[1:-1])
+    spliced = _element_json(str(page_json(page, members, "job-data")))
     reference = _element_json(str(json_script(page | figures, "job-data")))
     # Nothing in user data can close the element or open a comment, exactly as json_script escapes it.
     assert "<" not in spliced and ">" not in spliced and "&" not in spliced
