@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +35,7 @@ from jobs.diagnosis.artifacts import capture as captured
 from jobs.enqueue import enqueue
 from jobs.models import Artifact, Job
 from jobs.pipeline.refresh import reevaluate
+from jobs.profiling.analysis_schema import TraceAnalysis, decode_trace
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError, ParserBug
 from jobs.profiling.monitoring_common import parse_zone
@@ -352,23 +353,20 @@ def analyze_file(
     )  # fmt: skip
 
 
-def _rank_median(analysis: dict[str, Any], section: str, key: str) -> float | None:
-    values = sorted(
-        float(v)
-        for rank in analysis.get("ranks") or []
-        if isinstance(v := (rank.get(section) or {}).get(key), int | float)
-    )
-    return values[len(values) // 2] if values else None
+def _rank_median(values: Iterable[float | None]) -> float | None:
+    # The upper median of the ranks that have the number (one rank's value when it alone has it).
+    known = sorted(v for v in values if v is not None)
+    return known[len(known) // 2] if known else None
 
 
-def profiler_step_time_ms(analysis: dict[str, Any]) -> float | None:
-    """Median step time across ranks from a trace analysis, when the trace marks steps."""
-    return _rank_median(analysis, "step_times", "median_ms") or None
+def profiler_step_time_ms(trace: TraceAnalysis) -> float | None:
+    """Median step time (ms) across ranks from a trace analysis, when the trace marks steps."""
+    return _rank_median(r.step_times.median_ms for r in trace.ranks) or None
 
 
-def profiler_comm_share_pct(analysis: dict[str, Any]) -> float | None:
-    """Median communication share of the step across ranks (TensorBoard-style step breakdown)."""
-    return _rank_median(analysis, "step_breakdown", "communication_pct")
+def profiler_comm_share_pct(trace: TraceAnalysis) -> float | None:
+    """Median communication share of the step (%) across ranks (TensorBoard-style step breakdown)."""
+    return _rank_median(r.step_breakdown.communication_pct for r in trace.ranks)
 
 
 def sanitize_json(value: Any) -> Any:
@@ -507,10 +505,10 @@ def refresh_profiler_facts(job_id: int) -> None:
     two columns, called after a parse and after a user confirms or excludes an artifact."""
     found: dict[str, float | None] = {"profiler_step_time_ms": None, "profiler_comm_share_pct": None}
     for art in Artifact.objects.used_in_diagnosis().filter(job_id=job_id).order_by("uploaded_at", "pk"):
-        analysis = art.analysis if isinstance(art.analysis, dict) else {}
+        trace = decode_trace(art.analysis)
         for key, value in (
-            ("profiler_step_time_ms", profiler_step_time_ms(analysis)),
-            ("profiler_comm_share_pct", profiler_comm_share_pct(analysis)),
+            ("profiler_step_time_ms", profiler_step_time_ms(trace)),
+            ("profiler_comm_share_pct", profiler_comm_share_pct(trace)),
         ):
             if value is not None:
                 found[key] = value

@@ -33,13 +33,13 @@ def _step_time_ms(job: Job, artifacts: list[ArtifactAnalysis]) -> float | None:
     value = job.profiler_step_time_ms
     if value is not None and value > 0:
         return float(value)
-    medians = []
-    for art in artifacts:
-        for rank in art.analysis.get("ranks") or []:
-            median = (rank.get("step_times") or {}).get("median_ms") if isinstance(rank, dict) else None
-            if isinstance(median, int | float) and median > 0:
-                medians.append(float(median))
-    return sorted(medians)[len(medians) // 2] if medians else None
+    medians = sorted(
+        median
+        for art in artifacts
+        for rank in art.trace.ranks
+        if (median := rank.step_times.median_ms) is not None and median > 0
+    )
+    return medians[len(medians) // 2] if medians else None
 
 
 def _with_logs(job: Job, signals: JobSignals | None) -> tuple[JobSignals | None, float | None]:

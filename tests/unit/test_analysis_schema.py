@@ -114,3 +114,21 @@ def test_a_capture_window_needs_both_ends_in_order() -> None:
     assert S.Capture(start_unix=2.0, end_unix=1.0).window is None
     assert S.Capture(start_unix=1.0).window is None
     assert S.Capture(start_unix=1.0, end_unix=1.0).window == (1.0, 1.0)
+
+
+def test_profiler_facts_take_the_upper_median_of_the_ranks_that_have_them_and_skip_junk() -> None:
+    from jobs.artifacts import profiler_comm_share_pct, profiler_step_time_ms
+
+    trace = S.decode_trace(
+        {
+            "ranks": [
+                {"step_times": {"median_ms": 100}},
+                {"step_times": {"median_ms": "n/a"}},
+                "not a rank",  # raised AttributeError in the dict reader
+                {"step_times": {"median_ms": 300}, "step_breakdown": {"communication_pct": 6.0}},
+            ]
+        }
+    )
+    assert profiler_step_time_ms(trace) == 300.0
+    assert profiler_comm_share_pct(trace) == 6.0
+    assert profiler_step_time_ms(S.decode_trace({"ranks": [{"step_times": {"median_ms": 0}}]})) is None
