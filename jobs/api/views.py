@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -44,6 +45,7 @@ from jobs.permissions import (
 )
 from jobs.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
+from jobs.views.filters import job_filterset
 
 _SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
 
@@ -190,14 +192,15 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
 
     @extend_schema(responses={200: _SUMMARY})
     def list(self, request: Request) -> Response:
-        """Jobs, newest first; filter with ?team=slug&status=running."""
-        qs = readable_jobs(request.user, Job.objects.select_related("team", "gpu_model")).order_by(
-            "-started_at"
-        )
-        if team := request.query_params.get("team"):
-            qs = qs.filter(team__slug=team)
-        if job_status := request.query_params.get("status"):
-            qs = qs.filter(status=job_status)
+        """Jobs, newest first, with the job list page's filters and sort (jobs.views.filters), e.g.
+        ?team=llm&status=running&q=lora&since=2026-11-01&sort=-waste; a value that cannot be read is 400."""
+        found = job_filterset(
+            request, readable_jobs(request.user, Job.objects.select_related("team", "gpu_model")),
+            request.query_params,
+        )  # fmt: skip
+        if problems := found.problems():
+            raise ValidationError({"detail": problems})
+        qs: QuerySet[Job] = found.qs
         paginator = BoundedLimitOffsetPagination()
         rows = paginator.paginate_queryset(qs, request, view=self) or []
         return paginator.get_paginated_response(

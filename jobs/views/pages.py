@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -15,13 +15,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q
 from django.db.models.functions import Lower
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.dateparse import parse_date
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
@@ -37,8 +36,6 @@ from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, PromotionO
 from jobs.models.jobs import FINDING_RANK_ORDER, REMAINDER_CODE
 from jobs.outputs.budget import budget_use, month_end_projection
 from jobs.outputs.leaderboard import (
-    MAX_YEAR,
-    MIN_YEAR,
     Period,
     iso_week,
     last_weeks,
@@ -58,6 +55,7 @@ from jobs.permissions import (
     scope_to_teams,
     writable_team_ids,
 )
+from jobs.views.filters import filters_query, job_filterset
 from jobs.views.job_summary import no_gpus_matched
 
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
@@ -69,14 +67,6 @@ _LIST_FIELDS = (
     # The totals read the stored evaluation's duration (templatetags.units.job_duration_s).
     "evaluation",
 )  # fmt: skip
-_SORTS = {
-    "mfu": "mfu",
-    "-mfu": "-mfu",
-    "waste": "waste_per_day_usd",
-    "-waste": "-waste_per_day_usd",
-    "started": "started_at",
-    "-started": "-started_at",
-}
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +80,10 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse(result, status=200 if result["ok"] else 503)
 
 
-_FILTER_KEYS = ("q", "mine", "team", "owner", "model", "gpu", "status", "since", "until")
-
-
 @dataclass
 class JobFilter:
-    """The job list's filters as read from the query string (shared by the page and its CSV export)."""
+    """The job list's filters as read from the query string (`jobs.views.filters.JobFilterSet`, shared by
+    the page, its CSV export and the API)."""
 
     queryset: Any
     filters: dict[str, str]
@@ -105,55 +93,15 @@ class JobFilter:
     @property
     def query(self) -> str:
         """The filters as a query string (without the sort), for links that keep them."""
-        return urlencode({k: v for k, v in self.filters.items() if v})
+        return filters_query(self.filters)
 
 
 def filter_jobs(request: HttpRequest) -> JobFilter:
-    """Jobs filtered by search (substring of name or external id), "my jobs" (owner = the logged-in
-    username), team, owner (case-insensitive), model, GPU model, status and start date; sorted."""
-    params = request.GET
-    qs = readable_jobs(request.user, Job.objects.select_related("team", "gpu_model"))
-    filters = {key: params.get(key, "").strip() for key in _FILTER_KEYS}
-    if filters["mine"] not in ("", "1"):
-        filters["mine"] = ""
-    if filters["q"]:
-        qs = qs.filter(Q(name__icontains=filters["q"]) | Q(external_id__icontains=filters["q"]))
-    if filters["mine"]:
-        qs = qs.filter(owner__iexact=request.user.get_username())
-    if filters["team"]:
-        qs = qs.filter(team__slug=filters["team"])
-    if filters["owner"]:
-        qs = qs.filter(owner__iexact=filters["owner"])
-    if filters["model"]:
-        qs = qs.filter(model_name=filters["model"])
-    if filters["gpu"]:
-        qs = qs.filter(gpu_model__name=filters["gpu"])
-    if filters["status"] in Job.Status.values:
-        qs = qs.filter(status=filters["status"])
-    errors = []
-    for key, lookup in (("since", "started_at__gte"), ("until", "started_at__lt")):
-        if filters[key]:
-            day = _filter_date(filters[key])
-            if day is None:
-                errors.append(
-                    f"'{filters[key]}' is not a date (YYYY-MM-DD, years {MIN_YEAR}-{MAX_YEAR}); "
-                    f"the {key} filter was ignored."
-                )
-            else:
-                when = datetime.combine(day, datetime.min.time(), tzinfo=timezone.get_current_timezone())
-                if key == "until":
-                    when += timedelta(days=1)  # "until 2026-11-30" includes that day
-                qs = qs.filter(**{lookup: when})
-    sort = params.get("sort", "-started")
-    sort = sort if sort in _SORTS else "-started"
-    order = _SORTS[sort]
-    field = order.lstrip("-")
-    if field == "started_at":  # never null: a plain order can walk an index on started_at
-        qs = qs.order_by(order, "-pk")
-    else:  # jobs without an MFU yet go last either way
-        ordered = F(field).desc(nulls_last=True) if order.startswith("-") else F(field).asc(nulls_last=True)
-        qs = qs.order_by(ordered, "-started_at", "-pk")
-    return JobFilter(qs.only(*_LIST_FIELDS), filters, sort, errors)
+    """The jobs the list shows for the request's query string (`JobFilterSet`), only the list's columns."""
+    found = job_filterset(
+        request, readable_jobs(request.user, Job.objects.select_related("team", "gpu_model"))
+    )
+    return JobFilter(found.qs.only(*_LIST_FIELDS), found.shown(), found.ordering, found.problems())
 
 
 @require_GET
@@ -184,15 +132,6 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "sort_links": {name: _sort_link(sort, name) for name in ("started", "mfu", "waste")},
     }
     return render(request, "jobs/job_list.html", context, status=400 if found.errors else 200)
-
-
-def _filter_date(text: str) -> date | None:
-    """A YYYY-MM-DD filter value within the years periods may have, or None (2026-02-30, 9999-12-31)."""
-    try:
-        day = parse_date(text) if len(text) == 10 else None
-    except ValueError:  # well formed but not a date
-        return None
-    return day if day is not None and MIN_YEAR <= day.year <= MAX_YEAR else None
 
 
 def _sort_link(current: str, name: str) -> dict[str, str]:
