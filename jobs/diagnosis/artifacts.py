@@ -1,8 +1,11 @@
-"""Defensive readers of artifact analyses (jobs.profiling output stored in Artifact.analysis).
+"""How artifact analyses (jobs.profiling output stored in Artifact.analysis) reach the rules.
 
-Analyses are recognised by their shape, not only their kind, and every key may be absent or of the wrong
-type (older parser versions, partial parses): a missing key makes a rule not fire from that source, it
-never raises. Keys read here are listed in `KEYS_USED` for the people who change the parsers.
+Analyses are recognised by their shape, not only their kind, and read through the typed views of
+jobs.profiling.analysis_schema (ArtifactAnalysis.trace / nsys_stats / ncu / pyspy): every key may be
+absent or of the wrong type (older parser versions, partial parses) and then reads as None, so a missing
+key makes a rule not fire from that source, it never raises. The keys the rules can read are the ones the
+schema declares (`analysis_schema.declared_paths`), checked against real parser output in
+tests/unit/test_real_samples_diagnosis.
 """
 
 from __future__ import annotations
@@ -15,56 +18,6 @@ from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
 from jobs.profiling.analysis_schema import Capture, GpuIdleAttribution, TraceRank, decode_monitoring, lenient
 from jobs.profiling.capture import capture_from_nvidia_smi, make_capture
-
-KEYS_USED: dict[str, tuple[str, ...]] = {
-    "trace (kineto / nsys_sqlite: trace_analysis.analyze_trace)": (
-        "ranks[].rank",
-        "ranks[].temporal_breakdown.{idle_pct,compute_pct,compute_ms,non_compute_ms,span_ms}",
-        "ranks[].idle_breakdown.kernel_wait_pct",
-        "ranks[].kernel_breakdown.kernel_count (also: fewer than MIN_TRACE_KERNELS -> rank ignored)",
-        "ranks[].kernel_breakdown.tiny_kernels.count_pct",
-        "ranks[].launch_stats.gpu_shorter_than_launch_pct",
-        "ranks[].memcpy.{by_kind[].{copy_kind,time_ms},pageable_bytes_pct}",
-        "ranks[].sync.{cpu_sync_calls,cpu_sync_ms,gpu_sync_count,cpu_sync_by_call[].name}",
-        "ranks[].comm_compute_overlap.{communication_ms,computation_ms,overlap_pct}",
-        "ranks[].window.{profiler_steps,excludes_last_profiler_step} (cross_rank: steps analysed)",
-        "ranks[].tensor_cores.tensor_core_compute_time_pct",
-        "ranks[].step_times.{count,median_ms}",
-        "ranks[].step_breakdown.{steps,dataloader_pct,communication_pct}",
-        "ranks[].tensor_cores.{simt_compute_time_pct,top_simt_kernels[].{name,time_ms}}",
-        "ranks[].gpu_idle_attribution.{has_gpu_ops,idle_pct,input_pct,host_sync_pct,launch_gaps_pct,"
-        "launch_gaps_host_busy_pct,idle_gaps[].{lower_us,upper_us,count}}",
-        "ranks[].input_pipeline.{dataloader_step_pct,iterator}",
-        "ranks[].host_blocking.{step_pct,cpu_time_pct,by_kind[].{kind,count,time_ms},sites[].{site,step_pct}}",
-        "ranks[].gpu_idle_attribution.{steps,host_sync_steps,host_sync_gaps,host_sync_largest_gap_pct}",
-        "ranks[].phases.{basis,window_start_unix,window_end_unix}",
-        "ranks[].gpu_idle_attribution.host_work.{cpu_ops_pct,late_launch_pct,untraced_pct,runtime_pct,"
-        "queued_pct,cpu_ops_steps,cpu_ops_gaps,cpu_ops_largest_gap_pct,top_ops[].{name,count,idle_pct}}",
-        "capture.{start_unix,end_unix} (nvidia-smi: start_unix_s, end_unix_s, gpus[].name when absent;"
-        " dstat: host, start_unix_s, end_unix_s)",
-    ),
-    "py-spy (pyspy.analyze_pyspy)": (
-        "capture.{pids,commands} (shown; nothing on the job to check them against)",
-        "classes_pct",
-        "input_pipeline_pct",
-        "hot_inclusive[].{label,class,inclusive_pct}",
-    ),
-    "nsys stats (nsys_stats.analyze_nsys_stats)": (
-        "format == nsys_stats_csv",
-        "kernels.{tiny_instance_share_pct,nccl_time_share_pct,total_time_ms}",
-        "cuda_api.{sync_calls,sync_share_of_api_pct}",
-        "memory_ops.by_operation[].{operation,total_time_ms}",
-        "tensor_cores.{simt_compute_time_pct,tensor_core_compute_time_pct,compute_share_of_kernel_time_pct,"
-        "top_simt_kernels[].{name,time_ms}}",
-    ),
-    "ncu (ncu.analyze_ncu)": (
-        "format == ncu_csv",
-        "bound_time_share_pct.memory",
-        "ncu_verdict_time_share_pct.memory",
-        "duration_weighted_{memory,sm}_throughput_pct",
-        "tensor_cores.{simt_compute_time_pct,tensor_core_compute_time_pct,tensor_pipe_active_pct,...}",
-    ),
-}
 
 
 @dataclass(frozen=True, slots=True)

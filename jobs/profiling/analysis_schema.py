@@ -128,6 +128,32 @@ def lenient(payload: Any, cls: type[S]) -> S:
     return out
 
 
+def declared_paths(cls: type[msgspec.Struct]) -> list[str]:
+    """Every leaf a Struct declares, as stored-key paths ("a.b", "a.c[].d"): what its readers can read.
+
+    The parsers' authors check a rename against this (tests/unit/test_real_samples_diagnosis).
+    """
+    out: list[str] = []
+
+    def walk(t: mi.Type, prefix: str) -> None:
+        if isinstance(t, mi.UnionType):
+            structs = [m for m in t.types if isinstance(m, mi.StructType)]
+            if structs:
+                walk(structs[0], prefix)
+                return
+        if isinstance(t, mi.StructType):
+            for field in t.fields:
+                walk(field.type, f"{prefix}.{field.encode_name}" if prefix else field.encode_name)
+            return
+        if isinstance(t, mi.ListType) and isinstance(t.item_type, mi.StructType):
+            walk(t.item_type, prefix + "[]")
+            return
+        out.append(prefix)
+
+    walk(_info(cls), "")
+    return out
+
+
 # --- shared blocks ---------------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput, Finding
 from jobs.profiling import monitoring, nsys, pyspy
+from jobs.profiling.analysis_schema import TraceRank, declared_paths
 from jobs.profiling.errors import ArtifactError
 from jobs.profiling.kineto import parse_kineto
 from jobs.profiling.trace_analysis import analyze_trace
@@ -252,25 +253,8 @@ def test_every_trace_analysis_has_a_capture_block() -> None:
             assert isinstance(analysis.get("capture"), dict), relative
 
 
-def _paths(spec: str) -> list[list[str]]:
-    """ "a[].b.{c,d[].{e,f}}" -> [[a[], b, c], [a[], b, d[], e], [a[], b, d[], f]] (KEYS_USED syntax)."""
-    spec = spec.split(" ")[0]
-    if "{" not in spec:
-        return [spec.split(".")]
-    head, rest = spec.split("{", 1)
-    body = rest[: rest.rindex("}")]
-    parts, depth, cur = [], 0, ""
-    for ch in body:
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-            continue
-        depth += ch == "{"
-        depth -= ch == "}"
-        cur += ch
-    parts.append(cur)
-    prefix = [p for p in head.rstrip(".").split(".") if p]
-    return [prefix + tail for part in parts for tail in _paths(part)]
+#: Declared for the nsys stats / ncu tensor_cores block the trace's block shares (a trace never has them).
+NOT_IN_TRACES = {"tensor_cores.compute_share_of_kernel_time_pct", "tensor_cores.tensor_pipe_active_pct"}
 
 
 def _exists(obj: Any, path: list[str]) -> bool:
@@ -283,11 +267,14 @@ def _exists(obj: Any, path: list[str]) -> bool:
     return isinstance(obj, dict) and key in obj and _exists(obj[key], rest)
 
 
-def test_keys_the_diagnosis_reads_exist_in_real_trace_analyses() -> None:
-    # KEYS_USED must stay true: every trace key the rules read is in what the parsers write (for each key,
-    # some real sample has it: pageable/pinned copies, SIMT kernels and blocking sites differ by sample).
-    spec = next(v for k, v in A.KEYS_USED.items() if k.startswith("trace"))
-    samples = [analysis_of(r)[1] for r in EXPECTED if r.startswith(("kineto/", "nsys/"))]
-    for entry in spec:
-        for path in _paths(entry):
-            assert any(_exists(a, path) for a in samples), ".".join(path)
+def test_keys_the_schema_declares_exist_in_real_trace_analyses() -> None:
+    # The trace schema must stay true: every rank key the rules can read (analysis_schema.TraceRank) is in
+    # what the parsers write (for each key, some real sample has it: pageable/pinned copies, SIMT kernels
+    # and blocking sites differ by sample). A parser rename fails here instead of silently reading None.
+    paths = [p for p in declared_paths(TraceRank) if p not in NOT_IN_TRACES]
+    assert "gpu_idle_attribution.host_work.top_ops[].idle_pct" in paths
+    ranks = [
+        r for rel in EXPECTED if rel.startswith(("kineto/", "nsys/")) for r in analysis_of(rel)[1]["ranks"]
+    ]
+    for path in paths:
+        assert any(_exists(r, path.split(".")) for r in ranks), path
