@@ -21,6 +21,15 @@ after it each cycle reads those of the fifth of the jobs whose minute it is (`in
 per-GPU column is how many jobs' rows the cycle read.
 The jobs' last diagnoses are spread over the 10 minutes before cycle 1, so a tenth of them are re-diagnosed
 in each cycle as in steady state (`--no-stagger-diagnosis`: all of them in cycle 1, as after a cold start).
+
+`--workers 1,2,4` (#26 item 1): the sharded cycle. Cycle 1 (every job's first poll) runs in this process;
+then for each worker count W, W real Celery workers (`celery worker --pool solo`, one process each, queue
+`poll`) on a private Redis database (`--redis-db`, broker and cache) run `--cycles` cycles' shards of
+`--shard-jobs` jobs while this process reads Prometheus, archives and waits (jobs.pipeline.shards). Per
+cycle it prints wall time, CPU of this process (the coordinator), of the workers, of Prometheus and of the
+Postgres backends of the benchmark's database (sampled from /proc every 0.2 s: a backend that exits between
+samples loses its last 0.2 s), the requests Prometheus served (its own counter: the coordinator's and the
+workers') and the 1-minute load average.
 """
 
 from __future__ import annotations
@@ -29,8 +38,11 @@ import argparse
 import cProfile
 import os
 import pstats
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -86,6 +98,95 @@ class _Requests:
         requests.Session.request = request  # type: ignore[method-assign]
 
 
+class _PostgresSampler:
+    """CPU of the Postgres backends serving one database, from /proc every `every_s` (a backend's title
+    names its database: 'postgres: user db host(port) state'); the max seen per pid, so backends that
+    exit (Celery closes a task's connection) still count up to their last sample."""
+
+    def __init__(self, database: str, every_s: float = 0.2) -> None:
+        self.database = database
+        self.every_s = every_s
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _scan(self) -> None:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith("postgres: ") and f" {self.database} " in title:
+                cpu = _proc_cpu_s(int(entry.name))
+                if cpu is not None:
+                    self.seen[int(entry.name)] = max(cpu, self.seen.get(int(entry.name), 0.0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._scan()
+
+    def total(self) -> float:
+        """CPU seconds of every backend seen so far (scanned now first)."""
+        self._scan()
+        return sum(self.seen.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _prometheus_requests(url: str) -> int:
+    """API requests Prometheus has served (its prometheus_http_requests_total over /api/v1/ handlers)."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("prometheus_http_requests_total{") and 'handler="/api/v1/' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+class _Workers:
+    """W Celery worker processes (`--pool solo`: the task runs in the process we measure) on the poll
+    queue, with the benchmark's database, the private Redis and the throwaway Prometheus."""
+
+    def __init__(self, count: int, env: dict[str, str], log_dir: Path) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        celery = str(Path(sys.executable).with_name("celery"))
+        for i in range(count):
+            log = open(log_dir / f"worker-{count}-{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            self.procs.append(subprocess.Popen(
+                [celery, "-A", "efficiency", "worker", "-Q", "poll", "--pool", "solo", "-n", f"bench{i}@%h",
+                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+
+    def wait_ready(self, app: Any, timeout_s: float = 120.0) -> None:
+        """Until every worker answers a ping (each has imported the code and connected)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(app.control.ping(timeout=1.0) or []) >= len(self.procs):
+                return
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError("a Celery worker exited at start (see its log)")
+        raise RuntimeError(f"{len(self.procs)} workers not ready after {timeout_s:.0f} s")
+
+    def cpu_s(self) -> float:
+        return sum(_proc_cpu_s(p.pid) or 0.0 for p in self.procs)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
 def _simulate(jobs: int, minutes: float, seed: int) -> list[Any]:
     from jobs.metrics.signals import DEFAULT_DISABLED
     from jobs.simulate import CLUSTER_MIX, SimSpec, simulate
@@ -112,6 +213,121 @@ def _simulate(jobs: int, minutes: float, seed: int) -> list[Any]:
     return out
 
 
+def _cycles(
+    args: argparse.Namespace, n_jobs: int, first: float, client: Any, counter: _Requests, rows: Counter[str],
+    diagnosed: Counter[str], prom_pid: int, pg_pid: int,
+) -> datetime:  # fmt: skip
+    """The in-process cycles (no --workers): one process reads, archives and evaluates every job."""
+    from jobs.metrics import ingest
+    from jobs.pipeline import poll as pipeline
+
+    now = datetime.fromtimestamp(first, tz=UTC)
+    print("cycle  per-GPU  wall_s  python_cpu_s  prometheus_cpu_s  postgres_cpu_s  "
+          "requests(signals/mig/throughput/energy)  rows  stale")  # fmt: skip
+    for c in range(args.cycles):
+        now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
+        counter.by_kind.clear()
+        rows.clear()
+        diagnosed.clear()
+        cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
+        w0 = time.perf_counter()
+        profiler = cProfile.Profile() if args.profile == c + 1 else None
+        if profiler is not None:
+            profiler.enable()
+        if args.mode == "cycle":
+            report = pipeline.poll_cycle(client, now=now)
+            per_gpu, stale = report["per_gpu"], report["stale"]
+        else:
+            per_gpu, stale = n_jobs, 0
+            for job in ingest.running_jobs():
+                stale += bool(pipeline.poll_job(job, client, now=now).ingest_error)
+        wall = time.perf_counter() - w0
+        if profiler is not None:
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+            if args.profile_out:
+                profiler.dump_stats(args.profile_out)
+        cpu = time.process_time() - cpu0
+        p1, g1 = _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
+        prom_cpu = f"{p1 - p0:.1f}" if p0 is not None and p1 is not None else "?"
+        pg_cpu = f"{g1 - g0:.1f}" if g0 is not None and g1 is not None else "?"
+        k = counter.by_kind
+        total = sum(k.values())
+        print(f"{c + 1:5d}  {int(per_gpu):7d}  {wall:6.1f}  {cpu:12.1f}  "
+              f"{prom_cpu:>16s}  {pg_cpu:>14s}  {total:6d} "
+              f"({k['signals']}/{k['mig']}/{k['throughput']}/{k['energy']}){'':10s}"
+              f"  {rows['rows']:5d}  {stale}",
+              flush=True)  # fmt: skip
+        print(f"       ({diagnosed['jobs']} jobs diagnosed in this cycle)", flush=True)
+    return now
+
+
+def _sharded_cycles(
+    args: argparse.Namespace, worker_counts: list[int], first: float, prom: Any, prom_pid: int, client: Any,
+    redis_url: str, counter: _Requests,
+) -> None:  # fmt: skip
+    """Cycle 1 in this process (every job's first poll), then `args.cycles` sharded cycles per worker
+    count."""
+    from efficiency.celery import app as celery_app
+    from jobs.pipeline import poll as pipeline
+
+    database = str(connection.settings_dict["NAME"])
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "efficiency.settings",
+        "DEBUG": "true",  # start-up without a SECRET_KEY, as the tests'
+        "DATABASE_URL": f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{database}",
+        "REDIS_URL": redis_url,
+        "CACHE_URL": redis_url,
+        "PROMETHEUS_URL": prom.url,
+        "PROMETHEUS_SCRAPE_INTERVAL_S": str(settings.PROMETHEUS_SCRAPE_INTERVAL_S),
+        "PROMETHEUS_INGESTION_LAG_S": str(settings.PROMETHEUS_INGESTION_LAG_S),
+    }
+    env["CACHE_KEY_PREFIX"] = "bench-poll-cycle"  # the coordinator's cache keys
+    sampler = _PostgresSampler(database)
+    print("cycle  workers  shards  wall_s  coordinator_cpu_s  workers_cpu_s  prometheus_cpu_s  "
+          "postgres_cpu_s  requests(coordinator/prometheus-side)  load1  stale  pending")  # fmt: skip
+    c = 0
+
+    def one(workers: int, shard_jobs: int, pool: _Workers | None) -> None:
+        nonlocal c
+        now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
+        counter.by_kind.clear()
+        cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), sampler.total()
+        w_cpu0 = pool.cpu_s() if pool else 0.0
+        r0 = _prometheus_requests(prom.url)
+        w0 = time.perf_counter()
+        report = pipeline.poll_cycle(client, now=now, shard_size=shard_jobs)
+        wall = time.perf_counter() - w0
+        cpu = time.process_time() - cpu0
+        w_cpu = (pool.cpu_s() if pool else 0.0) - w_cpu0
+        p1, g1 = _proc_cpu_s(prom_pid), sampler.total()
+        prom_cpu = f"{p1 - p0:.1f}" if p0 is not None and p1 is not None else "?"
+        time.sleep(0.5)  # Prometheus counts a request after answering it
+        served = _prometheus_requests(prom.url) - r0  # /metrics itself is not an /api/v1/ handler
+        shards = -(-report["jobs"] // shard_jobs) if shard_jobs else 0
+        print(f"{c + 1:5d}  {workers:7d}  {shards:6d}  {wall:6.1f}  {cpu:17.1f}  {w_cpu:13.1f}  "
+              f"{prom_cpu:>16s}  "
+              f"{g1 - g0:14.1f}  {sum(counter.by_kind.values()):11d}/{served:<24d}  "
+              f"{os.getloadavg()[0]:5.1f}  {report['stale']:5d}  {len(report['shards_pending'])}",
+              flush=True)  # fmt: skip
+        c += 1
+
+    try:
+        one(0, 0, None)  # every job's first poll, in this process
+        for workers in worker_counts:
+            pool = _Workers(workers, env, Path(tempfile.gettempdir()))
+            try:
+                pool.wait_ready(celery_app)
+                for _ in range(args.cycles):
+                    one(workers, args.shard_jobs, pool)
+            finally:
+                pool.stop()
+    finally:
+        sampler.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,9 +345,15 @@ def main() -> None:
         "--no-stagger-diagnosis", dest="stagger", action="store_false",
         help="every job due for its diagnosis in cycle 1 (a cold start) instead of a tenth of them per cycle",
     )  # fmt: skip
+    parser.add_argument(
+        "--workers", default="", help="sharded cycles with these Celery worker counts, e.g. 1,2,4"
+    )
+    parser.add_argument("--shard-jobs", type=int, default=50, help="jobs per shard (--workers)")
+    parser.add_argument("--redis-db", type=int, default=13, help="private Redis database (--workers)")
     args = parser.parse_args()
+    worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
 
-    from jobs.metrics import archive, ingest
+    from jobs.metrics import archive
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.metrics.promserver import PrometheusProcess
     from jobs.models import Job, Team
@@ -141,7 +363,8 @@ def main() -> None:
 
     n_jobs = max(1, args.gpus // 8)
     first = T0 + args.history_min * 60.0
-    minutes = args.history_min + args.cycles + 2
+    total_cycles = 1 + args.cycles * len(worker_counts) if worker_counts else args.cycles
+    minutes = args.history_min + total_cycles + 2
     t = time.perf_counter()
     sims = _simulate(n_jobs, minutes, args.seed)
     print(f"simulated {n_jobs} jobs x 8 GPUs, {minutes} min: {time.perf_counter() - t:.1f} s", flush=True)
@@ -157,6 +380,18 @@ def main() -> None:
 
     setup_test_environment()
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    private_redis = ""
+    if worker_counts:
+        # The shards' inputs and done markers and the broker: a Redis database of the benchmark's own.
+        from efficiency.celery import app as celery_app
+
+        base = str(settings.REDIS_URL).rsplit("/", 1)[0]
+        private_redis = f"{base}/{args.redis_db}"
+        redis_cache = "django.core.cache.backends.redis.RedisCache"
+        settings.CACHES = {"default": {"BACKEND": redis_cache, "LOCATION": private_redis,
+                                       "KEY_PREFIX": "bench-poll-cycle"}}  # fmt: skip
+        celery_app.conf.broker_url = private_redis
+        settings.POLL_SHARD_WAIT_S = 3000.0
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     counter = _Requests()
     rows = Counter[str]()
@@ -200,43 +435,11 @@ def main() -> None:
             assert prom._proc is not None
             prom_pid = prom._proc.pid
             client = PrometheusClient(prom.url, timeout_s=60, retries=0)
-            print("cycle  per-GPU  wall_s  python_cpu_s  prometheus_cpu_s  postgres_cpu_s  "
-                  "requests(signals/mig/throughput/energy)  rows  stale")  # fmt: skip
-            for c in range(args.cycles):
-                now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
-                counter.by_kind.clear()
-                rows.clear()
-                diagnosed.clear()
-                cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
-                w0 = time.perf_counter()
-                profiler = cProfile.Profile() if args.profile == c + 1 else None
-                if profiler is not None:
-                    profiler.enable()
-                if args.mode == "cycle":
-                    report = pipeline.poll_cycle(client, now=now)
-                    per_gpu, stale = report["per_gpu"], report["stale"]
-                else:
-                    per_gpu, stale = n_jobs, 0
-                    for job in ingest.running_jobs():
-                        stale += bool(pipeline.poll_job(job, client, now=now).ingest_error)
-                wall = time.perf_counter() - w0
-                if profiler is not None:
-                    profiler.disable()
-                    pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
-                    if args.profile_out:
-                        profiler.dump_stats(args.profile_out)
-                cpu = time.process_time() - cpu0
-                p1, g1 = _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
-                prom_cpu = f"{p1 - p0:.1f}" if p0 is not None and p1 is not None else "?"
-                pg_cpu = f"{g1 - g0:.1f}" if g0 is not None and g1 is not None else "?"
-                k = counter.by_kind
-                total = sum(k.values())
-                print(f"{c + 1:5d}  {int(per_gpu):7d}  {wall:6.1f}  {cpu:12.1f}  "
-                      f"{prom_cpu:>16s}  {pg_cpu:>14s}  {total:6d} "
-                      f"({k['signals']}/{k['mig']}/{k['throughput']}/{k['energy']}){'':10s}"
-                      f"  {rows['rows']:5d}  {stale}",
-                      flush=True)  # fmt: skip
-                print(f"       ({diagnosed['jobs']} jobs diagnosed in this cycle)", flush=True)
+            if worker_counts:
+                _sharded_cycles(args, worker_counts, first, prom, prom_pid, client, private_redis, counter)
+                now = datetime.fromtimestamp(first + 60.0 * (total_cycles - 1), tz=UTC)
+            else:
+                now = _cycles(args, n_jobs, first, client, counter, rows, diagnosed, prom_pid, pg_pid)
         lag = Job.objects.order_by("data_until").values_list("data_until", flat=True).first()
         print(f"oldest data_until: {lag} (last cycle at {now})")
     finally:
