@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from jobs.evaluation import sharing
-from jobs.evaluation.sharing import Usage, attribute, mig_fraction
+from jobs.evaluation.gpu_attribution import Attribution, Usage, attribute, mig_fraction
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Finding, Job
 from jobs.pipeline import poll as pipeline
@@ -27,7 +27,7 @@ HOUR = 3600.0
 START = datetime.fromtimestamp(DEFAULT_START, tz=UTC)
 
 
-def _gpu_hours_by_job(att: sharing.Attribution) -> dict[str, float]:
+def _gpu_hours_by_job(att: Attribution) -> dict[str, float]:
     hours: dict[str, float] = {}
     for (job, _), seconds in att.shares.items():
         hours[job] = hours.get(job, 0.0) + seconds / HOUR

@@ -1,4 +1,4 @@
-"""MIG instances read once per poll cycle (`sharing.mig_instances_of`, issue #14): per job the same answer
+"""MIG instances read once per poll cycle (`mig.mig_instances_of`, issue #14): per job the same answer
 as its own `mig_instances` query, with a number of queries that does not grow with the number of jobs,
 against a real Prometheus holding simulated MIG instances (GPU_I_ID / GPU_I_PROFILE, no GPU_UTIL)."""
 
@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.evaluation import sharing
+from jobs.evaluation import mig, sharing
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics
@@ -81,9 +81,9 @@ def _jobs(extra_label_jobs: int) -> list[Job]:
 def test_the_batched_look_up_answers_what_each_jobs_own_query_answers(prom):
     client = Counting(prom.url, timeout_s=20, retries=0)
     jobs = _jobs(0)
-    got = sharing.mig_instances_of(client, jobs, NOW)
+    got = mig.mig_instances_of(client, jobs, NOW)
     batched = client.instants
-    own = {job.pk: sharing.mig_instances(client, job, NOW) for job in jobs}
+    own = {job.pk: mig.mig_instances(client, job, NOW) for job in jobs}
     assert got == {pk: own[pk] for pk in own if pk != 8}  # the regex job is left to its own query
     assert 8 not in got
     # Not vacuous: the MIG instances are found, by label and by explicit GPU, and 600. finds none.
@@ -97,8 +97,8 @@ def test_the_batched_look_up_answers_what_each_jobs_own_query_answers(prom):
 
 def test_the_number_of_mig_queries_does_not_grow_with_the_number_of_jobs(prom):
     few, many = Counting(prom.url, timeout_s=20, retries=0), Counting(prom.url, timeout_s=20, retries=0)
-    sharing.mig_instances_of(few, _jobs(0), NOW)
-    found = sharing.mig_instances_of(many, _jobs(200), NOW)
+    mig.mig_instances_of(few, _jobs(0), NOW)
+    found = mig.mig_instances_of(many, _jobs(200), NOW)
     assert few.instants == many.instants == 3
     assert all(found[100 + i] == {} for i in range(200))
 

@@ -3,7 +3,7 @@
 `jobs.pipeline.poll._poll_cycle` builds a `CycleContext` (`jobs.evaluation.load.prepare_cycle`) after the
 cycle's signals are read and passes it down store_poll -> evaluate_and_store -> load_context. It holds
 
-- `mig`: each job's MIG instances, read in one query per batch of jobs (`sharing.mig_instances_of`);
+- `mig`: each job's MIG instances, read in one query per batch of jobs (`mig.mig_instances_of`);
 - `throughput`: each job's throughput on its new window, one query per distinct groupable template (and
   batch of ids) instead of one query per job over its whole window (`load.read_recent_throughput`);
 - `recent_start`: where each job's new window starts; `load.throughput_series` takes the earlier part

@@ -19,9 +19,10 @@ from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
 from jobs.evaluation.cycle import CycleContext, RecentThroughput
 from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
+from jobs.evaluation.mig import mig_instances_of
 from jobs.evaluation.monitoring_logs import with_monitoring_logs
 from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
-from jobs.evaluation.sharing import Neighbours, mig_instances_of, shared_gpus, summarise
+from jobs.evaluation.sharing import Neighbours, shared_gpus, summarise
 from jobs.metrics.prometheus import (
     PrometheusClient,
     PrometheusError,

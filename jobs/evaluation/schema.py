@@ -58,7 +58,8 @@ class SharedWith(msgspec.Struct, frozen=True, kw_only=True):
 class GpuSharing(msgspec.Struct, frozen=True, kw_only=True):
     """How much of its GPUs a job held when they were shared (time-slicing) or sliced (MIG).
 
-    `share` = the job's attributed GPU-time / the GPU-time it held (jobs.evaluation.sharing.attribute);
+    `share` = the job's attributed GPU-time / the GPU-time it held
+    (jobs.evaluation.gpu_attribution.attribute);
     `gpu_equivalents` = GPUs x share: what cost, GPU-hours, energy and waste are charged for;
     `peak_equivalents` = whole-GPU dense peaks the job could reach (MFU's capacity): the same as
     `gpu_equivalents` on time-sliced GPUs, a MIG slice's SMs / the GPU's SMs on a slice (catalog.mig_slice).

@@ -12,9 +12,10 @@ import pytest
 from jobs.diagnosis import DiagnosisInput, Evidence, Finding, Severity, diagnose
 from jobs.diagnosis.rules import shared_gpu
 from jobs.evaluation.catalog import gpu_by_name, match_gpu_name, match_mig_name, mig_profile, mig_slice
+from jobs.evaluation.gpu_attribution import Attribution, Usage, attribute
 from jobs.evaluation.kpis import ModelShape, compute_kpis
 from jobs.evaluation.schema import GpuSharing, SharedWith
-from jobs.evaluation.sharing import Attribution, SharedGpu, SharingReport, Usage, attribute, summarise
+from jobs.evaluation.sharing import SharedGpu, SharingReport, summarise
 
 HOUR = 3600.0
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
