@@ -113,6 +113,9 @@ def _decoded(chunks: list[Chunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 _COVERAGE_SLACK = 0.95
 
 
+_PAIR = 2**40  # (step, window) pairs packed into one int64: steps < 2**22 s
+
+
 def _one_step(chunks: list[Chunk], window: tuple[float, float] | None = None) -> tuple[int, list[Chunk]]:
     """The step to read and its chunks: the finest step with values in (almost) as many windows of the
     coarsest step (within `window`) as the best-covering one. Rows of several steps would leave holes
@@ -124,36 +127,49 @@ def _one_step(chunks: list[Chunk], window: tuple[float, float] | None = None) ->
         step = next(iter(by_step))
         return step, by_step[step]
     coarsest = max(by_step)
-    covered = {}
-    for step, cs in by_step.items():
-        values, times, _ = _decoded(cs)
-        ok = np.isfinite(values)
-        if window is not None:
-            ok &= (times > window[0]) & (times - step < window[1])
-        covered[step] = np.unique(np.ceil(times[ok] / coarsest - _EPS)).size
+    # Every step's coverage from one decode and one unique over (step, coarse window) pairs: a poll assembles
+    # each job's three cross-GPU levels twice, and per-step decodes were most of that assembly's numpy calls.
+    values, times, counts = _decoded(chunks)
+    steps = np.repeat(np.fromiter((c.step for c in chunks), dtype=np.int64, count=len(chunks)), counts)
+    ok = np.isfinite(values)
+    if window is not None:
+        ok &= (times > window[0]) & (times - steps < window[1])
+    windows = np.ceil(times[ok] / coarsest - _EPS).astype(np.int64)
+    pairs = np.unique(steps[ok] * _PAIR + windows)  # windows < 2**40 (Unix s / coarsest step)
+    stepped, covers = np.unique(pairs // _PAIR, return_counts=True)
+    covered = dict.fromkeys(by_step, 0)
+    covered.update(zip(stepped.tolist(), covers.tolist(), strict=True))
     best = max(covered.values())
     step = min(s for s, c in covered.items() if c >= _COVERAGE_SLACK * best)
     return step, by_step[step]
 
 
-def _first(chunks: list[Chunk]) -> float:
-    """Time of the earliest value (a chunk starts on the clock, its leading points may be gaps)."""
-    values, times, _ = _decoded(chunks)
+def _first(chunks: list[Chunk], decoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+    """Time of the earliest value (a chunk starts on the clock, its leading points may be gaps);
+    `decoded`: `_decoded(chunks)` when the caller has it already."""
+    values, times, _ = decoded if decoded is not None else _decoded(chunks)
     finite = np.isfinite(values)
     return float(times[finite].min()) if finite.any() else min(c.first for c in chunks)
 
 
 def _place(
-    rows: int, cols: int, origin: float, step: float, chunks: list[Chunk], line_of: list[int]
+    rows: int,
+    cols: int,
+    origin: float,
+    step: float,
+    chunks: list[Chunk],
+    line_of: list[int],
+    decoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """All chunks into a (lines x time) matrix on the grid origin + k*step, at once: one decode and one
     scatter (per-chunk numpy calls would cost more than the query on a 256-GPU week). Each value goes to
     the point closing its window (`grid_columns`); two values in one cell are averaged (`place_on_grid`'s
-    rule), so the result never depends on the order rows were read in."""
+    rule), so the result never depends on the order rows were read in. `decoded`: `_decoded(chunks)` when
+    the caller has it already."""
     out = np.full((rows, cols), np.nan)
     if not chunks or cols == 0:
         return out
-    values, times, counts = _decoded(chunks)
+    values, times, counts = decoded if decoded is not None else _decoded(chunks)
     col = grid_columns(times, origin, step)
     line = np.repeat(np.asarray(line_of, dtype=np.int64), counts)
     ok = (col >= 0) & (col < cols) & np.isfinite(values)
@@ -286,13 +302,14 @@ def _assemble(
         return None
     every = agg
     step, agg = _one_step(agg, window)
-    start = _first(agg)
+    decoded = _decoded(agg)  # one decode for the start and the placement
+    start = _first(agg, decoded)
     end = max(c.last for c in agg)
     ts = grid(start, end, step)
     result = JobSignals(start, end, step, ts)
     lines = sorted({(c.signal, c.stat) for c in agg})
     line = {key: i for i, key in enumerate(lines)}
-    matrix = _place(len(lines), ts.size, start, step, agg, [line[(c.signal, c.stat)] for c in agg])
+    matrix = _place(len(lines), ts.size, start, step, agg, [line[(c.signal, c.stat)] for c in agg], decoded)
     coarser = _only_coarser(every, step, set(lines))
     if coarser:
         extra = sorted({(c.signal, c.stat) for c in coarser})
