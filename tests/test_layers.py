@@ -98,7 +98,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "the job's waste total is defined in the template filter the pages use; its one definition moves to "
         "jobs/evaluation under #27 item 3 (definitions once), which removes this exception"
     ),
-    ("jobs.outputs.reports", "jobs.templatetags.units"): (
+    ("jobs.outputs.report_render", "jobs.templatetags.units"): (
         "the weekly report formats numbers with the pages' filters, so a figure reads the same in both"
     ),
     ("jobs.outputs.exporter", "jobs.artifacts"): (

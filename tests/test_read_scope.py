@@ -13,7 +13,8 @@ from django.utils import timezone
 from jobs.alerts.incidents import subscriptions_for
 from jobs.models import AlertIncident, AlertSubscription, Job, Team
 from jobs.outputs.leaderboard import iso_week
-from jobs.outputs.reports import build_report, render_report
+from jobs.outputs.report_content import build_report
+from jobs.outputs.report_render import render_report
 from jobs.permissions import readable_team_ids
 
 pytestmark = pytest.mark.django_db

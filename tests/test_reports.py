@@ -21,9 +21,11 @@ from django.db import connection
 from django.utils import timezone
 
 from jobs.models import Finding, Job, Membership, ReportDelivery, Team
-from jobs.outputs import reports
+from jobs.outputs import report_content, report_render, reports
 from jobs.outputs.leaderboard import Period, iso_week, team_rows
-from jobs.outputs.reports import Outcome, build_report, render_report, send_team_report, send_weekly_reports
+from jobs.outputs.report_content import build_report
+from jobs.outputs.report_render import render_report
+from jobs.outputs.reports import Outcome, send_team_report, send_weekly_reports
 from jobs.templatetags import units
 
 LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
@@ -229,7 +231,7 @@ def test_top_five_jobs_with_their_main_finding_and_absolute_links(week):
         make_job(llm, f"30{i}", week.start + timedelta(hours=1), 10, waste_per_day_usd=float(24 * (i + 1)))
     report = build_report(llm, week)
 
-    assert len(report.top_jobs) == reports.TOP_JOBS == 5
+    assert len(report.top_jobs) == report_content.TOP_JOBS == 5
     wastes = [j.waste_usd for j in report.top_jobs]
     assert wastes == sorted(wastes, reverse=True)
     top = report.top_jobs[0]
@@ -267,13 +269,13 @@ def test_jobs_under_a_dollar_are_summed_in_one_line_and_the_text_part_wraps(week
     assert "tiny" not in text
     for line in text.splitlines():
         # Only a single word longer than the width (a URL) may exceed it, alone on its line.
-        assert len(line) <= reports.TEXT_WIDTH or " " not in line.strip(), line
+        assert len(line) <= report_render.TEXT_WIDTH or " " not in line.strip(), line
     assert "Remove the .item() call in the training loop Remove" in text.replace("\n      ", " ")
 
 
 def test_wrap_text_keeps_list_indents_and_whole_urls():
     url = "https://efficiency.example.com/jobs/" + "x" * 80 + "/"
-    wrapped = reports.wrap_text("- " + "word " * 30 + "\n   " + url, width=40)
+    wrapped = report_render.wrap_text("- " + "word " * 30 + "\n   " + url, width=40)
     lines = wrapped.splitlines()
     assert all(len(line) <= 40 for line in lines[:-1])
     assert lines[1].startswith("  word") and lines[-1] == "   " + url
@@ -283,7 +285,7 @@ def test_wrap_text_keeps_list_indents_and_whole_urls():
 def test_recipients_respect_opt_out_and_include_extra_addresses(week):
     llm = scenario(week)["llm"]
     # bob opted out, carol has no address, dave is inactive; ALICE@ in the extras is alice again.
-    assert reports.report_recipients(llm) == ["alice@example.com", "lead@partner.example"]
+    assert report_content.report_recipients(llm) == ["alice@example.com", "lead@partner.example"]
 
 
 @pytest.mark.django_db

@@ -14,7 +14,8 @@ from jobs.evaluation.schema import Evaluation, encode
 from jobs.models import Finding, Job
 from jobs.outputs import exporter
 from jobs.outputs.leaderboard import iso_week, team_rows
-from jobs.outputs.reports import build_report, render_report
+from jobs.outputs.report_content import build_report
+from jobs.outputs.report_render import render_report
 
 # Job A: 8 GPUs, 24 h inside the week, MFU known, waste $160/day  -> $160 × 24/24 = $160 in the week.
 # Job B: 4 GPUs, 10 h inside the week, MFU unknown, idle waste (the lower bound) $48/day -> $48 × 10/24 = $20.

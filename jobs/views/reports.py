@@ -7,7 +7,8 @@ from django.shortcuts import render
 
 from jobs.models import ReportDelivery
 from jobs.outputs.leaderboard import iso_week, parse_iso_week
-from jobs.outputs.reports import build_report, render_report
+from jobs.outputs.report_content import build_report
+from jobs.outputs.report_render import render_report
 from jobs.permissions import readable_team_or_404
 
 _HISTORY = 26  # half a year of weeks
