@@ -111,3 +111,42 @@ def test_page_csv_and_api_refuse_the_same_unreadable_filter_naming_it(
     assert exported.status_code == 400 and message in exported.content.decode()
     answered = api_client_for(alice).get(f"/api/v1/jobs/?team=vision&{query}")
     assert answered.status_code == 400 and message in answered.content.decode()
+
+
+@pytest.fixture
+def baselines(make_team):
+    from jobs.models import Baseline
+
+    llm = make_team("llm")
+    made = {}
+    for key, fingerprint, retired in (
+        ("active-a", "fp-a", False),
+        ("old-a", "fp-a", True),
+        ("b", "fp-b", False),
+    ):
+        made[key] = Baseline.objects.create(
+            fingerprint=fingerprint, model_name=key, team=llm, stats={},
+            retired_at=datetime(2026, 11, 1, tzinfo=UTC) if retired else None,
+        )  # fmt: skip
+    return {b.pk: key for key, b in made.items()}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", {"active-a", "b"}),  # retired ones left out by default
+        ("include_retired=1", {"active-a", "old-a", "b"}),
+        ("fingerprint=fp-a", {"active-a"}),
+        ("fingerprint=fp-a&include_retired=1", {"active-a", "old-a"}),
+        ("include_retired=yes", {"active-a", "b"}),
+    ],
+)
+def test_baselines_page_and_api_list_the_same_baselines_for_the_same_query_string(
+    client, alice, baselines, api_client_for, query, expected
+):
+    client.force_login(alice)
+    rows = client.get(f"{reverse('baseline-list')}?{query}").context["rows"]
+    assert {baselines[row["baseline"].pk] for row in rows} == expected
+    listed = api_client_for(alice).get(f"/api/v1/baselines/?{query}").json()["results"]
+    assert {baselines[b["id"]] for b in listed} == expected

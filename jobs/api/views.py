@@ -45,7 +45,7 @@ from jobs.permissions import (
 )
 from jobs.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
-from jobs.views.filters import job_filterset
+from jobs.views.filters import BaselineFilterSet, job_filterset
 
 _SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
 
@@ -377,8 +377,5 @@ class BaselineViewSet(viewsets.ReadOnlyModelViewSet):
         qs = scope_to_teams(
             Baseline.objects.select_related("team").prefetch_related("runs"), self.request.user
         )
-        if self.request.query_params.get("include_retired") != "1":
-            qs = qs.filter(retired_at__isnull=True)
-        if fingerprint := self.request.query_params.get("fingerprint"):
-            qs = qs.filter(fingerprint=fingerprint)
-        return qs
+        # The baselines page's filters (jobs.views.filters): include_retired=1, fingerprint.
+        return BaselineFilterSet(self.request.query_params, queryset=qs, request=self.request).qs

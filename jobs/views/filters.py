@@ -1,12 +1,14 @@
-"""The job list's filters, once (django-filter): the page (`/`), its CSV export (`/jobs.csv`) and the API
-(`GET /api/v1/jobs/`) read the same query string through `JobFilterSet`, so they list the same jobs.
+"""List filters, once per list (django-filter). The job list's: the page (`/`), its CSV export
+(`/jobs.csv`) and the API (`GET /api/v1/jobs/`) read the same query string through `JobFilterSet`, so
+they list the same jobs.
 
 Query string: `q` (substring of the name or external id, any case), `mine=1` (owner = the logged-in
 username, any case), `team` (slug), `owner` (any case), `model`, `gpu` (GPU model name), `status` (a job
 status), `since` / `until` (YYYY-MM-DD, the start date; `until` includes its day) and `sort` (`started`,
 `mfu`, `waste`, `-` first for descending; default `-started`). A value that cannot be read (a date that is
 not one, an unknown status) is an error that names it; the other filters still apply, and each caller says
-so its own way (the page shows it with 400, the CSV and the API answer 400).
+so its own way (the page shows it with 400, the CSV and the API answer 400). The baselines list's
+(`BaselineFilterSet`) is shared by its page and the API the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date
 from rest_framework.request import Request
 
-from jobs.models import Job
+from jobs.models import Baseline, Job
 from jobs.outputs.leaderboard import MAX_YEAR, MIN_YEAR
 
 #: The filter keys of the query string, in the order the page's form shows them (the sort is apart).
@@ -171,3 +173,30 @@ def job_filterset(
 def filters_query(filters: dict[str, str]) -> str:
     """The given filters as a query string (empty ones left out), for links that keep them."""
     return urlencode({k: v for k, v in filters.items() if v})
+
+
+class BaselineFilterSet(django_filters.FilterSet):
+    """The baselines list's filters, for the page (`/baselines/`) and the API (`/api/v1/baselines/`):
+    `include_retired=1` shows retired baselines too (active ones only otherwise), `fingerprint` one
+    model + config."""
+
+    include_retired = django_filters.CharFilter(method="filter_nothing")
+    fingerprint = django_filters.CharFilter(field_name="fingerprint")
+
+    class Meta:
+        model = Baseline
+        fields: list[str] = []
+
+    def filter_nothing(self, queryset: QuerySet[Baseline], name: str, value: str) -> QuerySet[Baseline]:
+        """`include_retired` is applied by `filter_queryset`, with or without a value."""
+        return queryset
+
+    @property
+    def shows_retired(self) -> bool:
+        """Whether retired baselines are listed (`include_retired=1`)."""
+        return str((self.data or {}).get("include_retired", "")).strip() == "1"
+
+    def filter_queryset(self, queryset: QuerySet[Baseline]) -> QuerySet[Baseline]:
+        """Every filter, then retired baselines left out unless asked for."""
+        queryset = super().filter_queryset(queryset)
+        return queryset if self.shows_retired else queryset.filter(retired_at__isnull=True)

@@ -55,7 +55,7 @@ from jobs.permissions import (
     scope_to_teams,
     writable_team_ids,
 )
-from jobs.views.filters import filters_query, job_filterset
+from jobs.views.filters import BaselineFilterSet, filters_query, job_filterset
 from jobs.views.job_summary import no_gpus_matched
 
 # What the list shows; the JSON columns (summary, config, GPU list) stay in the database.
@@ -390,7 +390,6 @@ _OVERRIDE_FIELDS = (
 @require_GET
 def baseline_list(request: HttpRequest) -> HttpResponse:
     """Active (and optionally retired) baselines with their robust statistics; retire for team members."""
-    show_retired = request.GET.get("retired") == "1"
     qs = scope_to_teams(
         Baseline.objects.select_related("team")
         .prefetch_related(
@@ -404,8 +403,9 @@ def baseline_list(request: HttpRequest) -> HttpResponse:
         .order_by("model_name", "-created_at"),
         request.user,
     )
-    if not show_retired:
-        qs = qs.filter(retired_at__isnull=True)
+    found = BaselineFilterSet(request.GET, queryset=qs, request=request)
+    show_retired = found.shows_retired
+    qs = found.qs
     writable = writable_team_ids(request.user)
     rows = [
         {
