@@ -1,4 +1,5 @@
-"""One module per finding code; `RULES` maps each code to its `check(inp, features)` function."""
+"""One module per finding code; `RULES` maps each code to its `check(inp, features)` function. `common` and
+`data_pipeline_artifacts` (data_pipeline_stall's artifact evidence) are helpers, not rules."""
 
 from __future__ import annotations
 
