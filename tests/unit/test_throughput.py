@@ -3,6 +3,7 @@ how `$job` expands, and the own-job-label rule of non-staff selectors. Pure: no 
 
 from __future__ import annotations
 
+import promql_parser
 import pytest
 
 from jobs.metrics.throughput import (
@@ -161,3 +162,43 @@ def test_selector_rule_requires_the_jobs_own_label_exactly_or_explicit_gpus():
     ):
         problem = own_job_selector_problem(bad, [], "48213", labels)
         assert problem is not None and "exact match" in problem and "gpus" in problem, bad
+
+
+def _selectors(node):
+    """Every vector selector under a promql-parser node."""
+    if isinstance(node, promql_parser.VectorSelector):
+        yield node
+    elif isinstance(node, promql_parser.MatrixSelector):
+        yield node.vector_selector
+    elif isinstance(node, promql_parser.BinaryExpr):
+        yield from _selectors(node.lhs)
+        yield from _selectors(node.rhs)
+    elif isinstance(node, promql_parser.Call):
+        for arg in node.args:
+            yield from _selectors(arg)
+    elif hasattr(node, "expr"):
+        yield from _selectors(node.expr)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "sum(rate(train_tokens_total{$job}[5m]))",
+        "clamp_min(sum(rate(a{$job}[1m])) - sum(rate(b{$job}[1m])), 0)",
+        "max_over_time(sum(rate(train_tokens_total{$job}[1m]))[30m:1m])",
+        "-1 * -tokens_per_second{ $job }",
+    ],
+)
+def test_an_expanded_template_selects_only_the_jobs_own_series_even_for_a_hostile_id(template):
+    """What Prometheus will run, parsed by Prometheus' grammar: every selector has exactly one matcher,
+    the job label equal to the (hostile) external id, so no id can widen what the query reads."""
+    import promql_parser
+
+    hostile = 'x"} or up{job=~".+'
+    query = expand(validate_template(template, max_lookback_s=HOUR), job_matchers(hostile, "job_id"))
+    selectors = list(_selectors(promql_parser.parse(query)))
+    assert selectors
+    for selector in selectors:
+        (matcher,) = selector.matchers.matchers
+        assert (matcher.name, matcher.op, matcher.value) == ("job_id", promql_parser.MatchOp.Equal, hostile)
+        assert not selector.matchers.or_matchers
