@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs.charts.common import BLUE, FONT, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, escape
+from jobs.profiling.analysis_schema import StepBreakdown, TemporalBreakdown, decode_trace
 
 _BREAKDOWN = (("compute_pct", "Compute", BLUE), ("non_compute_pct", "Non-compute (comm, memcpy…)", ORANGE),
               ("idle_pct", "Idle", GREY))  # fmt: skip
@@ -25,13 +26,16 @@ MAX_BAR_RANKS = 64
 
 
 def _stacked_bars(
-    rows: list[tuple[str, dict[str, Any]]], parts: Sequence[tuple[str, str, str]], title: str
+    rows: Sequence[tuple[str, TemporalBreakdown | StepBreakdown]],
+    parts: Sequence[tuple[str, str, str]],
+    title: str,
 ) -> dict[str, Any]:
+    # `parts` name the blocks' fields (their stored keys), all percentages.
     labels = [escape(label) for label, _ in rows]
     data = [
         {
             "type": "bar", "orientation": "h", "name": name, "y": labels,
-            "x": [None if (v := section.get(key)) is None else round(float(v), 2) for _, section in rows],
+            "x": [None if (v := getattr(section, key)) is None else round(v, 2) for _, section in rows],
             "marker": {"color": colour}, "hovertemplate": f"{name}: %{{x:.1f}} %<extra>%{{y}}</extra>",
         }
         for key, name, colour in parts
@@ -50,21 +54,20 @@ def _stacked_bars(
 
 def trace_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
     """Per rank, HTA's temporal breakdown: compute, non-compute and idle as % of the GPU span."""
-    ranks = [r for r in analysis.get("ranks") or [] if (r.get("temporal_breakdown") or {}).get("idle_pct")
-             is not None][:MAX_BAR_RANKS]  # fmt: skip
+    measured = [r for r in decode_trace(analysis).ranks if r.temporal_breakdown.idle_pct is not None]
+    ranks = measured[:MAX_BAR_RANKS]
     if not ranks:
         return None
-    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["temporal_breakdown"]) for r in ranks]
+    rows = [(r.name, r.temporal_breakdown) for r in ranks]
     return _stacked_bars(rows, _BREAKDOWN, "% of the GPU-busy span (first to last GPU op)")
 
 
 def step_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
     """Per rank, where a training step's time goes (TensorBoard plugin's step breakdown), % of step."""
-    ranks = [r for r in analysis.get("ranks") or [] if (r.get("step_breakdown") or {}).get("steps")]
+    ranks = [r for r in decode_trace(analysis).ranks if r.step_breakdown.steps][:MAX_BAR_RANKS]
     if not ranks:
         return None
-    rows = [(str(r.get("label") or f"rank {r.get('rank')}"), r["step_breakdown"]) for r in ranks]
-    rows = rows[:MAX_BAR_RANKS]
+    rows = [(r.name, r.step_breakdown) for r in ranks]
     return _stacked_bars(rows, _STEP_PARTS, "% of step time")
 
 

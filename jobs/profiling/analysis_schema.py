@@ -187,12 +187,14 @@ class NamedTime(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TensorCores(msgspec.Struct, frozen=True, kw_only=True):
-    """Tensor-core vs SIMT (FP32 pipe) compute (trace, nsys stats and ncu analyses; % of compute time).
+    """Tensor-core vs SIMT (FP32 pipe) compute (trace, nsys stats and ncu analyses; % of compute time,
+    `tensor_core_time_pct` of all kernel time).
 
     `tensor_pipe_active_pct` is ncu's measured tensor pipe utilisation; the rest are classified by
     kernel name (jobs.profiling.kernel_classes.math_class).
     """
 
+    tensor_core_time_pct: float | None = None
     tensor_core_compute_time_pct: float | None = None
     simt_compute_time_pct: float | None = None
     compute_share_of_kernel_time_pct: float | None = None
@@ -232,12 +234,31 @@ class TinyKernels(msgspec.Struct, frozen=True, kw_only=True):
     time_pct: float | None = None
 
 
+class TopKernel(msgspec.Struct, frozen=True, kw_only=True):
+    """One of the kernels with the most time (`time_pct` of kernel time)."""
+
+    name: str | None = None
+    short_name: str | None = None
+    kernel_class: str | None = None
+    count: float | None = None
+    total_ms: float | None = None
+    mean_us: float | None = None
+    time_pct: float | None = None
+
+
 class KernelBreakdown(msgspec.Struct, frozen=True, kw_only=True):
     """Kernel counts and time of the analysed window."""
 
     kernel_count: float | None = None
     kernel_time_ms: float | None = None
     tiny_kernels: TinyKernels = TinyKernels()
+    top_kernels: list[TopKernel] = []
+
+
+class LaunchDelay(msgspec.Struct, frozen=True, kw_only=True):
+    """From the CUDA launch call to the kernel start (µs)."""
+
+    p50_us: float | None = None
 
 
 class LaunchStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,6 +266,7 @@ class LaunchStats(msgspec.Struct, frozen=True, kw_only=True):
 
     launches: float | None = None
     gpu_shorter_than_launch_pct: float | None = None
+    launch_delay: LaunchDelay = LaunchDelay()
 
 
 class CopyKind(msgspec.Struct, frozen=True, kw_only=True):
@@ -302,8 +324,14 @@ class StepBreakdown(msgspec.Struct, frozen=True, kw_only=True):
     """Where a step's time goes (% of the step)."""
 
     steps: float | None = None
-    dataloader_pct: float | None = None
+    kernel_pct: float | None = None
     communication_pct: float | None = None
+    memcpy_pct: float | None = None
+    memset_pct: float | None = None
+    runtime_pct: float | None = None
+    dataloader_pct: float | None = None
+    cpu_exec_pct: float | None = None
+    other_pct: float | None = None
 
 
 class IdleGap(msgspec.Struct, frozen=True, kw_only=True):
@@ -345,11 +373,14 @@ class GpuIdleAttribution(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     has_gpu_ops: bool | None = None
+    #: "ProfilerStep" (% of the profiled steps) or the steady-state window's basis (% of the window).
+    basis: str | None = None
     steps: float | None = None
     idle_pct: float | None = None
     input_pct: float | None = None
     host_sync_pct: float | None = None
     launch_gaps_pct: float | None = None
+    other_pct: float | None = None
     launch_gaps_host_busy_pct: float | None = None
     idle_gaps: list[IdleGap] = []
     host_sync_steps: float | None = None
@@ -406,6 +437,8 @@ class TraceRank(msgspec.Struct, frozen=True, kw_only=True):
 
     rank: int | None = None
     label: str | None = None
+    #: False for a rank without GPU kernels (CPU-only); older analyses lack it (None: assume it has some).
+    has_gpu_kernels: bool | None = None
     temporal_breakdown: TemporalBreakdown = TemporalBreakdown()
     idle_breakdown: IdleBreakdown = IdleBreakdown()
     kernel_breakdown: KernelBreakdown = KernelBreakdown()
@@ -427,12 +460,28 @@ class TraceRank(msgspec.Struct, frozen=True, kw_only=True):
         """True when the analysis splits GPU idle time by host activity (`gpu_idle_attribution`)."""
         return self.gpu_idle_attribution.has_gpu_ops is True
 
+    @property
+    def name(self) -> str:
+        """The rank's label ("rank 3") as the parser wrote it, else from its number."""
+        return self.label or f"rank {self.rank}"
+
+
+class TraceSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Means over the ranks (HTA's temporal and idle breakdowns; % of each rank's GPU span)."""
+
+    ranks_with_gpu_ops: float | None = None
+    idle_pct_mean: float | None = None
+    compute_pct_mean: float | None = None
+    host_wait_pct_mean: float | None = None
+
 
 class TraceAnalysis(msgspec.Struct, frozen=True, kw_only=True):
     """A trace analysis (Kineto JSON or an Nsight Systems SQLite export)."""
 
     source: str | None = None
     capture: Capture | None = None
+    summary: TraceSummary = TraceSummary()
+    warnings: list[str] = []
     ranks: list[TraceRank] = []
 
 

@@ -16,6 +16,7 @@ from jobs.charts import CaptureMark
 from jobs.diagnosis.artifacts import capture
 from jobs.models import Artifact
 from jobs.outputs.numbers import format_number
+from jobs.profiling.analysis_schema import TraceRank, TraceSummary, decode_trace
 
 TOP_ROWS = 10
 
@@ -88,17 +89,21 @@ def _fact(
 
 
 def _trace(view: ArtifactView, a: Mapping[str, Any]) -> None:
-    summary = a.get("summary") or {}
-    ranks = [r for r in a.get("ranks") or [] if r.get("has_gpu_kernels", True)]
-    _fact(view, "Ranks with GPU work", summary.get("ranks_with_gpu_ops"), "", digits=0)
+    trace = decode_trace(a)
+    summary = trace.summary
+    ranks = [r for r in trace.ranks if r.has_gpu_kernels is not False]
+    _fact(view, "Ranks with GPU work", summary.ranks_with_gpu_ops, "", digits=0)
     # The rank with the most kernel time represents the trace in the facts and tables.
-    rank = max(ranks, key=lambda r: _g(r, "kernel_breakdown", "kernel_time_ms") or 0) if ranks else None
-    label = str(rank.get("label") or f"rank {rank.get('rank')}") if rank else ""
-    if _idle_of_step(view, rank, label):
+    rank = max(ranks, key=lambda r: r.kernel_breakdown.kernel_time_ms or 0) if ranks else None
+    label = rank.name if rank else ""
+    if rank is not None and _idle_of_step(view, rank, label):
         # Busy time in the same unit as the idle time beside it (they add up to the step).
-        for name, key in (("Compute kernels", "kernel_pct"), ("Communication", "communication_pct")):
-            value = _g(rank, "step_breakdown", key)
-            if value is not None and (key == "kernel_pct" or value > 0):
+        steps = rank.step_breakdown
+        for name, value, always in (
+            ("Compute kernels", steps.kernel_pct, True),
+            ("Communication", steps.communication_pct, False),
+        ):
+            if value is not None and (always or value > 0):
                 view.facts.append(
                     (
                         f"{name} ({label})",
@@ -108,36 +113,35 @@ def _trace(view: ArtifactView, a: Mapping[str, Any]) -> None:
                 )
     else:
         _idle_of_span(view, summary)
-        _fact(view, "Compute", summary.get("compute_pct_mean"), "%",
+        _fact(view, "Compute", summary.compute_pct_mean, "%",
               "share of the GPU span (first to last GPU op) in compute kernels, mean over ranks")  # fmt: skip
     if rank is not None:
-        _fact(view, f"Step time (median, {label})", _g(rank, "step_times", "median_ms"), "ms")
-        tiny = _g(rank, "kernel_breakdown", "tiny_kernels") or {}
-        if tiny.get("count_pct") is not None:
+        _fact(view, f"Step time (median, {label})", rank.step_times.median_ms, "ms")
+        tiny = rank.kernel_breakdown.tiny_kernels
+        if tiny.count_pct is not None:
             view.facts.append((
                 "Tiny kernels",
-                f"{_num(tiny['count_pct'], '%')} of kernels, {_num(tiny.get('time_pct'), '%')} of time",
-                f"kernels shorter than {_num(tiny.get('threshold_us'), 'µs', 0)}: launch overhead when many",
+                f"{_num(tiny.count_pct, '%')} of kernels, {_num(tiny.time_pct, '%')} of time",
+                f"kernels shorter than {_num(tiny.threshold_us, 'µs', 0)}: launch overhead when many",
             ))  # fmt: skip
-        _fact(view, "Launch delay p50", _g(rank, "launch_stats", "launch_delay", "p50_us"), "µs",
+        _fact(view, "Launch delay p50", rank.launch_stats.launch_delay.p50_us, "µs",
               "from the CUDA launch call to the kernel start")  # fmt: skip
-        _fact(view, "Comm/compute overlap", _g(rank, "comm_compute_overlap", "overlap_pct"), "%",
+        _fact(view, "Comm/compute overlap", rank.comm_compute_overlap.overlap_pct, "%",
               "share of communication time hidden under compute")  # fmt: skip
-        _fact(view, "Tensor-core kernel time", _g(rank, "tensor_cores", "tensor_core_time_pct"), "%",
+        _fact(view, "Tensor-core kernel time", rank.tensor_cores.tensor_core_time_pct, "%",
               "share of kernel time in tensor-core kernels (kernel-name heuristic)")  # fmt: skip
-        _fact(view, "Pageable memcpy bytes", _g(rank, "memcpy", "pageable_bytes_pct"), "%",
+        _fact(view, "Pageable memcpy bytes", rank.memcpy.pageable_bytes_pct, "%",
               "share of copied bytes from pageable host memory (slow, synchronous)")  # fmt: skip
-        kernels = _g(rank, "kernel_breakdown", "top_kernels") or []
+        kernels = rank.kernel_breakdown.top_kernels[:TOP_ROWS]
         if kernels:
             view.tables.append(Table(
                 f"Top kernels by time ({label})",
                 ["Kernel", "Class", "Launches", "Total (ms)", "Mean (µs)", "Share of kernel time (%)"],
-                [[str(k.get("short_name") or k.get("name")), str(k.get("kernel_class", "")),
-                  _num(k.get("count"), digits=0), _num(k.get("total_ms"), digits=2), _num(k.get("mean_us")),
-                  _num(k.get("time_pct"))] for k in kernels[:TOP_ROWS]],
-                numeric={2, 3, 4, 5}, titles=[str(k.get("name", "")) for k in kernels[:TOP_ROWS]],
+                [[str(k.short_name or k.name), k.kernel_class or "", _num(k.count, digits=0),
+                  _num(k.total_ms, digits=2), _num(k.mean_us), _num(k.time_pct)] for k in kernels],
+                numeric={2, 3, 4, 5}, titles=[k.name or "" for k in kernels],
             ))  # fmt: skip
-    view.warnings += [str(w) for w in (a.get("warnings") or [])[:5]]
+    view.warnings += trace.warnings[:5]
     for fig_id, caption, build in (
         ("breakdown", "Temporal breakdown per rank (HTA): compute, non-compute, idle, as shares of each "
          "rank's GPU span (first to last GPU op), not of the step",
@@ -148,25 +152,22 @@ def _trace(view: ArtifactView, a: Mapping[str, Any]) -> None:
             view.figures.append((fig_id, caption, fig))
 
 
-def _idle_of_step(view: ArtifactView, rank: Mapping[str, Any] | None, label: str) -> bool:
+def _idle_of_step(view: ArtifactView, rank: TraceRank, label: str) -> bool:
     """GPU idle as a share of the profiled steps, split by what the host was doing: the definition the
     findings use (their evidence reads "% of step"), so the card and a finding show one number (issue 28
     item 6: the card showed 57.1 % of the GPU span beside a finding's 70 % of the step). False when the
     analysis has no attribution (older analyses, no GPU ops)."""
-    att = _g(rank, "gpu_idle_attribution") or {}
-    idle = att.get("idle_pct")
-    if rank is None or idle is None or not att.get("has_gpu_ops", True):
+    att = rank.gpu_idle_attribution
+    idle = att.idle_pct
+    if idle is None or att.has_gpu_ops is False:
         return False
-    basis = "profiled steps" if att.get("basis") == "ProfilerStep" else "captured window"
-    parts = [
-        (name, att.get(key))
-        for name, key in (
-            ("waiting for input", "input_pct"),
-            ("host blocking", "host_sync_pct"),
-            ("launch gaps", "launch_gaps_pct"),
-            ("other", "other_pct"),
-        )
-    ]
+    basis = "profiled steps" if att.basis == "ProfilerStep" else "captured window"
+    parts = (
+        ("waiting for input", att.input_pct),
+        ("host blocking", att.host_sync_pct),
+        ("launch gaps", att.launch_gaps_pct),
+        ("other", att.other_pct),
+    )
     split = ", ".join(f"{name} {_pct(v)}" for name, v in parts if v is not None)
     view.facts.append((
         f"GPU idle ({label})",
@@ -177,22 +178,19 @@ def _idle_of_step(view: ArtifactView, rank: Mapping[str, Any] | None, label: str
     return True
 
 
-def _idle_of_span(view: ArtifactView, summary: Mapping[str, Any]) -> None:
+def _idle_of_span(view: ArtifactView, summary: TraceSummary) -> None:
     """Without a per-step attribution: HTA's idle share of the GPU span, and its host wait in the same
     unit (a share of a tiny idle time is not shown as if it were big: 100 % of 0.2 % idle is 0.2 %)."""
-    idle = summary.get("idle_pct_mean")
+    idle = summary.idle_pct_mean
     if idle is None:
         return
     view.facts.append(
         ("GPU idle", _pct(idle), "share of the GPU span (first to last GPU op) with no GPU op (HTA)")
     )
-    host_wait = summary.get("host_wait_pct_mean")
+    host_wait = summary.host_wait_pct_mean
     if host_wait is None:
         return
-    try:
-        of_span = float(idle) * float(host_wait) / 100.0
-    except (TypeError, ValueError, OverflowError):
-        return
+    of_span = idle * host_wait / 100.0
     view.facts.append((
         "Idle waiting for the host",
         f"{_pct(of_span)} of the span",

@@ -132,3 +132,30 @@ def test_profiler_facts_take_the_upper_median_of_the_ranks_that_have_them_and_sk
     assert profiler_step_time_ms(trace) == 300.0
     assert profiler_comm_share_pct(trace) == 6.0
     assert profiler_step_time_ms(S.decode_trace({"ranks": [{"step_times": {"median_ms": 0}}]})) is None
+
+
+def test_the_trace_card_reads_an_older_or_junk_analysis_without_raising() -> None:
+    from jobs.views.artifacts import ArtifactView, _trace
+
+    view = ArtifactView(artifact=None)  # type: ignore[arg-type]
+    _trace(
+        view,
+        {
+            "summary": {"idle_pct_mean": 40.0, "host_wait_pct_mean": 50.0, "ranks_with_gpu_ops": "2"},
+            "warnings": ["clock skew", 7],
+            "ranks": [
+                "not a rank",  # raised AttributeError in the dict reader
+                {"rank": 1, "has_gpu_kernels": False, "kernel_breakdown": {"kernel_time_ms": 9e9}},
+                {
+                    "rank": 0,
+                    "kernel_breakdown": {"kernel_time_ms": 5.0, "top_kernels": [{"name": "gemm"}, 3]},
+                },
+            ],
+        },
+    )
+    facts = {label: value for label, value, _ in view.facts}
+    # No attribution: HTA's span idle, and its host wait in the same unit (50 % of 40 % = 20 % of the span).
+    assert facts["GPU idle"] == "40 %" and facts["Idle waiting for the host"] == "20 % of the span"
+    assert "Ranks with GPU work" not in facts  # a string count is not shown as a number
+    assert view.tables[0].title == "Top kernels by time (rank 0)" and view.tables[0].titles == ["gemm"]
+    assert view.warnings == ["clock skew"]
