@@ -150,3 +150,10 @@ def test_baselines_page_and_api_list_the_same_baselines_for_the_same_query_strin
     assert {baselines[row["baseline"].pk] for row in rows} == expected
     listed = api_client_for(alice).get(f"/api/v1/baselines/?{query}").json()["results"]
     assert {baselines[b["id"]] for b in listed} == expected
+
+
+def test_every_job_filter_is_documented_in_the_api_schema_and_the_page_form_keys():
+    """The API schema's parameters and the page's form keys come from the FilterSet's own filters."""
+    from jobs.views.filters import FILTER_KEYS, JOB_FILTER_HELP, JobFilterSet
+
+    assert set(JobFilterSet.base_filters) == set(JOB_FILTER_HELP) == {*FILTER_KEYS, "sort"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
@@ -45,7 +45,7 @@ from jobs.permissions import (
 )
 from jobs.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
 from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
-from jobs.views.filters import BaselineFilterSet, job_filterset
+from jobs.views.filters import JOB_FILTER_HELP, BaselineFilterSet, job_filterset
 
 _SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
 
@@ -190,7 +190,10 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
         self.check_object_permissions(request, job)
         return job
 
-    @extend_schema(responses={200: _SUMMARY})
+    @extend_schema(
+        responses={200: _SUMMARY},
+        parameters=[OpenApiParameter(key, str, description=text) for key, text in JOB_FILTER_HELP.items()],
+    )
     def list(self, request: Request) -> Response:
         """Jobs, newest first, with the job list page's filters and sort (jobs.views.filters), e.g.
         ?team=llm&status=running&q=lora&since=2026-11-01&sort=-waste; a value that cannot be read is 400."""

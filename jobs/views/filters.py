@@ -39,6 +39,19 @@ SORTS = {
     "-started": "-started_at",
 }
 DEFAULT_SORT = "-started"
+#: What each query-string key does, for the API's schema (the page's form says it in its own words).
+JOB_FILTER_HELP = {
+    "q": "Substring of the job's name or external id, any case",
+    "mine": "1: only the logged-in user's jobs (owner, any case)",
+    "team": "Team slug",
+    "owner": "Owner, any case",
+    "model": "Model name",
+    "gpu": "GPU model name",
+    "status": "Job status",
+    "since": "Started on or after this day (YYYY-MM-DD)",
+    "until": "Started on or before this day (YYYY-MM-DD)",
+    "sort": "started, mfu or waste; '-' first for descending (default -started; unknown MFU/waste last)",
+}
 
 
 def filter_date(text: str) -> date | None:
