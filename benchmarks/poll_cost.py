@@ -28,6 +28,7 @@ import pstats
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,6 +98,20 @@ class _Recorder:
         return time.perf_counter() - t
 
 
+class _Statements:
+    """Counts SQL statements by shape (their first 70 characters, parameters aside)."""
+
+    def __init__(self) -> None:
+        self.by_shape: Counter[str] = Counter()
+
+    def count(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        self.by_shape[" ".join(sql.split())[:70]] += 1
+        return execute(sql, params, many, context)
+
+    def skip(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        return execute(sql, params, many, context)
+
+
 def _simulate(jobs: int, minutes: float, seed: int) -> list[Any]:
     from jobs.metrics.signals import DEFAULT_DISABLED
     from jobs.simulate import CLUSTER_MIX, SimSpec, simulate
@@ -137,6 +152,9 @@ def main() -> None:
     parser.add_argument("--keep", help="directory to keep (and reuse) the backfilled TSDB in")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured cycle, top 40")
     parser.add_argument("--profile-out", help="also write the profile's pstats to this file")
+    parser.add_argument(
+        "--queries", type=int, default=0, help="print the measured cycle's N commonest SQL shapes"
+    )
     args = parser.parse_args()
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
@@ -166,6 +184,7 @@ def main() -> None:
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     recorder = _Recorder()
+    statements = _Statements()
     try:
         team = Team.objects.create(slug="bench", name="Bench")
         for sim in sims:
@@ -189,7 +208,7 @@ def main() -> None:
             for c in range(args.cycles + (1 if args.profile else 0)):
                 now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
                 if c == args.cycles:  # one more cycle under the profiler (which inflates CPU): not measured
-                    # CPU time, not wall: on a shared machine waits for Postgres and Prometheus would dominate.
+                    # CPU time, not wall: on a shared machine, waits for Postgres and Prometheus dominate.
                     profiler = cProfile.Profile(time.process_time)
                     profiler.enable()
                     pipeline.poll_cycle(client, now=now)
@@ -199,7 +218,10 @@ def main() -> None:
                 load0 = _load()
                 cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
                 w0 = time.perf_counter()
-                report = pipeline.poll_cycle(client, now=now)
+                with connection.execute_wrapper(
+                    statements.count if c == args.cycles - 1 else statements.skip
+                ):
+                    report = pipeline.poll_cycle(client, now=now)
                 wall = time.perf_counter() - w0
                 cpu = time.process_time() - cpu0
                 p1, g1 = _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
@@ -226,6 +248,10 @@ def main() -> None:
                   f"(wall {replay_wall:.1f} s)")  # fmt: skip
             ratio = ours / prom_replay if prom_replay > 0 else float("inf")
             print(f"  ratio ours / Prometheus floor: {ratio:.2f} (target <= 1.5); load average {_load()}")
+            total = sum(statements.by_shape.values())
+            print(f"  SQL statements: {total} ({total / n_jobs:.1f} per job)")
+            for shape, n in statements.by_shape.most_common(args.queries):
+                print(f"    {n:6d}  {shape}")
             if profiler is not None:
                 print(f"\nprofile of cycle {args.cycles + 1} (not the measured one):")
                 stats = pstats.Stats(profiler)
