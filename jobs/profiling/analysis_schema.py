@@ -488,12 +488,25 @@ class TraceAnalysis(msgspec.Struct, frozen=True, kw_only=True):
 # --- nsys stats / ncu CSV analyses -----------------------------------------------------------------
 
 
+class NsysTopKernel(msgspec.Struct, frozen=True, kw_only=True):
+    """One of the kernels with the most time in `nsys stats` (`time_pct` of kernel time)."""
+
+    name: str | None = None
+    time_pct: float | None = None
+    total_time_ms: float | None = None
+    instances: float | None = None
+    avg_us: float | None = None
+
+
 class NsysKernels(msgspec.Struct, frozen=True, kw_only=True):
-    """Kernel summary of `nsys stats` (cuda_gpu_kern_sum)."""
+    """Kernel summary of `nsys stats` (cuda_gpu_kern_sum); tiny = shorter than `tiny_threshold_us`."""
 
     total_time_ms: float | None = None
+    instances: float | None = None
+    tiny_threshold_us: float | None = None
     tiny_instance_share_pct: float | None = None
     nccl_time_share_pct: float | None = None
+    top: list[NsysTopKernel] = []
 
 
 class NsysCudaApi(msgspec.Struct, frozen=True, kw_only=True):
@@ -524,23 +537,37 @@ class NsysStatsAnalysis(msgspec.Struct, frozen=True, kw_only=True):
     cuda_api: NsysCudaApi = NsysCudaApi()
     memory_ops: NsysMemoryOps = NsysMemoryOps()
     tensor_cores: TensorCores = TensorCores()
-    capture: Capture | None = None
+
+
+class NcuKernel(msgspec.Struct, frozen=True, kw_only=True):
+    """One kernel of an Nsight Compute report, its launches summed; throughputs in % of peak."""
+
+    kernel: str | None = None
+    bound: str | None = None
+    launches: float | None = None
+    total_duration_ms: float | None = None
+    sm_throughput_pct: float | None = None
+    memory_throughput_pct: float | None = None
 
 
 class NcuAnalysis(msgspec.Struct, frozen=True, kw_only=True):
     """An Nsight Compute CSV analysis (ncu.analyze_ncu; `format` "ncu_csv").
 
     `bound_time_share_pct` / `ncu_verdict_time_share_pct`: share of kernel time per bound ("memory",
-    "compute", ...) by our roofline reading and by ncu's own verdict.
+    "compute", ...) by our roofline reading and by ncu's own verdict; `duration_weighted_*`: per-kernel
+    metrics weighted by kernel duration.
     """
 
     format: str | None = None
+    kernel_launches: float | None = None
+    total_duration_ms: float | None = None
+    duration_weighted_achieved_occupancy_pct: float | None = None
+    kernels: list[NcuKernel] = []
     bound_time_share_pct: dict[str, float] = {}
     ncu_verdict_time_share_pct: dict[str, float] = {}
     duration_weighted_memory_throughput_pct: float | None = None
     duration_weighted_sm_throughput_pct: float | None = None
     tensor_cores: TensorCores = TensorCores()
-    capture: Capture | None = None
 
 
 # --- py-spy and monitoring logs -----------------------------------------------------------------------

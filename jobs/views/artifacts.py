@@ -16,7 +16,13 @@ from jobs.charts import CaptureMark
 from jobs.diagnosis.artifacts import capture
 from jobs.models import Artifact
 from jobs.outputs.numbers import format_number
-from jobs.profiling.analysis_schema import TraceRank, TraceSummary, decode_trace
+from jobs.profiling.analysis_schema import (
+    TraceRank,
+    TraceSummary,
+    decode_ncu,
+    decode_nsys_stats,
+    decode_trace,
+)
 
 TOP_ROWS = 10
 
@@ -228,45 +234,38 @@ def _pyspy(view: ArtifactView, a: Mapping[str, Any]) -> None:
 
 
 def _ncu(view: ArtifactView, a: Mapping[str, Any]) -> None:
-    _fact(view, "Kernel launches", a.get("kernel_launches"), "", digits=0)
-    _fact(view, "Kernel time", a.get("total_duration_ms"), "ms", digits=2)
-    _fact(view, "SM throughput", a.get("duration_weighted_sm_throughput_pct"), "%", "duration-weighted")
-    _fact(
-        view, "Memory throughput", a.get("duration_weighted_memory_throughput_pct"), "%", "duration-weighted"
-    )
-    _fact(
-        view,
-        "Achieved occupancy",
-        a.get("duration_weighted_achieved_occupancy_pct"),
-        "%",
-        "duration-weighted",
-    )
-    kernels = a.get("kernels") or []
+    ncu = decode_ncu(a)
+    _fact(view, "Kernel launches", ncu.kernel_launches, "", digits=0)
+    _fact(view, "Kernel time", ncu.total_duration_ms, "ms", digits=2)
+    _fact(view, "SM throughput", ncu.duration_weighted_sm_throughput_pct, "%", "duration-weighted")
+    _fact(view, "Memory throughput", ncu.duration_weighted_memory_throughput_pct, "%", "duration-weighted")
+    _fact(view, "Achieved occupancy", ncu.duration_weighted_achieved_occupancy_pct, "%", "duration-weighted")
+    kernels = ncu.kernels[:TOP_ROWS]
     if kernels:
         view.tables.append(Table(
             "Kernels by time (Nsight Compute)",
             ["Kernel", "Bound", "Launches", "Total (ms)", "SM throughput (%)", "Memory throughput (%)"],
-            [[str(k.get("kernel")), str(k.get("bound", "")), _num(k.get("launches"), digits=0),
-              _num(k.get("total_duration_ms"), digits=3), _num(k.get("sm_throughput_pct")),
-              _num(k.get("memory_throughput_pct"))] for k in kernels[:TOP_ROWS]],
+            [[str(k.kernel), k.bound or "", _num(k.launches, digits=0), _num(k.total_duration_ms, digits=3),
+              _num(k.sm_throughput_pct), _num(k.memory_throughput_pct)] for k in kernels],
             numeric={2, 3, 4, 5},
         ))  # fmt: skip
 
 
 def _nsys_stats(view: ArtifactView, a: Mapping[str, Any]) -> None:
-    k = a.get("kernels") or {}
-    _fact(view, "Kernel time", k.get("total_time_ms"), "ms", digits=2)
-    _fact(view, "Kernel instances", k.get("instances"), "", digits=0)
-    _fact(view, "Tiny kernels", k.get("tiny_instance_share_pct"), "%",
-          f"instances shorter than {k.get('tiny_threshold_us', 10)} µs")  # fmt: skip
-    _fact(view, "NCCL share of kernel time", k.get("nccl_time_share_pct"), "%")
-    top = k.get("top") or []
+    k = decode_nsys_stats(a).kernels
+    _fact(view, "Kernel time", k.total_time_ms, "ms", digits=2)
+    _fact(view, "Kernel instances", k.instances, "", digits=0)
+    threshold = k.tiny_threshold_us if k.tiny_threshold_us is not None else 10
+    _fact(view, "Tiny kernels", k.tiny_instance_share_pct, "%",
+          f"instances shorter than {format_number(threshold)} µs")  # fmt: skip
+    _fact(view, "NCCL share of kernel time", k.nccl_time_share_pct, "%")
+    top = k.top[:TOP_ROWS]
     if top:
         view.tables.append(Table(
             "Top kernels by time (nsys stats)",
             ["Kernel", "Share (%)", "Total (ms)", "Instances", "Mean (µs)"],
-            [[str(r.get("name")), _num(r.get("time_pct")), _num(r.get("total_time_ms"), digits=2),
-              _num(r.get("instances"), digits=0), _num(r.get("avg_us"))] for r in top[:TOP_ROWS]],
+            [[str(r.name), _num(r.time_pct), _num(r.total_time_ms, digits=2), _num(r.instances, digits=0),
+              _num(r.avg_us)] for r in top],
             numeric={1, 2, 3, 4},
         ))  # fmt: skip
 

@@ -159,3 +159,59 @@ def test_the_trace_card_reads_an_older_or_junk_analysis_without_raising() -> Non
     assert "Ranks with GPU work" not in facts  # a string count is not shown as a number
     assert view.tables[0].title == "Top kernels by time (rank 0)" and view.tables[0].titles == ["gemm"]
     assert view.warnings == ["clock skew"]
+
+
+def test_the_ncu_and_nsys_stats_cards_show_the_parsers_numbers() -> None:
+    from pathlib import Path
+
+    from jobs.profiling.ncu import analyze_ncu
+    from jobs.profiling.nsys_stats import analyze_nsys_stats
+    from jobs.views.artifacts import ArtifactView, _ncu, _nsys_stats
+
+    data = Path(__file__).parent / "data"
+    ncu = analyze_ncu(data / "ncu_details_2022.csv")
+    view = ArtifactView(artifact=None)  # type: ignore[arg-type]
+    _ncu(view, ncu)
+    facts = {label: value for label, value, _ in view.facts}
+    assert facts["Kernel launches"] == f"{ncu['kernel_launches']:,.0f}"
+    assert view.tables[0].rows[0][0] == ncu["kernels"][0]["kernel"]
+    assert len(view.tables[0].rows) == min(10, len(ncu["kernels"]))
+
+    stats = analyze_nsys_stats(data / "nsys_stats_stdout_2024.txt")
+    view = ArtifactView(artifact=None)  # type: ignore[arg-type]
+    _nsys_stats(view, stats)
+    facts = {label: value for label, value, _ in view.facts}
+    assert facts["Kernel instances"] == f"{stats['kernels']['instances']:,.0f}"
+    assert view.tables[0].rows[0][0] == stats["kernels"]["top"][0]["name"]
+
+
+def _exists(obj: object, path: list[str]) -> bool:
+    if not path:
+        return True
+    key, rest = path[0], path[1:]
+    if key.endswith("[]"):
+        items = obj.get(key[:-2]) if isinstance(obj, dict) else None
+        return isinstance(items, list) and any(_exists(i, rest) for i in items)
+    return isinstance(obj, dict) and key in obj and _exists(obj[key], rest)
+
+
+def test_the_ncu_and_nsys_stats_schemas_name_keys_their_parsers_write() -> None:
+    from pathlib import Path
+
+    from jobs.profiling.ncu import analyze_ncu
+    from jobs.profiling.nsys_stats import analyze_nsys_stats
+
+    data = Path(__file__).parent / "data"
+    ncus = [analyze_ncu(p) for p in sorted(data.glob("ncu_*.csv"))]
+    stats = [analyze_nsys_stats(p) for p in sorted(data.glob("nsys_stats_*.txt"))]
+    # Written only when SIMT kernels ran (none in these files) / measured by ncu only.
+    absent_here = {"tensor_cores.top_simt_kernels[].name", "tensor_cores.top_simt_kernels[].count"}
+    absent_here |= {"tensor_cores.top_simt_kernels[].time_ms"}
+    for cls, analyses, also_absent in (
+        (S.NcuAnalysis, ncus, set()),
+        (S.NsysStatsAnalysis, stats, {"tensor_cores.tensor_pipe_active_pct"}),
+    ):
+        assert len(analyses) >= 2
+        for path in S.declared_paths(cls):
+            if path not in absent_here | also_absent:
+                assert any(_exists(a, path.split(".")) for a in analyses), f"{cls.__name__}: {path}"
