@@ -574,19 +574,36 @@ class NcuAnalysis(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HotFrame(msgspec.Struct, frozen=True, kw_only=True):
-    """A frame with its inclusive share of samples and its class (input pipeline, compute, ...)."""
+    """A Python frame with its self and inclusive shares of samples (%) and its class (data_loading, ...)."""
 
     label: str | None = None
+    file: str | None = None
     frame_class: str | None = msgspec.field(default=None, name="class")
+    self_pct: float | None = None
     inclusive_pct: float | None = None
 
 
-class PySpyAnalysis(msgspec.Struct, frozen=True, kw_only=True):
-    """A py-spy profile analysis (pyspy.analyze_pyspy): samples by class (% of samples)."""
+class Icicle(msgspec.Struct, frozen=True, kw_only=True):
+    """How much of the call tree the stored icicle keeps (the heaviest `kept_nodes` of `total_nodes`)."""
 
+    kept_nodes: int | None = None
+    total_nodes: int | None = None
+
+
+class PySpyAnalysis(msgspec.Struct, frozen=True, kw_only=True):
+    """A py-spy profile analysis (pyspy.analyze_pyspy): samples by class (% of samples).
+
+    `total_weight` is in `weight_unit` ("seconds" for speedscope time-weighted profiles, else samples).
+    """
+
+    samples: float | None = None
+    total_weight: float | None = None
+    weight_unit: str | None = None
     classes_pct: dict[str, float] | None = None
     input_pipeline_pct: float | None = None
+    hot_self: list[HotFrame] = []
     hot_inclusive: list[HotFrame] = []
+    icicle: Icicle = Icicle()
     capture: Capture | None = None
 
 
@@ -597,22 +614,60 @@ class MonitoredGpu(msgspec.Struct, frozen=True, kw_only=True):
     gpu_name: str | None = None
 
 
+class GpuAssignment(msgspec.Struct, frozen=True, kw_only=True):
+    """How an nvidia-smi log's rows were told apart by GPU (jobs.profiling.nvidia_smi)."""
+
+    method: str | None = None
+
+
+class TimeZone(msgspec.Struct, frozen=True, kw_only=True):
+    """How a log's local timestamps were placed on the clock (monitoring_common.zone_statement).
+
+    `local_timestamps`: how many timestamps carried no zone; `assumed`: their zone was assumed, not given.
+    """
+
+    zone: str | None = None
+    source: str | None = None
+    assumed: bool | None = None
+    local_timestamps: int | None = None
+
+
+class HostSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """dstat's means over the log: CPU iowait and idle (% of CPU time), disk reads (bytes/s)."""
+
+    cpu_wait_mean_pct: float | None = None
+    cpu_idle_mean_pct: float | None = None
+    disk_read_mean_bytes_per_s: float | None = None
+
+
 class MonitoringAnalysis(msgspec.Struct, frozen=True, kw_only=True):
     """A monitoring log analysis (analyze_nvidia_smi: "nvidia_smi_csv"; analyze_dstat: "dstat_csv")."""
 
     format: str | None = None
     start_unix_s: float | None = None
     end_unix_s: float | None = None
+    duration_s: float | None = None
     host: str | None = None
     gpus: list[MonitoredGpu] = []
-    capture: Capture | None = None
+    gpu_count: int | None = None
+    gpu_assignment: GpuAssignment = GpuAssignment()
+    mean_utilization_gpu_pct: float | None = None
+    idle_share_pct: float | None = None
+    mean_power_draw_w: float | None = None
+    max_temperature_gpu_c: float | None = None
+    #: dstat's (nvidia-smi logs have none).
+    summary: HostSummary = HostSummary()
+    time_zone: TimeZone = TimeZone()
 
 
 # --- one decoder per kind --------------------------------------------------------------------------
 
 
 def decode_capture(payload: Any) -> Capture | None:
-    """The `capture` block of an analysis, or None when the analysis has none (or it is not a mapping)."""
+    """The `capture` block of an analysis, or None when the analysis has none (or it is not a mapping).
+
+    Monitoring logs write none: jobs.diagnosis.artifacts.capture derives theirs from their own columns.
+    """
     block = payload.get("capture") if isinstance(payload, Mapping) else None
     return lenient(block, Capture) if isinstance(block, Mapping) else None
 

@@ -19,8 +19,10 @@ from jobs.outputs.numbers import format_number
 from jobs.profiling.analysis_schema import (
     TraceRank,
     TraceSummary,
+    decode_monitoring,
     decode_ncu,
     decode_nsys_stats,
+    decode_pyspy,
     decode_trace,
 )
 
@@ -76,15 +78,6 @@ def _pct(value: Any) -> str:
         return f"{format_number(float(value))} %"
     except (TypeError, ValueError, OverflowError):
         return "—"
-
-
-def _g(data: Mapping[str, Any] | None, *path: str) -> Any:
-    cur: Any = data
-    for key in path:
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(key)
-    return cur
 
 
 def _fact(
@@ -206,23 +199,24 @@ def _idle_of_span(view: ArtifactView, summary: TraceSummary) -> None:
 
 
 def _pyspy(view: ArtifactView, a: Mapping[str, Any]) -> None:
-    unit = "s" if a.get("weight_unit") == "seconds" else "samples"
-    _fact(view, "Samples", a.get("samples"), "", digits=0)
-    _fact(view, "Profiled time", a.get("total_weight"), unit, digits=2)
-    _fact(view, "Input pipeline", a.get("input_pipeline_pct"), "%",
+    profile = decode_pyspy(a)
+    unit = "s" if profile.weight_unit == "seconds" else "samples"
+    _fact(view, "Samples", profile.samples, "", digits=0)
+    _fact(view, "Profiled time", profile.total_weight, unit, digits=2)
+    _fact(view, "Input pipeline", profile.input_pipeline_pct, "%",
           "data loading + tokenisation + collate, share of samples")  # fmt: skip
-    hot = a.get("hot_self") or []
+    hot = profile.hot_self[:TOP_ROWS]
     if hot:
         view.tables.append(Table(
             "Hottest Python frames (self time)", ["Frame", "Class", "Self (% of samples)", "Inclusive (%)"],
-            [[str(h.get("label")), str(h.get("class", "")).replace("_", " "), _num(h.get("self_pct")),
-              _num(h.get("inclusive_pct"))] for h in hot[:TOP_ROWS]],
-            numeric={2, 3}, titles=[str(h.get("file", "")) for h in hot[:TOP_ROWS]],
+            [[str(h.label), (h.frame_class or "").replace("_", " "), _num(h.self_pct), _num(h.inclusive_pct)]
+             for h in hot],
+            numeric={2, 3}, titles=[h.file or "" for h in hot],
         ))  # fmt: skip
     if fig := charts.pyspy_classes_figure(a):
         view.figures.append(("classes", "Where the Python time went, by frame class", fig))
     if fig := charts.icicle_figure(a):
-        kept, total = _g(a, "icicle", "kept_nodes"), _g(a, "icicle", "total_nodes")
+        kept, total = profile.icicle.kept_nodes, profile.icicle.total_nodes
         note = f" (the {kept} heaviest of {total} frames)" if kept and total and kept < total else ""
         view.figures.append(
             (
@@ -271,27 +265,26 @@ def _nsys_stats(view: ArtifactView, a: Mapping[str, Any]) -> None:
 
 
 def _monitoring(view: ArtifactView, a: Mapping[str, Any]) -> None:
-    nested = a.get("summary")
-    summary: Mapping[str, Any] = nested if isinstance(nested, Mapping) else a  # dstat nests its summary
-    _fact(view, "Duration", a.get("duration_s"), "s", digits=0)
-    _fact(view, "GPUs", a.get("gpu_count"), "", digits=0)
-    assignment = a.get("gpu_assignment")
-    if isinstance(assignment, Mapping) and assignment.get("method"):
-        view.facts.append(("GPUs told apart by", str(assignment["method"])[:200],
+    log = decode_monitoring(a)
+    _fact(view, "Duration", log.duration_s, "s", digits=0)
+    _fact(view, "GPUs", log.gpu_count, "", digits=0)
+    if log.gpu_assignment.method:
+        view.facts.append(("GPUs told apart by", log.gpu_assignment.method[:200],
                            "how each row was assigned to its GPU (jobs.profiling.nvidia_smi)"))  # fmt: skip
-    _fact(view, "Mean nvidia-smi util", a.get("mean_utilization_gpu_pct"), "%")
-    _fact(view, "Idle share", a.get("idle_share_pct"), "%", "samples at or below the idle threshold")
-    _fact(view, "Mean power", a.get("mean_power_draw_w"), "W", digits=0)
-    _fact(view, "Max GPU temperature", a.get("max_temperature_gpu_c"), "°C", digits=0)
-    _fact(view, "CPU iowait (mean)", summary.get("cpu_wait_mean_pct"), "%", "dstat: CPU waiting for I/O")
-    _fact(view, "CPU idle (mean)", summary.get("cpu_idle_mean_pct"), "%")
-    _fact(view, "Disk read (mean)", summary.get("disk_read_mean_bytes_per_s"), "B/s", digits=0)
-    zone = a.get("time_zone")
-    if isinstance(zone, Mapping) and zone.get("local_timestamps"):
-        view.facts.append(("Timestamps read in", str(zone.get("zone"))[:64], str(zone.get("source"))[:300]))
-        if zone.get("assumed"):
+    _fact(view, "Mean nvidia-smi util", log.mean_utilization_gpu_pct, "%")
+    _fact(view, "Idle share", log.idle_share_pct, "%", "samples at or below the idle threshold")
+    _fact(view, "Mean power", log.mean_power_draw_w, "W", digits=0)
+    _fact(view, "Max GPU temperature", log.max_temperature_gpu_c, "°C", digits=0)
+    host = log.summary  # dstat's
+    _fact(view, "CPU iowait (mean)", host.cpu_wait_mean_pct, "%", "dstat: CPU waiting for I/O")
+    _fact(view, "CPU idle (mean)", host.cpu_idle_mean_pct, "%")
+    _fact(view, "Disk read (mean)", host.disk_read_mean_bytes_per_s, "B/s", digits=0)
+    zone = log.time_zone
+    if zone.local_timestamps:
+        view.facts.append(("Timestamps read in", str(zone.zone)[:64], str(zone.source)[:300]))
+        if zone.assumed:
             view.warnings.append(
-                f"The log's local timestamps were read as {zone.get('zone')} (assumed): upload it again with "
+                f"The log's local timestamps were read as {zone.zone} (assumed): upload it again with "
                 "its host's time zone if that was not UTC, or it may be placed at the wrong time."
             )
 

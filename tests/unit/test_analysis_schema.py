@@ -215,3 +215,44 @@ def test_the_ncu_and_nsys_stats_schemas_name_keys_their_parsers_write() -> None:
         for path in S.declared_paths(cls):
             if path not in absent_here | also_absent:
                 assert any(_exists(a, path.split(".")) for a in analyses), f"{cls.__name__}: {path}"
+
+
+def test_the_pyspy_and_monitoring_schemas_name_keys_their_parsers_write() -> None:
+    from pathlib import Path
+
+    from jobs.profiling import monitoring, pyspy
+
+    data = Path(__file__).parent / "data"
+    profiles = [pyspy.analyze_pyspy(p, filename=p.name) for p in sorted(data.glob("pyspy_*.txt"))]
+    logs = [monitoring.analyze_nvidia_smi(data / "nvidia_smi_units.csv")]
+    logs += [monitoring.analyze_dstat(p) for p in sorted(data.glob("dstat_*.csv"))]
+    for cls, analyses, absent_here in (
+        # A capture names hosts only when the profile does.
+        (S.PySpyAnalysis, profiles, {"capture.hosts"}),
+        # `gpu_name` is the older parsers' key for a GPU's name.
+        (S.MonitoringAnalysis, logs, {"gpus[].gpu_name"}),
+    ):
+        assert len(analyses) >= 2
+        for path in S.declared_paths(cls):
+            if path not in absent_here:
+                assert any(_exists(a, path.split(".")) for a in analyses), f"{cls.__name__}: {path}"
+
+
+def test_the_pyspy_and_monitoring_cards_show_the_parsers_numbers() -> None:
+    from pathlib import Path
+
+    from jobs.profiling import monitoring, pyspy
+    from jobs.views.artifacts import ArtifactView, _monitoring, _pyspy
+
+    data = Path(__file__).parent / "data"
+    profile = pyspy.analyze_pyspy(data / "pyspy_train_plain.txt", filename="p.txt")
+    view = ArtifactView(artifact=None)  # type: ignore[arg-type]
+    _pyspy(view, profile)
+    assert view.tables[0].rows[0][0] == profile["hot_self"][0]["label"]
+    assert view.tables[0].titles[0] == profile["hot_self"][0]["file"]
+
+    log = monitoring.analyze_dstat(data / "dstat_0.7.3.csv")
+    view = ArtifactView(artifact=None)  # type: ignore[arg-type]
+    _monitoring(view, log)
+    facts = {label: value for label, value, _ in view.facts}
+    assert facts["CPU idle (mean)"] == f"{log['summary']['cpu_idle_mean_pct']:,.1f} %"
