@@ -29,6 +29,7 @@ from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs import compare, compare_traces
 from jobs.permissions import readable_jobs
+from jobs.profiling.analysis_schema import decode_trace
 from jobs.templatetags.units import job_waste_total
 
 SERIES = (
@@ -150,13 +151,12 @@ def _step_samples(traces: list[compare_traces.TraceFact]) -> list[float]:
     """Step durations (ms) of the latest trace, every rank: the spread of the step time within the run."""
     if not traces:
         return []
-    out: list[float] = []
-    for rank in traces[0].analysis.get("ranks") or []:
-        for step in ((rank or {}).get("step_times") or {}).get("steps") or []:
-            value = step.get("duration_ms") if isinstance(step, dict) else None
-            if isinstance(value, int | float) and math.isfinite(value):
-                out.append(float(value))
-    return out
+    return [
+        step.duration_ms
+        for rank in decode_trace(traces[0].analysis).ranks
+        for step in rank.step_times.steps
+        if step.duration_ms is not None
+    ]
 
 
 def load_run(job: Job) -> Run:

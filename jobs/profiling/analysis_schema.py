@@ -311,6 +311,13 @@ class Window(msgspec.Struct, frozen=True, kw_only=True):
     excludes_last_profiler_step: bool | None = None
 
 
+class StepSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of the trace and its duration (ms)."""
+
+    name: str | None = None
+    duration_ms: float | None = None
+
+
 class StepTimes(msgspec.Struct, frozen=True, kw_only=True):
     """Step durations (ProfilerStep or the step annotation the trace has)."""
 
@@ -318,6 +325,7 @@ class StepTimes(msgspec.Struct, frozen=True, kw_only=True):
     count: float | None = None
     mean_ms: float | None = None
     median_ms: float | None = None
+    steps: list[StepSample] = []
 
 
 class StepBreakdown(msgspec.Struct, frozen=True, kw_only=True):

@@ -256,3 +256,26 @@ def test_the_pyspy_and_monitoring_cards_show_the_parsers_numbers() -> None:
     _monitoring(view, log)
     facts = {label: value for label, value, _ in view.facts}
     assert facts["CPU idle (mean)"] == f"{log['summary']['cpu_idle_mean_pct']:,.1f} %"
+
+
+def test_the_compare_pages_step_samples_skip_junk_ranks_and_steps() -> None:
+    from jobs.outputs.compare_data import _step_samples
+    from jobs.outputs.compare_traces import TraceFact
+
+    analysis = {
+        "ranks": [
+            "not a rank",  # raised AttributeError in the dict reader
+            {
+                "step_times": {
+                    "steps": [{"duration_ms": 222.4}, {"duration_ms": "x"}, 5, {"duration_ms": 219}]
+                }
+            },
+            {"step_times": {"steps": [{"duration_ms": 230.0}]}},
+        ]
+    }
+    newest = TraceFact(1, "kineto", "t.json", 0, "", analysis)
+    older = TraceFact(
+        2, "kineto", "u.json", 0, "", {"ranks": [{"step_times": {"steps": [{"duration_ms": 1.0}]}}]}
+    )
+    assert _step_samples([newest, older]) == [222.4, 219.0, 230.0]
+    assert _step_samples([]) == []
