@@ -28,8 +28,9 @@ then for each worker count W, W real Celery workers (`celery worker --pool solo`
 `--shard-jobs` jobs while this process reads Prometheus, archives and waits (jobs.pipeline.shards). Per
 cycle it prints wall time, CPU of this process (the coordinator), of the workers, of Prometheus and of the
 Postgres backends of the benchmark's database (sampled from /proc every 0.2 s: a backend that exits between
-samples loses its last 0.2 s), the requests Prometheus served (its own counter: the coordinator's and the
-workers') and the 1-minute load average.
+samples loses its last 0.2 s), per_job_s (the cycle's per-job phase: from handing out the shards to
+their last done marker; in process for cycle 1), the requests Prometheus served (its own counter: the
+coordinator's and the workers') and the 1-minute load average.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class _Requests:
             self.by_kind[kind] += 1
             return original(session, method, url, **kwargs)
 
-        requests.Session.request = request  # type: ignore[method-assign]
+        requests.Session.request = request  # type: ignore[method-assign,assignment]
 
 
 class _PostgresSampler:
@@ -286,7 +287,7 @@ def _sharded_cycles(
     }
     env["CACHE_KEY_PREFIX"] = "bench-poll-cycle"  # the coordinator's cache keys
     sampler = _PostgresSampler(database)
-    print("cycle  workers  shards  wall_s  coordinator_cpu_s  workers_cpu_s  prometheus_cpu_s  "
+    print("cycle  workers  shards  wall_s  per_job_s  coordinator_cpu_s  workers_cpu_s  prometheus_cpu_s  "
           "postgres_cpu_s  requests(coordinator/prometheus-side)  load1  stale  pending")  # fmt: skip
     c = 0
 
@@ -307,8 +308,8 @@ def _sharded_cycles(
         time.sleep(0.5)  # Prometheus counts a request after answering it
         served = _prometheus_requests(prom.url) - r0  # /metrics itself is not an /api/v1/ handler
         shards = -(-report["jobs"] // shard_jobs) if shard_jobs else 0
-        print(f"{c + 1:5d}  {workers:7d}  {shards:6d}  {wall:6.1f}  {cpu:17.1f}  {w_cpu:13.1f}  "
-              f"{prom_cpu:>16s}  "
+        print(f"{c + 1:5d}  {workers:7d}  {shards:6d}  {wall:6.1f}  {report['per_job_s']:9.1f}  "
+              f"{cpu:17.1f}  {w_cpu:13.1f}  {prom_cpu:>16s}  "
               f"{g1 - g0:14.1f}  {sum(counter.by_kind.values()):11d}/{served:<24d}  "
               f"{os.getloadavg()[0]:5.1f}  {report['stale']:5d}  {len(report['shards_pending'])}",
               flush=True)  # fmt: skip
@@ -390,7 +391,7 @@ def main() -> None:
         redis_cache = "django.core.cache.backends.redis.RedisCache"
         settings.CACHES = {"default": {"BACKEND": redis_cache, "LOCATION": private_redis,
                                        "KEY_PREFIX": "bench-poll-cycle"}}  # fmt: skip
-        celery_app.conf.broker_url = private_redis
+        celery_app.conf.update(broker_url=private_redis)
         settings.POLL_SHARD_WAIT_S = 3000.0
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     counter = _Requests()
@@ -409,7 +410,7 @@ def main() -> None:
         diagnosed["jobs"] += 1
         return diagnose(job)
 
-    pipeline.run_diagnosis = counted_diagnosis  # type: ignore[assignment]
+    pipeline.run_diagnosis = counted_diagnosis
     try:
         team = Team.objects.create(slug="bench", name="Bench")
         explicit = round(args.explicit_share * n_jobs)
@@ -443,7 +444,7 @@ def main() -> None:
         lag = Job.objects.order_by("data_until").values_list("data_until", flat=True).first()
         print(f"oldest data_until: {lag} (last cycle at {now})")
     finally:
-        archive.upsert = upsert  # type: ignore[assignment]
+        archive.upsert = upsert
         connection.creation.destroy_test_db(old_name, verbosity=0)
 
 

@@ -397,9 +397,6 @@ def _poll_cycle(
     for key, reason in result.errors.items():
         done[key] = mark_stale(jobs[key], RuntimeError(reason), now)
     archived_rows = archive_cycle(jobs, result.signals)
-    # The sharing look-up of every evaluation below from one read (after the archive write, which brings
-    # the per-GPU keys; when it failed each job writes its own rows, so each reads its own keys).
-    neighbours = Neighbours(list(jobs.values())) if archived_rows and result.signals else None
     # MIG instances, the new window's throughput (one query per template) and the price/baseline memo,
     # read once for the cycle's evaluations instead of once per job (jobs.evaluation.cycle).
     shared: CycleContext | None = None
@@ -412,15 +409,21 @@ def _poll_cycle(
     shard_jobs = int(settings.POLL_SHARD_JOBS) if shard_size is None else shard_size
     pending: list[int] = []
     sharded: dict[str, list[str]] = {"polled": [], "stale": []}
+    t_jobs = time.monotonic()
     if shard_jobs > 0 and inputs:
-        # #26 item 1: the per-job work as shards on the poll queue (jobs.pipeline.shards).
+        # #26 item 1: the per-job work as shards on the poll queue (jobs.pipeline.shards); each shard
+        # reads its own sharing look-up.
         send = dispatch or shards.send
         finished, pending = _run_shards(inputs, archived_rows, shared, now, shard_jobs, send)
         for marker in finished.values():
             sharded["polled"] += marker["polled"]
             sharded["stale"] += marker["stale"]
     else:
+        # The sharing look-up of every evaluation from one read (after the archive write, which brings the
+        # per-GPU keys; when it failed each job writes its own rows, so each reads its own keys).
+        neighbours = Neighbours(list(jobs.values())) if archived_rows and inputs else None
         done.update(_store_jobs(client, now, jobs, inputs, archived_rows, neighbours, shared))
+    per_job_s = time.monotonic() - t_jobs
     for key in fallback:
         try:
             done[key] = poll_job(jobs[key], client, now)
@@ -438,4 +441,4 @@ def _poll_cycle(
     }
     cache.set(POLL_CYCLE_CACHE_KEY, stats, None)
     return {**stats, "polled": polled, "stale_jobs": stale, "per_gpu": with_gpu, "grouped": len(grouped),
-            "per_job": len(fallback), "shards_pending": pending}  # fmt: skip
+            "per_job": len(fallback), "shards_pending": pending, "per_job_s": per_job_s}  # fmt: skip
