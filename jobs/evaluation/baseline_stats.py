@@ -20,18 +20,18 @@ from typing import Any
 import msgspec
 
 from jobs.evaluation.robust import Summary
-from jobs.profiling.analysis_schema import lenient
+from jobs.profiling.analysis_schema import Num, lenient
 
 
 class MetricStats(msgspec.Struct, frozen=True, kw_only=True):
     """The robust summary of one metric over the baseline's runs; None = unknown, n None = not stored."""
 
-    median: float | None = None
-    mad: float | None = None
-    iqr: float | None = None
+    median: Num | None = None
+    mad: Num | None = None
+    iqr: Num | None = None
     n: int | None = None
-    min: float | None = None
-    max: float | None = None
+    min: Num | None = None
+    max: Num | None = None
 
     def summary(self, *, n_unknown: int = 0) -> Summary | None:
         """As a robust.Summary, or None without a median. `n_unknown` stands in for a count not stored."""

@@ -279,3 +279,11 @@ def test_the_compare_pages_step_samples_skip_junk_ranks_and_steps() -> None:
     )
     assert _step_samples([newest, older]) == [222.4, 219.0, 230.0]
     assert _step_samples([]) == []
+
+
+def test_the_fast_path_refuses_non_finite_numbers_and_bools_like_the_walk() -> None:
+    for bad in (math.inf, -math.inf, math.nan, True):
+        assert S.lenient({"idle_pct": bad, "span_ms": 2}, S.TemporalBreakdown) == S.TemporalBreakdown(
+            span_ms=2.0
+        )
+    assert S.lenient({"kept_nodes": 3.0}, S.Icicle).kept_nodes is None  # a count is an integer

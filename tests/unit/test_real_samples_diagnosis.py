@@ -278,3 +278,17 @@ def test_keys_the_schema_declares_exist_in_real_trace_analyses() -> None:
     ]
     for path in paths:
         assert any(_exists(r, path.split(".")) for r in ranks), path
+
+
+def test_the_strict_fast_path_and_the_field_walk_decode_real_analyses_alike() -> None:
+    # lenient() converts a payload that fits in one msgspec call, else walks it field by field: both
+    # must read every real analysis the same way.
+    from jobs.profiling import analysis_schema as AS
+
+    for relative in EXPECTED:
+        kind, analysis = analysis_of(relative)
+        cls = {"pyspy_speedscope": AS.PySpyAnalysis, "nvidia_smi": AS.MonitoringAnalysis}.get(
+            kind, AS.TraceAnalysis
+        )
+        walked = AS._struct(analysis, AS._info(cls))
+        assert AS.lenient(analysis, cls) == walked, relative
