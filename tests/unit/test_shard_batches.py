@@ -22,8 +22,9 @@ def test_a_shards_context_holds_only_its_jobs_reads_and_no_repairs():
     now = datetime(2026, 1, 1, tzinfo=UTC)
     ts = np.array([0.0, 30.0])
     throughput = {1: RecentThroughput(ts), 2: RecentThroughput(ts)}
-    shared = CycleContext(now, recent_start={1: 0.0, 2: 30.0}, mig={2: {"g": ("0", "1")}}, throughput=throughput,
-                          progress=frozenset({1, 2}), repairs={1: (ts, ts, 30.0)})  # fmt: skip
+    shared = CycleContext(now, recent_start={1: 0.0, 2: 30.0}, mig={2: {"g": ("0", "1")}},
+                          throughput=throughput, progress=frozenset({1, 2}),
+                          repairs={1: (ts, ts, 30.0)})  # fmt: skip
     mine = context_for(shared, [2])
     assert mine is not None and mine.now == now
     assert mine.recent_start == {2: 30.0} and set(mine.throughput) == {2} and mine.mig == shared.mig
