@@ -151,27 +151,17 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
 
 
 def repetition(r: A.RankView) -> tuple[bool, float, str | None]:
-    """Whether a rank's host-sync idle repeats in the steady state: (repeats?, recurring share, how).
-
-    The recurring share is the host-sync idle (% of the window) without a one-off gap. Analyses made
-    before the repetition keys existed count as repeating (their old criteria stand).
-    """
-    idle_sync = r.idle.host_sync_pct or 0.0
-    steps = r.idle.steps or 0.0
-    with_sync = r.idle.host_sync_steps
-    gaps = r.idle.host_sync_gaps
-    largest = r.idle.host_sync_largest_gap_pct
-    if steps >= TT.REPEAT_MIN_STEPS and with_sync is not None:
-        share = 100.0 * with_sync / steps
-        repeats = with_sync >= TT.REPEAT_MIN_STEPS and share >= TT.REPEAT_STEP_SHARE_PCT
-        return repeats, idle_sync * min(1.0, share / 100.0), f"in {int(with_sync)} of {int(steps)} steps"
-    if gaps is None or largest is None:
-        return True, idle_sync, None
-    one_off = largest >= TT.ONE_OFF_GAP_PCT
-    repeats = gaps >= TT.REPEAT_MIN_GAPS and not one_off
-    recurring = idle_sync * (1.0 - largest / 100.0) if one_off else idle_sync
-    how = f"in {int(gaps)} idle gaps, the largest holding {largest:.1f} % of it"
-    return repeats, recurring, how
+    """Whether a rank's host-sync idle repeats in the steady state: (repeats?, recurring share, how), by the
+    one repetition rule (`jobs.diagnosis.artifacts.repetition`) over its host-sync counts. Analyses made
+    before the repetition keys existed count as repeating (their old criteria stand)."""
+    idle = r.idle
+    return A.repetition(
+        idle.host_sync_pct or 0.0,
+        idle.steps,
+        idle.host_sync_steps,
+        idle.host_sync_gaps,
+        idle.host_sync_largest_gap_pct,
+    )
 
 
 def _attributed(
