@@ -218,17 +218,34 @@ def gpus_idle(view: JobView, cfg: RuleConfig) -> Verdict:
     who = f"{count} of {view.gpu_count}" if count is not None else f"at least {need} of {view.gpu_count}"
     earlier = high.values[high.timestamps <= since] if high is not None else np.array([])
     earlier = earlier[np.isfinite(earlier)]
+    extra = []
+    if earlier.size:
+        extra.append(("busiest GPU before it went idle", round(float(earlier.max()) * 100, 1), "%"))
+    gpus = float(count) if count is not None else f">= {need}"
+    return _idle_verdict(view, cfg, since, last, gpus, f"{who} GPUs idle", extra)
+
+
+def _idle_verdict(
+    view: JobView,
+    cfg: RuleConfig,
+    since: float,
+    last: float,
+    gpus: float | str,
+    who: str,
+    extra: Sequence[tuple[str, float | str, str]],
+) -> Verdict:
+    """The gpus_idle verdict both computations (cross-GPU aggregates, per-GPU rows) give: its evidence and
+    title from the idle stretch [since, last] and how many GPUs were idle in it."""
     evidence: list[tuple[str, float | str, str]] = [
-        ("GPUs idle", float(count) if count is not None else f">= {need}", "GPUs"),
+        ("GPUs idle", gpus, "GPUs"),
         ("idle for", _minutes(last - since), "min"),
         ("idle level (GPU_UTIL at or below)", round(view.idle_util_max * 100, 1), "%"),
+        *extra,
     ]
-    if earlier.size:
-        evidence.append(("busiest GPU before it went idle", round(float(earlier.max()) * 100, 1), "%"))
     return Verdict(
         GPUS_IDLE,
         _held(GPUS_IDLE, since, last, cfg),
-        title=f"{who} GPUs idle for {_minutes(last - since):g} min",
+        title=f"{who} for {_minutes(last - since):g} min",
         since=since,
         finding_code=FINDING_OF_RULE[GPUS_IDLE],
         evidence=tuple(evidence),
@@ -250,20 +267,9 @@ def _gpus_idle_per_gpu(view: JobView, pg: PerGpu, cfg: RuleConfig) -> Verdict:
     since = starts[need - 1]  # from then on at least `need` GPUs were idle together
     last = max(s.window[1] for s in now) - pg.step
     count = len(now)
-    evidence: list[tuple[str, float | str, str]] = [
-        ("GPUs idle", float(count), "GPUs"),
-        ("idle for", _minutes(last - since), "min"),
-        ("idle level (GPU_UTIL at or below)", round(view.idle_util_max * 100, 1), "%"),
-        ("idle computation", "per GPU, as the idle_gpus finding (GR_ENGINE_ACTIVE too where exported)", ""),
-    ]
-    return Verdict(
-        GPUS_IDLE,
-        _held(GPUS_IDLE, since, last, cfg),
-        title=f"{count} of {view.gpu_count} GPUs idle for {_minutes(last - since):g} min",
-        since=since,
-        finding_code=FINDING_OF_RULE[GPUS_IDLE],
-        evidence=tuple(evidence),
-    )
+    how = ("idle computation", "per GPU, as the idle_gpus finding (GR_ENGINE_ACTIVE too where exported)", "")
+    who = f"{count} of {view.gpu_count} GPUs idle"
+    return _idle_verdict(view, cfg, since, last, float(count), who, [how])
 
 
 def mfu_low(view: JobView, cfg: RuleConfig) -> Verdict:
