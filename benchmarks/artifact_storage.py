@@ -6,8 +6,9 @@ Usage (from the repository root; needs the dev extras, which bring moto[server])
     .venv/bin/python benchmarks/artifact_storage.py [--mib 200 400]
 
 Starts `moto_server` in another process on a free loopback port (so its copy of the object is not counted),
-writes a spool file of the given size, stores it with `jobs.artifacts._put_blob` (django-storages'
-S3Storage, boto3 multipart) and reads it back with `jobs.artifacts.local_copy`, and prints wall times and
+writes a spool file of the given size, stores it with `jobs.intake.artifacts._put_blob` (django-storages'
+S3Storage, boto3 multipart) and reads it back with `jobs.intake.artifacts.local_copy`, and prints wall times
+and
 this process' peak RSS before, after the upload and after the download. Each size runs in a fresh process.
 """
 
@@ -44,7 +45,7 @@ def measure(mib: int) -> None:
     django.setup()
     import boto3
 
-    from jobs import artifacts
+    from jobs.intake import artifacts
 
     boto3.client(
         "s3",

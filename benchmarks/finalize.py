@@ -155,12 +155,12 @@ def _slices(sim: Any, seconds: float) -> list[Any]:
 
 def _finalize(sim: Any, tsdb: Path) -> None:
     """Register the simulated job in a throwaway database and finalize it once against Prometheus."""
+    from jobs.intake.registry import register_job
     from jobs.metrics import archive
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.metrics.promserver import PrometheusProcess
     from jobs.models import Job, Team
     from jobs.pipeline import poll as pipeline
-    from jobs.registry import register_job
     from jobs.simulate import registration_body
 
     setup_test_environment()

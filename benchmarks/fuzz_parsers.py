@@ -6,7 +6,8 @@ Usage (from the repository root; needs ../shared/samples for the real seeds):
                                                  [--hang-s 30] [--no-memory] [--no-fuzz]
 
 Each case is one mutated or generated artifact (the generators and mutations of
-tests/unit/test_parser_fuzz.py, with the large real seeds too) run through `jobs.artifacts.analyze_file`
+tests/unit/test_parser_fuzz.py, with the large real seeds too) run through
+`jobs.intake.artifacts.analyze_file`
 in a worker process; a case still running after --hang-s seconds is a hang (the worker is killed and
 replaced). Outcomes: clean (a storable analysis), refused (ArtifactError: a clear message for a bad file),
 unexpected (any other exception, a ParserBug, or an analysis that `safe_json.storable_problems` rejects).
@@ -299,7 +300,7 @@ def _measure(path: str, kind: str, traced: bool, conn: Connection) -> None:
     import tracemalloc
 
     _setup()
-    from jobs.artifacts import analyze_file
+    from jobs.intake.artifacts import analyze_file
     from jobs.profiling import kineto, monitoring, ncu, nsys, nsys_stats, pyspy, trace_analysis  # noqa: F401
 
     # Imported before the baseline: numpy's and the parsers' own code is not the parse's memory.

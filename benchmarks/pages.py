@@ -24,7 +24,8 @@ clients at once, each sending `--runs` requests back to back (issue 26: p95 < 30
 256-GPU x 7-day job). `--only-running` skips the finalized job and the list pages (a quicker fill).
 
 The benchmark user is an ordinary (not staff) member of every team: the pages run their team-scoped
-queries (`jobs.permissions.scope_to_teams`) as a user's would, and the team page of any team answers 200.
+queries (`jobs.access.permissions.scope_to_teams`) as a user's would, and the team page of any team answers
+200.
 Every figure is printed with the 1-minute load average beside it (`load`): on a shared machine wall times
 move with it.
 """

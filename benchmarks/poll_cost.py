@@ -159,12 +159,12 @@ def main() -> None:
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
 
+    from jobs.intake.registry import register_job
     from jobs.metrics import cluster
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.metrics.promserver import PrometheusProcess
     from jobs.models import Job, Team
     from jobs.pipeline import poll as pipeline
-    from jobs.registry import register_job
     from jobs.simulate import backfill, registration_body, write_openmetrics
 
     n_jobs = max(1, args.gpus // 8)

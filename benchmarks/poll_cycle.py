@@ -354,12 +354,12 @@ def main() -> None:
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
 
+    from jobs.intake.registry import register_job
     from jobs.metrics import archive
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.metrics.promserver import PrometheusProcess
     from jobs.models import Job, Team
     from jobs.pipeline import poll as pipeline
-    from jobs.registry import register_job
     from jobs.simulate import backfill, registration_body, write_openmetrics
 
     n_jobs = max(1, args.gpus // 8)

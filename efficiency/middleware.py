@@ -80,7 +80,7 @@ class RequestLimitsMiddleware:
       or, on the artifact upload URLs, larger than ARTIFACT_MAX_BYTES plus the multipart margin;
     * an upload by an anonymous caller (401, or the login page for the job page's form), by someone who
       may not write to the job's team (403), or to an unknown job (404); an accepted upload gets the
-      streaming size limit (`jobs.uploads.LimitedUploadHandler`).
+      streaming size limit (`jobs.intake.uploads.LimitedUploadHandler`).
 
     Placed after SessionMiddleware (it reads the session cookie) and before CsrfViewMiddleware.
     """
@@ -90,7 +90,7 @@ class RequestLimitsMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         from jobs.api.parsers import text_problem
-        from jobs.uploads import MULTIPART_MARGIN_BYTES, UploadRefusal, authorise_upload, upload_target
+        from jobs.intake.uploads import MULTIPART_MARGIN_BYTES, UploadRefusal, authorise_upload, upload_target
 
         if problem := text_problem(request.path_info):
             return _refuse(request, 400, f"the path {problem}")
@@ -116,7 +116,7 @@ class RequestLimitsMiddleware:
                 # Back to the job page after the login (the upload URL itself only takes POSTs).
                 return redirect_to_login(reverse("job-detail", args=[external_id]))
             return _refuse(request, refusal.status, refusal.message)
-        from jobs.uploads import install_upload_limit
+        from jobs.intake.uploads import install_upload_limit
 
         install_upload_limit(request)
         return self.get_response(request)

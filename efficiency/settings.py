@@ -136,7 +136,7 @@ SSO = load_sso_config()
 AXES_WHITELIST_CALLABLE = "jobs.sso.views.not_a_password_login"
 # Login throttling (django-axes) first: a locked-out username + address is refused before any backend.
 AUTHENTICATION_BACKENDS = [
-    "jobs.auth_backends.LoginThrottleBackend",
+    "jobs.access.login_throttle.LoginThrottleBackend",
     "django.contrib.auth.backends.ModelBackend",
     "jobs.sso.backend.SsoBackend",
 ]
@@ -228,7 +228,7 @@ MAX_JOB_GPUS = env_int("MAX_JOB_GPUS", 1024, min_value=1, max_value=100_000)
 # GPUs the platform declares time-sliced (shared by several jobs by design, e.g. the NVIDIA device
 # plugin's time-slicing config): "host/index" or UUID patterns with * and ? ("node-t*/*"). Only on these
 # (and on MIG instances the exporter labels) is a GPU's cost split between overlapping jobs, and may a
-# member register GPUs another team's running job holds (jobs.ownership).
+# member register GPUs another team's running job holds (jobs.access.ownership).
 TIME_SLICED_GPUS = env_list("TIME_SLICED_GPUS", [])
 
 # Services
@@ -289,7 +289,7 @@ DISCOVERY_JOB_KIND = env_choice(
 # METRICS_PUBLIC=true opens it on purpose (the demo on loopback): job names and costs are not public data.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)
-# Read policy (jobs.permissions): "team" = members read their teams' jobs, findings, artifacts, costs,
+# Read policy (jobs.access.permissions): "team" = members read their teams' jobs, findings, artifacts, costs,
 # baselines and alerts (staff read all; other teams only as leaderboard aggregates); "all" = everyone does.
 READ_SCOPE = env_choice("READ_SCOPE", "team", ("team", "all"))
 # throughput_query templates (jobs.metrics.throughput): the longest range a template may read ([5m] in
@@ -355,9 +355,10 @@ ALERT_WEBHOOK_MAX_RESPONSE_BYTES = env_int(
     "ALERT_WEBHOOK_MAX_RESPONSE_BYTES", 64 * 1024, min_value=0, max_value=10 * 1024 * 1024
 )
 # The poll cycle's Redis lock: held with this TTL and renewed by a heartbeat every third of it while the
-# cycle runs, so a killed worker frees it within the TTL (jobs.locks). A poller whose last completed cycle
+# cycle runs, so a killed worker frees it within the TTL (jobs.runtime.locks). A poller whose last completed
+# cycle
 # is older than POLL_STALLED_AFTER_S marks the service degraded (/healthz, /metrics) and holds the
-# ingestion_stale alerts, which would otherwise fire for every job (jobs.service_health).
+# ingestion_stale alerts, which would otherwise fire for every job (jobs.runtime.service_health).
 POLL_CYCLE_LOCK_TTL_S = env_int("POLL_CYCLE_LOCK_TTL_S", 90, min_value=3, max_value=600)
 POLL_STALLED_AFTER_S = env_float("POLL_STALLED_AFTER_S", 150.0, min_value=10.0, max_value=86_400.0)
 # Sharding the poll cycle (#26 item 1, jobs.pipeline.poll): after the cluster-wide read, each batch of

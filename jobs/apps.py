@@ -11,7 +11,8 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         """A price book change re-evaluates the jobs of that GPU model (cost and waste follow the book).
-        The tasks are registered in every process (web too), so `jobs.enqueue` can queue them by name."""
+        The tasks are registered in every process (web too), so `jobs.runtime.enqueue` can queue them by
+        name."""
         from django.db.models.signals import post_delete, post_save
 
         import jobs.tasks  # noqa: F401  (registers the Celery tasks)
@@ -21,7 +22,7 @@ class JobsConfig(AppConfig):
         post_save.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-save")
         post_delete.connect(after_price_change, sender=PriceEntry, dispatch_uid="reevaluate-on-price-delete")
         # Deleting an artifact (or its job) deletes its blob unless another artifact has the same bytes.
-        from jobs.artifacts import artifact_deleted
+        from jobs.intake.artifacts import artifact_deleted
         from jobs.models import Artifact
 
         post_delete.connect(artifact_deleted, sender=Artifact, dispatch_uid="artifact-blob-on-delete")

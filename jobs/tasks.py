@@ -12,8 +12,8 @@ from datetime import datetime
 from celery import Task, shared_task
 from django.conf import settings
 
-from jobs import artifacts
 from jobs.alerts import incidents, notify, policy
+from jobs.intake import artifacts
 from jobs.metrics import ingest
 from jobs.models import Job
 from jobs.outputs import reports

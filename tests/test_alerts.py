@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from jobs.alerts import incidents
+from jobs.intake.registry import register_job
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import AlertIncident, Job
 from jobs.pipeline import poll as pipeline
-from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 
@@ -239,7 +239,8 @@ def test_idle_policy_runs_from_the_poll_in_dry_run(
     make_user("alice", teams=[team])
     IdlePolicy.objects.create(team=team, enabled=True, dry_run=True, warn_after_minutes=8, grace_minutes=3)
     job = _job(sims["3001"], team)
-    # As the cluster's scheduler registered it: only such jobs may be cancelled (jobs.ownership, issue 23).
+    # As the cluster's scheduler registered it: only such jobs may be cancelled (jobs.access.ownership, issue
+    # 23).
     Job.objects.filter(pk=job.pk).update(owner="alice", registered_by="scheduler", cluster="slurm-a")
     _poll(job, prom, 40)  # idle since minute 30: incident open, owner warned
     assert [a.kind for a in PolicyAction.objects.filter(job=job)] == ["warn"]

@@ -50,7 +50,8 @@ def idle_job(make_team, make_user, settings):
     team = make_team("llm")
     make_user("alice", teams=[team])
     now = timezone.now()
-    # Registered by the cluster's scheduler integration: the only jobs the policy may cancel (jobs.ownership).
+    # Registered by the cluster's scheduler integration: the only jobs the policy may cancel
+    # (jobs.access.ownership).
     job = Job.objects.create(
         external_id="48213", name="pretrain", team=team, owner="alice", gpu_count=8,
         selector={"hpc_job": "48213"}, started_at=now - timedelta(hours=2),

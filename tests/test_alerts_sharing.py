@@ -15,11 +15,11 @@ from django.urls import reverse
 
 from jobs.evaluation import sharing
 from jobs.evaluation.gpu_attribution import Attribution, Usage, attribute, mig_fraction
+from jobs.intake.registry import register_job
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Finding, Job
 from jobs.pipeline import poll as pipeline
 from jobs.pipeline.refresh import reevaluate
-from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 
@@ -105,7 +105,7 @@ PRICE = 6.88  # H100 on demand, USD per GPU-hour (the seeded price book)
 
 @pytest.fixture
 def jobs(prom, sims, make_team, catalog, settings):
-    # node-t is declared time-sliced by the platform: only then is an overlap a share (jobs.ownership).
+    # node-t is declared time-sliced by the platform: only then is an overlap a share (jobs.access.ownership).
     settings.TIME_SLICED_GPUS = ["node-t/*"]
     team = make_team("llm")
     client = PrometheusClient(prom.url, timeout_s=10, retries=0)

@@ -100,7 +100,7 @@ def test_manage_py_parses_without_importing_django():
 
 def test_the_efficiency_client_imports_only_requests_and_the_standard_library():
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "jobs.client", "--help"],
+        [sys.executable, "-X", "importtime", "-m", "jobs.intake.client", "--help"],
         cwd=REPO, capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -110,4 +110,4 @@ def test_the_efficiency_client_imports_only_requests_and_the_standard_library():
     assert "requests" in imported
     heavy = ("django", "celery", "numpy", "efficiency", "msgspec", "orjson")
     assert not {m for m in imported if m.split(".")[0] in heavy}
-    assert not {m for m in imported if m.startswith("jobs.") and m != "jobs.client"}
+    assert not {m for m in imported if m.startswith("jobs.") and m != "jobs.intake.client"}

@@ -176,9 +176,9 @@ def _late_only(sim, after: float):
 @pytest.mark.django_db
 @pytest.mark.prometheus
 def test_finalize_keeps_the_early_archive_prometheus_no_longer_holds(make_team, tmp_path):
+    from jobs.intake.registry import register_job
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.pipeline import poll as pipeline
-    from jobs.registry import register_job
     from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
     from tests.prom_server import PrometheusProcess, prometheus_binary
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from jobs import artifacts
+from jobs.intake import artifacts
 from jobs.models import Artifact, Finding
 from tests.conftest import job_body, sample_path
 

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from jobs import artifacts
+from jobs.intake import artifacts
 from jobs.models import Artifact, Finding, Job
 from jobs.profiling.run_check import CLOCK_SLACK_S, JobFacts, check_run
 from tests.conftest import job_body
@@ -18,7 +18,7 @@ NOW = START + 7 * 3600
 
 
 def canonical(name: str) -> str | None:
-    # What the catalog resolver does for these names (jobs.registry.resolve_gpu_model).
+    # What the catalog resolver does for these names (jobs.intake.registry.resolve_gpu_model).
     return {"NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA A100-SXM4-80GB": "A100 SXM 80GB"}.get(name)
 
 

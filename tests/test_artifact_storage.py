@@ -18,7 +18,7 @@ import pytest
 from django.core.files.storage import storages
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from jobs import artifacts
+from jobs.intake import artifacts
 from jobs.models import Artifact, Job
 from tests.conftest import REPO_ROOT, job_body
 

@@ -11,8 +11,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 
-from jobs import artifacts
-from jobs.client import main as client_main
+from jobs.intake import artifacts
+from jobs.intake.client import main as client_main
 from jobs.models import Artifact, Job
 from tests.conftest import job_body, sample_path
 

@@ -70,7 +70,7 @@ def test_another_teams_token_cannot_register_or_change_its_jobs(make_team, make_
     progress = {"timestamp": "2026-11-23T09:00:00Z", "step": 1, "tokens": 10}
     assert outsider.post("/api/v1/jobs/48213/progress/", progress, format="json").status_code == 403
     # Re-registering someone else's external id under your own team is refused too: 409 (was 403), with a
-    # message that does not say whether another team holds the id (jobs.ownership, issue 23).
+    # message that does not say whether another team holds the id (jobs.access.ownership, issue 23).
     taken = outsider.post("/api/v1/jobs/", job_body(team="vision"), format="json")
     assert taken.status_code == 409 and "llm" not in str(taken.json())
     assert Job.objects.get().team == llm

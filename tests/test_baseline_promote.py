@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from jobs.evaluation import baselines
 from jobs.evaluation.load import reference_for
+from jobs.intake.registry import fingerprint_for
 from jobs.models import Baseline, Finding, GpuModel, Job, PromotionOverride
-from jobs.registry import fingerprint_for
 
 ENDED = timezone.now() - timedelta(days=1)
 

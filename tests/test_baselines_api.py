@@ -6,8 +6,8 @@ import pytest
 from django.utils import timezone
 
 from jobs.evaluation.schema import Evaluation, encode
+from jobs.intake.registry import register_job
 from jobs.models import Baseline
-from jobs.registry import register_job
 from tests.conftest import job_body
 
 

@@ -1,4 +1,5 @@
-"""Pure tests of the figure builders (jobs.charts) and the downsampling (jobs.downsample): no Django."""
+"""Pure tests of the figure builders (jobs.charts) and the downsampling (jobs.metrics.downsample): no
+Django."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from jobs import charts
-from jobs.downsample import bucket_mean, downsample_line, envelope, lttb, minmax_preselect
+from jobs.metrics.downsample import bucket_mean, downsample_line, envelope, lttb, minmax_preselect
 from jobs.metrics.signals import GpuKey, JobSignals, SignalSeries, grid
 
 DAY = 86400.0

@@ -135,9 +135,9 @@ def test_retire_asks_for_confirmation_in_the_form(client, member, team):
 def test_selector_matching_no_gpu_is_one_ingestion_error_with_the_promql(
     prometheus_server, catalog, team, member, client
 ):
+    from jobs.intake.registry import register_job
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.pipeline import poll as pipeline
-    from jobs.registry import register_job
 
     start = timezone.now() - timedelta(hours=1)
     body = job_body("nogpu-1", started_at=start, gpus=[{"hostname": "nowhere-99", "gpu": "0"}])

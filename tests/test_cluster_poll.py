@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
+from jobs.intake.registry import register_job
 from jobs.metrics import cluster
 from jobs.metrics.prometheus import PrometheusClient, Selector
 from jobs.metrics.signal_queries import fetch_job_signals
 from jobs.metrics.signals import SIGNALS
 from jobs.models import Job, JobSeries
 from jobs.pipeline import poll as pipeline
-from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 

@@ -16,10 +16,10 @@ import pytest
 
 from jobs.evaluation.schema import Evaluation, WasteSplit
 from jobs.evaluation.store import store
+from jobs.intake.registry import fingerprint_for
 from jobs.metrics.archive import rows_for, upsert
 from jobs.metrics.signals import GpuKey, JobSignals, SignalSeries
 from jobs.models import Artifact, Finding, GpuModel, Job
-from jobs.registry import fingerprint_for
 from tests.conftest import sample_path
 
 START = datetime(2026, 11, 20, 8, 0, tzinfo=UTC)

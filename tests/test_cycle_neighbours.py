@@ -25,7 +25,8 @@ def _job(team, name: str, gpus: list[tuple[str, int]], start_h: float, end_h: fl
 
 @pytest.fixture
 def jobs(db, make_team, settings):
-    # Declared time-sliced by the platform: only then do overlapping claims share a GPU (jobs.ownership).
+    # Declared time-sliced by the platform: only then do overlapping claims share a GPU
+    # (jobs.access.ownership).
     settings.TIME_SLICED_GPUS = ["n1/*", "n2/*"]
     team = make_team("llm")
     return [

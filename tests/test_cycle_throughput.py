@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from jobs.evaluation import load
+from jobs.intake.registry import register_job
 from jobs.metrics import archive
 from jobs.metrics.prometheus import PrometheusClient, read_summed
 from jobs.metrics.signals import grid
 from jobs.metrics.throughput import groupable, grouped_query, id_batches
 from jobs.models import Job
 from jobs.pipeline import poll as pipeline
-from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate
 from jobs.simulate.writers import openmetrics_lines
 from tests.prom_server import PrometheusProcess, prometheus_binary

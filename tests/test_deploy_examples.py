@@ -1,5 +1,6 @@
 """The Slurm prolog/epilog and the Kubernetes registrar examples register and end jobs against a live server
-with the cluster's scheduler credential (jobs.ownership): the jobs they register are `scheduler` jobs."""
+with the cluster's scheduler credential (jobs.access.ownership): the jobs they register are `scheduler`
+jobs."""
 
 import json
 import os

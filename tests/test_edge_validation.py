@@ -265,7 +265,7 @@ def test_a_bad_date_filter_is_named_on_the_page(web):
 
 @pytest.mark.django_db
 def test_the_job_page_renders_any_stored_analysis(web):
-    from jobs.artifacts import analyze_file
+    from jobs.intake.artifacts import analyze_file
 
     job = Job.objects.get(external_id="48213")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:

@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from jobs.evaluation.baselines import SYSTEM, promote
+from jobs.intake.registry import register_job
 from jobs.models import Artifact, Finding, PriceEntry, ProgressSample
 from jobs.pipeline.refresh import reevaluate
-from jobs.registry import register_job
 from tests.conftest import job_body
 
 H100_BF16_PEAK = 989.5e12

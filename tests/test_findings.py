@@ -11,11 +11,11 @@ from django.core.management import call_command
 
 from benchmarks.diagnosis_inputs import input_from_sim
 from jobs.diagnosis import diagnose
-from jobs.findings import build_input, run_diagnosis
+from jobs.intake.registry import register_job
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Artifact, Baseline, Finding, Job
 from jobs.pipeline import poll as pipeline
-from jobs.registry import register_job
+from jobs.pipeline.findings import build_input, run_diagnosis
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 

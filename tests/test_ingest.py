@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from django.conf import settings
 
+from jobs.intake.registry import register_job
 from jobs.metrics import ingest
 from jobs.metrics.archive import load_job_signals
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job, JobSeries
 from jobs.pipeline import poll as pipeline
-from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
 from tests.prom_server import PrometheusProcess, prometheus_binary
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from django.urls import reverse
 
-from jobs.artifact_review import Review, review_artifact
+from jobs.intake.artifact_review import Review, review_artifact
 from jobs.metrics import archive
 from jobs.metrics.archive import Points
 from jobs.models import Artifact, Job

@@ -62,7 +62,7 @@ def test_no_findings_beside_a_waste_figure_never_says_nothing_points_at_a_proble
 
 @pytest.mark.django_db
 def test_unexplained_waste_follows_the_material_threshold_setting(job, settings):
-    from jobs.findings import run_diagnosis
+    from jobs.pipeline.findings import run_diagnosis
 
     # $120/day wasted (cost $400/day), no signals and no artifact: no cause can be named.
     job.cost_per_day_usd, job.waste_per_day_usd = 400.0, 120.0

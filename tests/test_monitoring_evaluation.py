@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from jobs.artifacts import parse_artifact, store_upload
+from jobs.intake.artifacts import parse_artifact, store_upload
+from jobs.intake.registry import register_job
 from jobs.models import Artifact, Finding, Job, PriceEntry
-from jobs.registry import register_job
 from tests.conftest import job_body
 
 PRICE_USD_PER_GPU_HOUR = 2.0

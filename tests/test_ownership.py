@@ -1,5 +1,6 @@
 """Verified ownership (issue 23 items 1-2): each attack a hostile team member tried, as a test that is now
-refused or harmless, and the rules behind them (jobs.ownership): who may claim an id, GPUs, a selector and
+refused or harmless, and the rules behind them (jobs.access.ownership): who may claim an id, GPUs, a selector
+and
 an owner; what the idle policy may cancel and how (Kubernetes: the owning Job/JobSet, never the pod)."""
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from efficiency.env import EnvError, env_job_labels
+from jobs.access.ownership import cancel_refusal, declared_time_sliced, gpu_key, identity_labels
 from jobs.alerts import policy
 from jobs.evaluation import sharing
 from jobs.models import AlertIncident, ApiToken, IdlePolicy, Job, JobSeries, PolicyAction
-from jobs.ownership import cancel_refusal, declared_time_sliced, gpu_key, identity_labels
 from tests.conftest import job_body
 
 GPUS = [{"hostname": "gpu-node-017", "gpu": str(i)} for i in range(8)]
@@ -160,7 +161,7 @@ def test_the_scheduler_takes_over_a_hand_registered_id_and_the_real_owner_is_not
     # "registered to another team"); the scheduler's registration is what settles it.
     bobs = world["bob"].post("/api/v1/jobs/", job_body("48999", team="vision", owner="bob"), format="json")
     assert bobs.status_code == 409 and "llm" not in json.dumps(bobs.json())
-    with caplog.at_level("WARNING", logger="jobs.ownership"):
+    with caplog.at_level("WARNING", logger="jobs.access.ownership"):
         job = _victim(world)  # 201: team and GPUs contradict the hand registration, which is discarded
     assert (job.team.slug, job.owner, job.gpus, job.registered_by, job.cluster) == (
         "vision", "bob", GPUS, "scheduler", "slurm-a",

@@ -218,7 +218,7 @@ def test_unknown_job_is_404(client, member):
 @pytest.fixture
 def artifact_store(settings, tmp_path):
     artifacts = pytest.importorskip(
-        "jobs.artifacts", reason="jobs/artifacts.py (the artifact store) is absent"
+        "jobs.intake.artifacts", reason="jobs/intake/artifacts.py (the artifact store) is absent"
     )
     settings.MEDIA_ROOT = str(tmp_path / "media")
     return artifacts

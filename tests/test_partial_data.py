@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
+from jobs.intake.registry import register_job
 from jobs.metrics import ingest
 from jobs.metrics.archive import load_job_signals
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.signals import SIGNALS
 from jobs.models import Job
 from jobs.pipeline import poll as pipeline
-from jobs.registry import register_job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, openmetrics_lines, registration_body, simulate
 from tests.prom_server import PrometheusProcess, prometheus_binary
 

@@ -17,8 +17,8 @@ import redis
 from django.conf import settings
 from django.core.cache import cache
 
-from jobs import locks
 from jobs.pipeline import poll as pipeline
+from jobs.runtime import locks
 
 ROOT = Path(__file__).resolve().parents[1]
 TTL_S = 3  # POLL_CYCLE_LOCK_TTL_S's minimum; production's default is 90

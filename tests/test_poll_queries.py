@@ -104,7 +104,7 @@ def test_the_cycles_alert_rules_issue_three_fewer_statements_than_the_standalone
             incidents.evaluate_job(fresh, now)
         assert _archive_reads(cycle_path.captured_queries) == []
         # Standalone (the sweep's path) also reads the poll cycle's heartbeat: a stalled poller holds
-        # ingestion_stale there (jobs.service_health); right after a poll the job was just polled.
+        # ingestion_stale there (jobs.runtime.service_health); right after a poll the job was just polled.
         assert len(standalone.captured_queries) - len(cycle_path.captured_queries) == 3
 
 

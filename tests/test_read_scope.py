@@ -10,12 +10,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs.access.permissions import readable_team_ids
 from jobs.alerts.incidents import subscriptions_for
 from jobs.models import AlertIncident, AlertSubscription, Job, Team
 from jobs.outputs.leaderboard import iso_week
 from jobs.outputs.report_content import build_report
 from jobs.outputs.report_render import render_report
-from jobs.permissions import readable_team_ids
 
 pytestmark = pytest.mark.django_db
 

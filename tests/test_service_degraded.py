@@ -11,12 +11,12 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import service_health
 from jobs.alerts import incidents
 from jobs.metrics import ingest
 from jobs.models import AlertIncident, Job, ServiceHeartbeat
 from jobs.outputs.exporter import render_service
 from jobs.pipeline import poll as pipeline
+from jobs.runtime import service_health
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

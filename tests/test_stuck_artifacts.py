@@ -12,7 +12,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from efficiency.schedule import beat_schedule
-from jobs import artifacts
+from jobs.intake import artifacts
 from jobs.models import Artifact, Job
 from tests.conftest import job_body
 
@@ -219,7 +219,7 @@ def test_a_parser_bug_fails_the_artifact_and_is_logged_as_an_error(llm, monkeypa
         raise ParserBug("internal error in the kineto parser (IndexError at events.py:12)")
 
     monkeypatch.setattr(artifacts, "analyze_file", broken)
-    with caplog.at_level("ERROR", logger="jobs.artifacts"):
+    with caplog.at_level("ERROR", logger="jobs.intake.artifacts"):
         artifacts.parse_artifact(artifact.pk)
     artifact.refresh_from_db()
     assert artifact.status == "failed" and "IndexError at events.py:12" in artifact.error

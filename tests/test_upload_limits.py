@@ -18,7 +18,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, RequestFactory
 from django.test.client import ClientHandler
 
-from jobs import artifacts
+from jobs.intake import artifacts
 from jobs.models import Artifact
 from tests.conftest import job_body
 

@@ -25,15 +25,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from jobs import service_health
+from jobs.access.permissions import can_read_team
 from jobs.alerts import policy, rules
 from jobs.alerts.rules import FindingView, JobView, RuleConfig, Series, State, Verdict
 from jobs.diagnosis.thresholds import BUSY_UTIL_MIN, IDLE_UTIL_MAX, THROTTLE_REASON_SHARE
-from jobs.enqueue import enqueue
 from jobs.evaluation.robust import Summary, check_regression
 from jobs.metrics import archive
 from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, Baseline, Finding, Job
-from jobs.permissions import can_read_team
+from jobs.runtime import service_health
+from jobs.runtime.enqueue import enqueue
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 Nothing is cancelled unless all of these hold: the job was registered by a scheduler integration (its
 cluster-scoped service credential declared the job's owner and team, and no member can change them:
-jobs.ownership; a job registered by hand, discovered, imported or demo data gets the warning only, and the
+jobs.access.ownership; a job registered by hand, discovered, imported or demo data gets the warning only, and
+the
 cancel is logged as refused with the reason); the team has an IdlePolicy with `enabled`; its slug is in
 IDLE_POLICY_TEAMS (the operator's allow-list); the job still runs with an open `gpus_idle` incident; the
 owner was warned at least `grace_minutes` earlier; neither the team's `dry_run` nor IDLE_POLICY_DRY_RUN is
@@ -43,9 +44,9 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs.access.ownership import may_cancel
 from jobs.alerts import rules
 from jobs.models import AlertIncident, IdlePolicy, Job, PolicyAction
-from jobs.ownership import may_cancel
 
 log = logging.getLogger(__name__)
 ACTOR = "idle-GPU policy"

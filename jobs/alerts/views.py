@@ -1,5 +1,5 @@
 """Alert pages: a team's incidents (open and recent), its subscriptions, delivery log and idle-GPU policy;
-one's own subscriptions. Reads follow the read policy (READ_SCOPE, jobs.permissions: another team's
+one's own subscriptions. Reads follow the read policy (READ_SCOPE, jobs.access.permissions: another team's
 alerts page is not found under "team"); changes need write access to the team, and personal subscriptions
 belong to their user."""
 
@@ -16,9 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from jobs.access.permissions import can_write_team, readable_team_or_404, scope_to_teams
 from jobs.alerts.forms import IdlePolicyForm, SubscriptionForm
 from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, IdlePolicy, PolicyAction, Team
-from jobs.permissions import can_write_team, readable_team_or_404, scope_to_teams
 
 RECENT_DAYS = 14
 

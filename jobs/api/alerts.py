@@ -10,8 +10,8 @@ from rest_framework import generics, serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 
+from jobs.access.permissions import scope_to_teams
 from jobs.models import AlertDelivery, AlertIncident, Team
-from jobs.permissions import scope_to_teams
 
 STATES = ("open", "resolved", "all")
 
@@ -65,7 +65,8 @@ class AlertIncidentSerializer(serializers.ModelSerializer[AlertIncident]):
     ]
 )
 class AlertListView(generics.ListAPIView[AlertIncident]):
-    """Alert incidents, newest first, of the teams the caller may read (READ_SCOPE, jobs.permissions)."""
+    """Alert incidents, newest first, of the teams the caller may read (READ_SCOPE,
+    jobs.access.permissions)."""
 
     serializer_class = AlertIncidentSerializer
     permission_classes = [IsAuthenticated]

@@ -1,5 +1,5 @@
 """Token authentication for machines and the team-scoped write permission of the REST API (the rule
-itself lives in jobs.permissions, shared with the pages)."""
+itself lives in jobs.access.permissions, shared with the pages)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
+from jobs.access.permissions import can_read_team, can_write_team, owning_team
 from jobs.models import ApiToken
-from jobs.permissions import can_read_team, can_write_team, owning_team
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -47,7 +47,8 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
 
 class TeamScopedWrite(permissions.BasePermission):
-    """Reads follow the read policy (querysets are scoped with jobs.permissions, so another team's object
+    """Reads follow the read policy (querysets are scoped with jobs.access.permissions, so another team's
+    object
     is a 404 before this runs; the read check here is the backstop); only the owning team's members (or
     staff) may write. A token acts as its user: it reads and writes what that user may."""
 

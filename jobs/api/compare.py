@@ -1,5 +1,5 @@
 """GET /api/v1/jobs/compare/?a=<external_id>&b=<external_id>: the comparison page's content as JSON (one
-builder for both: jobs.outputs.compare_data.build). Read policy as for jobs (jobs.permissions)."""
+builder for both: jobs.outputs.compare_data.build). Read policy as for jobs (jobs.access.permissions)."""
 
 from __future__ import annotations
 

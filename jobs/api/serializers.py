@@ -12,10 +12,10 @@ from rest_framework import serializers
 
 from jobs.api.parsers import text_problem
 from jobs.evaluation.catalog import DTYPES, normalise_dtype
+from jobs.intake.registry import check_moment, check_window
 from jobs.metrics.promql import MAX_ALTERNATIVES, count_label_alternatives
 from jobs.metrics.throughput import TemplateError, mark_free_form, validate_template
 from jobs.models import Baseline, Job, PriceEntry, Team
-from jobs.registry import check_moment, check_window
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Column ranges: PositiveIntegerField is a Postgres integer, PositiveBigIntegerField a bigint.

@@ -14,6 +14,14 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from jobs.access.ownership import Claimant, OwnershipError, scheduler_jobs
+from jobs.access.permissions import (
+    is_staff,
+    readable_job_or_404,
+    readable_jobs,
+    readable_team_ids,
+    scope_to_teams,
+)
 from jobs.api.auth import TeamScopedWrite
 from jobs.api.pagination import BoundedLimitOffsetPagination
 from jobs.api.serializers import (
@@ -23,8 +31,6 @@ from jobs.api.serializers import (
     JobRegisterSerializer,
     ProgressSerializer,
 )
-from jobs.artifact_review import Review, ReviewError, review_artifact
-from jobs.artifacts import UploadError, requeue, store_upload
 from jobs.evaluation.baselines import (
     OVERRIDE_REASON_MAX,
     BaselineError,
@@ -33,18 +39,12 @@ from jobs.evaluation.baselines import (
     promote,
     retire,
 )
+from jobs.intake.artifact_review import Review, ReviewError, review_artifact
+from jobs.intake.artifacts import UploadError, requeue, store_upload
+from jobs.intake.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
+from jobs.intake.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs.summary import job_summary, summary_queryset
-from jobs.ownership import Claimant, OwnershipError, scheduler_jobs
-from jobs.permissions import (
-    is_staff,
-    readable_job_or_404,
-    readable_jobs,
-    readable_team_ids,
-    scope_to_teams,
-)
-from jobs.registry import RegistryConflict, RegistryError, record_progress, register_job, update_job
-from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.views.filters import JOB_FILTER_HELP, BaselineFilterSet, job_filterset
 
 _SUMMARY = inline_serializer("JobSummary", fields={"external_id": serializers.CharField()})
@@ -185,7 +185,8 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
             if job is None:
                 raise NotFound("No job matches the given query.")
             return job
-        # Another team's job is "not found" under READ_SCOPE=team (jobs.permissions), on reads and writes.
+        # Another team's job is "not found" under READ_SCOPE=team (jobs.access.permissions), on reads and
+        # writes.
         job = readable_job_or_404(request.user, summary_queryset(), external_id=external_id)
         self.check_object_permissions(request, job)
         return job
@@ -235,7 +236,8 @@ class JobViewSet(JobArtifactsMixin, viewsets.ViewSet):
         body.is_valid(raise_exception=True)
         if not is_staff(request.user):
             _refuse_free_form(body.validated_data)
-        # Who may claim this id, these GPUs, this selector, this owner: jobs.ownership, asked by the registry.
+        # Who may claim this id, these GPUs, this selector, this owner: jobs.access.ownership, asked by the
+        # registry.
         try:
             outcome = register_job(body.validated_data, Claimant.of(request.user, request.auth))
         except OwnershipError as exc:

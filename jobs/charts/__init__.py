@@ -1,6 +1,7 @@
 """Plotly figures as plain dicts, built in Python and drawn by one static script per page. Pure: no Django.
 
-Every axis names its unit; every trace is downsampled to a pixel budget (jobs.downsample) with a min/max
+Every axis names its unit; every trace is downsampled to a pixel budget (jobs.metrics.downsample) with a
+min/max
 envelope wherever thinning could hide a spike; missing signals stay missing (a note in the chart, never a
 line at 0). Times go to the browser as Unix milliseconds (Plotly's native date number).
 

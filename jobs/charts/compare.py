@@ -15,7 +15,7 @@ import numpy as np
 
 from jobs.charts.common import BLUE, FONT, GREY, VERMILLION, escape
 from jobs.charts.timeseries import DEFAULT_POINTS, clamp_points, rounded
-from jobs.downsample import downsample_line
+from jobs.metrics.downsample import downsample_line
 
 #: Run A ("before") and run B ("after"): colour and dash, so the two differ without colour too.
 STYLE = {"a": (VERMILLION, "dash"), "b": (BLUE, "solid")}

@@ -12,7 +12,7 @@ import numpy as np
 
 from jobs.charts.common import FONT, escape
 from jobs.charts.timeseries import HEATMAP_COLUMNS, TICKS_UNMEASURED, _window_slice, ms
-from jobs.downsample import bucket_mean
+from jobs.metrics.downsample import bucket_mean
 from jobs.metrics.signals import SignalSeries
 
 

@@ -1,6 +1,7 @@
 """The job's time-series figure, the per-GPU heatmap, straggler candidates and sparklines. Pure: no Django.
 
-Every axis names its unit; every trace is downsampled to a pixel budget (jobs.downsample) with a min/max
+Every axis names its unit; every trace is downsampled to a pixel budget (jobs.metrics.downsample) with a
+min/max
 envelope wherever thinning could hide a spike; missing signals stay missing (a note in the chart, never a
 line at 0). Times go to the browser as Unix milliseconds (Plotly's native date number).
 
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jobs.charts.common import BLACK, BLUE, FONT, GREEN, GREY, PURPLE, VERMILLION, escape
-from jobs.downsample import MEAN_HIGH, MEAN_LOW, downsample_line, envelope, envelope_between
+from jobs.metrics.downsample import MEAN_HIGH, MEAN_LOW, downsample_line, envelope, envelope_between
 from jobs.metrics.signals import JobSignals, SignalSeries
 
 DEFAULT_POINTS = 1000  # per trace: about one point per horizontal pixel of a laptop-wide chart

@@ -16,10 +16,10 @@ import numpy as np
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from jobs.access.ownership import Claimant
 from jobs.evaluation.flops import utilisation
+from jobs.intake.registry import register_job
 from jobs.models import Job, Membership, Team
-from jobs.ownership import Claimant
-from jobs.registry import register_job
 from jobs.simulate import (
     SCENARIOS,
     SimResult,

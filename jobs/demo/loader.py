@@ -16,15 +16,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobs.artifacts import parse_artifact, store_upload
 from jobs.demo.cluster import HOST_SYNC_JOB, ensure_people, plan, register, simulate_job
 from jobs.demo.live import LIVE_SPECS_FILE
 from jobs.demo.traces import SEED_TRACES, host_sync_trace
 from jobs.evaluation.baselines import SYSTEM, promote
-from jobs.findings import run_diagnosis
+from jobs.intake.artifacts import parse_artifact, store_upload
 from jobs.metrics.ingest import prometheus_client
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.models import Finding, Job
+from jobs.pipeline.findings import run_diagnosis
 from jobs.pipeline.poll import ingest_once
 from jobs.simulate import SimResult, backfill, write_openmetrics
 

@@ -5,7 +5,7 @@
 
 One rule module per finding code in `rules/`, thresholds in `thresholds.py`, detectors (periodicity,
 synchrony, robust z-scores, change points, idle gaps) in `detectors.py`; `engine.diagnose` runs the rules
-and apportions the job's waste in dollars per day. Django glue lives in `jobs.findings`.
+and apportions the job's waste in dollars per day. Django glue lives in `jobs.pipeline.findings`.
 """
 
 from jobs.diagnosis.base import (

@@ -26,12 +26,12 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs.enqueue import enqueue
+from jobs.access.permissions import can_write_team
 from jobs.evaluation.baseline_stats import MetricStats, decode_stats, encode_stats
 from jobs.evaluation.robust import RegressionCheck, Summary, canonical_config, check_regression, summarize
+from jobs.intake.registry import config_fields
 from jobs.models import Baseline, Finding, Job, PromotionOverride
-from jobs.permissions import can_write_team
-from jobs.registry import config_fields
+from jobs.runtime.enqueue import enqueue
 
 log = logging.getLogger(__name__)
 

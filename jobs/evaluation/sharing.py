@@ -6,7 +6,8 @@ utilisation is thinned out"; MIG slices, a scheduler giving one GPU to several j
   selector matched (the archived per-GPU keys), in an overlapping window, on a GPU the platform declares
   time-sliced (TIME_SLICED_GPUS): time-slicing. Elsewhere an overlap is a double booking, not a share: it
   is not split (a member's claim must not lower another job's cost or raise its MFU), and a claim another
-  team's member registered by hand never lowers a job's share, MIG included (jobs.ownership.counts_against);
+  team's member registered by hand never lowers a job's share, MIG included
+  (jobs.access.ownership.counts_against);
 - MIG: a job on a slice is billed for its compute slices / 7 of the GPU and its MFU is against the slice's
   SMs (jobs.evaluation.catalog.mig_slice); its instances are read by `jobs.evaluation.mig`.
 
@@ -43,13 +44,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.access.ownership import counts_against
 from jobs.evaluation.catalog import GpuSpec, mig_profile, mig_slice
 from jobs.evaluation.gpu_attribution import Attribution, Usage, attribute
 from jobs.evaluation.mig import job_window, mig_instances, stored_mig
 from jobs.evaluation.schema import GpuSharing, SharedWith
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job, JobSeries
-from jobs.ownership import counts_against
 
 CODE = "shared_gpu"
 
@@ -302,7 +303,7 @@ def shared_gpus(
         if not other_mig and client is not None and any(g in own_mig for g in common):
             other_mig = instances(other)  # a MIG neighbour not evaluated yet
         # Only a GPU known to be shared (MIG, or declared time-sliced by the platform) is split, and never
-        # by another team's hand-registered claim (jobs.ownership): a claim is not proof of use.
+        # by another team's hand-registered claim (jobs.access.ownership): a claim is not proof of use.
         counted = [
             g for g in sorted(common) if counts_against(job, other, g, mig=g in other_mig or g in own_mig)
         ]
@@ -406,7 +407,7 @@ def refresh_neighbours_on_commit(job: Job, sharing: GpuSharing | None) -> None:
     of a GPU keep adding up to its cost when a later job joins it (the evaluation's one writer calls this)."""
     stale = stale_neighbours(job, sharing)
     if stale:
-        from jobs.enqueue import enqueue  # Celery only when there is something to queue
+        from jobs.runtime.enqueue import enqueue  # Celery only when there is something to queue
 
         transaction.on_commit(lambda: enqueue("reevaluate_jobs", stale))
 

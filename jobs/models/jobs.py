@@ -41,7 +41,8 @@ class Job(models.Model):
         FULL = "full", "Full"
 
     class Provenance(models.TextChoices):
-        """Who registered the job (jobs.ownership: what each may claim, what may be done to the job)."""
+        """Who registered the job (jobs.access.ownership: what each may claim, what may be done to the
+        job)."""
 
         MEMBER = "member", "Team member (by hand)"
         SCHEDULER = "scheduler", "Scheduler integration (service credential)"
@@ -166,7 +167,8 @@ class Job(models.Model):
         max_length=300, blank=True, help_text="The label matcher a discovered job was registered from."
     )
 
-    # Provenance, written by the registry only (jobs.registry via jobs.ownership): who vouches for the job's
+    # Provenance, written by the registry only (jobs.intake.registry via jobs.access.ownership): who vouches
+    # for the job's
     # identity, GPUs and selector. Only `scheduler` jobs may be cancelled by the idle-GPU policy.
     registered_by = models.CharField(
         max_length=16,

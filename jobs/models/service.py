@@ -1,4 +1,4 @@
-"""The service's own state: when its periodic work last completed (jobs.service_health reads it)."""
+"""The service's own state: when its periodic work last completed (jobs.runtime.service_health reads it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Teams, their members and API tokens: who may write what (jobs.permissions reads them)."""
+"""Teams, their members and API tokens: who may write what (jobs.access.permissions reads them)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class ApiToken(models.Model):
     A `user` token acts as its user (a member registers its own team's jobs). A `scheduler` token is the
     cluster-scoped service credential of a scheduler integration (Slurm prolog/epilog, a Kubernetes
     registrar): it registers, updates and ends jobs of any team on its `cluster`, declaring team and owner
-    (jobs.ownership); its user is only the account it is recorded under."""
+    (jobs.access.ownership); its user is only the account it is recorded under."""
 
     class Kind(models.TextChoices):
         USER = "user", "User (acts as its user)"

@@ -19,6 +19,7 @@ import numpy as np
 from django.conf import settings
 
 from jobs import charts
+from jobs.access.permissions import readable_jobs
 from jobs.charts import compare as compare_charts
 from jobs.evaluation import baselines
 from jobs.evaluation.costs import J_PER_KWH
@@ -28,7 +29,6 @@ from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs import compare, compare_traces
-from jobs.permissions import readable_jobs
 from jobs.profiling.analysis_schema import decode_trace
 from jobs.templatetags.units import job_waste_total
 
@@ -70,7 +70,7 @@ class CompareError(Exception):
 
 def get_pair(a_id: str | None, b_id: str | None, user: Any = None) -> tuple[Job, Job]:
     """The two jobs by external id, or a CompareError naming what is wrong. With `user`, only jobs that
-    user may read are found (jobs.permissions; another team's job is "no job", as on its own page)."""
+    user may read are found (jobs.access.permissions; another team's job is "no job", as on its own page)."""
     a_id, b_id = (a_id or "").strip(), (b_id or "").strip()
     if not a_id or not b_id:
         raise CompareError(400, "two jobs are needed: ?a=<external id of the run before>&b=<the run after>")

@@ -37,7 +37,7 @@ known is not exported, never 0):
   (efficiency.task_metrics).
 - `efficiency_service_degraded{reason}`: 1 while the service itself is degraded, else 0; `reason` is
   `poll_stalled` (no poll cycle completed for POLL_STALLED_AFTER_S: ingestion_stale alerts are held, this
-  is the one signal instead), `ok`, or `unknown` (no cycle has completed yet). jobs.service_health.
+  is the one signal instead), `ok`, or `unknown` (no cycle has completed yet). jobs.runtime.service_health.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from efficiency import task_metrics
-from jobs import service_health
-from jobs.artifacts import PARSE_HARD_LIMIT_GRACE_S
 from jobs.evaluation.kpis import CONVENTION_LABELS
+from jobs.intake.artifacts import PARSE_HARD_LIMIT_GRACE_S
 from jobs.models import AlertDelivery, Artifact, Finding, Job
+from jobs.runtime import service_health
 
 logger = logging.getLogger(__name__)
 

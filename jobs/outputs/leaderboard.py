@@ -300,7 +300,7 @@ def worst_jobs(
     scope: Callable[[QuerySet[Job]], QuerySet[Job]] | None = None,
 ) -> list[Job]:
     """Jobs that wasted the most dollars inside the period (`waste_in_period`, USD), of one team
-    (`team_id`) or all; `scope` narrows the jobs first (the viewer's read policy, jobs.permissions).
+    (`team_id`) or all; `scope` narrows the jobs first (the viewer's read policy, jobs.access.permissions).
 
     A job with unknown waste ranks by its lower bound (the idle waste); `waste_in_period_is_lower_bound`
     says so, and `waste_in_period_amount` is the figure as every channel shows it.

@@ -27,7 +27,7 @@ def job_summary(job: Job) -> dict[str, Any]:
         "name": job.name,
         "team": job.team.slug,
         "owner": job.owner,
-        # Who vouches for the job's identity (jobs.ownership): only `scheduler` jobs may be cancelled.
+        # Who vouches for the job's identity (jobs.access.ownership): only `scheduler` jobs may be cancelled.
         "registered_by": job.registered_by,
         "cluster": job.cluster,
         "status": job.status,

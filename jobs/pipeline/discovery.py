@@ -16,10 +16,10 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from jobs.intake.registry import register_discovered, resolve_gpu_model
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import label_matcher, validate_label_name
 from jobs.models import Job, Team
-from jobs.registry import register_discovered, resolve_gpu_model
 
 log = logging.getLogger(__name__)
 

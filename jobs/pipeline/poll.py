@@ -1,7 +1,8 @@
 """The pipeline for new data: a poll of a running job (one job, or the cluster-wide cycle) and the finalize of
 an ended one. Each reads through jobs.metrics.ingest / jobs.metrics.cluster, archives (jobs.metrics.archive),
 then runs the pipeline's steps: evaluate and store (`steps.evaluate_and_store`), archive the derived series,
-diagnose (jobs.findings; a running job every DIAGNOSE_RUNNING_EVERY) and, after a poll, the alert rules
+diagnose (jobs.pipeline.findings; a running job every DIAGNOSE_RUNNING_EVERY) and, after a poll, the alert
+rules
 (jobs.alerts.incidents). Prometheus down: the job keeps its archive and `ingest_error` says why."""
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import locks, service_health
 from jobs.alerts import incidents as alerts
 from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.load import prepare_cycle
 from jobs.evaluation.sharing import Neighbours
-from jobs.findings import run_diagnosis
 from jobs.metrics import archive, cluster
 from jobs.metrics.ingest import (
     POLL_PER_GPU_STEP_S,
@@ -49,7 +48,9 @@ from jobs.metrics.signals import JobSignals
 from jobs.models import Job, JobSeries
 from jobs.pipeline import shards
 from jobs.pipeline.discovery import discover
+from jobs.pipeline.findings import run_diagnosis
 from jobs.pipeline.steps import evaluate_and_store
+from jobs.runtime import locks, service_health
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ DIAGNOSE_RUNNING_EVERY = timedelta(minutes=10)
 #: The Django cache key of the last cycle's figures (read by /metrics): finished_at (Unix s), duration_s,
 #: requests (to Prometheus), jobs (polled), stale (jobs left with an ingest error).
 POLL_CYCLE_CACHE_KEY = "efficiency:poll_cycle"
-#: The cycle's lock (jobs.locks.named_lock): one cycle at a time across workers.
+#: The cycle's lock (jobs.runtime.locks.named_lock): one cycle at a time across workers.
 LOCK_KEY = "efficiency:poll_cycle_lock"
 
 
@@ -231,9 +232,10 @@ def poll_cycle(
     fixed number of queries per signal), the others per job; each job archived and evaluated as
     `poll_job` does. One bad job (a stored selector that cannot be queried, an evaluation error) gets an
     `ingest_error` and never stops the cycle. Writes the cycle's figures to the cache
-    (POLL_CYCLE_CACHE_KEY) and its end as the service's heartbeat (jobs.service_health). A second cycle while
+    (POLL_CYCLE_CACHE_KEY) and its end as the service's heartbeat (jobs.runtime.service_health). A second
+    cycle while
     one runs returns at once (`skipped`). The lock has a short TTL renewed while the cycle runs
-    (jobs.locks), so a worker killed mid-cycle delays the next cycle by at most POLL_CYCLE_LOCK_TTL_S.
+    (jobs.runtime.locks), so a worker killed mid-cycle delays the next cycle by at most POLL_CYCLE_LOCK_TTL_S.
 
     Sharded (#26 item 1; `shard_size` jobs per shard, default POLL_SHARD_JOBS, 0 = in this process): after
     the cluster-wide read and archive write, each batch's per-job work runs as a `poll_shard` task

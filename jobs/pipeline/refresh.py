@@ -12,12 +12,12 @@ from collections.abc import Iterable
 
 from django.db import transaction
 
-from jobs.enqueue import enqueue
 from jobs.evaluation.store import COLUMNS
-from jobs.findings import run_diagnosis
 from jobs.metrics import archive
 from jobs.models import Job, PriceEntry
+from jobs.pipeline.findings import run_diagnosis
 from jobs.pipeline.steps import evaluate_and_store
+from jobs.runtime.enqueue import enqueue
 
 log = logging.getLogger(__name__)
 # Price-book changes of the current transaction, per thread (web and worker processes are single-threaded

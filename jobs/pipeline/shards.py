@@ -13,7 +13,8 @@ Safe against a worker dying mid-shard:
   archive under its row lock, `diagnosed_at` makes a second run skip the diagnosis), so running a shard
   twice leaves the state one run leaves; a job a newer cycle already polled is left alone;
 - completion: each shard writes a done marker (with its polled and stale jobs) when its work is stored;
-  the cycle waits for all markers under its heartbeat lock (jobs.locks), at most POLL_SHARD_WAIT_S. If the
+  the cycle waits for all markers under its heartbeat lock (jobs.runtime.locks), at most POLL_SHARD_WAIT_S.
+  If the
   cycle's own process dies while waiting, its lock expires within POLL_CYCLE_LOCK_TTL_S and the shards
   already queued still run: the next cycle re-reads from each job's `data_until`, so nothing is lost.
 

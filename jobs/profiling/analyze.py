@@ -1,7 +1,7 @@
 """Parse and analyse one artifact file, and `manage.py analyze_artifact` without Django.
 
 `analyze_path` is the one dispatch from an artifact kind to its parser; the worker (through
-`jobs.artifacts.analyze_file`, which adds the configured size limit) and the command line both call it.
+`jobs.intake.artifacts.analyze_file`, which adds the configured size limit) and the command line both call it.
 It imports only the parser the kind needs.
 
 `main` is the command line. `manage.py analyze_artifact ...` runs it before Django is set up: parsing a

@@ -9,8 +9,8 @@ from django import template
 from django.urls import reverse
 from django.utils.http import urlencode
 
+from jobs.access.permissions import readable_jobs, readable_team_ids
 from jobs.models import Baseline, Job
-from jobs.permissions import readable_jobs, readable_team_ids
 
 register = template.Library()
 BASELINE_RUNS = 5

@@ -9,9 +9,9 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from jobs.artifact_review import Review, ReviewError, review_artifact
+from jobs.access.permissions import can_write_team, readable_job_or_404
+from jobs.intake.artifact_review import Review, ReviewError, review_artifact
 from jobs.models import Artifact, Job
-from jobs.permissions import can_write_team, readable_job_or_404
 
 _DONE = {
     Review.CONFIRM: "confirmed as part of this job; the diagnosis now uses it",

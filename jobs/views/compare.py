@@ -1,5 +1,5 @@
 """The comparison page: two runs side by side (/jobs/compare/?a=<before>&b=<after>). Login required (the
-middleware), read rules as for job pages (jobs.permissions: another team's job is not found)."""
+middleware), read rules as for job pages (jobs.access.permissions: another team's job is not found)."""
 
 from __future__ import annotations
 

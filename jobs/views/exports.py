@@ -18,12 +18,12 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.views.decorators.http import require_GET
 
+from jobs.access.permissions import readable_job_or_404
 from jobs.evaluation.costs import Amount
 from jobs.metrics.archive import load_job_signals, load_per_gpu
 from jobs.metrics.host_signals import HOST_SIGNALS
 from jobs.metrics.signals import COUNT, NONZERO, SAMPLED, SIGNALS, THROTTLE_BITS
 from jobs.models import Job
-from jobs.permissions import readable_job_or_404
 from jobs.templatetags.units import job_cost_total, job_waste_total, money_header
 from jobs.views.pages import filter_jobs, leaderboard_context
 

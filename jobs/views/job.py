@@ -18,16 +18,16 @@ from django.templatetags.static import static
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from jobs.artifacts import UploadError, requeue, store_upload
+from jobs.access.permissions import can_write_team, readable_job_or_404
 from jobs.diagnosis.regimes import Resolution
 from jobs.evaluation import baselines
 from jobs.evaluation.load import reference_mfu
 from jobs.evaluation.schema import Evaluation
+from jobs.intake.artifacts import UploadError, requeue, store_upload
+from jobs.intake.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.models import Artifact, Job
 from jobs.outputs.roofline import job_roofline_data
 from jobs.outputs.roofline import page_lines as roofline_page_lines
-from jobs.permissions import can_write_team, readable_job_or_404
-from jobs.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.views import artifacts as artifact_views
 from jobs.views.job_figures import (
     BadParameter,
@@ -55,7 +55,8 @@ REFRESH_S = 60
 
 
 def _job_or_404(request: HttpRequest, external_id: str) -> Job:
-    """The job when the user may read it (jobs.permissions' read policy); 404 for another team's job."""
+    """The job when the user may read it (jobs.access.permissions' read policy); 404 for another team's
+    job."""
     return readable_job_or_404(
         request.user, Job.objects.select_related("team", "gpu_model"), external_id=external_id
     )

@@ -15,9 +15,9 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from jobs import charts
-from jobs.downsample import MINMAX_RATIO
 from jobs.evaluation.load import reference_mfu
 from jobs.metrics.archive import load_means, load_per_gpu
+from jobs.metrics.downsample import MINMAX_RATIO
 from jobs.models import Finding, Job
 from jobs.views import artifacts as artifact_views
 from jobs.views.job_findings import finding_bands, finding_marks, finite

@@ -24,13 +24,21 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from jobs.access.permissions import (
+    can_set_budget,
+    can_write_team,
+    readable_jobs,
+    readable_team_ids,
+    readable_team_or_404,
+    scope_to_teams,
+    writable_team_ids,
+)
 from jobs.charts import sparkline_points
 from jobs.evaluation import baselines as baseline_ops
 from jobs.evaluation.baseline_stats import MetricStats, decode_stats
 from jobs.evaluation.catalog import DTYPES
 from jobs.evaluation.costs import Amount
 from jobs.evaluation.kpis import CONVENTION_LABELS
-from jobs.health import run_checks
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, PromotionOverride, Team
 from jobs.models.jobs import FINDING_RANK_ORDER, REMAINDER_CODE
@@ -46,15 +54,7 @@ from jobs.outputs.leaderboard import (
     period_rows,
     worst_jobs,
 )
-from jobs.permissions import (
-    can_set_budget,
-    can_write_team,
-    readable_jobs,
-    readable_team_ids,
-    readable_team_or_404,
-    scope_to_teams,
-    writable_team_ids,
-)
+from jobs.runtime.health import run_checks
 from jobs.views.filters import BaselineFilterSet, filters_query, job_filterset
 from jobs.views.job_summary import no_gpus_matched
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from jobs.access.permissions import readable_team_or_404
 from jobs.models import ReportDelivery
 from jobs.outputs.leaderboard import iso_week, parse_iso_week
 from jobs.outputs.report_content import build_report
 from jobs.outputs.report_render import render_report
-from jobs.permissions import readable_team_or_404
 
 _HISTORY = 26  # half a year of weeks
 

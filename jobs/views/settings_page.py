@@ -13,7 +13,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from efficiency.env import READS, effective_settings
-from jobs.permissions import is_staff
+from jobs.access.permissions import is_staff
 
 
 @require_GET

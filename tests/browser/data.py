@@ -56,7 +56,7 @@ def prometheus_with(sims: dict[str, SimResult], workdir: Path) -> Iterator[Any]:
 
 def register(sim: SimResult, team: Any, *, ended: bool, **extra: Any):
     """Register a simulated job as the scheduler would (model config, GPUs, throughput query)."""
-    from jobs.registry import register_job
+    from jobs.intake.registry import register_job
 
     n = len(sim.gpus)
     data = registration_body(

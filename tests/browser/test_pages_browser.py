@@ -150,7 +150,7 @@ def test_uploading_an_artifact_shows_its_analysis(
     watched, live_server, member, job, monkeypatch, settings, tmp_path
 ):
     artifacts = pytest.importorskip(
-        "jobs.artifacts", reason="jobs/artifacts.py (the artifact store) is absent"
+        "jobs.intake.artifacts", reason="jobs/intake/artifacts.py (the artifact store) is absent"
     )
     from tests.conftest import sample_path
 

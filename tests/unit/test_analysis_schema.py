@@ -117,7 +117,7 @@ def test_a_capture_window_needs_both_ends_in_order() -> None:
 
 
 def test_profiler_facts_take_the_upper_median_of_the_ranks_that_have_them_and_skip_junk() -> None:
-    from jobs.artifacts import profiler_comm_share_pct, profiler_step_time_ms
+    from jobs.intake.artifacts import profiler_comm_share_pct, profiler_step_time_ms
 
     trace = S.decode_trace(
         {

@@ -5,7 +5,7 @@ over inputs generated from the documented formats for the tools without a real s
 nsys stats *_sum CSV, py-spy raw, dstat CSV): byte flips, truncation, numeric tokens replaced by
 1e309 / -1 / 2^63 / 10^23 / NaN, huge strings, NUL bytes, lone surrogates, deep nesting, duplicated
 blocks, wrong JSON types; SQL-level damage for the Nsight Systems exports (edge values in random cells,
-undecodable text, dropped tables). Each case goes through `jobs.artifacts.analyze_file`, the pipeline's
+undecodable text, dropped tables). Each case goes through `jobs.intake.artifacts.analyze_file`, the pipeline's
 entry point, and must finish within a time limit.
 
 `benchmarks/fuzz_parsers.py` runs the long version (thousands of cases, hang detection in a child
@@ -638,7 +638,7 @@ class Outcome:
 
 def run_case(path: Path, kind: str) -> Outcome:
     """Run one case through the pipeline's entry point and classify the result."""
-    from jobs.artifacts import analyze_file
+    from jobs.intake.artifacts import analyze_file
     from jobs.profiling import errors
     from jobs.profiling.errors import ArtifactError
     from jobs.profiling.safe_json import storable_problems

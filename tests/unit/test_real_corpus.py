@@ -1,5 +1,6 @@
 """Real public profiling files kept in tests/data/real (issue 24 item 7), read through the service's own entry
-points (`jobs.profiling.detect.detect_kind`, `jobs.artifacts.analyze_file`) and the diagnosis, each pinned
+points (`jobs.profiling.detect.detect_kind`, `jobs.intake.artifacts.analyze_file`) and the diagnosis, each
+pinned
 against the truth derived by hand from the file itself. Where the service is wrong and the fix belongs to
 another area, the test is a strict xfail naming that area. Sources, licences and commits: MANIFEST.md there.
 """
@@ -11,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from jobs.artifacts import analyze_file
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
+from jobs.intake.artifacts import analyze_file
 from jobs.profiling.detect import detect_kind, read_head
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"

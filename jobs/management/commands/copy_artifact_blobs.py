@@ -10,7 +10,7 @@ from typing import Any
 from django.core.files import File
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.artifacts import artifact_storage, blob_name
+from jobs.intake.artifacts import artifact_storage, blob_name
 from jobs.models import Artifact
 
 

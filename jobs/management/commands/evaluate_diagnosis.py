@@ -5,7 +5,8 @@ missing-signal variants such as dcgm-exporter's default counters without SM_ACTI
 backfilled with promtool into a private Prometheus started for the run, registered as jobs (throughput from
 the simulator's train_tokens_total through a throughput_query), finalized
 (jobs.pipeline.poll.finalize_job) and
-diagnosed (jobs.findings.run_diagnosis). Prints the confusion table, precision and recall per code and the
+diagnosed (jobs.pipeline.findings.run_diagnosis). Prints the confusion table, precision and recall per code
+and the
 healthy jobs' false-warning rate. Everything it writes to the database is rolled back at the end.
 
 `--matrix` is the benchmark of variants the rules were not tuned on (benchmarks/diagnosis_harness.py,
@@ -49,12 +50,12 @@ from benchmarks.diagnosis_harness import (
 )
 from benchmarks.diagnosis_inputs import input_from_sim
 from jobs.diagnosis import Finding, diagnose
-from jobs.findings import run_diagnosis
+from jobs.intake.registry import register_job
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.promserver import PrometheusProcess, PrometheusStartError, prometheus_binary
 from jobs.models import Baseline, Job, Team
+from jobs.pipeline.findings import run_diagnosis
 from jobs.pipeline.poll import finalize_job
-from jobs.registry import register_job
 from jobs.simulate import SimResult, backfill, registration_body, simulate, write_openmetrics
 from jobs.simulate.core import EXTRA_KEYS
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from jobs.access.ownership import Claimant, OwnershipError
 from jobs.api.serializers import JobRegisterSerializer
+from jobs.intake.registry import RegistryError, register_job
 from jobs.models import Job
-from jobs.ownership import Claimant, OwnershipError
-from jobs.registry import RegistryError, register_job
 
 
 class Command(BaseCommand):

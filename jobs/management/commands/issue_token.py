@@ -2,7 +2,7 @@
 
 A user token acts as its user (`--user alice`). A scheduler token (`--scheduler --cluster a`) is the
 cluster-scoped service credential of a scheduler integration (Slurm prolog/epilog, the Kubernetes
-registrar): it registers, updates and ends jobs of any team on that cluster (jobs.ownership). It is
+registrar): it registers, updates and ends jobs of any team on that cluster (jobs.access.ownership). It is
 recorded under a service account (`--user`, default `scheduler-<cluster>`), created without a password or
 team when missing: the account is only whom the token is filed under, never a login.
 """

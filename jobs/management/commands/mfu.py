@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from jobs.evaluation.catalog import normalise_dtype
 from jobs.evaluation.flops import hardware_flops_per_token, hfu, mfu, model_flops_per_token
-from jobs.registry import resolve_gpu_model
+from jobs.intake.registry import resolve_gpu_model
 
 
 class Command(BaseCommand):

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from jobs.downsample import MEAN_HIGH, MEAN_LOW
 from jobs.evaluation.schema import DERIVED_MFU, DERIVED_THROUGHPUT
+from jobs.metrics.downsample import MEAN_HIGH, MEAN_LOW
 from jobs.metrics.signals import JobSignals
 from jobs.models import Job
 
@@ -20,7 +20,8 @@ _UNITS = {THROUGHPUT: "tokens/s", MFU: "ratio"}
 _F4 = np.dtype("<f4")
 _EPS = 1e-6  # in steps: float noise of millisecond timestamps
 GPU_STAT = "gpu"
-#: Lowest and highest cross-GPU mean inside each window of a downsampled level (jobs.downsample): a chart
+#: Lowest and highest cross-GPU mean inside each window of a downsampled level (jobs.metrics.downsample): a
+#: chart
 #: drawn from a tier keeps the short dips and spikes its means average away. Read only on request.
 EXTREMES = (MEAN_LOW, MEAN_HIGH)
 

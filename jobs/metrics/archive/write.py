@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 import numpy as np
 from django.db import connection, transaction
 
-from jobs.downsample import MEAN_HIGH, MEAN_LOW
 from jobs.metrics.archive.layout import (
     _EPS,
     _F4,
@@ -24,6 +23,7 @@ from jobs.metrics.archive.layout import (
     _Key,
     utc,
 )
+from jobs.metrics.downsample import MEAN_HIGH, MEAN_LOW
 from jobs.metrics.signals import COUNT, MAX, MIN, SAMPLED
 from jobs.models import JobSeries
 

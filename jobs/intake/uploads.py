@@ -20,8 +20,8 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import HttpRequest
 from rest_framework.exceptions import AuthenticationFailed
 
+from jobs.access.permissions import can_read_team, can_write_team
 from jobs.models import Job
-from jobs.permissions import can_read_team, can_write_team
 
 # Multipart boundaries, part headers and the small `kind`/`rank` fields around the file.
 MULTIPART_MARGIN_BYTES = 64 * 1024

@@ -1,6 +1,7 @@
 """Command-line client for training nodes and schedulers: one module, only `requests`, no Django.
 
-Copy this file to a node (or run `python -m jobs.client` from a checkout): it is copied as one file, so it
+Copy this file to a node (or run `python -m jobs.intake.client` from a checkout): it is copied as one file,
+so it
 stays a single module at the root of jobs/ and imports nothing from the service. Configuration comes from the
 environment: EFFICIENCY_URL (e.g. https://efficiency.example.com) and EFFICIENCY_TOKEN (an API token).
 

@@ -32,7 +32,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError as KombuOperationalError
 
 from jobs.diagnosis.artifacts import capture as captured
-from jobs.enqueue import enqueue
+from jobs.intake.registry import resolve_gpu_model
 from jobs.models import Artifact, Job
 from jobs.pipeline.refresh import reevaluate
 from jobs.profiling.analysis_schema import TraceAnalysis, decode_trace
@@ -41,7 +41,7 @@ from jobs.profiling.errors import ArtifactError, ParserBug
 from jobs.profiling.monitoring_common import parse_zone
 from jobs.profiling.run_check import JobFacts, RunCheckResult, check_run
 from jobs.profiling.safe_json import clean_text, make_storable
-from jobs.registry import resolve_gpu_model
+from jobs.runtime.enqueue import enqueue
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.artifacts import after_parse, refresh_profiler_facts
+from jobs.intake.artifacts import after_parse, refresh_profiler_facts
 from jobs.models import Artifact
 
 log = logging.getLogger(__name__)

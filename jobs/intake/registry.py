@@ -11,10 +11,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.access.ownership import Claimant, check_claim, provenance_after, takeover_discards
 from jobs.evaluation.catalog import match_gpu_name, match_mig_name, mig_profile
 from jobs.evaluation.robust import config_fingerprint
 from jobs.models import GpuModel, Job, ProgressSample
-from jobs.ownership import Claimant, check_claim, provenance_after, takeover_discards
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,9 @@ def register_job(data: dict[str, Any], claimant: Claimant | None = None) -> Regi
 
     `data` is a validated JobRegisterSerializer payload; `claimant` who registers it (an API caller's
     `Claimant.of(user, token)`; platform code calling directly is `import` by default). What it may claim
-    is jobs.ownership's `check_claim`, asked here with the stored job locked; this function is the one
-    writer of the job's provenance (registered_by, cluster, registered_via); jobs.ownership.OwnershipError
+    is jobs.access.ownership's `check_claim`, asked here with the stored job locked; this function is the one
+    writer of the job's provenance (registered_by, cluster, registered_via);
+    jobs.access.ownership.OwnershipError
     when the claim is refused.
     """
     claimant = claimant or Claimant.platform(Job.Provenance.IMPORT, "import (registry called directly)")
@@ -215,7 +216,7 @@ def register_job(data: dict[str, Any], claimant: Claimant | None = None) -> Regi
 def register_discovered(job: Job, via: str) -> Job:
     """Save a job discovery built from an exporter label (jobs.pipeline.discovery), with its provenance:
     platform-seen, not vouched for by a scheduler, so a member cannot take its id and the idle policy
-    does not cancel it (jobs.ownership). The registry stays the one writer of provenance."""
+    does not cancel it (jobs.access.ownership). The registry stays the one writer of provenance."""
     job.registered_by, job.cluster, job.registered_via = Job.Provenance.DISCOVERY, "", via[:200]
     job.config_fingerprint = fingerprint_for(job)
     job.save()

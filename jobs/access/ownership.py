@@ -1,7 +1,7 @@
 """Who may claim what: one place for the rules on a job's identity, GPUs and selector (issue 23).
 
 A job's identity (scheduler cluster + job id), its GPUs and its selector are facts the scheduler knows, not
-a member's word. The registry (jobs.registry, the one writer of a job's provenance) asks `check_claim`
+a member's word. The registry (jobs.intake.registry, the one writer of a job's provenance) asks `check_claim`
 before it writes; the idle policy asks `may_cancel` before it acts; GPU sharing asks `counts_against`
 before one job's claim lowers another's share. Who is who (`Claimant`):
 
@@ -36,9 +36,9 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.access.permissions import can_write_team, is_staff
 from jobs.metrics.throughput import own_job_selector_problem
 from jobs.models import ApiToken, Job, JobSeries, Membership, Team
-from jobs.permissions import can_write_team, is_staff
 
 log = logging.getLogger(__name__)
 

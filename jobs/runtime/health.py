@@ -1,5 +1,5 @@
 """Reachability checks for /healthz: database, Redis broker, Prometheus; and whether the service is polling
-(jobs.service_health)."""
+(jobs.runtime.service_health)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from jobs import service_health
 from jobs.metrics.prometheus import PrometheusClient
+from jobs.runtime import service_health
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ def _poller() -> dict[str, Any]:
 
 def run_checks() -> dict[str, Any]:
     """All checks; `ok` is true only when every dependency answered. `status` is "down" when one did not,
-    "degraded" when they all answer but the service stopped polling (`poller`, jobs.service_health: the
+    "degraded" when they all answer but the service stopped polling (`poller`, jobs.runtime.service_health:
+    the
     web server still serves, so the answer stays 200), "ok" otherwise."""
     checks = {"database": _timed(_database), "redis": _timed(_redis), "prometheus": _timed(_prometheus)}
     ok = all(c["ok"] for c in checks.values())
