@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs.charts.common import BLUE, FONT, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, escape
-from jobs.profiling.analysis_schema import StepBreakdown, TemporalBreakdown, decode_trace
+from jobs.profiling.schema.trace import StepBreakdown, TemporalBreakdown, decode_trace
 
 _BREAKDOWN = (("compute_pct", "Compute", BLUE), ("non_compute_pct", "Non-compute (comm, memcpy…)", ORANGE),
               ("idle_pct", "Idle", GREY))  # fmt: skip

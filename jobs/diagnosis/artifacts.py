@@ -1,10 +1,10 @@
 """How artifact analyses (jobs.profiling output stored in Artifact.analysis) reach the rules.
 
 Analyses are recognised by their shape, not only their kind, and read through the typed views of
-jobs.profiling.analysis_schema (ArtifactAnalysis.trace / nsys_stats / ncu / pyspy): every key may be
+jobs.profiling.schema (ArtifactAnalysis.trace / nsys_stats / ncu / pyspy): every key may be
 absent or of the wrong type (older parser versions, partial parses) and then reads as None, so a missing
 key makes a rule not fire from that source, it never raises. The keys the rules can read are the ones the
-schema declares (`analysis_schema.declared_paths`), checked against real parser output in
+schema declares (`schema.common.declared_paths`), checked against real parser output in
 tests/unit/test_real_samples_diagnosis.
 """
 
@@ -16,13 +16,16 @@ from typing import Any
 
 from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
-from jobs.profiling.analysis_schema import Capture, GpuIdleAttribution, TraceRank, decode_monitoring, lenient
 from jobs.profiling.capture import capture_from_nvidia_smi, make_capture
+from jobs.profiling.schema.blocks import Capture
+from jobs.profiling.schema.common import lenient
+from jobs.profiling.schema.monitoring import decode_monitoring
+from jobs.profiling.schema.trace import GpuIdleAttribution, TraceRank
 
 
 @dataclass(frozen=True, slots=True)
 class RankView:
-    """One rank of a trace analysis (typed: jobs.profiling.analysis_schema.TraceRank) with its artifact."""
+    """One rank of a trace analysis (typed: jobs.profiling.schema.trace.TraceRank) with its artifact."""
 
     artifact: ArtifactAnalysis
     rank: TraceRank
@@ -135,7 +138,7 @@ def capture_of(analysis: Any) -> Mapping[str, Any] | None:
 
 
 def capture(analysis: Any) -> Capture | None:
-    """`capture_of` decoded (jobs.profiling.analysis_schema.Capture), or None when there is none."""
+    """`capture_of` decoded (jobs.profiling.schema.blocks.Capture), or None when there is none."""
     block = capture_of(analysis)
     return lenient(block, Capture) if block is not None else None
 

@@ -16,7 +16,9 @@ from typing import Any
 from jobs.diagnosis import thresholds as T
 from jobs.evaluation.schema import GpuSharing
 from jobs.metrics.signals import JobSignals
-from jobs.profiling import analysis_schema as AS
+from jobs.profiling.schema.pyspy import PySpyAnalysis, decode_pyspy
+from jobs.profiling.schema.summaries import NcuAnalysis, NsysStatsAnalysis, decode_ncu, decode_nsys_stats
+from jobs.profiling.schema.trace import TraceAnalysis, decode_trace
 
 CODES: tuple[str, ...] = (
     "false_saturation",
@@ -170,7 +172,7 @@ class Finding:
 class ArtifactAnalysis:
     """A parsed artifact: its kind (jobs.models.Artifact.Kind value) and the analysis dict its parser made.
 
-    Rules read the analysis through its typed views (jobs.profiling.analysis_schema), decoded once per
+    Rules read the analysis through its typed views (jobs.profiling.schema), decoded once per
     diagnosis and cached on the instance (hence no slots: cached_property needs a __dict__).
     """
 
@@ -180,24 +182,24 @@ class ArtifactAnalysis:
     rank: int | None = None
 
     @cached_property
-    def trace(self) -> AS.TraceAnalysis:
+    def trace(self) -> TraceAnalysis:
         """The analysis as a trace analysis (no ranks when it is not one)."""
-        return AS.decode_trace(self.analysis)
+        return decode_trace(self.analysis)
 
     @cached_property
-    def nsys_stats(self) -> AS.NsysStatsAnalysis:
+    def nsys_stats(self) -> NsysStatsAnalysis:
         """The analysis as an `nsys stats` CSV analysis (check `.format`)."""
-        return AS.decode_nsys_stats(self.analysis)
+        return decode_nsys_stats(self.analysis)
 
     @cached_property
-    def ncu(self) -> AS.NcuAnalysis:
+    def ncu(self) -> NcuAnalysis:
         """The analysis as an Nsight Compute CSV analysis (check `.format`)."""
-        return AS.decode_ncu(self.analysis)
+        return decode_ncu(self.analysis)
 
     @cached_property
-    def pyspy(self) -> AS.PySpyAnalysis:
+    def pyspy(self) -> PySpyAnalysis:
         """The analysis as a py-spy analysis (`classes_pct` is None when it is not one)."""
-        return AS.decode_pyspy(self.analysis)
+        return decode_pyspy(self.analysis)
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from typing import Any
 
 from jobs.diagnosis import artifacts as A
 from jobs.diagnosis.base import DiagnosisInput, Evidence
-from jobs.profiling.analysis_schema import TraceRank
+from jobs.profiling.schema.trace import TraceRank
 
 #: Fewest ranks with collective kernels that can be compared.
 MIN_RANKS = 2

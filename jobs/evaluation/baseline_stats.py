@@ -3,7 +3,7 @@
 Written by jobs.evaluation.baselines.stats_for (jobs.evaluation.robust.summarize per metric) and read by
 the reference MFU, the baseline comparison, the baseline_regression rule and the baselines page. The
 stored JSON keeps its shape (no migration); decoding is lenient as for artifact analyses
-(jobs.profiling.analysis_schema.lenient): an entry that is not a mapping is dropped, a number that is
+(jobs.profiling.schema.common.lenient): an entry that is not a mapping is dropped, a number that is
 missing, non-finite or of another type reads as None, unknown keys are ignored.
 
 Units are the metric's own (jobs.evaluation.baselines.METRICS): MFU and activity as fractions, tokens/s
@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from jobs.evaluation.robust import Summary
-from jobs.profiling.analysis_schema import Num, lenient
+from jobs.profiling.schema.common import Num, lenient
 
 
 class MetricStats(msgspec.Struct, frozen=True, kw_only=True):

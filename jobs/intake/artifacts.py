@@ -35,12 +35,12 @@ from jobs.diagnosis.artifacts import capture as captured
 from jobs.intake.registry import resolve_gpu_model
 from jobs.models import Artifact, Job
 from jobs.pipeline.refresh import reevaluate
-from jobs.profiling.analysis_schema import TraceAnalysis, decode_trace
 from jobs.profiling.detect import detect_kind, read_head
 from jobs.profiling.errors import ArtifactError, ParserBug
 from jobs.profiling.monitoring_common import parse_zone
 from jobs.profiling.run_check import JobFacts, RunCheckResult, check_run
 from jobs.profiling.safe_json import clean_text, make_storable
+from jobs.profiling.schema.trace import TraceAnalysis, decode_trace
 from jobs.runtime.enqueue import enqueue
 
 log = logging.getLogger(__name__)

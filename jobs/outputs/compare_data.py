@@ -29,7 +29,7 @@ from jobs.metrics.archive import load_means, load_per_gpu
 from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Artifact, Baseline, Job
 from jobs.outputs import compare, compare_traces
-from jobs.profiling.analysis_schema import decode_trace
+from jobs.profiling.schema.trace import decode_trace
 from jobs.templatetags.units import job_waste_total
 
 SERIES = (

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.profiling.analysis_schema import Capture, lenient
+from jobs.profiling.schema.blocks import Capture
+from jobs.profiling.schema.common import lenient
 
 #: Seconds of clock skew tolerated between the capturing node and the job's registered window.
 CLOCK_SLACK_S = 600.0
@@ -89,7 +90,7 @@ def check_run(
     `canonical_gpu` maps a device name as the file spells it to the catalog's canonical name (None when
     the catalog does not know it). Returns `matches` when at least one check could be made and all
     passed, `mismatch` with the reasons when any failed, `unverifiable` when nothing could be checked.
-    A stored capture block (a mapping) is decoded leniently (jobs.profiling.analysis_schema): what is
+    A stored capture block (a mapping) is decoded leniently (jobs.profiling.schema.blocks): what is
     missing or of another type is not checked.
     """
     cap = capture if isinstance(capture, Capture) else lenient(capture, Capture)

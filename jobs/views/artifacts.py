@@ -16,15 +16,10 @@ from jobs.charts import CaptureMark
 from jobs.diagnosis.artifacts import capture
 from jobs.models import Artifact
 from jobs.outputs.numbers import format_number
-from jobs.profiling.analysis_schema import (
-    TraceRank,
-    TraceSummary,
-    decode_monitoring,
-    decode_ncu,
-    decode_nsys_stats,
-    decode_pyspy,
-    decode_trace,
-)
+from jobs.profiling.schema.monitoring import decode_monitoring
+from jobs.profiling.schema.pyspy import decode_pyspy
+from jobs.profiling.schema.summaries import decode_ncu, decode_nsys_stats
+from jobs.profiling.schema.trace import TraceRank, TraceSummary, decode_trace
 
 TOP_ROWS = 10
 

@@ -1,10 +1,15 @@
-"""The typed views of stored artifact analyses (jobs.profiling.analysis_schema): lenient, field by field."""
+"""The typed views of stored artifact analyses (jobs.profiling.schema): lenient, field by field."""
 
 from __future__ import annotations
 
 import math
 
-from jobs.profiling import analysis_schema as S
+from jobs.profiling.schema.blocks import Capture, TensorCores, decode_capture
+from jobs.profiling.schema.common import declared_paths, lenient
+from jobs.profiling.schema.monitoring import MonitoringAnalysis, decode_monitoring
+from jobs.profiling.schema.pyspy import Icicle, PySpyAnalysis, decode_pyspy
+from jobs.profiling.schema.summaries import NcuAnalysis, NsysStatsAnalysis, decode_ncu, decode_nsys_stats
+from jobs.profiling.schema.trace import TemporalBreakdown, decode_trace
 
 
 def test_a_trace_rank_reads_its_blocks_and_ignores_unknown_keys() -> None:
@@ -26,7 +31,7 @@ def test_a_trace_rank_reads_its_blocks_and_ignores_unknown_keys() -> None:
             }
         ],
     }
-    trace = S.decode_trace(stored)
+    trace = decode_trace(stored)
     rank = trace.ranks[0]
     assert rank.rank == 3
     assert rank.temporal_breakdown.idle_pct == 77.7
@@ -40,7 +45,7 @@ def test_a_trace_rank_reads_its_blocks_and_ignores_unknown_keys() -> None:
 
 
 def test_an_older_rank_without_blocks_reads_as_empty_blocks_of_none() -> None:
-    rank = S.decode_trace({"ranks": [{"rank": 0}]}).ranks[0]
+    rank = decode_trace({"ranks": [{"rank": 0}]}).ranks[0]
     assert rank.temporal_breakdown.idle_pct is None
     assert rank.gpu_idle_attribution.host_work.cpu_ops_pct is None
     assert rank.gpu_idle_attribution.idle_gaps == []
@@ -50,7 +55,7 @@ def test_an_older_rank_without_blocks_reads_as_empty_blocks_of_none() -> None:
 
 
 def test_values_of_the_wrong_type_read_as_absent_and_bad_list_entries_are_dropped() -> None:
-    rank = S.decode_trace(
+    rank = decode_trace(
         {
             "ranks": [
                 "not a rank",
@@ -78,48 +83,48 @@ def test_values_of_the_wrong_type_read_as_absent_and_bad_list_entries_are_droppe
     )
     # The entry whose copy_kind is a number keeps its other fields; the non-mapping entry is dropped.
     assert [(k.copy_kind, k.time_ms) for k in r.memcpy.by_kind] == [("HtoD", 1.5), (None, None)]
-    assert r.tensor_cores == S.TensorCores()
+    assert r.tensor_cores == TensorCores()
     assert not r.attributed
 
 
 def test_a_payload_that_is_not_a_mapping_decodes_to_the_empty_analysis() -> None:
-    assert S.decode_trace(None).ranks == []
-    assert S.decode_trace([1, 2]).ranks == []
-    assert S.decode_pyspy("x").classes_pct is None
-    assert S.decode_capture({"capture": "x"}) is None
-    assert S.decode_capture(None) is None
+    assert decode_trace(None).ranks == []
+    assert decode_trace([1, 2]).ranks == []
+    assert decode_pyspy("x").classes_pct is None
+    assert decode_capture({"capture": "x"}) is None
+    assert decode_capture(None) is None
 
 
 def test_ncu_nsys_pyspy_and_monitoring_blocks() -> None:
-    ncu = S.decode_ncu(
+    ncu = decode_ncu(
         {"format": "ncu_csv", "bound_time_share_pct": {"memory": 61.0, "compute": "n/a"}, "tensor_cores": {}}
     )
     assert ncu.format == "ncu_csv" and ncu.bound_time_share_pct == {"memory": 61.0}
-    nsys = S.decode_nsys_stats(
+    nsys = decode_nsys_stats(
         {"format": "nsys_stats_csv", "memory_ops": {"by_operation": [{"operation": "[CUDA memcpy HtoD]"}]}}
     )
     assert (
         nsys.memory_ops.by_operation[0].operation == "[CUDA memcpy HtoD]"
         and nsys.kernels.total_time_ms is None
     )
-    py = S.decode_pyspy({"classes_pct": {"input": 37.0}, "hot_inclusive": [{"label": "f", "class": "input"}]})
+    py = decode_pyspy({"classes_pct": {"input": 37.0}, "hot_inclusive": [{"label": "f", "class": "input"}]})
     assert py.classes_pct == {"input": 37.0} and py.hot_inclusive[0].frame_class == "input"
-    smi = S.decode_monitoring(
+    smi = decode_monitoring(
         {"format": "nvidia_smi_csv", "start_unix_s": 1.7e9, "gpus": [{"gpu_name": "H100"}]}
     )
     assert smi.gpus[0].gpu_name == "H100" and smi.end_unix_s is None
 
 
 def test_a_capture_window_needs_both_ends_in_order() -> None:
-    assert S.Capture(start_unix=2.0, end_unix=1.0).window is None
-    assert S.Capture(start_unix=1.0).window is None
-    assert S.Capture(start_unix=1.0, end_unix=1.0).window == (1.0, 1.0)
+    assert Capture(start_unix=2.0, end_unix=1.0).window is None
+    assert Capture(start_unix=1.0).window is None
+    assert Capture(start_unix=1.0, end_unix=1.0).window == (1.0, 1.0)
 
 
 def test_profiler_facts_take_the_upper_median_of_the_ranks_that_have_them_and_skip_junk() -> None:
     from jobs.intake.artifacts import profiler_comm_share_pct, profiler_step_time_ms
 
-    trace = S.decode_trace(
+    trace = decode_trace(
         {
             "ranks": [
                 {"step_times": {"median_ms": 100}},
@@ -131,7 +136,7 @@ def test_profiler_facts_take_the_upper_median_of_the_ranks_that_have_them_and_sk
     )
     assert profiler_step_time_ms(trace) == 300.0
     assert profiler_comm_share_pct(trace) == 6.0
-    assert profiler_step_time_ms(S.decode_trace({"ranks": [{"step_times": {"median_ms": 0}}]})) is None
+    assert profiler_step_time_ms(decode_trace({"ranks": [{"step_times": {"median_ms": 0}}]})) is None
 
 
 def test_the_trace_card_reads_an_older_or_junk_analysis_without_raising() -> None:
@@ -208,11 +213,11 @@ def test_the_ncu_and_nsys_stats_schemas_name_keys_their_parsers_write() -> None:
     absent_here = {"tensor_cores.top_simt_kernels[].name", "tensor_cores.top_simt_kernels[].count"}
     absent_here |= {"tensor_cores.top_simt_kernels[].time_ms"}
     for cls, analyses, also_absent in (
-        (S.NcuAnalysis, ncus, set()),
-        (S.NsysStatsAnalysis, stats, {"tensor_cores.tensor_pipe_active_pct"}),
+        (NcuAnalysis, ncus, set()),
+        (NsysStatsAnalysis, stats, {"tensor_cores.tensor_pipe_active_pct"}),
     ):
         assert len(analyses) >= 2
-        for path in S.declared_paths(cls):
+        for path in declared_paths(cls):
             if path not in absent_here | also_absent:
                 assert any(_exists(a, path.split(".")) for a in analyses), f"{cls.__name__}: {path}"
 
@@ -228,12 +233,12 @@ def test_the_pyspy_and_monitoring_schemas_name_keys_their_parsers_write() -> Non
     logs += [monitoring.analyze_dstat(p) for p in sorted(data.glob("dstat_*.csv"))]
     for cls, analyses, absent_here in (
         # A capture names hosts only when the profile does.
-        (S.PySpyAnalysis, profiles, {"capture.hosts"}),
+        (PySpyAnalysis, profiles, {"capture.hosts"}),
         # `gpu_name` is the older parsers' key for a GPU's name.
-        (S.MonitoringAnalysis, logs, {"gpus[].gpu_name"}),
+        (MonitoringAnalysis, logs, {"gpus[].gpu_name"}),
     ):
         assert len(analyses) >= 2
-        for path in S.declared_paths(cls):
+        for path in declared_paths(cls):
             if path not in absent_here:
                 assert any(_exists(a, path.split(".")) for a in analyses), f"{cls.__name__}: {path}"
 
@@ -283,7 +288,5 @@ def test_the_compare_pages_step_samples_skip_junk_ranks_and_steps() -> None:
 
 def test_the_fast_path_refuses_non_finite_numbers_and_bools_like_the_walk() -> None:
     for bad in (math.inf, -math.inf, math.nan, True):
-        assert S.lenient({"idle_pct": bad, "span_ms": 2}, S.TemporalBreakdown) == S.TemporalBreakdown(
-            span_ms=2.0
-        )
-    assert S.lenient({"kept_nodes": 3.0}, S.Icicle).kept_nodes is None  # a count is an integer
+        assert lenient({"idle_pct": bad, "span_ms": 2}, TemporalBreakdown) == TemporalBreakdown(span_ms=2.0)
+    assert lenient({"kept_nodes": 3.0}, Icicle).kept_nodes is None  # a count is an integer

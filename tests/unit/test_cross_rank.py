@@ -10,8 +10,9 @@ import pytest
 from jobs.diagnosis import cross_rank as X
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput, Finding, Severity
-from jobs.profiling.analysis_schema import TraceRank, lenient
 from jobs.profiling.kineto import parse_kineto
+from jobs.profiling.schema.common import lenient
+from jobs.profiling.schema.trace import TraceRank
 from jobs.profiling.trace_analysis import analyze_trace
 from tests.conftest import sample_path
 

@@ -20,9 +20,10 @@ from jobs.diagnosis import artifacts as A
 from jobs.diagnosis import diagnose
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput, Finding
 from jobs.profiling import monitoring, nsys, pyspy
-from jobs.profiling.analysis_schema import TraceRank, declared_paths
 from jobs.profiling.errors import ArtifactError
 from jobs.profiling.kineto import parse_kineto
+from jobs.profiling.schema.common import declared_paths
+from jobs.profiling.schema.trace import TraceRank
 from jobs.profiling.trace_analysis import analyze_trace
 from tests.conftest import SAMPLES, sample_path
 
@@ -268,7 +269,7 @@ def _exists(obj: Any, path: list[str]) -> bool:
 
 
 def test_keys_the_schema_declares_exist_in_real_trace_analyses() -> None:
-    # The trace schema must stay true: every rank key the rules can read (analysis_schema.TraceRank) is in
+    # The trace schema must stay true: every rank key the rules can read (schema.trace.TraceRank) is in
     # what the parsers write (for each key, some real sample has it: pageable/pinned copies, SIMT kernels
     # and blocking sites differ by sample). A parser rename fails here instead of silently reading None.
     paths = [p for p in declared_paths(TraceRank) if p not in NOT_IN_TRACES]
@@ -283,12 +284,13 @@ def test_keys_the_schema_declares_exist_in_real_trace_analyses() -> None:
 def test_the_strict_fast_path_and_the_field_walk_decode_real_analyses_alike() -> None:
     # lenient() converts a payload that fits in one msgspec call, else walks it field by field: both
     # must read every real analysis the same way.
-    from jobs.profiling import analysis_schema as AS
+    from jobs.profiling.schema.common import _info, _struct, lenient
+    from jobs.profiling.schema.monitoring import MonitoringAnalysis
+    from jobs.profiling.schema.pyspy import PySpyAnalysis
+    from jobs.profiling.schema.trace import TraceAnalysis
 
     for relative in EXPECTED:
         kind, analysis = analysis_of(relative)
-        cls = {"pyspy_speedscope": AS.PySpyAnalysis, "nvidia_smi": AS.MonitoringAnalysis}.get(
-            kind, AS.TraceAnalysis
-        )
-        walked = AS._struct(analysis, AS._info(cls))
-        assert AS.lenient(analysis, cls) == walked, relative
+        cls = {"pyspy_speedscope": PySpyAnalysis, "nvidia_smi": MonitoringAnalysis}.get(kind, TraceAnalysis)
+        walked = _struct(analysis, _info(cls))
+        assert lenient(analysis, cls) == walked, relative

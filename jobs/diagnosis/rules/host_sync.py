@@ -31,7 +31,7 @@ from jobs.diagnosis import trace_thresholds as TT
 from jobs.diagnosis.base import DiagnosisInput, Evidence, Finding, Severity, clamp01, confidence
 from jobs.diagnosis.features import Features
 from jobs.diagnosis.host_looks import host_look
-from jobs.profiling.analysis_schema import HostBlocking
+from jobs.profiling.schema.trace import HostBlocking
 
 CODE = "host_sync"
 RECOMMENDATION = (
