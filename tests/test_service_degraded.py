@@ -142,3 +142,45 @@ def test_each_completed_cycle_records_the_heartbeat_and_a_late_record_never_move
     assert row.finished_at == T0 + timedelta(seconds=12.5) and row.detail["jobs"] == 3
     service_health.record_cycle(T0 - timedelta(minutes=5), 1.0)
     assert ServiceHeartbeat.objects.get(name="poll_cycle").finished_at == T0 + timedelta(seconds=12.5)
+
+
+def test_before_any_cycle_only_a_job_whose_data_was_never_read_is_held():
+    unknown = service_health.judge_poller(None, T0, 150)
+    ok = service_health.judge_poller(T0 - timedelta(seconds=30), T0, 150)
+    stalled = service_health.judge_poller(T0 - timedelta(minutes=11), T0, 150)
+    assert service_health.holds_ingestion_stale(unknown, job_read=False)
+    assert not service_health.holds_ingestion_stale(unknown, job_read=True)
+    assert not service_health.holds_ingestion_stale(ok, job_read=False)
+    assert service_health.holds_ingestion_stale(stalled, job_read=True)
+
+
+@pytest.mark.django_db
+def test_a_fresh_install_opens_no_stale_incident_for_jobs_not_yet_read_until_a_cycle_completes(make_team):
+    team = make_team("llm")
+    now = timezone.now()
+    # Registered an hour ago and never read: the first poll cycle has not completed (no heartbeat yet).
+    fresh = [
+        Job.objects.create(
+            external_id=f"9200{i}",
+            name=f"new-{i}",
+            team=team,
+            gpu_count=8,
+            gpus=[{"hostname": f"node-{i}", "gpu": str(g)} for g in range(8)],
+            started_at=now - timedelta(hours=1),
+        )
+        for i in range(2)
+    ]
+    # A job whose data was read once (archived up to 30 minutes ago) is judged as usual even now.
+    (read_once,) = _jobs(team, now, data_age=timedelta(minutes=30), n=1)
+    incidents.sweep(now)
+    stale = set(
+        AlertIncident.objects.filter(rule="ingestion_stale").values_list("job__external_id", flat=True)
+    )
+    assert stale == {read_once.external_id}
+    # Once a cycle has completed the never-read jobs are judged too: nothing is held for good.
+    service_health.record_cycle(now, 30.0)
+    incidents.sweep(now + timedelta(seconds=5))
+    stale = set(
+        AlertIncident.objects.filter(rule="ingestion_stale").values_list("job__external_id", flat=True)
+    )
+    assert stale == {read_once.external_id, *(j.external_id for j in fresh)}

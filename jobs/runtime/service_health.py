@@ -69,6 +69,19 @@ def judge_poller(last_finished_at: datetime | None, now: datetime, stalled_after
     return PollerState(OK, f"last poll cycle completed {max(age, 0.0):.0f} s ago", last_finished_at, age)
 
 
+def holds_ingestion_stale(state: PollerState, *, job_read: bool) -> bool:
+    """Whether the sweep (outside a job's own poll) must hold the `ingestion_stale` rule for a job.
+
+    Held while the poller is stalled (every job's data looks old and none is at fault), and, before any poll
+    cycle has ever completed (`unknown`: a fresh install whose first cycle is still catching up), for a job
+    whose data was never read (not polled, nothing archived): its age says nothing about its exporter yet. A
+    job read once is judged as usual; once a cycle completes the state is `ok` and every job is judged.
+    """
+    if state.degraded:
+        return True
+    return state.code == UNKNOWN and not job_read
+
+
 def record_cycle(finished_at: datetime, duration_s: float, detail: dict[str, Any] | None = None) -> None:
     """Record a completed poll cycle (one upsert); a later record never moves the time back."""
     row, created = ServiceHeartbeat.objects.get_or_create(
