@@ -280,11 +280,18 @@ def evaluate_job(
             _resolve(ended, now, "the job ended")
         return {}
     configs = rule_configs()
-    if archived is None and rules.INGESTION_STALE in configs and service_health.poller(now).degraded:
-        # Outside a poll (the sweep) while the service itself stopped polling: every job's data looks old
-        # and none of them is at fault. The rule is held (an open incident is neither refreshed nor
-        # resolved); /healthz and /metrics carry the one "service degraded" signal instead. Right after
-        # the job's own poll (`archived` given) the service is polling it, so old data is the job's own.
+    if (
+        archived is None
+        and rules.INGESTION_STALE in configs
+        and service_health.holds_ingestion_stale(
+            service_health.poller(now), job_read=job.last_polled_at is not None or job.data_until is not None
+        )
+    ):
+        # Outside a poll (the sweep) while the service itself stopped polling, or before its first cycle
+        # ever completed and this job was never read: the job's data looks old and the job is not at fault.
+        # The rule is held (an open incident is neither refreshed nor resolved); /healthz and /metrics carry
+        # the one "service degraded" signal instead. Right after the job's own poll (`archived` given) the
+        # service is polling it, so old data is the job's own.
         del configs[rules.INGESTION_STALE]
     verdicts = rules.evaluate(job_view(job, now, configs, archived), configs)
     current = {i.rule: i for i in open_incidents(job)}
