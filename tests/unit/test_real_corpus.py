@@ -88,3 +88,47 @@ def test_gpu_glasses_log_has_eight_gpus() -> None:
     assert a["gpu_count"] == 8
     assert sorted(g["samples"] for g in a["gpus"]) == [5, 5, 5, 5, 5, 6, 6, 6]
     assert a["gpu_assignment"]["method"] == "gpu column (GPU index)"
+
+
+# --- SuperBench's ncu CSV of an fp8 cuBLASLt GEMM (microsoft/superbenchmark, MIT) ---------------------------
+# By hand, from the 62 lines: `ncu --csv` details page (header "ID","Process ID",...,"Estimated Speedup"), the
+# default `--set basic` sections (GPU Speed Of Light Throughput, Launch Statistics, Occupancy, GPU and Memory
+# Workload Distribution) and their rule rows, for one launch (ID 0) of
+# cutlass3x_sm100_tensorop_s64x256x32gemm_f8_f8_f32_f16_f16_..._bias_f16_relu_aux_scalemax in process 371693
+# (cublaslt_gemm), device 0, CC 10.0 (Blackwell), "# SMs" 152. Its metric rows end with an empty extra cell
+# (15 values and a trailing comma under a 20-column header), its rule rows fill all 20.
+# - Launch: block (384, 1, 1), grid (9, 32, 1) = 288 blocks ("Grid Size" 288), 288 x 384 = 110,592 threads
+#   ("Threads" 110592), 1.89 waves per SM; 168 registers per thread.
+# - Duration 406,240 ns = 0.40624 ms. Compute (SM) Throughput 23.59 %, Memory Throughput 21.68 %, DRAM
+#   0.74 %, L1/TEX 23.23 %, L2 15.12 %: both SOL throughputs are under ncu's 60 % line, and its own
+#   SOLBottleneck rule says so ("low compute throughput and memory bandwidth ... latency issues"). Not
+#   memory-bound: DRAM is at 0.74 % of peak.
+# - The program's own line "2208 2048 5608 0 358.154755 141.598150" (m n k, time us, TFLOPS): 2 x 2208 x
+#   2048 x 5608 = 50.72 GFLOP in 358.15 us = 141.6 TFLOPS of fp8 -- a small GEMM, not a full-rate one.
+# - The kernel is a CUTLASS tensor-op GEMM by name (tensorop, f8), so its time is tensor-core time; `--set
+#   basic` collects no tensor-pipe counter, so the tensor pipe's activity is unknown (not 0).
+# One tensor-core kernel, latency-limited: tensor_cores_idle (it is a tensor-op kernel), memory_bound (DRAM
+# 0.74 %, ncu says latency) and launch_overhead (one launch) must all stay silent.
+
+
+def test_superbench_ncu_gemm_is_a_latency_limited_tensor_op_launch_and_no_finding() -> None:
+    kind, a = parsed("ncu/superbench_cublaslt_fp8_gemm_sm100.csv")
+    assert kind == "ncu_csv"
+    assert a["kernel_launches"] == 1 and a["distinct_kernels"] == 1
+    (k,) = a["kernels"]
+    assert k["kernel"].startswith("cutlass3x_sm100_tensorop_s64x256x32gemm_f8_f8_f32")
+    assert k["total_duration_ms"] == pytest.approx(0.40624)
+    assert (k["sm_throughput_pct"], k["memory_throughput_pct"], k["dram_throughput_pct"]) == (
+        23.59,
+        21.68,
+        0.74,
+    )
+    assert (k["block_dim"], k["grid_dim"]) == ("(384, 1, 1)", "(9, 32, 1)")
+    assert k["metrics"]["grid_size"] == 288 and k["metrics"]["threads"] == 288 * 384
+    assert k["metrics"]["num_sms"] == 152
+    assert k["bound"] == "latency" and k["ncu_verdict"] == "latency"
+    assert a["bound_time_share_pct"] == {"latency": 100.0}
+    tc = a["tensor_cores"]
+    assert k["math_class"] == "tensor" and tc["tensor_core_time_pct"] == 100.0
+    assert tc["tensor_pipe_active_pct"] is None and tc["tensor_pipe_measured_kernels"] == 0
+    assert codes(kind, a) == set()
