@@ -327,14 +327,13 @@ def step_breakdown(trace: Trace, rank: RankTrace, steps: TbSteps) -> dict[str, A
     return result
 
 
-def tb_metrics(trace: Trace, rank: RankTrace) -> dict[str, Any]:
-    """`tb_gpu_metrics` and `step_breakdown` sections of a rank's analysis."""
-    steps = tb_steps(trace, rank)
+def gpu_metrics(rank: RankTrace, steps: TbSteps) -> dict[str, Any]:
+    """The ``tb_gpu_metrics`` section over `steps`: the main device's figures and every device's."""
     gwin = _global_window(rank)
     devices = device_metrics(rank, steps, gwin) if gwin is not None else []
     main = max(devices, key=lambda d: d["kernel_time_ms"]) if devices else None
     window = steps.window
-    metrics: dict[str, Any] = {
+    return {
         "steps_source": steps.source,
         "steps": int(steps.starts.size),
         "removed_tail_steps": steps.removed_tail_steps,
@@ -345,4 +344,9 @@ def tb_metrics(trace: Trace, rank: RankTrace) -> dict[str, Any]:
         "est_achieved_occupancy_pct": main["est_achieved_occupancy_pct"] if main else None,
         "per_device": devices,
     }
-    return {"tb_gpu_metrics": metrics, "step_breakdown": step_breakdown(trace, rank, steps)}
+
+
+def tb_metrics(trace: Trace, rank: RankTrace) -> dict[str, Any]:
+    """`tb_gpu_metrics` and `step_breakdown` sections of a rank's analysis, over the plugin's steps."""
+    steps = tb_steps(trace, rank)
+    return {"tb_gpu_metrics": gpu_metrics(rank, steps), "step_breakdown": step_breakdown(trace, rank, steps)}

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from jobs.profiling import gpu_stats, host_analysis, tb_metrics
+from jobs.profiling import gpu_stats, host_analysis, launch_sizes, tb_metrics
 from jobs.profiling.capture import make_capture
 from jobs.profiling.events import (
     AnnotationSource,
@@ -192,12 +192,48 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
         "sync": gpu_stats.sync_stats(trace, gpu, runtime),
         "comm_compute_overlap": gpu_stats.comm_compute_overlap(gpu),
         "tensor_cores": gpu_stats.tensor_core_share(trace, gpu),
+        "launch_sizes": launch_sizes.launch_sizes(trace, rank, gpu),
         "step_times": step_times(trace, rank),
     }
     out.update(tb_metrics.tb_metrics(trace, rank))
     steps = tb_metrics.tb_steps(trace, rank)
+    out["tb_gpu_metrics"] = steady_gpu_metrics(rank, steps, out["tb_gpu_metrics"])
     out["step_breakdown"] = steady_step_breakdown(trace, rank, steps, out["step_breakdown"])
     out.update(host_analysis.host_analysis(trace, rank, steps))
+    return out
+
+
+def steady_gpu_metrics(rank: RankTrace, steps: tb_metrics.TbSteps, plugin: dict[str, Any]) -> dict[str, Any]:
+    """The ``tb_gpu_metrics`` section over the window the rest of the analysis measures (issue #24 item 3).
+
+    With ``ProfilerStep#N`` ranges that is the plugin's own figures (`plugin`, its basis stated). Without
+    them the plugin's one "step" is the host's traced extent, so the seconds of lazy CUDA/cuBLAS init,
+    compile and warm-up before the first kernel count as time the GPU was not utilised: GPU utilisation
+    and est. SM efficiency are diluted by start-up, not by the steady state. Here they are measured over
+    `host_analysis.steady_steps` (first kernel to last GPU activity), and the plugin's host-extent figures
+    stay under ``host_extent`` for parity with TensorBoard.
+    """
+    steady = host_analysis.steady_steps(rank, steps)
+    if steady is steps:
+        return {**plugin, "basis": steps.source}
+    out = tb_metrics.gpu_metrics(rank, steady)
+    out["basis"] = steady.source
+    out["note"] = (
+        "no ProfilerStep: measured over the GPU's steady state, from the first kernel to the last GPU "
+        "activity; the TensorBoard plugin's host-extent figures (start-up included) are under host_extent"
+    )
+    out["host_extent"] = {
+        "basis": steps.source,
+        **{
+            k: plugin.get(k)
+            for k in (
+                "steps_window_ms",
+                "gpu_utilization_pct",
+                "est_sm_efficiency_pct",
+                "est_achieved_occupancy_pct",
+            )
+        },
+    }
     return out
 
 
@@ -239,7 +275,8 @@ def analyze_trace(trace: Trace, options: AnalysisOptions | None = None) -> dict[
 
     Keys: `source`, `options`, `warnings`, `metadata`, `capture`, `ranks` (one dict per rank with `rank`,
     `temporal_breakdown`, `idle_breakdown`, `kernel_breakdown`, `launch_stats`, `memcpy`, `memset`,
-    `sync`, `comm_compute_overlap`, `tensor_cores`, `step_times`, `tb_gpu_metrics`, `step_breakdown`,
+    `sync`, `comm_compute_overlap`, `tensor_cores`, `launch_sizes`, `step_times`, `tb_gpu_metrics`,
+    `step_breakdown`,
     `host_blocking`, `input_pipeline`, `gpu_idle_attribution` -- see `host_analysis`) and `summary`
     (means over ranks with GPU work). Units are in the key names.
 

@@ -437,12 +437,22 @@ def test_tensorboard_gpu_utilization_sm_efficiency_and_occupancy() -> None:
         rt(195, 1, 337),
     ]
     tb = analyse(events)["tb_gpu_metrics"]
-    assert tb["steps_window_ms"] == 0.12  # [100, 220): extended to the last kernel's end
-    assert tb["gpu_utilization_pct"] == pytest.approx(100 * (40 + 20) / 120)
-    sm = (0.5 * 5 + 1.0 * 5 + 0.6 * 5 + 0.9 * 5 + 0.3 * 20 + 1.0 * 20) / 120
-    assert tb["est_sm_efficiency_pct"] == pytest.approx(100 * sm, abs=1e-3)
+    # The plugin's figures: no ProfilerStep, so its one step is the operators' extent [100, 220) (extended
+    # to the last kernel's end); kept under host_extent for parity with TensorBoard.
+    plugin = tb["host_extent"]
+    assert plugin["basis"] == "cpu_ops"
+    assert plugin["steps_window_ms"] == 0.12
+    assert plugin["gpu_utilization_pct"] == pytest.approx(100 * (40 + 20) / 120)
+    sm = 0.5 * 5 + 1.0 * 5 + 0.6 * 5 + 0.9 * 5 + 0.3 * 20 + 1.0 * 20  # blocks-per-SM x us, capped at 1
+    assert plugin["est_sm_efficiency_pct"] == pytest.approx(100 * sm / 120, abs=1e-3)
+    # The section itself measures the GPU's steady state (issue #24 item 3): first kernel (130) to the last
+    # GPU activity (220), where the kernels' union [130, 170) + [200, 220) is 60 of 90 us.
+    assert tb["basis"] == "gpu_span" and tb["steps_window_ms"] == 0.09
+    assert tb["gpu_utilization_pct"] == pytest.approx(100 * 60 / 90)
+    assert tb["est_sm_efficiency_pct"] == pytest.approx(100 * sm / 90, abs=1e-3)
     occ = (0.6 * 10 + 0.1 * 15 + 1.0 * 25 + 0.3 * 20) / (10 + 15 + 25 + 20)
     assert tb["est_achieved_occupancy_pct"] == pytest.approx(occ, abs=1e-3)
+    assert plugin["est_achieved_occupancy_pct"] == pytest.approx(occ, abs=1e-3)  # kernel-weighted: same
 
 
 def test_step_breakdown_assigns_time_by_priority_and_reports_dataloader_share() -> None:
