@@ -277,8 +277,7 @@ def analyze_trace(trace: Trace, options: AnalysisOptions | None = None) -> dict[
     `temporal_breakdown`, `idle_breakdown`, `kernel_breakdown`, `launch_stats`, `memcpy`, `memset`,
     `sync`, `comm_compute_overlap`, `tensor_cores`, `launch_sizes`, `step_times`, `tb_gpu_metrics`,
     `step_breakdown`, `host_blocking`, `input_pipeline`, `gpu_idle_attribution` -- see `host_analysis`) and
-    `summary`
-    (means over ranks with GPU work). Units are in the key names.
+    `summary` (means over ranks with GPU work). Units are in the key names.
 
     `capture` says what the capture covers, for checking the artifact against its job
     (`jobs.profiling.capture` has the contract): ``{"gpu_names": [...], "start_unix": float | None,
