@@ -12,6 +12,7 @@ import pytest
 from jobs import charts
 from jobs.metrics.downsample import bucket_mean, downsample_line, envelope, lttb, minmax_preselect
 from jobs.metrics.signals import GpuKey, JobSignals, SignalSeries, grid
+from jobs.profiling.schema.pyspy import decode_pyspy
 
 DAY = 86400.0
 
@@ -295,11 +296,12 @@ def test_icicle_from_a_pyspy_analysis_escapes_frame_names():
                    "parents": ["", "n0", "n1"], "values": [3.0, 3.0, 1.0],
                    "classes": ["", "user_code", "tokenization"], "branchvalues": "total"},
     }  # fmt: skip
-    trace = charts.icicle_figure(analysis)["data"][0]
+    trace = charts.icicle_figure(decode_pyspy(analysis))["data"][0]
     assert trace["type"] == "icicle" and trace["branchvalues"] == "total"
     assert trace["labels"][1] == "&lt;b&gt;main&lt;/b&gt; (x.py)" and trace["labels"][2] == 'tok "fast"'
     assert trace["marker"]["colors"][2] == charts.PYSPY_CLASS_COLOURS["tokenization"]
-    assert charts.icicle_figure({"icicle": {"ids": ["a"], "labels": [], "parents": [], "values": []}}) is None
+    lopsided = {"icicle": {"ids": ["a"], "labels": [], "parents": [], "values": []}}
+    assert charts.icicle_figure(decode_pyspy(lopsided)) is None
 
 
 def test_trace_breakdown_bars_per_rank():

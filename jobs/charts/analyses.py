@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs.charts.common import BLUE, FONT, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, escape
+from jobs.profiling.schema.pyspy import PySpyAnalysis
 from jobs.profiling.schema.trace import StepBreakdown, TemporalBreakdown, decode_trace
 
 _BREAKDOWN = (("compute_pct", "Compute", BLUE), ("non_compute_pct", "Non-compute (comm, memcpy…)", ORANGE),
@@ -71,19 +72,19 @@ def step_breakdown_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
     return _stacked_bars(rows, _STEP_PARTS, "% of step time")
 
 
-def icicle_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+def icicle_figure(profile: PySpyAnalysis) -> dict[str, Any] | None:
     """A py-spy profile as a Plotly icicle (a flame graph, root on top), coloured by frame class."""
-    tree = analysis.get("icicle") or {}
-    ids, labels, parents, values = (tree.get(k) or [] for k in ("ids", "labels", "parents", "values"))
+    tree = profile.icicle
+    ids, labels, parents, values = tree.ids, tree.labels, tree.parents, tree.values
     if not ids or not (len(ids) == len(labels) == len(parents) == len(values)):
         return None
-    classes = tree.get("classes") or [""] * len(ids)
-    unit = "s" if analysis.get("weight_unit") == "seconds" else "samples"
+    classes = tree.classes or [""] * len(ids)
+    unit = "s" if profile.weight_unit == "seconds" else "samples"
     return {
         "data": [{
             "type": "icicle", "ids": [escape(i) for i in ids], "labels": [escape(label) for label in labels],
             "parents": [escape(p) for p in parents], "values": values,
-            "branchvalues": tree.get("branchvalues", "total"), "tiling": {"orientation": "v"},
+            "branchvalues": tree.branchvalues or "total", "tiling": {"orientation": "v"},
             "marker": {"colors": [PYSPY_CLASS_COLOURS.get(c, "#e6eaee") for c in classes],
                        "line": {"width": 0.5, "color": "#ffffff"}},
             "customdata": [escape(c) for c in classes], "maxdepth": 12, "sort": False,
@@ -96,9 +97,9 @@ def icicle_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-def pyspy_classes_figure(analysis: Mapping[str, Any]) -> dict[str, Any] | None:
+def pyspy_classes_figure(profile: PySpyAnalysis) -> dict[str, Any] | None:
     """Where the Python time went, by class (data loading, tokenisation, collate, framework, ...), in %."""
-    shares = analysis.get("classes_pct") or {}
+    shares = profile.classes_pct or {}
     if not shares:
         return None
     keys = [k for k in PYSPY_CLASS_COLOURS if k in shares]

@@ -141,7 +141,7 @@ def _traces(job: Job) -> list[compare_traces.TraceFact]:
             a.original_name,
             a.rank,
             a.parsed_at.isoformat() if a.parsed_at else "",
-            a.analysis or {},
+            decode_trace(a.analysis),
         )
         for a in rows
     ]
@@ -153,7 +153,7 @@ def _step_samples(traces: list[compare_traces.TraceFact]) -> list[float]:
         return []
     return [
         step.duration_ms
-        for rank in decode_trace(traces[0].analysis).ranks
+        for rank in traces[0].analysis.ranks
         for step in rank.step_times.steps
         if step.duration_ms is not None
     ]
@@ -327,7 +327,7 @@ def build(a: Job, b: Job, *, points: int = charts.DEFAULT_POINTS) -> Built:
             step if kpi.key != "step_time_ms" else None,
         )
     ta, tb, trace_reason = compare_traces.pick_traces(ra.traces, rb.traces)
-    traces = compare_traces.trace_diff(ta, tb) if ta and tb else {"available": False, "reason": trace_reason}
+    traces = compare_traces.trace_diff(ta, tb) if ta and tb else compare_traces.unavailable(trace_reason)
     fa = [compare.FindingFact(f.code, f.title, f.severity, f.waste_per_day_usd) for f in a.findings.all()]
     fb = [compare.FindingFact(f.code, f.title, f.severity, f.waste_per_day_usd) for f in b.findings.all()]
     signal = heat_signal(a, b)

@@ -208,9 +208,9 @@ def _pyspy(view: ArtifactView, a: Mapping[str, Any]) -> None:
              for h in hot],
             numeric={2, 3}, titles=[h.file or "" for h in hot],
         ))  # fmt: skip
-    if fig := charts.pyspy_classes_figure(a):
+    if fig := charts.pyspy_classes_figure(profile):
         view.figures.append(("classes", "Where the Python time went, by frame class", fig))
-    if fig := charts.icicle_figure(a):
+    if fig := charts.icicle_figure(profile):
         kept, total = profile.icicle.kept_nodes, profile.icicle.total_nodes
         note = f" (the {kept} heaviest of {total} frames)" if kept and total and kept < total else ""
         view.figures.append(

@@ -278,9 +278,14 @@ def test_the_compare_pages_step_samples_skip_junk_ranks_and_steps() -> None:
             {"step_times": {"steps": [{"duration_ms": 230.0}]}},
         ]
     }
-    newest = TraceFact(1, "kineto", "t.json", 0, "", analysis)
+    newest = TraceFact(1, "kineto", "t.json", 0, "", decode_trace(analysis))
     older = TraceFact(
-        2, "kineto", "u.json", 0, "", {"ranks": [{"step_times": {"steps": [{"duration_ms": 1.0}]}}]}
+        2,
+        "kineto",
+        "u.json",
+        0,
+        "",
+        decode_trace({"ranks": [{"step_times": {"steps": [{"duration_ms": 1.0}]}}]}),
     )
     assert _step_samples([newest, older]) == [222.4, 219.0, 230.0]
     assert _step_samples([]) == []

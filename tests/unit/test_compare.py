@@ -20,6 +20,8 @@ from jobs.outputs.compare import (
     significance,
 )
 from jobs.outputs.compare_traces import TraceFact, kernel_name_diff, pick_traces, trace_diff
+from jobs.profiling.schema.common import lenient
+from jobs.profiling.schema.trace import KernelBreakdown, decode_trace
 from tests.conftest import sample_path
 
 CONFIG = {
@@ -242,7 +244,7 @@ def test_kernel_name_diff_follows_htas_categories_and_never_invents_zeros():
             {"name": "fused", "count": 1, "total_ms": 9.0},
         ],
     }
-    diff = kernel_name_diff(kb_a, kb_b)
+    diff = kernel_name_diff(lenient(kb_a, KernelBreakdown), lenient(kb_b, KernelBreakdown))
     rows = {r["name"]: r for r in diff["rows"]}
     # gemm: in both, 10 -> 12 launches (increased, HTA's count category), 50 -> 40 ms (faster, −10 ms).
     assert (rows["gemm"]["change"], rows["gemm"]["timing"], rows["gemm"]["diff_time_ms"]) == (
@@ -272,8 +274,8 @@ def two_ranks() -> tuple[dict, dict]:
 
 def test_trace_diff_of_two_real_samples(two_ranks):
     a, b = two_ranks
-    ta = TraceFact(1, "kineto", "rank0.json.gz", 0, "2026-12-01T00:00:00Z", a)
-    tb = TraceFact(2, "kineto", "rank1.json.gz", 1, "2026-12-01T00:00:00Z", b)
+    ta = TraceFact(1, "kineto", "rank0.json.gz", 0, "2026-12-01T00:00:00Z", decode_trace(a))
+    tb = TraceFact(2, "kineto", "rank1.json.gz", 1, "2026-12-01T00:00:00Z", decode_trace(b))
     diff = trace_diff(ta, tb)
     assert diff["available"] and diff["kind"] == "kineto"
     ra, rb = a["ranks"][0], b["ranks"][0]
@@ -334,8 +336,88 @@ def test_trace_diff_of_two_real_samples(two_ranks):
 
 
 def test_pick_traces_needs_the_same_kind_in_both_runs():
-    k = TraceFact(1, "kineto", "a.json", 0, "", {})
-    n = TraceFact(2, "nsys_sqlite", "b.sqlite", None, "", {})
+    k = TraceFact(1, "kineto", "a.json", 0, "")
+    n = TraceFact(2, "nsys_sqlite", "b.sqlite", None, "")
     ta, tb, reason = pick_traces([k], [n])
     assert ta is None and tb is None and "A: kineto; B: nsys_sqlite" in reason
     assert pick_traces([n, k], [k])[:2] == (k, k)
+
+
+def test_a_malformed_trace_analysis_reads_as_unknown_instead_of_failing_the_diff():
+    # The dict reader raised AttributeError on a block stored as a number; the typed one reads it as
+    # unknown, keeps the well-formed numbers beside it and drops the junk list entry.
+    bad = {
+        "ranks": [
+            {
+                "rank": 0,
+                "has_gpu_kernels": True,
+                "launch_stats": 3.5,
+                "window": "x",
+                "kernel_breakdown": {
+                    "kernel_count": 10,
+                    "distinct_kernels": 1,
+                    "top_kernels": ["junk", {"name": "gemm", "count": 2, "total_ms": 1.0}],
+                },
+            }
+        ]
+    }
+    good = {
+        "ranks": [
+            {
+                "rank": 0,
+                "has_gpu_kernels": True,
+                "launch_stats": {"launches": 12, "launch_delay": {"p50_us": 4.0}},
+                "window": {"profiler_steps": 3},
+                "kernel_breakdown": {
+                    "kernel_count": 12,
+                    "distinct_kernels": 1,
+                    "top_kernels": [{"name": "gemm", "count": 3, "total_ms": 1.5}],
+                },
+            }
+        ]
+    }
+    diff = trace_diff(
+        TraceFact(1, "kineto", "a.json", 0, "", decode_trace(bad)),
+        TraceFact(2, "kineto", "b.json", 0, "", decode_trace(good)),
+    )
+    launch = {r["key"]: r for r in diff["launch"]}
+    assert (launch["launches"]["a"], launch["launches"]["b"], launch["launches"]["delta"]) == (
+        None,
+        12.0,
+        None,
+    )
+    assert launch["kernel_count"]["delta"] == 2.0
+    assert launch["launch_delay.p50_us"]["a"] is None and launch["launch_delay.p50_us"]["b"] == 4.0
+    assert diff["a"]["window"] == {} and diff["b"]["window"] == {"profiler_steps": 3}
+    (gemm,) = diff["kernels"]["rows"]
+    assert (gemm["name"], gemm["change"], gemm["diff_time_ms"]) == ("gemm", "increased", 0.5)
+
+
+def test_every_trace_diff_row_reads_the_stored_key_it_is_named_for():
+    # A row's `key` is the stored key (dotted when nested) the page and the API name it by; its typed
+    # read must take exactly that number.
+    from jobs.outputs import compare_traces as CT
+    from jobs.profiling.schema import trace as TS
+
+    tables = {
+        TS.TemporalBreakdown: CT._TEMPORAL,
+        TS.IdleBreakdown: CT._IDLE,
+        TS.StepTimes: CT._STEP_TIMES,
+        TS.StepBreakdown: CT._STEP,
+        TS.GpuIdleAttribution: CT._ATTRIBUTION,
+        TS.HostBlocking: CT._HOST,
+        TS.KernelBreakdown: CT._KERNELS,
+        TS.LaunchStats: CT._LAUNCH,
+        TS.TinyKernels: CT._TINY,
+        TS.CommComputeOverlap: CT._OVERLAP,
+    }
+    for cls, metrics in tables.items():
+        for metric in metrics:
+            payload: dict = {}
+            *outer, leaf = metric.key.split(".")
+            inner = payload
+            for part in outer:
+                inner = inner.setdefault(part, {})
+            inner[leaf] = 42.5
+            assert metric.read(lenient(payload, cls)) == 42.5, (cls.__name__, metric.key)
+            assert metric.read(cls()) is None, (cls.__name__, metric.key)

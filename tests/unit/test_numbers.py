@@ -10,6 +10,8 @@ from django.template import Context, Template
 
 from jobs.outputs.compare_traces import kernel_name_diff
 from jobs.outputs.numbers import format_number
+from jobs.profiling.schema.common import lenient
+from jobs.profiling.schema.trace import KernelBreakdown
 
 
 @pytest.mark.parametrize(
@@ -70,7 +72,8 @@ def test_kernels_that_share_a_short_name_are_told_apart():
         "void gemv2T_kernel_val<int, int, __nv_bfloat16, float, float, 64, 16, 4, 4, false>(params)",
     ]
     kb = {"top_kernels": [row(n, 1.0 + i) for i, n in enumerate(names)], "distinct_kernels": 3}
-    diff = kernel_name_diff(kb, kb)
+    decoded = lenient(kb, KernelBreakdown)
+    diff = kernel_name_diff(decoded, decoded)
     shown = [r["short_name"] for r in diff["rows"]]
     assert len(set(shown)) == 3, shown
     assert all(s.startswith("gemv2T_kernel_val ‹") for s in shown)

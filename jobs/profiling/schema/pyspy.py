@@ -24,8 +24,18 @@ class HotFrame(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Icicle(msgspec.Struct, frozen=True, kw_only=True):
-    """How much of the call tree the stored icicle keeps (the heaviest `kept_nodes` of `total_nodes`)."""
+    """The stored call tree as Plotly icicle columns (jobs.profiling.pyspy._icicle), one entry per node:
+    `ids`, `labels`, `parents` (the parent's id, "" for the root), `values` (the node's inclusive weight,
+    in the analysis' `weight_unit`), `classes` (its frame class); `branchvalues` "total" (a node's value
+    includes its children's). It keeps the heaviest `kept_nodes` of `total_nodes`.
+    """
 
+    ids: list[str] = []
+    labels: list[str] = []
+    parents: list[str] = []
+    values: list[Num] = []
+    classes: list[str] = []
+    branchvalues: str | None = None
     kept_nodes: int | None = None
     total_nodes: int | None = None
 

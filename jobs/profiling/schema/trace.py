@@ -28,11 +28,16 @@ class TemporalBreakdown(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class IdleBreakdown(msgspec.Struct, frozen=True, kw_only=True):
-    """GPU idle time by cause (HTA's idle-time breakdown; % of idle time)."""
+    """GPU idle time by cause (HTA's idle-time breakdown): `*_pct` % of idle time, `*_ms` milliseconds;
+    `idle_ms` is the idle time of all streams together."""
 
     host_wait_pct: Num | None = None
     kernel_wait_pct: Num | None = None
     other_pct: Num | None = None
+    host_wait_ms: Num | None = None
+    kernel_wait_ms: Num | None = None
+    other_ms: Num | None = None
+    idle_ms: Num | None = None
 
 
 class TinyKernels(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,27 +61,44 @@ class TopKernel(msgspec.Struct, frozen=True, kw_only=True):
     time_pct: Num | None = None
 
 
+class KernelClassTime(msgspec.Struct, frozen=True, kw_only=True):
+    """Kernels of one HTA category (COMPUTATION, COMMUNICATION, MEMORY): launches and total time (ms)."""
+
+    kernel_class: str | None = None
+    count: Num | None = None
+    time_ms: Num | None = None
+
+
 class KernelBreakdown(msgspec.Struct, frozen=True, kw_only=True):
-    """Kernel counts and time of the analysed window."""
+    """Kernel counts and time of the analysed window; `top_kernels` lists the `distinct_kernels` names
+    only in part when there are more of them than the parser keeps."""
 
     kernel_count: Num | None = None
     kernel_time_ms: Num | None = None
+    distinct_kernels: Num | None = None
+    by_class: list[KernelClassTime] = []
     tiny_kernels: TinyKernels = TinyKernels()
     top_kernels: list[TopKernel] = []
 
 
-class LaunchDelay(msgspec.Struct, frozen=True, kw_only=True):
-    """From the CUDA launch call to the kernel start (µs)."""
+class Percentiles(msgspec.Struct, frozen=True, kw_only=True):
+    """Percentiles of a per-launch duration (µs; jobs.profiling.gpu_stats._percentiles_us)."""
 
     p50_us: Num | None = None
+    p90_us: Num | None = None
 
 
 class LaunchStats(msgspec.Struct, frozen=True, kw_only=True):
-    """CPU launch vs GPU duration of the kernels."""
+    """CPU launch vs GPU duration of the kernels (HTA's kernel launch statistics): `launch_delay` from the
+    end of the CUDA launch call to the kernel start, `cpu_launch_duration` the launch call itself,
+    `gpu_duration` the op on the GPU; `launch_delay_outliers_count` launches delayed past the cutoff."""
 
     launches: Num | None = None
     gpu_shorter_than_launch_pct: Num | None = None
-    launch_delay: LaunchDelay = LaunchDelay()
+    launch_delay_outliers_count: Num | None = None
+    launch_delay: Percentiles = Percentiles()
+    cpu_launch_duration: Percentiles = Percentiles()
+    gpu_duration: Percentiles = Percentiles()
 
 
 class CopyKind(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,11 +136,20 @@ class CommComputeOverlap(msgspec.Struct, frozen=True, kw_only=True):
     overlap_pct: Num | None = None
 
 
-class Window(msgspec.Struct, frozen=True, kw_only=True):
-    """What part of the trace was analysed (ProfilerStep count, last step left out or not)."""
+class Window(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What part of the trace was analysed (jobs.profiling.trace_analysis.analysis_window): ProfilerStep
+    count, last step left out or not, GPU ops in the trace and in the window, and how it was chosen.
 
-    profiler_steps: Num | None = None
+    `omit_defaults`: encoded (msgspec.to_builtins) it gives back the keys the parser wrote, not None for
+    the ones an older analysis lacks.
+    """
+
+    profiler_steps: int | None = None
     excludes_last_profiler_step: bool | None = None
+    gpu_ops_total: int | None = None
+    gpu_ops_analysed: int | None = None
+    note: str | None = None
+    timestamps_rounded_to_us: bool | None = None
 
 
 class StepSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,9 +170,10 @@ class StepTimes(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StepBreakdown(msgspec.Struct, frozen=True, kw_only=True):
-    """Where a step's time goes (% of the step)."""
+    """Where a step's time goes (% of the step); `step_ms_mean` = the mean step (ms) over the window."""
 
     steps: Num | None = None
+    step_ms_mean: Num | None = None
     kernel_pct: Num | None = None
     communication_pct: Num | None = None
     memcpy_pct: Num | None = None
@@ -233,8 +265,11 @@ class BlockingSite(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HostBlocking(msgspec.Struct, frozen=True, kw_only=True):
-    """Host calls that block the CPU until the GPU catches up (% of the step / of CPU busy time)."""
+    """Host calls that block the CPU until the GPU catches up: `calls` and `blocked_ms` in all, and % of
+    the step / of CPU busy time."""
 
+    calls: Num | None = None
+    blocked_ms: Num | None = None
     step_pct: Num | None = None
     cpu_time_pct: Num | None = None
     by_kind: list[BlockingKind] = []
