@@ -249,6 +249,10 @@ PROMETHEUS_TIMEOUT_S = env_float("PROMETHEUS_TIMEOUT_S", 10.0, min_value=0.1, ma
 # web worker (the check reports it as down instead).
 HEALTHZ_PROMETHEUS_TIMEOUT_S = env_float("HEALTHZ_PROMETHEUS_TIMEOUT_S", 2.0, min_value=0.1, max_value=30)
 PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
+# Range queries a finalize keeps in flight (jobs.metrics.ingest.read_finalize): Prometheus evaluates one
+# query per core, so a finalize that sends them one after another leaves all but one of its cores idle
+# (#26 item 6: a 256-GPU x 3-day job, 114 range queries). 1 = one after another.
+FINALIZE_QUERY_CONCURRENCY = env_int("FINALIZE_QUERY_CONCURRENCY", 4, min_value=1, max_value=64)
 # Per-GPU archive rows at the polled step (300 s) are kept this long after their last value; their
 # downsampled copies (1800 s and 21,600 s, jobs.metrics.archive.GPU_TIERS) and all cross-GPU stats stay.
 ARCHIVE_RAW_RETENTION_DAYS = env_int("ARCHIVE_RAW_RETENTION_DAYS", 30, min_value=1, max_value=36600)

@@ -260,3 +260,119 @@ def test_finalize_in_bounded_queries_archives_the_same_as_one_query_per_signal(
     assert client.requests - sent0 > 2 * unsplit
     _assert_same(_snapshot(split), first)
     assert JobSeries.objects.filter(job=split, stat="gpu").values("gpu_key").distinct().count() == 8
+
+
+def _job_figures(job: Job) -> dict:
+    """What a finalize stores on the job besides its archive rows (its evaluation and ingestion state)."""
+    job.refresh_from_db()
+    return {
+        "status": job.status, "data_until": job.data_until, "energy_j": job.energy_j, "mfu": job.mfu,
+        "gpu_util_mean": job.gpu_util_mean, "sm_active_mean": job.sm_active_mean,
+        "missing_signals": job.missing_signals, "missing_reasons": job.missing_reasons,
+        "ingest_error": job.ingest_error, "cost_usd": job.cost_usd, "gpu_hours": job.gpu_hours,
+    }  # fmt: skip
+
+
+class _InFlight:
+    """Wraps PrometheusClient.range (the pool's per-thread copies included) to count the range queries in
+    flight at once; each waits 20 ms so queries sent together overlap whatever the machine's speed."""
+
+    def __init__(self, monkeypatch) -> None:
+        import threading
+        import time
+
+        self.now = self.most = self.calls = 0
+        lock = threading.Lock()
+        original = PrometheusClient.range
+
+        def range_(client, query, start, end, step=None):
+            with lock:
+                self.now += 1
+                self.calls += 1
+                self.most = max(self.most, self.now)
+            try:
+                time.sleep(0.02)
+                return original(client, query, start, end, step)
+            finally:
+                with lock:
+                    self.now -= 1
+
+        monkeypatch.setattr(PrometheusClient, "range", range_)
+
+
+@pytest.mark.django_db
+def test_a_concurrent_finalize_stores_exactly_what_the_sequential_one_stored(
+    prom, sims, make_team, monkeypatch, settings
+):
+    """FINALIZE_QUERY_CONCURRENCY 4 against 1 (one query after another), with the reads split small (500
+    samples per query, GPU batches of 3) so dozens of range queries are in flight: the same archive rows,
+    the same evaluation, and every request counted on the caller's client."""
+    import threading
+
+    monkeypatch.setattr(ingest, "FINALIZE_MAX_SAMPLES", 500)
+    monkeypatch.setattr(ingest, "FINALIZE_GPU_BATCH", 3)
+    client = _client(prom)
+    settings.FINALIZE_QUERY_CONCURRENCY = 1
+    one_by_one = _register(sims["1001"], make_team("llm"), ended=True)
+    flight = _InFlight(monkeypatch)
+    pipeline.finalize_job(one_by_one, client, now=START + timedelta(hours=3))
+    assert flight.most == 1
+    serial_calls = flight.calls
+    rows, figures = _snapshot(one_by_one), _job_figures(one_by_one)
+    assert figures["status"] == Job.Status.FINALIZED and figures["ingest_error"] == ""
+    one_by_one.delete()
+
+    settings.FINALIZE_QUERY_CONCURRENCY = 4
+    together = _register(sims["1001"], make_team("llm"), ended=True)
+    flight.most = flight.calls = 0
+    sent0 = client.requests
+    pipeline.finalize_job(together, client, now=START + timedelta(hours=3))
+    assert flight.most == 4  # four range queries in flight at once
+    assert flight.calls == serial_calls > 20  # the same queries
+    assert client.requests - sent0 >= flight.calls  # the copies' requests are counted on the client
+    _assert_same(_snapshot(together), rows)
+    assert _job_figures(together) == figures
+    assert not [t for t in threading.enumerate() if t.name.startswith("finalize")]  # the pool is gone
+
+
+@pytest.mark.django_db
+def test_a_failing_query_fails_the_concurrent_finalize_cleanly(prom, sims, make_team, monkeypatch, settings):
+    """One of the finalize's range queries answered with an error while others are in flight: nothing is
+    written (the polled archive stays as it was), the job stays unfinalized and says why, the queries
+    not yet started are dropped; the next finalize succeeds."""
+    import threading
+
+    from jobs.metrics.prometheus import PrometheusQueryError
+
+    settings.FINALIZE_QUERY_CONCURRENCY = 4
+    monkeypatch.setattr(ingest, "FINALIZE_MAX_SAMPLES", 500)
+    client = _client(prom)
+    job = _register(sims["1001"], make_team("llm"), ended=False)
+    job = pipeline.poll_job(job, client, now=START + timedelta(hours=1))
+    assert job.ingest_error == ""
+    job.ended_at = START + timedelta(hours=2)
+    job.save()
+    kept, status = _snapshot(job), job.status
+
+    original = PrometheusClient.range
+    calls = {"n": 0}
+    fail = {"on": True}
+
+    def failing(self, query, start, end, step=None):
+        calls["n"] += 1
+        if fail["on"] and "POWER_USAGE" in query:
+            raise PrometheusQueryError("query processing would load too many samples", error_type="execution")
+        return original(self, query, start, end, step)
+
+    monkeypatch.setattr(PrometheusClient, "range", failing)
+    job = pipeline.finalize_job(job, client, now=START + timedelta(hours=3))
+    assert job.status == status and job.finalized_at is None
+    assert "could not read Prometheus" in job.ingest_error
+    assert "too many samples" in job.ingest_error
+    _assert_same(_snapshot(job), kept)
+    assert not [t for t in threading.enumerate() if t.name.startswith("finalize")]  # no query still running
+    failed = calls["n"]
+    fail["on"], calls["n"] = False, 0
+    job = pipeline.finalize_job(job, client, now=START + timedelta(hours=3))
+    assert job.status == Job.Status.FINALIZED and job.ingest_error == ""
+    assert failed < calls["n"]  # the failed one stopped early: its per-GPU reads were never sent

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -54,6 +56,7 @@ __all__ = [
     "PrometheusError",
     "PrometheusQueryError",
     "PrometheusUnavailable",
+    "RangeFetcher",
     "Regex",
     "Sample",
     "Selector",
@@ -466,6 +469,80 @@ class PrometheusClient:
                 env.error or "unknown error", error_type=env.errorType, status=resp.status_code
             )
         return env
+
+
+class RangeReader(Protocol):
+    """What `RangeFetcher` sends queries to (PrometheusClient, or a test double)."""
+
+    def range(self, query: str, start: Any, end: Any, step: float | None = None) -> Sequence[Any]: ...
+
+
+class RangeFetcher:
+    """Sends range queries `workers` at a time, so Prometheus evaluates several while this process decodes
+    the last answer (the poll cycle's reads, a finalize's). Each pool thread has its own copy of the
+    client: a requests.Session is not safe to share between threads (its connection pool and cookie jar
+    are mutated per request), and a copy keeps the client's URL, timeout, retries and point-limit
+    splitting. The copies' request counts are added to the client's on `close`.
+
+    One by one on the client itself (each answer already done when `submit` returns) with one worker, or
+    with a client that is not a plain PrometheusClient (a test double, a subclass that records or
+    rewrites queries: its behaviour would be lost on a copy).
+    """
+
+    def __init__(self, client: RangeReader, workers: int, *, name: str = "prometheus-range") -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.client = client
+        self.pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+        self._copies: list[PrometheusClient] = []
+        self._lock = threading.Lock()
+        if workers > 1 and type(client) is PrometheusClient:
+            self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+
+    def submit(self, query: str, start: float, end: float, step: float) -> Future[Sequence[Any]]:
+        """The answer of `client.range(query, start, end, step)`, as a future (already done when serial)."""
+        if self.pool is not None:
+            return self.pool.submit(self._range, query, start, end, step)
+        done: Future[Sequence[Any]] = Future()
+        try:
+            done.set_result(self.client.range(query, start, end, step))
+        except Exception as exc:  # raised where the answer is read, as a pooled query's would be
+            done.set_exception(exc)
+        return done
+
+    def _range(self, query: str, start: float, end: float, step: float) -> Sequence[Any]:
+        mine: PrometheusClient | None = getattr(self._local, "client", None)
+        if mine is None:
+            base = self.client
+            assert isinstance(base, PrometheusClient)
+            mine = PrometheusClient(
+                base.base_url, timeout_s=base.timeout_s, retries=base.retries, backoff_s=base.backoff_s,
+                max_points=base.max_points,
+            )  # fmt: skip
+            self._local.client = mine
+            with self._lock:
+                self._copies.append(mine)
+        return mine.range(query, start, end, step)
+
+    def close(self) -> None:
+        """Drop the queries not yet started (nobody reads their answers once the caller closes: it either
+        read them all or failed on one), wait for those in flight, count the copies' requests on the
+        client and close the copies."""
+        if self.pool is None:
+            return
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for copy in self._copies:
+            if isinstance(self.client, PrometheusClient):
+                self.client.requests += copy.requests
+            copy.close()
+        self._copies.clear()
+
+    def __enter__(self) -> RangeFetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _error_fields(resp: requests.Response) -> tuple[str | None, str]:
