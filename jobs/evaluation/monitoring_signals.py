@@ -5,8 +5,12 @@ Pure (numpy, no Django). `log_signals` turns the stored analysis of one nvidia-s
 share, idle waste, coverage, energy, peak memory) and one diagnosis read both:
 
 - per GPU, a matrix at the log's own resolution (its median sampling interval, on a regular grid as the
-  rules need; a log longer than MAX_POINTS samples per GPU was stored as bucket means, and then each
-  cell is one bucket);
+  rules need). A log longer than MAX_POINTS samples per GPU was stored as bucket means; a bucket mean
+  hides a short idle gap (2 idle seconds of 30 read as 88 % busy), so such a bucket is expanded back
+  into its samples from the counts the parser kept on the full samples (`bucket_samples`, and the
+  utilisation's idle-sample count and mean): the idle samples keep their number and value and the
+  others the bucket's remaining mean, so idle share and mean are those of the full log. Only the order
+  of samples inside one bucket is not kept: its idle samples are placed at its end;
 - cross-GPU mean/min/max/count and `sampled` on the job's evaluation grid (windows (t - step, t]), so
   coverage says how much of the job's GPU-time the log covers.
 
@@ -45,6 +49,8 @@ FIELDS: tuple[tuple[str, str, float, str], ...] = (
 )
 #: At most this many columns in a log's per-GPU matrix (a log with a long pause is coarsened, not huge).
 MAX_COLUMNS = 50_000
+#: A bucketed series is expanded back into at most this many samples per GPU (else read as stored).
+MAX_EXPANDED_SAMPLES = MAX_COLUMNS
 
 
 @dataclass
@@ -87,6 +93,68 @@ def pick_gpus(analysis: Mapping[str, Any], job_gpus: Sequence[str], gpu_count: i
     )
 
 
+def _native_intervals(analysis: Mapping[str, Any]) -> dict[str, float]:
+    """Each GPU's median sampling interval over its full samples (the parser's per-GPU entry)."""
+    out: dict[str, float] = {}
+    for entry in analysis.get("gpus") or []:
+        if isinstance(entry, Mapping):
+            value = entry.get("median_interval_s")
+            if isinstance(value, int | float) and value > 0:
+                out[str(entry.get("gpu"))] = float(value)
+    return out
+
+
+def _samples(
+    gpu_series: Mapping[str, Any], native_interval: float | None
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """One GPU's times and FIELDS columns, bucketed series expanded back into their samples.
+
+    A bucket of `n` samples whose utilisation had `i` idle samples (mean `m_i`) and mean `m` becomes `n`
+    samples `native_interval` apart around the bucket's mean time: `n - i` at the busy mean
+    (n*m - i*m_i)/(n - i) and then `i` at `m_i`; other columns repeat the bucket mean. Without the counts
+    (a series stored whole, or by an older parser) the series is returned as stored.
+    """
+    t = _float_list(gpu_series.get("t_unix_s") or [])
+    columns = {src: _float_list(gpu_series[src]) for src, *_ in FIELDS if src in gpu_series}
+    sizes_raw = gpu_series.get("bucket_samples")
+    if not isinstance(sizes_raw, list) or len(sizes_raw) != t.size or not native_interval:
+        return t, columns
+    sizes = np.array([max(int(x), 0) if isinstance(x, int | float) else 0 for x in sizes_raw], dtype=np.int64)
+    total = int(sizes.sum())
+    if total == 0 or total > MAX_EXPANDED_SAMPLES:
+        return t, columns
+    bucket = np.repeat(np.arange(t.size), sizes)
+    offset = np.arange(total) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # position inside the bucket
+    t_full = t[bucket] + (offset - (sizes[bucket] - 1) / 2.0) * native_interval
+    out = {src: col[bucket] for src, col in columns.items()}
+    util = "utilization_gpu_pct"
+    idle_raw = gpu_series.get(f"{util}_idle_samples")
+    if util in columns and isinstance(idle_raw, list) and len(idle_raw) == t.size:
+        idle_n = np.array([int(x) if isinstance(x, int | float) else 0 for x in idle_raw], dtype=np.int64)
+        valid_raw = gpu_series.get(f"{util}_valid_samples")
+        valid = (
+            np.array([int(x) if isinstance(x, int | float) else 0 for x in valid_raw], dtype=np.int64)
+            if isinstance(valid_raw, list) and len(valid_raw) == t.size
+            else sizes
+        )
+        idle_n = np.clip(idle_n, 0, valid)
+        idle_mean = np.nan_to_num(_float_list(gpu_series.get(f"{util}_idle_mean") or [None] * t.size))
+        mean = columns[util]
+        busy_n = valid - idle_n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            busy_mean = np.where(
+                busy_n > 0, (valid * mean - idle_n * idle_mean) / np.maximum(busy_n, 1), np.nan
+            )
+        # Inside each bucket: its busy samples, then its idle ones, then those that had no reading.
+        pos = offset
+        b = bucket
+        values = np.where(
+            pos < busy_n[b], busy_mean[b], np.where(pos < busy_n[b] + idle_n[b], idle_mean[b], np.nan)
+        )
+        out[util] = values
+    return t_full, out
+
+
 def log_signals(
     analysis: Mapping[str, Any],
     ts: np.ndarray,
@@ -116,7 +184,9 @@ def log_signals(
         out.note = why
         return out
     series: Mapping[str, Any] = analysis["series"]
-    per_gpu_t = {g: _float_list(series[g].get("t_unix_s") or []) for g in chosen}
+    native = _native_intervals(analysis)
+    samples = {g: _samples(series[g], native.get(g)) for g in chosen}
+    per_gpu_t = {g: t for g, (t, _) in samples.items()}
     intervals = [np.diff(t) for t in per_gpu_t.values() if t.size > 1]
     diffs = np.concatenate(intervals) if intervals else np.array([])
     diffs = diffs[diffs > 0]
@@ -139,7 +209,7 @@ def log_signals(
     keys = [GpuKey("", g) for g in chosen]
     n = ts.size
     for src, key, factor, unit in FIELDS:
-        if not all(src in series[g] for g in chosen):
+        if not all(src in samples[g][1] for g in chosen):
             continue
         matrix = np.full((len(chosen), columns), np.nan)
         sums = np.zeros((len(chosen), n))
@@ -148,7 +218,7 @@ def log_signals(
         maxs = np.full((len(chosen), n), -np.inf)
         for row, g in enumerate(chosen):
             t = per_gpu_t[g][inside[g]]
-            values = _float_list(series[g][src])
+            values = samples[g][1][src]
             if values.size != per_gpu_t[g].size:
                 continue
             v = values[inside[g]] * factor

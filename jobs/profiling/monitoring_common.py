@@ -9,7 +9,6 @@ gave, else UTC, and says so.
 from __future__ import annotations
 
 import csv
-import itertools
 import re
 from array import array
 from collections.abc import Iterator
@@ -66,23 +65,55 @@ def stats(values: np.ndarray) -> dict[str, float | None]:
     }
 
 
-def downsample(t: np.ndarray, columns: dict[str, np.ndarray], max_points: int) -> dict[str, list[Any]]:
-    """Bucket means so a week-long 1 s log still draws; the summary uses every sample."""
+def downsample(
+    t: np.ndarray,
+    columns: dict[str, np.ndarray],
+    max_points: int,
+    *,
+    idle_key: str | None = None,
+    idle_max: float = IDLE_UTIL_PCT,
+) -> dict[str, list[Any]]:
+    """Every sample, or `max_points` bucket means so a week-long 1 s log still draws and stores small.
+
+    A bucket mean hides what happened inside it: a 2 s idle gap in a 30-sample bucket of a busy GPU reads
+    as 88 % busy, so a log judged on its bucket means loses its short idle gaps. Bucketed series therefore
+    also carry, computed on the full samples, each bucket's sample count (`bucket_samples`) and, for
+    `idle_key` (a utilisation column, percent), the count and mean of its idle samples (at or below
+    `idle_max`): `<idle_key>_idle_samples`, `<idle_key>_idle_mean` -- what the evaluation needs to count
+    idle time exactly (jobs.evaluation.monitoring_signals).
+    """
     n = t.size
     if n <= max_points:
         out: dict[str, list[Any]] = {"t_unix_s": [round(float(x), 3) for x in t]}
         for key, col in columns.items():
             out[key] = [None if np.isnan(v) else round(float(v), 4) for v in col]
         return out
-    edges = np.linspace(0, n, max_points + 1).astype(int)
-    out = {"t_unix_s": [round(float(t[a:b].mean()), 3) for a, b in itertools.pairwise(edges)]}
+    edges = np.linspace(0, n, max_points + 1).astype(np.int64)
+    starts = edges[:-1]
+    sizes = np.diff(edges)
+
+    def bucket_sum(values: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(values, starts)
+
+    def rounded(values: np.ndarray, digits: int) -> list[Any]:
+        return [None if np.isnan(v) else round(float(v), digits) for v in values]
+
+    out = {"t_unix_s": rounded(bucket_sum(t) / sizes, 3), "bucket_samples": [int(x) for x in sizes]}
     for key, col in columns.items():
-        series = []
-        for a, b in itertools.pairwise(edges):
-            chunk = col[a:b]
-            chunk = chunk[~np.isnan(chunk)]
-            series.append(round(float(chunk.mean()), 4) if chunk.size else None)
-        out[key] = series
+        present = ~np.isnan(col)
+        counts = bucket_sum(present.astype(np.int64))
+        sums = bucket_sum(np.where(present, col, 0.0))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[key] = rounded(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan), 4)
+        if key == idle_key:
+            idle = present & (col <= idle_max)
+            idle_n = bucket_sum(idle.astype(np.int64))
+            idle_sum = bucket_sum(np.where(idle, col, 0.0))
+            out[f"{key}_idle_samples"] = [int(x) for x in idle_n]
+            out[f"{key}_valid_samples"] = [int(x) for x in counts]
+            out[f"{key}_idle_mean"] = rounded(
+                np.where(idle_n > 0, idle_sum / np.maximum(idle_n, 1), np.nan), 4
+            )
     return out
 
 

@@ -227,7 +227,8 @@ def analyze_nvidia_smi(
 
     With `noheader`, pass the `--query-gpu` field list as `fields` (a list or "a,b,c"). Values may
     carry units ("85 %", "18.81 W") or not; "[N/A]" becomes None. Series are downsampled to
-    `max_points` bucket means; statistics use every sample. `idle_share_pct` is the share of samples
+    `max_points` bucket means (each bucket with its sample and idle-sample counts, see `downsample`);
+    statistics use every sample. `idle_share_pct` is the share of samples
     with GPU utilisation at or below `idle_util_pct` (the evaluation's threshold by default).
     `timezone` (IANA name or offset) or `utc_offset_s`: the zone of zone-less timestamps (default UTC).
     A log without a GPU column whose rows cannot be grouped into sweeps raises ArtifactError.
@@ -461,7 +462,7 @@ def _smi_result(
                 "stats": col_stats,
             }
         )
-        series[gpu] = downsample(t, cols, max_points)
+        series[gpu] = downsample(t, cols, max_points, idle_key="utilization_gpu_pct", idle_max=idle_util_pct)
     times = np.concatenate(all_t)
     diffs = [np.diff(t) for t in all_t if t.size > 1] if has_time else []
     intervals = np.concatenate(diffs) if diffs else np.array([])
