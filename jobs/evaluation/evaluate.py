@@ -92,6 +92,8 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         flops_convention=ctx.flops_convention,
         gpu_equivalents=ctx.sharing.gpu_equivalents if ctx.sharing is not None else None,
         peak_equivalents=ctx.sharing.peak_equivalents if ctx.sharing is not None else None,
+        engine_flops_per_gpu=stat("engine_flops", "mean"),
+        engine_missing_reason=sigs.missing.get("engine_flops", "") if sigs is not None else "",
     )
     notes = [*ctx.source_notes, *k.notes]
     if ctx.sharing is not None:
@@ -136,6 +138,11 @@ def evaluate(ctx: EvaluationContext) -> Evaluated:
         reference_source=k.reference_source,
         flops_variant=k.variants.get("mfu", ""),
         mfu_fallback=k.flops_fallback,
+        mfu_source=k.mfu_source,
+        engine_mfu=k.engine_mfu,
+        engine_flops_per_gpu=k.engine_flops_per_gpu,
+        engine_mfu_reason=k.engine_mfu_reason,
+        flops_mfu=k.flops_mfu,
         energy_kwh=k.energy_kwh,
         energy_cost_usd=k.energy_cost_usd,
         peak_memory_mib=peak_mib,

@@ -196,6 +196,16 @@ class Kpis:
     energy_kwh: float | None = None
     energy_cost_usd: float | None = None
     cross_check: CrossCheck | None = None
+    #: Which MFU `mfu` is: "engine" (a serving engine's own FLOP counter) or "flops" (FLOPs per token from
+    #: the config x tokens/s); "" when MFU is unknown.
+    mfu_source: str = ""
+    #: The serving engine's own MFU (its FLOP/s per GPU over the GPU's dense peak); None with
+    #: `engine_mfu_reason` when the engine exports no FLOP counter for the job (never 0).
+    engine_mfu: float | None = None
+    engine_mfu_reason: str = ""
+    engine_flops_per_gpu: float | None = None
+    #: Our forward-FLOPs MFU, kept beside the engine's as a cross-check when the engine's is shown.
+    flops_mfu: float | None = None
     variants: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -313,6 +323,8 @@ def compute_kpis(
     flops_convention: str = "palm",
     gpu_equivalents: float | None = None,
     peak_equivalents: float | None = None,
+    engine_flops_per_gpu: np.ndarray | None = None,
+    engine_missing_reason: str = "",
 ) -> Kpis:
     """All of a job's summary numbers over [start, end]; see reference/formulas.md for the definitions.
 
@@ -324,6 +336,12 @@ def compute_kpis(
     Idle share: from `gpu_util_per_gpu` (exact) or the cross-GPU mean/min/max (a lower bound) of the signal
     named by `idle_signal`: GPU_UTIL, or GR_ENGINE_ACTIVE where a MIG instance has no GPU_UTIL; `idle_mean`
     is that signal's mean when it is not `gpu_util` (which stays the GPU_UTIL KPI).
+
+    Serving jobs (`shape.serving`): `engine_flops_per_gpu` is the serving engine's own FLOP/s per GPU on
+    the grid (vLLM/SGLang `estimated_flops_per_gpu_total`, rate()'d; jobs.metrics.engine_signals). When it
+    has samples, its MFU is the job's MFU (`mfu_source` "engine") and the forward-FLOPs MFU is kept in
+    `flops_mfu` as the cross-check; without it the forward-FLOPs MFU stays and `engine_mfu_reason` says why
+    the engine's is absent (`engine_missing_reason`, or "no engine FLOPs series").
     """
     duration = max((end - start).total_seconds(), 0.0)
     billed = float(gpu_count) if gpu_equivalents is None else max(float(gpu_equivalents), 0.0)
@@ -338,6 +356,10 @@ def compute_kpis(
         k, shape, peak_flops_per_gpu, peak_gpus, grid_step_s, tokens_per_second, throughput_source,
         flops_convention,
     )  # fmt: skip
+    k.mfu_source = "flops" if k.mfu is not None else ""
+    if shape.serving:
+        share = peak_gpus / gpu_count if gpu_count > 0 else 1.0
+        _engine_mfu(k, engine_flops_per_gpu, peak_flops_per_gpu, share, engine_missing_reason)
     if k.mfu is not None and abs(peak_gpus - gpu_count) > 1e-9:
         k.variants["mfu"] += (
             f"; against {peak_gpus:.3g} GPU peaks: this job's share of its {gpu_count} shared or MIG GPU(s)"
@@ -442,6 +464,57 @@ def _throughput_and_mfu(
         k.variants["hfu"] = hardware.variant
     if k.mfu > 1.0:
         k.notes.append("MFU above 100 %: the parameter count, dtype or tokens are wrong")
+
+
+#: How the MFU is labelled when the serving engine's own figure is the job's MFU.
+ENGINE_MFU_CONVENTION = "engine-reported FLOPs (vLLM/SGLang estimated_flops_per_gpu_total)"
+
+
+def engine_mfu(flops_per_s_per_gpu: float, peak_flops_per_gpu: float, share: float = 1.0) -> float:
+    """A serving engine's MFU: its FLOP/s per GPU over the dense peak of the job's share of one GPU, by
+    the one utilisation formula (flops.utilisation with 1 FLOP per "token" at the engine's FLOP/s)."""
+    if not peak_flops_per_gpu > 0 or not share > 0:
+        raise ValueError("engine MFU needs a positive dense peak and GPU share")
+    return utilisation(1.0, flops_per_s_per_gpu, peak_flops_per_gpu * share)
+
+
+def _engine_mfu(
+    k: Kpis, flops: np.ndarray | None, peak: float | None, share: float, missing_reason: str
+) -> None:
+    """Use the serving engine's own MFU as the job's when its FLOP counter has samples, keeping the
+    forward-FLOPs MFU beside it; otherwise leave the forward-FLOPs MFU and say why the engine's is absent."""
+    mean = time_mean(flops)
+    if mean is None:
+        k.engine_mfu_reason = missing_reason or "no engine FLOPs series for this job in the window"
+        return
+    k.engine_flops_per_gpu = mean
+    if peak is None:
+        k.engine_mfu_reason = "the engine's FLOPs need the GPU's dense peak for the job's dtype"
+        return
+    assert flops is not None
+    k.engine_mfu = engine_mfu(mean, peak, share)
+    forward, forward_variant = k.mfu, k.variants.get("mfu", "") or k.mfu_unknown_reason
+    k.flops_mfu = forward
+    if forward is None and k.mfu_unknown_reason in k.notes:
+        # The forward-FLOPs MFU's reason stays in `variants`, not as the job's MFU being unknown.
+        k.notes.remove(k.mfu_unknown_reason)
+    k.mfu, k.mfu_source, k.mfu_unknown_reason = k.engine_mfu, "engine", ""
+    k.flops_fallback = False  # the shown MFU is the engine's; the forward estimate's fallback is in its text
+    k.mfu_series = utilisation(1.0, flops, peak * share)
+    k.variants["mfu"] = (
+        f"MFU, {ENGINE_MFU_CONVENTION}: {mean / 1e12:.4g} TFLOP/s per GPU ÷ dense peak "
+        f"{peak * share / 1e12:.4g} TFLOP/s"
+    )
+    k.variants["mfu_cross_check"] = (
+        f"forward-FLOPs MFU {forward:.1%} ({forward_variant.removeprefix('MFU, ')})"
+        if forward is not None
+        else f"forward-FLOPs MFU unknown ({forward_variant or 'no throughput'})"
+    )
+    if forward is not None and forward > 0 and not 0.5 <= k.engine_mfu / forward <= 2.0:
+        k.notes.append(
+            f"the engine's MFU ({k.engine_mfu:.1%}) and the forward-FLOPs MFU ({forward:.1%}) differ by more "
+            "than 2x: check the registered parameter count and context, or the engine's FLOP estimate"
+        )
 
 
 def _cost(

@@ -96,6 +96,15 @@ class Evaluation(msgspec.Struct, frozen=True, kw_only=True):
     reference_source: str = ""
     flops_variant: str = ""
     mfu_fallback: bool = False
+    #: Which MFU `mfu` is: "engine" (a serving engine's own FLOP counter, vLLM/SGLang
+    #: estimated_flops_per_gpu_total) or "flops" (FLOPs per token from the config x tokens/s); "" unknown.
+    mfu_source: str = ""
+    #: A serving job's engine-reported MFU, its mean FLOP/s per GPU, or why it is absent (never 0).
+    engine_mfu: float | None = None
+    engine_flops_per_gpu: float | None = None
+    engine_mfu_reason: str = ""
+    #: The forward-FLOPs MFU kept beside the engine's when the engine's is the job's MFU (the cross-check).
+    flops_mfu: float | None = None
     energy_kwh: float | None = None
     energy_cost_usd: float | None = None
     peak_memory_mib: float | None = None

@@ -27,15 +27,22 @@ whose start lies on it), the same stats (SAMPLED included), the same missing rul
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from jobs.metrics.prometheus import MAX_POINTS_PER_SERIES, RangeFetcher
+from jobs.metrics.engine_signals import (
+    ENGINE_NAME_REGEX,
+    NOT_JOINABLE,
+    add_engine_signals,
+    fetch_engine_signals,
+)
+from jobs.metrics.prometheus import MAX_POINTS_PER_SERIES, PrometheusClient
 from jobs.metrics.promql import (
     HOST_LABEL_SPELLINGS,
     Matcher,
@@ -57,6 +64,7 @@ from jobs.metrics.signal_queries import (
 )
 from jobs.metrics.signals import (
     COUNT,
+    ENGINE_SIGNALS,
     MAX,
     MEAN,
     MIN,
@@ -103,9 +111,10 @@ class Discovery:
         return tuple(n for n in HOST_LABEL_SPELLINGS if n in self.labels)
 
 
-def discover(client: CycleClient, start: float, end: float) -> Discovery:
-    """Two requests: DCGM metric names and the label names on DCGM series in [start, end]."""
-    match = [f"{{__name__=~{promql_string(DCGM_NAME_REGEX)}}}"]
+def discover(client: CycleClient, start: float, end: float, name_regex: str = DCGM_NAME_REGEX) -> Discovery:
+    """Two requests: DCGM metric names and the label names on DCGM series in [start, end] (`name_regex`:
+    another registry's names, e.g. the serving engines' counters)."""
+    match = [f"{{__name__=~{promql_string(name_regex)}}}"]
     names = client.label_values("__name__", match, start, end)
     labels = client.label_names(match, start, end)
     return Discovery(frozenset(names), frozenset(labels))
@@ -118,7 +127,8 @@ class Target:
     `start`/`end`: the aggregate grid (start on the step's grid); `gpu_start`: where its per-GPU rows are
     read from; `per_gpu`: whether this cycle reads them (a cycle reads them for the jobs whose turn it
     is, jobs.metrics.ingest.per_gpu_due). Exactly one of `labels` (a label selector, as stored) and `gpus`
-    ((host, gpu) pairs).
+    ((host, gpu) pairs). `engine`: the job serves a model, so the cycle also reads its serving engine's
+    FLOP counters (jobs.metrics.engine_signals), joined by its label selector.
     """
 
     key: int
@@ -128,6 +138,7 @@ class Target:
     labels: Mapping[str, Any] | None = None
     gpus: tuple[tuple[str, str], ...] = ()
     per_gpu: bool = True
+    engine: bool = False
 
 
 @dataclass(slots=True)
@@ -219,9 +230,8 @@ def read_cycle(
 ) -> CycleResult:
     """Read every target's signals with a fixed number of queries per signal (see the module docstring).
 
-    `workers` > 1: that many range queries in flight at once (`prometheus.RangeFetcher`; a plain
-    PrometheusClient only), so Prometheus evaluates the next query while this process decodes and splits
-    the last one.
+    `workers` > 1: that many range queries in flight at once (`_Fetcher`; a plain PrometheusClient only),
+    so Prometheus evaluates the next query while this process decodes and splits the last one.
 
     `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Jobs far behind (a
     first poll, a catch-up after an outage: window start more than `max_spread_s` before the newest start)
@@ -247,7 +257,7 @@ def read_cycle(
         found, fallback = plan(bucket, discovery)
         groups += found
         result.fallback += fallback
-    fetcher = RangeFetcher(client, workers, name="poll-cycle")
+    fetcher = _Fetcher(client, workers)
     try:
         for group in groups:
             try:
@@ -259,15 +269,134 @@ def read_cycle(
                 for t, _ in group.members:
                     result.errors[t.key] = reason
                     result.signals.pop(t.key, None)
+        result.queries += _read_engines(
+            client, fetcher, targets, result, step, scrape_interval_s, max_spread_s, span
+        )
     finally:
         fetcher.close()
     return result
+
+
+def _read_engines(
+    client: CycleClient,
+    fetcher: _Fetcher,
+    targets: Sequence[Target],
+    result: CycleResult,
+    step: float,
+    scrape: float,
+    max_spread_s: float,
+    span: float,
+) -> int:
+    """The serving engines' counters of the cycle's `engine` targets, added to their signals: one
+    discovery (2 requests) on the engines' names and labels, then per present counter one aggregate
+    query per label group, as the GPU signals are read (a selector that cannot be grouped, e.g. a regex
+    value, is read on its own). Targets with explicit GPU lists have nothing to join on (NOT_JOINABLE).
+    Auxiliary: a failed engine read leaves the engine signals missing with the error, never fails a job.
+    Returns the requests sent."""
+    wanting = [t for t in targets if t.engine and t.key in result.signals]
+    for t in wanting:
+        if not t.labels:
+            result.signals[t.key].missing.update(dict.fromkeys(ENGINE_SIGNALS, NOT_JOINABLE))
+    labelled = [t for t in wanting if t.labels]
+    if not labelled:
+        return 0
+    queries = 2
+    try:
+        found = discover(
+            client, min(t.start for t in labelled), max(t.end for t in labelled), ENGINE_NAME_REGEX
+        )
+    except Exception as exc:
+        _engine_failed(result, labelled, exc)
+        return queries
+    engines = CycleResult()
+    alone: list[int] = []
+    for bucket in _rounds(labelled, max_spread_s, span):
+        groups, fallback = plan(bucket, found)
+        alone += fallback
+        for group in groups:
+            try:
+                queries += _read_group(fetcher, group, found, engines, step, None, scrape, ENGINE_SIGNALS)
+            except Exception as exc:
+                _engine_failed(result, [t for t, _ in group.members], exc)
+    by_key = {t.key: t for t in labelled}
+    for key, sigs in engines.signals.items():
+        add_engine_signals(result.signals[key], sigs.signals, sigs.missing)
+    for key in alone:
+        t = by_key[key]
+        try:
+            series, missing = fetch_engine_signals(
+                client, t.labels, t.start, t.end, step, scrape_interval_s=scrape
+            )
+            queries += 1 + len(series)
+        except Exception as exc:
+            _engine_failed(result, [t], exc)
+            continue
+        add_engine_signals(result.signals[key], series, missing)
+    return queries
+
+
+def _engine_failed(result: CycleResult, targets: Sequence[Target], exc: Exception) -> None:
+    why = f"engine signals not read: {type(exc).__name__}: {exc}"[:300]
+    for t in targets:
+        if t.key in result.signals:
+            result.signals[t.key].missing.update(dict.fromkeys(ENGINE_SIGNALS, why))
 
 
 #: Range queries a poll cycle keeps in flight (`read_cycle(workers=)`): Prometheus evaluates one query
 #: per core, and this process is busy decoding and splitting the previous answer meanwhile; two keep
 #: both busy on the 2-core machine measured in issue #14 (more only queue inside Prometheus).
 CYCLE_QUERY_WORKERS = 2
+
+
+class _Fetcher:
+    """Sends a cycle's range queries, `workers` at a time on per-thread copies of the client (a
+    requests.Session is not safe to share between threads; each copy's request count is added to the
+    client's on `close`), or one by one on the client itself: with one worker, or a client that is not
+    a plain PrometheusClient (a test double, a subclass that records or rewrites queries)."""
+
+    def __init__(self, client: CycleClient, workers: int) -> None:
+        self.client = client
+        self.pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+        self._copies: list[PrometheusClient] = []
+        self._lock = threading.Lock()
+        if workers > 1 and type(client) is PrometheusClient:
+            self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll-cycle")
+
+    def submit(self, query: str, start: float, end: float, step: float) -> Future[Sequence[Any]]:
+        """The answer of `client.range(query, start, end, step)`, as a future (already done when serial)."""
+        if self.pool is not None:
+            return self.pool.submit(self._range, query, start, end, step)
+        done: Future[Sequence[Any]] = Future()
+        try:
+            done.set_result(self.client.range(query, start, end, step))
+        except Exception as exc:  # raised where the answer is read, as a pooled query's would be
+            done.set_exception(exc)
+        return done
+
+    def _range(self, query: str, start: float, end: float, step: float) -> Sequence[Any]:
+        mine: PrometheusClient | None = getattr(self._local, "client", None)
+        if mine is None:
+            base = self.client
+            assert isinstance(base, PrometheusClient)
+            mine = PrometheusClient(
+                base.base_url, timeout_s=base.timeout_s, retries=base.retries, backoff_s=base.backoff_s,
+                max_points=base.max_points,
+            )  # fmt: skip
+            self._local.client = mine
+            with self._lock:
+                self._copies.append(mine)
+        return mine.range(query, start, end, step)
+
+    def close(self) -> None:
+        """Wait for queries still in flight, count the copies' requests on the client, close them."""
+        if self.pool is None:
+            return
+        self.pool.shutdown(wait=True)
+        for copy in self._copies:
+            if isinstance(self.client, PrometheusClient):
+                self.client.requests += copy.requests
+            copy.close()
 
 
 def _rounds(targets: Sequence[Target], max_spread_s: float, catch_up_s: float) -> list[list[Target]]:
@@ -291,13 +420,14 @@ def _rounds(targets: Sequence[Target], max_spread_s: float, catch_up_s: float) -
 
 
 def _read_group(
-    fetcher: RangeFetcher,
+    fetcher: _Fetcher,
     group: _Group,
     discovery: Discovery,
     result: CycleResult,
     step: float,
     per_gpu_step: float | None,
     scrape: float,
+    registry: Mapping[str, Signal] = SIGNALS,
 ) -> int:
     queries = 0
     g0 = min(t.start for t, _ in group.members)
@@ -308,7 +438,7 @@ def _read_group(
     # Every signal's aggregate query first (in flight together with a pooled fetcher), then the answers
     # in signal order; each per-GPU query once its signal's answer says which jobs have it.
     asked: list[tuple[Signal, tuple[str, ...], Future[Sequence[Any]]]] = []
-    for sig in SIGNALS.values():
+    for sig in registry.values():
         names = discovery.names(sig)
         if not names:
             for t, _ in group.members:

@@ -27,11 +27,12 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.metrics import archive, cluster
+from jobs.metrics.engine_signals import attach_engine_signals
 from jobs.metrics.host_signals import HOST_SIGNALS, HostJoin, attach_host_signals
-from jobs.metrics.prometheus import PrometheusClient, PrometheusError, RangeFetcher
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.promql import GpuRef, Selector
 from jobs.metrics.signal_queries import fetch_job_signals, window_total_query
-from jobs.metrics.signals import SIGNALS, JobSignals
+from jobs.metrics.signals import ENGINE_SIGNALS, SIGNALS, JobSignals
 from jobs.models import Job
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ def read_poll(job: Job, client: PrometheusClient, win: PollWindow) -> Read:
             sigs.signals[key].gpu_timestamps = series.gpu_timestamps
             sigs.signals[key].per_gpu = series.per_gpu
     attach_hosts(client, sigs)
+    attach_engine(client, sigs, job)
     return Read(sigs, energy_total(client, selector, job.started_at.timestamp(), win.end))
 
 
@@ -184,6 +186,27 @@ def attach_hosts(client: PrometheusClient, sigs: JobSignals) -> None:
         why = f"host signals not read: {type(exc).__name__}: {exc}"[:300]
         log.warning("%s (NODE_EXPORTER_HOST_LABEL=%r)", why, label)
         sigs.missing.update({k: why for k in HOST_SIGNALS if k not in sigs.signals})
+
+
+def reads_engine(job: Job) -> bool:
+    """Whether a read of the job also reads its serving engine's FLOP counters (jobs.metrics.engine_signals):
+    serving jobs only; the engine's MFU is a serving job's figure (jobs.evaluation.kpis)."""
+    return job.kind == Job.Kind.INFERENCE
+
+
+def attach_engine(client: PrometheusClient, sigs: JobSignals, job: Job) -> None:
+    """A serving job's engine counters (vLLM / SGLang `--enable-mfu-metrics`) on `sigs`' grid, joined by the
+    job's label selector. Auxiliary like the host signals: a failed read leaves them missing with the error,
+    never fails the poll."""
+    if not reads_engine(job):
+        return
+    labels = job.selector if isinstance(job.selector, dict) and not job.gpus else None
+    try:
+        attach_engine_signals(client, sigs, labels, scrape_interval_s=settings.PROMETHEUS_SCRAPE_INTERVAL_S)
+    except READ_ERRORS as exc:
+        why = f"engine signals not read: {type(exc).__name__}: {exc}"[:300]
+        log.warning("job %s: %s", job.external_id, why)
+        sigs.missing.update({k: why for k in ENGINE_SIGNALS if k not in sigs.signals})
 
 
 def derived_since(
@@ -286,22 +309,18 @@ def read_finalize(job: Job, client: PrometheusClient) -> Read:
     # query); the time split below bounds what each query reads (FINALIZE_MAX_SAMPLES).
     found = cluster.discover(client, first, end)
     selector = selector.restricted(found.labels) or selector
-    # The range queries FINALIZE_QUERY_CONCURRENCY at a time (each on its own copy of the client): sent
-    # one after another they left all but one of Prometheus' cores idle (#26 item 6). Same queries, same
-    # grids, so the same signals; a failed query fails the read as before (the rest are dropped).
-    with RangeFetcher(client, settings.FINALIZE_QUERY_CONCURRENCY, name="finalize") as fetcher:
-        sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
-                                 max_samples=FINALIZE_MAX_SAMPLES, gpus_hint=max(1, job.gpu_count),
-                                 fetcher=fetcher)  # fmt: skip
-        for batch in _gpu_batches(job, found):
-            # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
-            wide = fetch_job_signals(
-                client, batch, first, end, gpu_step, keys=list(sigs.signals), per_gpu_step=gpu_step,
-                aggregates=False, scrape_interval_s=scrape, max_samples=FINALIZE_MAX_SAMPLES,
-                gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count), fetcher=fetcher,
-            )  # fmt: skip
-            _add_per_gpu(sigs, wide)
+    sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
+                             max_samples=FINALIZE_MAX_SAMPLES)  # fmt: skip
+    for batch in _gpu_batches(job, found):
+        # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
+        wide = fetch_job_signals(
+            client, batch, first, end, gpu_step, keys=list(sigs.signals), per_gpu_step=gpu_step,
+            aggregates=False, scrape_interval_s=scrape, max_samples=FINALIZE_MAX_SAMPLES,
+            gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count),
+        )  # fmt: skip
+        _add_per_gpu(sigs, wide)
     attach_hosts(client, sigs)
+    attach_engine(client, sigs, job)
     return Read(sigs, energy_total(client, selector, start, end))
 
 
@@ -354,9 +373,12 @@ def cycle_target(job: Job, now: datetime) -> cluster.Target | None:
         refs = [GpuRef.coerce(g) for g in job.gpus]
         job_selector(job)  # validates (the same errors as a per-job poll)
         pairs = tuple(sorted({(r.hostname, str(r.gpu)) for r in refs}))
-        return cluster.Target(job.pk, win.start, win.end, win.gpu_start, gpus=pairs, per_gpu=wide)
+        return cluster.Target(
+            job.pk, win.start, win.end, win.gpu_start, gpus=pairs, per_gpu=wide, engine=reads_engine(job)
+        )
     job_selector(job)
-    return cluster.Target(job.pk, win.start, win.end, win.gpu_start, labels=dict(job.selector), per_gpu=wide)
+    return cluster.Target(job.pk, win.start, win.end, win.gpu_start, labels=dict(job.selector), per_gpu=wide,
+                          engine=reads_engine(job))  # fmt: skip
 
 
 def archive_cycle(jobs: dict[int, Job], signals: dict[int, JobSignals]) -> bool:

@@ -23,7 +23,7 @@ from jobs.metrics.archive.layout import (
 )
 from jobs.metrics.host_signals import HOST_SIGNALS
 from jobs.metrics.sampling import grid_columns, lattice_point
-from jobs.metrics.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
+from jobs.metrics.signals import ENGINE_SIGNALS, SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 from jobs.models import Job, JobSeries
 
 
@@ -230,6 +230,8 @@ def _level(
 def _unit(signal: str) -> str:
     if signal in HOST_SIGNALS:  # node_exporter's host signals (B/s or ratio)
         return HOST_SIGNALS[signal].unit
+    if signal in ENGINE_SIGNALS:  # a serving engine's FLOP/s and B/s per GPU
+        return ENGINE_SIGNALS[signal].unit
     return SIGNALS[signal].unit if signal in SIGNALS else _UNITS.get(signal, "ratio")
 
 
