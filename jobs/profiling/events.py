@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from array import array
+from collections.abc import Iterable
 from dataclasses import Field, dataclass, field, fields
 from enum import IntEnum
 from typing import Any, ClassVar
@@ -198,14 +199,16 @@ class StringTable:
             self._index[value] = idx
         return idx
 
-    def intern_many(self, values: list[str]) -> I32:
+    def intern_many(self, values: list[str], distinct: Iterable[str] | None = None) -> I32:
         """Indices of `values` (interned in order, as repeated `intern` calls would), as an int32 array.
 
         One dict look-up per value through `map` instead of a Python-level call per value: parsers
-        intern hundreds of thousands of event names.
+        intern hundreds of thousands of event names. `distinct`: the distinct values in first-seen order
+        (`dict.fromkeys(values)`), when the caller already built it to check them.
         """
         index = self._index
-        for value in dict.fromkeys(values):  # first-seen order, so the table grows exactly as intern's
+        # First-seen order, so the table grows exactly as intern's.
+        for value in dict.fromkeys(values) if distinct is None else distinct:
             if value not in index:
                 index[value] = len(self.values)
                 self.values.append(value)
