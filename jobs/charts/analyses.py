@@ -4,21 +4,32 @@ Pure: no Django. Frame and rank names are escaped (jobs.charts.common.escape).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from jobs.charts.common import BLUE, FONT, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, escape
 from jobs.profiling.schema.pyspy import PySpyAnalysis
 from jobs.profiling.schema.trace import StepBreakdown, TemporalBreakdown, decode_trace
 
-_BREAKDOWN = (("compute_pct", "Compute", BLUE), ("non_compute_pct", "Non-compute (comm, memcpy…)", ORANGE),
-              ("idle_pct", "Idle", GREY))  # fmt: skip
-_STEP_PARTS = (
-    ("kernel_pct", "Kernels", BLUE), ("communication_pct", "Communication", ORANGE),
-    ("memcpy_pct", "Memcpy", SKY), ("memset_pct", "Memset", YELLOW), ("runtime_pct", "CUDA runtime", PURPLE),
-    ("dataloader_pct", "DataLoader", VERMILLION), ("cpu_exec_pct", "CPU ops", GREEN),
-    ("other_pct", "Other", GREY),
-)  # fmt: skip
+B = TypeVar("B")
+#: A stacked bar: its name, colour and the typed read of its percentage from a decoded block.
+Part = tuple[str, str, Callable[[B], float | None]]
+
+_BREAKDOWN: tuple[Part[TemporalBreakdown], ...] = (
+    ("Compute", BLUE, lambda t: t.compute_pct),
+    ("Non-compute (comm, memcpy…)", ORANGE, lambda t: t.non_compute_pct),
+    ("Idle", GREY, lambda t: t.idle_pct),
+)
+_STEP_PARTS: tuple[Part[StepBreakdown], ...] = (
+    ("Kernels", BLUE, lambda s: s.kernel_pct),
+    ("Communication", ORANGE, lambda s: s.communication_pct),
+    ("Memcpy", SKY, lambda s: s.memcpy_pct),
+    ("Memset", YELLOW, lambda s: s.memset_pct),
+    ("CUDA runtime", PURPLE, lambda s: s.runtime_pct),
+    ("DataLoader", VERMILLION, lambda s: s.dataloader_pct),
+    ("CPU ops", GREEN, lambda s: s.cpu_exec_pct),
+    ("Other", GREY, lambda s: s.other_pct),
+)
 PYSPY_CLASS_COLOURS = {
     "data_loading": VERMILLION, "tokenization": ORANGE, "collate": YELLOW, "framework": BLUE,
     "stdlib": SKY, "user_code": GREEN, "other": "#c9d1d9", "": "#e6eaee",
@@ -26,20 +37,16 @@ PYSPY_CLASS_COLOURS = {
 MAX_BAR_RANKS = 64
 
 
-def _stacked_bars(
-    rows: Sequence[tuple[str, TemporalBreakdown | StepBreakdown]],
-    parts: Sequence[tuple[str, str, str]],
-    title: str,
-) -> dict[str, Any]:
-    # `parts` name the blocks' fields (their stored keys), all percentages.
+def _stacked_bars(rows: Sequence[tuple[str, B]], parts: Sequence[Part[B]], title: str) -> dict[str, Any]:
+    # Every part is a percentage of the same whole, so the bars stack to 100.
     labels = [escape(label) for label, _ in rows]
     data = [
         {
             "type": "bar", "orientation": "h", "name": name, "y": labels,
-            "x": [None if (v := getattr(section, key)) is None else round(v, 2) for _, section in rows],
+            "x": [None if (v := read(section)) is None else round(v, 2) for _, section in rows],
             "marker": {"color": colour}, "hovertemplate": f"{name}: %{{x:.1f}} %<extra>%{{y}}</extra>",
         }
-        for key, name, colour in parts
+        for name, colour, read in parts
     ]  # fmt: skip
     return {
         "data": data,
