@@ -123,7 +123,8 @@ def _stream_of(args: _Args | None, tid: Any) -> int:
     stream = _as_int(args.stream, -1) if args is not None and args.stream is not None else -1
     if stream == -1:
         if isinstance(tid, int):
-            stream = tid
+            # Bounded as every other id: a tid past int64 made the column assignment overflow (a crash).
+            stream = tid if -_MAX_INT <= tid <= _MAX_INT else -1
         elif isinstance(tid, str):
             m = _STREAM_TID_RE.search(tid[:256])
             if m and len(m.group(1)) <= 18:

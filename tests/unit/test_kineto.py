@@ -305,6 +305,17 @@ def test_non_complete_events_and_unknown_categories_are_skipped() -> None:
     assert trace.metadata["event_counts_by_category"]["python_function"] == 1
 
 
+def test_a_kernel_whose_stream_comes_from_a_tid_past_int64_has_an_unknown_stream() -> None:
+    # No args.stream, so the stream is read from the tid; 2**70 used to overflow the int64 column and
+    # fail the whole upload as a parser bug.
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 2**70, "ts": 2, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 4, "dur": 1},
+    ]
+    rank = parse_kineto(kineto_bytes(events)).ranks[0]
+    assert rank.gpu.stream.tolist() == [-1, 7]
+
+
 def test_concatenated_gzip_members_are_read_whole() -> None:
     payload = kineto_bytes([])
     half = len(payload) // 2
