@@ -27,10 +27,9 @@ whose start lies on it), the same stats (SAMPLED included), the same missing rul
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,7 +41,7 @@ from jobs.metrics.engine_signals import (
     add_engine_signals,
     fetch_engine_signals,
 )
-from jobs.metrics.prometheus import MAX_POINTS_PER_SERIES, PrometheusClient
+from jobs.metrics.prometheus import MAX_POINTS_PER_SERIES, RangeFetcher
 from jobs.metrics.promql import (
     HOST_LABEL_SPELLINGS,
     Matcher,
@@ -230,8 +229,9 @@ def read_cycle(
 ) -> CycleResult:
     """Read every target's signals with a fixed number of queries per signal (see the module docstring).
 
-    `workers` > 1: that many range queries in flight at once (`_Fetcher`; a plain PrometheusClient only),
-    so Prometheus evaluates the next query while this process decodes and splits the last one.
+    `workers` > 1: that many range queries in flight at once (`prometheus.RangeFetcher`; a plain
+    PrometheusClient only), so Prometheus evaluates the next query while this process decodes and splits
+    the last one.
 
     `per_gpu_step` None skips the per-GPU matrices (cycles between per-GPU reads). Jobs far behind (a
     first poll, a catch-up after an outage: window start more than `max_spread_s` before the newest start)
@@ -257,7 +257,7 @@ def read_cycle(
         found, fallback = plan(bucket, discovery)
         groups += found
         result.fallback += fallback
-    fetcher = _Fetcher(client, workers)
+    fetcher = RangeFetcher(client, workers, name="poll-cycle")
     try:
         for group in groups:
             try:
@@ -269,9 +269,8 @@ def read_cycle(
                 for t, _ in group.members:
                     result.errors[t.key] = reason
                     result.signals.pop(t.key, None)
-        result.queries += _read_engines(
-            client, fetcher, targets, result, step, scrape_interval_s, max_spread_s, span
-        )
+        result.queries += _read_engines(client, fetcher, targets, result, step, scrape_interval_s,
+                                        max_spread_s, span)  # fmt: skip
     finally:
         fetcher.close()
     return result
@@ -279,7 +278,7 @@ def read_cycle(
 
 def _read_engines(
     client: CycleClient,
-    fetcher: _Fetcher,
+    fetcher: RangeFetcher,
     targets: Sequence[Target],
     result: CycleResult,
     step: float,
@@ -348,57 +347,6 @@ def _engine_failed(result: CycleResult, targets: Sequence[Target], exc: Exceptio
 CYCLE_QUERY_WORKERS = 2
 
 
-class _Fetcher:
-    """Sends a cycle's range queries, `workers` at a time on per-thread copies of the client (a
-    requests.Session is not safe to share between threads; each copy's request count is added to the
-    client's on `close`), or one by one on the client itself: with one worker, or a client that is not
-    a plain PrometheusClient (a test double, a subclass that records or rewrites queries)."""
-
-    def __init__(self, client: CycleClient, workers: int) -> None:
-        self.client = client
-        self.pool: ThreadPoolExecutor | None = None
-        self._local = threading.local()
-        self._copies: list[PrometheusClient] = []
-        self._lock = threading.Lock()
-        if workers > 1 and type(client) is PrometheusClient:
-            self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll-cycle")
-
-    def submit(self, query: str, start: float, end: float, step: float) -> Future[Sequence[Any]]:
-        """The answer of `client.range(query, start, end, step)`, as a future (already done when serial)."""
-        if self.pool is not None:
-            return self.pool.submit(self._range, query, start, end, step)
-        done: Future[Sequence[Any]] = Future()
-        try:
-            done.set_result(self.client.range(query, start, end, step))
-        except Exception as exc:  # raised where the answer is read, as a pooled query's would be
-            done.set_exception(exc)
-        return done
-
-    def _range(self, query: str, start: float, end: float, step: float) -> Sequence[Any]:
-        mine: PrometheusClient | None = getattr(self._local, "client", None)
-        if mine is None:
-            base = self.client
-            assert isinstance(base, PrometheusClient)
-            mine = PrometheusClient(
-                base.base_url, timeout_s=base.timeout_s, retries=base.retries, backoff_s=base.backoff_s,
-                max_points=base.max_points,
-            )  # fmt: skip
-            self._local.client = mine
-            with self._lock:
-                self._copies.append(mine)
-        return mine.range(query, start, end, step)
-
-    def close(self) -> None:
-        """Wait for queries still in flight, count the copies' requests on the client, close them."""
-        if self.pool is None:
-            return
-        self.pool.shutdown(wait=True)
-        for copy in self._copies:
-            if isinstance(self.client, PrometheusClient):
-                self.client.requests += copy.requests
-            copy.close()
-
-
 def _rounds(targets: Sequence[Target], max_spread_s: float, catch_up_s: float) -> list[list[Target]]:
     """The up-to-date targets (window start within `max_spread_s` of the newest start) as one round, and
     the ones far behind in rounds of their own, sorted by start and cut where a start lies more than
@@ -420,7 +368,7 @@ def _rounds(targets: Sequence[Target], max_spread_s: float, catch_up_s: float) -
 
 
 def _read_group(
-    fetcher: _Fetcher,
+    fetcher: RangeFetcher,
     group: _Group,
     discovery: Discovery,
     result: CycleResult,

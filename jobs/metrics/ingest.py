@@ -29,7 +29,7 @@ from django.utils import timezone
 from jobs.metrics import archive, cluster
 from jobs.metrics.engine_signals import attach_engine_signals
 from jobs.metrics.host_signals import HOST_SIGNALS, HostJoin, attach_host_signals
-from jobs.metrics.prometheus import PrometheusClient, PrometheusError
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError, RangeFetcher
 from jobs.metrics.promql import GpuRef, Selector
 from jobs.metrics.signal_queries import fetch_job_signals, window_total_query
 from jobs.metrics.signals import ENGINE_SIGNALS, SIGNALS, JobSignals
@@ -309,16 +309,21 @@ def read_finalize(job: Job, client: PrometheusClient) -> Read:
     # query); the time split below bounds what each query reads (FINALIZE_MAX_SAMPLES).
     found = cluster.discover(client, first, end)
     selector = selector.restricted(found.labels) or selector
-    sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
-                             max_samples=FINALIZE_MAX_SAMPLES)  # fmt: skip
-    for batch in _gpu_batches(job, found):
-        # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
-        wide = fetch_job_signals(
-            client, batch, first, end, gpu_step, keys=list(sigs.signals), per_gpu_step=gpu_step,
-            aggregates=False, scrape_interval_s=scrape, max_samples=FINALIZE_MAX_SAMPLES,
-            gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count),
-        )  # fmt: skip
-        _add_per_gpu(sigs, wide)
+    # The range queries FINALIZE_QUERY_CONCURRENCY at a time (each on its own copy of the client): sent
+    # one after another they left all but one of Prometheus' cores idle (#26 item 6). Same queries, same
+    # grids, so the same signals; a failed query fails the read as before (the rest are dropped).
+    with RangeFetcher(client, settings.FINALIZE_QUERY_CONCURRENCY, name="finalize") as fetcher:
+        sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
+                                 max_samples=FINALIZE_MAX_SAMPLES, gpus_hint=max(1, job.gpu_count),
+                                 fetcher=fetcher)  # fmt: skip
+        for batch in _gpu_batches(job, found):
+            # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
+            wide = fetch_job_signals(
+                client, batch, first, end, gpu_step, keys=list(sigs.signals), per_gpu_step=gpu_step,
+                aggregates=False, scrape_interval_s=scrape, max_samples=FINALIZE_MAX_SAMPLES,
+                gpus_hint=FINALIZE_GPU_BATCH if job.gpus else max(1, job.gpu_count), fetcher=fetcher,
+            )  # fmt: skip
+            _add_per_gpu(sigs, wide)
     attach_hosts(client, sigs)
     attach_engine(client, sigs, job)
     return Read(sigs, energy_total(client, selector, start, end))

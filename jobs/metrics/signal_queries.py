@@ -13,7 +13,8 @@ PromQL to the registry's `unit` (see jobs.metrics.signals).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -245,20 +246,30 @@ class RangeClient(Protocol):
     ) -> list[str]: ...
 
 
-def bounded_range(
-    client: RangeClient, query: str, start: float, end: float, step: float, max_points: int
-) -> list[Any]:
-    """`client.range` in parts of at most `max_points` grid points (the same grid: start + k*step), the
-    parts' series joined by label set: a large job's window read in queries that each stay well inside
-    Prometheus' point limit and the client's timeout."""
+class Submitter(Protocol):
+    """Sends range queries ahead and answers them as futures (`jobs.metrics.prometheus.RangeFetcher`)."""
+
+    def submit(self, query: str, start: float, end: float, step: float) -> Future[Sequence[Any]]: ...
+
+
+def range_parts(start: float, end: float, step: float, max_points: int) -> list[tuple[float, float]]:
+    """[start, end] cut into parts of at most `max_points` points of one grid (start + k*step)."""
     n_last = int(np.floor((end - start) / step + 1e-9))
-    parts: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+    parts = []
     first = 0
     while first <= n_last:
         last = min(n_last, first + max_points - 1)
-        for s in client.range(query, start + first * step, start + last * step, step):
-            parts.setdefault(tuple(sorted(s.labels.items())), []).append(s)
+        parts.append((start + first * step, start + last * step))
         first = last + 1
+    return parts
+
+
+def join_parts(answers: Iterable[Sequence[Any]]) -> list[Any]:
+    """The series of consecutive parts of one range query joined by label set (in the parts' order)."""
+    parts: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+    for answer in answers:
+        for s in answer:
+            parts.setdefault(tuple(sorted(s.labels.items())), []).append(s)
     out: list[Any] = []
     for chunks in parts.values():
         if len(chunks) == 1:
@@ -272,6 +283,15 @@ def bounded_range(
                 )
             )
     return out
+
+
+def bounded_range(
+    client: RangeClient, query: str, start: float, end: float, step: float, max_points: int
+) -> list[Any]:
+    """`client.range` in parts of at most `max_points` grid points (the same grid: start + k*step), the
+    parts' series joined by label set: a large job's window read in queries that each stay well inside
+    Prometheus' point limit and the client's timeout."""
+    return join_parts(client.range(query, a, b, step) for a, b in range_parts(start, end, step, max_points))
 
 
 def missing_reason(signal: Signal, found_metric: bool) -> str:
@@ -304,6 +324,9 @@ def fetch_job_signals(
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
     max_samples: float | None = None,
     gpus_hint: int = 1,
+    fetcher: Submitter | None = None,
+    registry: Mapping[str, Signal] | None = None,
+    name_regex: str = DCGM_NAME_REGEX,
 ) -> JobSignals:
     """Read a job's signals: 1 presence query, then 1 aggregate (+1 per-GPU) range query per signal.
 
@@ -318,37 +341,86 @@ def fetch_job_signals(
     presence look-up found (`X` or `X_RATIO`, not both OR-ed: that costs Prometheus 2.6-3x). `max_samples`
     bounds the raw samples one range query may read (finalize of a large job): the range is split on the
     same grid into parts of at most that many samples across the job's GPUs, so no single query can run
-    into the client's timeout (`gpus_hint`: the job's GPUs, for a per-GPU-only read).
+    into the client's timeout (`gpus_hint`: the job's GPUs; read one by one, the bound also rises to the
+    GPUs the aggregates count as they are read).
+
+    `fetcher` (a finalize: `jobs.metrics.prometheus.RangeFetcher`): every signal's aggregate queries (all
+    their parts) are sent ahead and read in signal order, then every per-GPU query of the signals that
+    have data. The same queries on the same grids, so the same result as one by one (a grid point's value
+    depends only on its time, not on how the range was cut); only the cut can differ, since the bound
+    then uses `gpus_hint` for every aggregate query.
+
+    `registry` / `name_regex`: another registry's signals and its presence look-up's names (the serving
+    engines' counters, jobs.metrics.engine_signals); default the DCGM fields.
     """
     if not scrape_interval_s > 0:
         raise ValueError(f"scrape interval must be positive, got {scrape_interval_s}")
     window = max(rate_window_s or _rate_window(step, scrape_interval_s), step)
     duration(window)  # validates
-    wanted = [SIGNALS[k] for k in (keys if keys is not None else SIGNALS)]
-    present = set(client.label_values("__name__", selector.series_selectors(DCGM_NAME_REGEX), start, end))
+    signals = SIGNALS if registry is None else registry
+    wanted = [signals[k] for k in (keys if keys is not None else signals)]
+    present = set(client.label_values("__name__", selector.series_selectors(name_regex), start, end))
     ts = grid(start, end, step)
     result = JobSignals(start, end, step, ts)
+    gpus = float(max(1, gpus_hint))  # raised to the GPUs counted by the aggregates, as they are read
 
-    def read(query: str, t0: float, t1: float, step_s: float, gpus: float) -> Sequence[Any]:
+    def cuts(t0: float, t1: float, step_s: float) -> list[tuple[float, float]]:
         if max_samples is None:
-            return client.range(query, t0, t1, step_s)
+            return [(t0, t1)]  # the client splits at Prometheus' point limit itself
         # Samples per grid point across the GPUs: each GPU has step / scrape samples in each window.
         per_point = max(1.0, gpus) * max(1.0, step_s / scrape_interval_s)
-        return bounded_range(client, query, t0, t1, step_s, max(2, int(max_samples // per_point)))
+        return range_parts(t0, t1, step_s, max(2, int(max_samples // per_point)))
 
-    gpus = float(max(1, gpus_hint))  # raised to the GPUs counted by the aggregates, as they are read
+    def send(query: str, t0: float, t1: float, step_s: float) -> list[Future[Sequence[Any]]]:
+        if fetcher is not None:
+            return [fetcher.submit(query, a, b, step_s) for a, b in cuts(t0, t1, step_s)]
+        done: Future[Sequence[Any]] = Future()  # one by one: read now, on the bound as it stands
+        try:
+            parts = cuts(t0, t1, step_s)
+            done.set_result(
+                client.range(query, t0, t1, step_s) if max_samples is None
+                else join_parts(client.range(query, a, b, step_s) for a, b in parts)
+            )  # fmt: skip
+        except Exception as exc:  # raised where the answer is read, as a sent-ahead query's would be
+            done.set_exception(exc)
+        return [done]
+
+    def answer(sent: list[Future[Sequence[Any]]]) -> list[Any]:
+        return join_parts(f.result() for f in sent)
+
+    def per_gpu_sent(sig: Signal, metrics: list[str]) -> tuple[np.ndarray, list[Future[Sequence[Any]]]]:
+        assert per_gpu_step is not None
+        g0 = lattice_point(start, per_gpu_step)
+        g1 = max(end, g0)  # a window shorter than one per-GPU step still gets the point closing it
+        gwindow = max(rate_window_s or _rate_window(per_gpu_step, scrape_interval_s), per_gpu_step)
+        query = per_gpu_query(sig, selector, gwindow, step_s=per_gpu_step, metrics=metrics)
+        return grid(g0, g1, per_gpu_step), send(query, g0, g1, per_gpu_step)
+
+    found_names = {sig.key: [m for m in sig.names if m in present] for sig in wanted}
+    ahead: dict[str, list[Future[Sequence[Any]]]] = {}
+    if aggregates and fetcher is not None:
+        for sig in wanted:
+            if found_names[sig.key]:
+                query = aggregate_query(
+                    sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s,
+                    metrics=found_names[sig.key],
+                )  # fmt: skip
+                ahead[sig.key] = send(query, start, end, step)
+    later: list[tuple[SignalSeries, np.ndarray, list[Future[Sequence[Any]]]]] = []
     for sig in wanted:
-        found = any(m in present for m in sig.names)
-        if not found:
+        metrics = found_names[sig.key]
+        if not metrics:
             result.missing[sig.key] = missing_reason(sig, False)
             continue
-        metrics = [m for m in sig.names if m in present]
         stats: dict[str, np.ndarray] = {}
         if aggregates:
-            query = aggregate_query(
-                sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s, metrics=metrics
-            )
-            stats = stats_from_series(read(query, start, end, step, gpus), ts)
+            sent = ahead.get(sig.key)
+            if sent is None:
+                query = aggregate_query(
+                    sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s, metrics=metrics
+                )
+                sent = send(query, start, end, step)
+            stats = stats_from_series(answer(sent), ts)
             # `count` is NaN wherever no GPU reported; `or vector(0)` lines do not count as data.
             if COUNT not in stats or np.isnan(stats[COUNT]).all():
                 result.missing[sig.key] = missing_reason(sig, True)
@@ -356,12 +428,14 @@ def fetch_job_signals(
             gpus = max(gpus, float(np.nanmax(stats[COUNT])))
         series = SignalSeries(sig.key, sig.unit, ts, stats)
         if per_gpu_step:
-            g0 = lattice_point(start, per_gpu_step)
-            g1 = max(end, g0)  # a window shorter than one per-GPU step still gets the point closing it
-            gts = grid(g0, g1, per_gpu_step)
-            gwindow = max(rate_window_s or _rate_window(per_gpu_step, scrape_interval_s), per_gpu_step)
-            query = per_gpu_query(sig, selector, gwindow, step_s=per_gpu_step, metrics=metrics)
-            series.gpus, series.per_gpu = per_gpu_matrix(read(query, g0, g1, per_gpu_step, gpus), gts)
-            series.gpu_timestamps = gts
+            gts, sent = per_gpu_sent(sig, metrics)
+            if fetcher is None:  # one by one: this signal's rows now
+                series.gpus, series.per_gpu = per_gpu_matrix(answer(sent), gts)
+                series.gpu_timestamps = gts
+            else:
+                later.append((series, gts, sent))
         result.signals[sig.key] = series
+    for series, gts, sent in later:
+        series.gpus, series.per_gpu = per_gpu_matrix(answer(sent), gts)
+        series.gpu_timestamps = gts
     return result
