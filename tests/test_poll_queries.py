@@ -5,6 +5,7 @@ equal the standalone evaluation's (which reads the archive itself)."""
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -31,9 +32,13 @@ pytestmark = [
 JOBS = (("a1", {"hpc_job": "3001"}), ("a2", {"hpc_job": "3002"}), ("a3", {"hpc_job": "3003"}))
 
 
+#: How an archive snapshot's read begins (jobs.metrics.archive.Snapshot.rows_of: one job's, or a batch's).
+SNAPSHOT_READ = "SELECT job_id, signal, stat, gpu_key, step_seconds, extract(epoch from start)::float8"
+
+
 def _archive_reads(queries: list[dict[str, Any]]) -> list[str]:
     """Reads of archived chunks: the per-job readers and the poll's snapshot (not the writer's)."""
-    return [q["sql"] for q in queries if q["sql"].startswith("SELECT signal, stat, gpu_key")]
+    return [q["sql"] for q in queries if q["sql"].startswith(("SELECT signal, stat, gpu_key", SNAPSHOT_READ))]
 
 
 @pytest.fixture
@@ -52,9 +57,9 @@ def polled(prom, sims, make_team, local_cache, settings, monkeypatch):  # noqa: 
     recorded: list[tuple[Job, Any, Any, dict[str, Any], int]] = []
     real = incidents.evaluate_job
 
-    def recording(job: Job, now: Any = None, *, archived: Any = None) -> Any:
+    def recording(job: Job, now: Any = None, *, archived: Any = None, cycle: Any = None) -> Any:
         with CaptureQueriesContext(connection) as ctx:
-            verdicts = real(job, now, archived=archived)
+            verdicts = real(job, now, archived=archived, cycle=cycle)
         recorded.append((job, now, archived, verdicts, len(ctx.captured_queries)))
         return verdicts
 
@@ -109,19 +114,29 @@ def test_the_cycles_alert_rules_issue_three_fewer_statements_than_the_standalone
 
 
 @pytest.mark.django_db
-def test_a_steady_cycle_reads_each_jobs_archive_once_and_writes_only_changed_columns(polled):
+def test_a_steady_cycle_reads_its_jobs_archives_and_alert_look_ups_once_and_writes_only_changed_columns(
+    polled,
+):
     recorded, queries = polled
     n = len(JOBS)
     sql = [q["sql"] for q in queries]
-    # One archive read per job in store_poll (the snapshot), none by the summary or the rules after it.
-    assert len(_archive_reads(queries)) == n
+    # The jobs' archive snapshots in one read for the batch (#26 item 2), none by the summary or the rules.
+    assert len(_archive_reads(queries)) == 1
+    assert all(snapshot is not None for _, _, snapshot, _, _ in recorded)
     updates = [s for s in sql if s.startswith('UPDATE "jobs_job" SET')]
     assert len(updates) == n  # one UPDATE per job: no separate diagnosed_at update
     assert not any('"external_id" =' in s for s in updates)  # only the columns the poll changed
     assert not any(s.startswith('SELECT "jobs_gpumodel"') for s in sql)  # fetched with the locked row
     assert sum("pg_advisory_xact_lock" in s for s in sql) <= 2  # one per archive write, not per job
-    # The alert rules: one open-incidents read per job (whether GPUS_IDLE is open comes from it).
-    incident_reads = [s for s in sql if s.startswith('SELECT "jobs_alertincident"')]
-    assert len(incident_reads) == n
+    # The alert rules' look-ups, once for the cycle's jobs: the open incidents and the findings in one
+    # query each (a job diagnosed in this cycle reads its own new findings), the baseline band from the
+    # evaluation's look-up (no query of its own).
+    assert len([s for s in sql if s.startswith('SELECT "jobs_alertincident"')]) == 1
+    diagnosed = Job.objects.filter(diagnosed_at=START + timedelta(minutes=45)).count()
+    finding_reads = [s for s in sql if s.startswith('SELECT "jobs_finding"."job_id" AS "job_id"')]
+    own_reads = [s for s in sql if s.startswith('SELECT "jobs_finding"."code" AS "code"')]
+    assert len(finding_reads) == 1 and len(own_reads) == diagnosed
+    assert not any(s.startswith('SELECT "jobs_baseline"."stats"') for s in sql)
     per_job = sorted(stmts for *_, stmts in recorded)
     print(f"statements in the cycle: {len(sql)} for {n} jobs; alert evaluations: {per_job}")
+    print(Counter(" ".join(x.split())[:80] for x in sql).most_common())

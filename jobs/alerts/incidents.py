@@ -7,6 +7,12 @@ of the recent window only when the aggregates say they matter: a GPU idle at the
 alert then runs the idle_gpus finding's computation on them) or a mean SM clock below the throttle
 threshold (the throttling alert then judges only the GPUs that are busy).
 
+In a poll cycle (`cycle`, jobs.evaluation.cycle.CycleContext) the rules' own look-ups are read once for the
+cycle's jobs, not once per job (#26 item 2): the open incidents and the findings in one query each, the
+baseline band from the active baseline the evaluation already looked up for the same team and config
+(the cycle's memo). A job diagnosed in this cycle (its findings were just rewritten, after that read)
+reads its own findings, as does every evaluation outside a cycle (the sweep, a standalone call).
+
 Exactly once: an incident is one row per (job, rule) while open (a partial unique constraint); opening and
 resolving create one AlertDelivery row per (incident, subscription, event) with INSERT ... ON CONFLICT DO
 NOTHING, so repeated or concurrent polls create each message once; jobs.alerts.notify claims and sends it.
@@ -29,6 +35,8 @@ from jobs.access.permissions import can_read_team
 from jobs.alerts import policy, rules
 from jobs.alerts.rules import FindingView, JobView, RuleConfig, Series, State, Verdict
 from jobs.diagnosis.thresholds import BUSY_UTIL_MIN, IDLE_UTIL_MAX, THROTTLE_REASON_SHARE
+from jobs.evaluation.baselines import active_baseline
+from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.robust import Summary, check_regression
 from jobs.metrics import archive
 from jobs.models import AlertDelivery, AlertIncident, AlertSubscription, Baseline, Finding, Job
@@ -163,19 +171,26 @@ def _per_gpu_view(
     return rules.PerGpu(ts, step, np.asarray(util.per_gpu, dtype=np.float64), engine, sm_clock)
 
 
-def _baseline_mfu_low(job: Job) -> float | None:
+def _baseline_mfu_low(job: Job, cycle: CycleContext | None = None) -> float | None:
     if not job.config_fingerprint:
         return None
-    # Only the active baseline's stats: active_baseline's filter and order (jobs.evaluation.baselines)
-    # without its runs or a model row, one query after every poll. The job's own team's baseline only:
-    # another team's run of the same config never sets this team's alert band (issue 23 item 3).
-    active = (
-        Baseline.objects.filter(
-            team_id=job.team_id, fingerprint=job.config_fingerprint, retired_at__isnull=True
+    if cycle is not None:
+        # The evaluation looked the active baseline up for this team and config in this cycle already
+        # (jobs.evaluation.load.reference_for, the same memo key): no query of its own.
+        key = ("baseline", job.team_id, job.config_fingerprint)
+        baseline = cycle.lookups.get(key, lambda: active_baseline(job))
+        active = baseline.stats if baseline is not None else None
+    else:
+        # Only the active baseline's stats: active_baseline's filter and order (jobs.evaluation.baselines)
+        # without its runs or a model row, one query after every poll. The job's own team's baseline
+        # only: another team's run of the same config never sets this team's alert band (issue 23 item 3).
+        active = (
+            Baseline.objects.filter(
+                team_id=job.team_id, fingerprint=job.config_fingerprint, retired_at__isnull=True
+            )
+            .values_list("stats", flat=True)
+            .first()
         )
-        .values_list("stats", flat=True)
-        .first()
-    )
     stats = (active or {}).get("mfu") if active is not None else None
     if not isinstance(stats, dict) or stats.get("median") is None or not stats.get("n"):
         return None
@@ -190,36 +205,58 @@ def _baseline_mfu_low(job: Job) -> float | None:
     return check_regression(float(stats["median"]), summary).band_low
 
 
-def _findings(job: Job) -> list[FindingView]:
-    out = []
-    # The columns the rules read, not model rows (this runs after every poll of every job).
-    found = Finding.objects.filter(job=job).values_list(
-        "code", "title", "waste_per_day_usd", "confidence", "first_seen_at", "windows"
+#: The Finding columns the rules read (`_finding_view`), in this order.
+_FINDING_COLUMNS = ("code", "title", "waste_per_day_usd", "confidence", "first_seen_at", "windows")
+_FindingRow = tuple[Any, ...]
+
+
+def _finding_view(row: _FindingRow) -> FindingView:
+    code, title, waste, confidence, first_seen_at, raw_windows = row
+    windows = tuple(
+        (float(w[0]), float(w[1])) for w in (raw_windows or []) if isinstance(w, list | tuple) and len(w) == 2
     )
-    for code, title, waste, confidence, first_seen_at, raw_windows in found:
-        windows = tuple(
-            (float(w[0]), float(w[1]))
-            for w in (raw_windows or [])
-            if isinstance(w, list | tuple) and len(w) == 2
-        )
-        out.append(
-            FindingView(
-                code=code,
-                title=title,
-                waste_per_day_usd=waste,
-                confidence=confidence,
-                first_seen=first_seen_at.timestamp(),
-                windows=windows,
-            )
-        )
+    return FindingView(
+        code=code,
+        title=title,
+        waste_per_day_usd=waste,
+        confidence=confidence,
+        first_seen=first_seen_at.timestamp(),
+        windows=windows,
+    )
+
+
+def _findings_of(pks: list[int]) -> dict[int, list[_FindingRow]]:
+    """The rules' columns of the findings of jobs `pks` (each job's list, empty without any), in one query,
+    each job's in the model's order (FINDING_RANK_ORDER ends with the code, unique per job: the order a
+    per-job read gives)."""
+    out: dict[int, list[_FindingRow]] = {pk: [] for pk in pks}
+    for job_id, *row in Finding.objects.filter(job_id__in=pks).values_list("job_id", *_FINDING_COLUMNS):
+        out[job_id].append(tuple(row))
     return out
 
 
+def _findings(job: Job, cycle: CycleContext | None = None) -> list[FindingView]:
+    rows: list[_FindingRow] | None = None
+    # A job diagnosed in this cycle has findings newer than the cycle's read (the diagnosis stamps
+    # diagnosed_at with the poll's time, jobs.pipeline.poll._diagnosis_due): it reads its own.
+    if cycle is not None and not (job.diagnosed_at is not None and job.diagnosed_at >= cycle.now):
+        rows = cycle.take("alert_findings", job.pk, _findings_of)
+    if rows is None:
+        # The columns the rules read, not model rows (this runs after every poll of every job).
+        rows = [tuple(r) for r in Finding.objects.filter(job=job).values_list(*_FINDING_COLUMNS)]
+    return [_finding_view(row) for row in rows]
+
+
 def job_view(
-    job: Job, now: datetime, configs: dict[str, RuleConfig], archived: archive.Snapshot | None = None
+    job: Job,
+    now: datetime,
+    configs: dict[str, RuleConfig],
+    archived: archive.Snapshot | None = None,
+    cycle: CycleContext | None = None,
 ) -> JobView:
     """What the rules read of `job` at `now` (stored columns, evaluation, findings, recent aggregates);
-    `archived`: the poll's snapshot of the job's archive (read from it instead of the database)."""
+    `archived`: the poll's snapshot of the job's archive (read from it instead of the database); `cycle`:
+    the poll cycle's shared reads (the findings and the baseline from them, see the module docstring)."""
     end = min(now, job.data_until or now).timestamp()
     start = end - rules.lookback_s(configs)
     series, _ = _recent_series(job, start, end, archived)
@@ -243,8 +280,8 @@ def job_view(
         violation_share=THROTTLE_REASON_SHARE,
         reference_mfu=evaluated.reference_mfu if evaluated else None,
         reference_source=evaluated.reference_source if evaluated else "",
-        baseline_mfu_low=_baseline_mfu_low(job),
-        findings=_findings(job),
+        baseline_mfu_low=_baseline_mfu_low(job, cycle),
+        findings=_findings(job, cycle),
     )
 
 
@@ -263,14 +300,28 @@ def open_incidents(job: Job) -> QuerySet[AlertIncident]:
     return AlertIncident.objects.filter(job=job, resolved_at__isnull=True)
 
 
+def _open_incidents_of(pks: list[int]) -> dict[int, list[AlertIncident]]:
+    """The open incidents of jobs `pks` (each job's list, empty without any), in one query."""
+    out: dict[int, list[AlertIncident]] = {pk: [] for pk in pks}
+    for incident in AlertIncident.objects.filter(job_id__in=pks, resolved_at__isnull=True):
+        out[incident.job_id].append(incident)
+    return out
+
+
 def evaluate_job(
-    job: Job, now: datetime | None = None, *, archived: archive.Snapshot | None = None
+    job: Job,
+    now: datetime | None = None,
+    *,
+    archived: archive.Snapshot | None = None,
+    cycle: CycleContext | None = None,
 ) -> dict[str, Verdict]:
     """Run every rule on `job` and open / keep / resolve its incidents; returns the verdicts.
 
     A job that is no longer running has its open incidents resolved ("job ended") and no rule runs.
     `archived`: the poll's snapshot of the job's archive (after its writes, `archive.Snapshot.merge`), so
     the rules read no archive rows again; without it they read the database (the sweep, a standalone call).
+    `cycle`: the poll cycle's shared reads; the open incidents and findings come from its one read for all
+    its jobs (see the module docstring).
     """
     now = now or timezone.now()
     if not settings.ALERTS_ENABLED:
@@ -293,8 +344,13 @@ def evaluate_job(
         # the one "service degraded" signal instead. Right after the job's own poll (`archived` given) the
         # service is polling it, so old data is the job's own.
         del configs[rules.INGESTION_STALE]
-    verdicts = rules.evaluate(job_view(job, now, configs, archived), configs)
-    current = {i.rule: i for i in open_incidents(job)}
+    view = job_view(job, now, configs, archived, cycle)
+    verdicts = rules.evaluate(view, configs)
+    # The findings the view read: an incident links its finding only when the job has one with that code
+    # (no query per open incident and cycle for a finding the job does not have).
+    found = frozenset(f.code for f in view.findings)
+    read = cycle.take("alert_open_incidents", job.pk, _open_incidents_of) if cycle is not None else None
+    current = {i.rule: i for i in (read if read is not None else open_incidents(job))}
     for held in current.values():
         held.job = job  # its deliveries read the job (owner): no query for the row we have
     # Whether a GPUS_IDLE incident is open after this evaluation, from what it did (no second query): one
@@ -307,9 +363,9 @@ def evaluate_job(
             else:
                 idle_open |= rule == rules.GPUS_IDLE
                 if verdict.holds:
-                    _refresh(incident, verdict, now)
+                    _refresh(incident, verdict, now, found)
         elif verdict.state is State.FIRING:
-            _open(job, verdict, now)
+            _open(job, verdict, now, found)
             idle_open |= rule == rules.GPUS_IDLE
     idle_open |= rules.GPUS_IDLE in current and rules.GPUS_IDLE not in verdicts
     if idle_open and policy.enabled_for(job):
@@ -317,11 +373,17 @@ def evaluate_job(
     return verdicts
 
 
-def _finding_for(job: Job, code: str) -> Finding | None:
-    return Finding.objects.filter(job=job, code=code).first() if code else None
+def _finding_for(job: Job, code: str, found: frozenset[str] | None = None) -> Finding | None:
+    """The job's finding with `code` (None without one); `found`: the codes the job's findings have (from
+    the rules' read of them), so a code not among them needs no query."""
+    if not code or (found is not None and code not in found):
+        return None
+    return Finding.objects.filter(job=job, code=code).first()
 
 
-def _open(job: Job, verdict: Verdict, now: datetime) -> AlertIncident | None:
+def _open(
+    job: Job, verdict: Verdict, now: datetime, found: frozenset[str] | None = None
+) -> AlertIncident | None:
     since = _utc(verdict.since) if verdict.since is not None else now
     try:
         with transaction.atomic():
@@ -332,7 +394,7 @@ def _open(job: Job, verdict: Verdict, now: datetime) -> AlertIncident | None:
                 started_at=min(since, now),
                 opened_at=now,
                 last_seen_at=now,
-                finding=_finding_for(job, verdict.finding_code),
+                finding=_finding_for(job, verdict.finding_code, found),
                 finding_code=verdict.finding_code,
                 title=verdict.title[:300],
                 evidence=_evidence(verdict),
@@ -344,12 +406,14 @@ def _open(job: Job, verdict: Verdict, now: datetime) -> AlertIncident | None:
     return incident
 
 
-def _refresh(incident: AlertIncident, verdict: Verdict, now: datetime) -> None:
+def _refresh(
+    incident: AlertIncident, verdict: Verdict, now: datetime, found: frozenset[str] | None = None
+) -> None:
     fields: dict[str, Any] = {"last_seen_at": now}
     if verdict.title:
         fields.update(title=verdict.title[:300], evidence=_evidence(verdict))
     if incident.finding_id is None and verdict.finding_code:
-        finding = _finding_for(incident.job, verdict.finding_code)
+        finding = _finding_for(incident.job, verdict.finding_code, found)
         if finding is not None:
             fields.update(finding=finding, finding_code=finding.code)
     AlertIncident.objects.filter(pk=incident.pk).update(**fields)

@@ -33,6 +33,7 @@ from jobs.metrics.ingest import (
     ended_jobs,
     energy_due,
     energy_total,
+    host_join,
     job_selector,
     mark_stale,
     poll_window,
@@ -109,8 +110,10 @@ def store_poll(
         if not archived_rows:
             archive.upsert(archive.rows_for(job, sigs, {}))
         # One read of the archive for the summary and the alert rules below (#14): GPU_UTIL per GPU for the
-        # exact idle share; the other per-GPU rows are the bulk of the archive.
-        snapshot = archive.Snapshot(job, per_gpu=("gpu_util",))
+        # exact idle share; the other per-GPU rows are the bulk of the archive. In a cycle whose archive write
+        # already holds the jobs' rows, one query reads a batch of jobs' snapshots (#26 item 2).
+        held = cycle.snapshots_from(job.pk, _snapshot_rows) if cycle is not None and archived_rows else None
+        snapshot = archive.Snapshot(job, per_gpu=_SNAPSHOT_GPU, rows=held)
         archived = snapshot.load_job_signals(per_gpu=("gpu_util",))
         derived = evaluate_and_store(job, archived, client, neighbours, cycle=cycle)
         if archived is not None:
@@ -132,10 +135,19 @@ def store_poll(
     if due:
         run_diagnosis(job)
     try:
-        alerts.evaluate_job(job, now, archived=snapshot)
+        alerts.evaluate_job(job, now, archived=snapshot, cycle=cycle)
     except Exception:  # alerting must never fail a poll
         log.exception("job %s: alert rules failed", job.external_id)
     return job
+
+
+#: The per-GPU signals a poll's archive snapshot holds (GPU_UTIL: the summary's idle share, the idle rule).
+_SNAPSHOT_GPU = ("gpu_util",)
+
+
+def _snapshot_rows(job_ids: list[int]) -> dict[int, list[archive.SnapshotRow]]:
+    """The snapshot rows of a batch of the cycle's jobs, in one query."""
+    return archive.Snapshot.rows_of(job_ids, _SNAPSHOT_GPU)
 
 
 def _diagnosis_due(job: Job, now: datetime) -> bool:
@@ -388,7 +400,7 @@ def _poll_cycle(
     try:
         result = cluster.read_cycle(
             client, grouped, step=POLL_STEP_S, per_gpu_step=POLL_PER_GPU_STEP_S,
-            scrape_interval_s=scrape, workers=cluster.CYCLE_QUERY_WORKERS,
+            scrape_interval_s=scrape, workers=cluster.CYCLE_QUERY_WORKERS, host_join=host_join(),
         )  # fmt: skip
     except PrometheusError as exc:  # discovery failed: Prometheus is down for everyone
         for t in grouped:

@@ -93,6 +93,7 @@ def context_for(shared: CycleContext | None, keys: Sequence[int]) -> CycleContex
         throughput={k: v for k, v in shared.throughput.items() if k in mine},
         progress=None if shared.progress is None else frozenset(shared.progress & mine),
         repairs={},
+        per_job={},  # rows read for the cycle's jobs: each shard reads its own jobs' (CycleContext.take)
     )
 
 

@@ -56,7 +56,7 @@ from jobs.metrics.archive.read import (
     load_means,
     load_per_gpu,
 )
-from jobs.metrics.archive.snapshot import Snapshot
+from jobs.metrics.archive.snapshot import Snapshot, SnapshotRow
 from jobs.metrics.archive.write import cursor_lock, lock_jobs, prune_raw, upsert
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "Chunk",
     "Points",
     "Snapshot",
+    "SnapshotRow",
     "cursor_lock",
     "decode",
     "derived_rows",

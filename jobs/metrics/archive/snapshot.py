@@ -32,6 +32,8 @@ from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Job, JobSeries
 
 _HeldKey = tuple[str, str, str, int, int]  # signal, stat, GPU, step, chunk start (Unix s)
+#: One archive row as a Snapshot reads it: signal, stat, GPU, step (s), start and end (Unix s), values.
+SnapshotRow = tuple[str, str, str, int, float, float, bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,21 +53,16 @@ class Snapshot:
     merges it, so later reads see the archive as it is after that write without reading it again (the
     poll cycle writes every job's derived series in one upsert after all jobs, #14)."""
 
-    def __init__(self, job: Job, per_gpu: Iterable[str] = ()) -> None:
+    def __init__(
+        self, job: Job, per_gpu: Iterable[str] = (), rows: Sequence[SnapshotRow] | None = None
+    ) -> None:
+        """Read the job's archive (one query), or hold `rows`: what `rows_of` read for it with the same
+        `per_gpu` (the poll cycle reads a batch of jobs' snapshots in one query, #26 item 2)."""
         self.job = job
         self.gpu_signals = frozenset(per_gpu)
         self._held: dict[_HeldKey, _Held] = {}
-        table = connection.ops.quote_name(JobSeries._meta.db_table)
-        # Start and end as epoch seconds (float8: exact for the whole microseconds stored; cheaper to parse
-        # than timestamptz, and the window test below compares them as the database compares the columns).
-        sql = (
-            f"SELECT signal, stat, gpu_key, step_seconds, extract(epoch from start)::float8, "
-            f'extract(epoch from "end")::float8, "values" FROM {table} '
-            f"WHERE job_id = %s AND ((stat <> %s AND stat <> ALL(%s)) OR (stat = %s AND signal = ANY(%s)))"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [job.pk, GPU_STAT, list(EXTREMES), GPU_STAT, sorted(self.gpu_signals)])
-            rows = cursor.fetchall()
+        if rows is None:
+            rows = Snapshot.rows_of([job.pk], self.gpu_signals)[job.pk]
         held = self._held
         for signal, stat, gpu_key, step, start, end, blob in rows:
             data = bytes(blob)
@@ -73,6 +70,25 @@ class Snapshot:
             if count:
                 chunk = Chunk(signal, stat, gpu_key, step, start + step, count, data)
                 held[(signal, stat, gpu_key, step, round(start))] = _Held(chunk, start, end)
+
+    @staticmethod
+    def rows_of(job_ids: Sequence[int], per_gpu: Iterable[str] = ()) -> dict[int, list[SnapshotRow]]:
+        """The archive rows a Snapshot with `per_gpu` holds, for each of `job_ids` (an empty list for a
+        job without any), in one query."""
+        table = connection.ops.quote_name(JobSeries._meta.db_table)
+        # Start and end as epoch seconds (float8: exact for the whole microseconds stored; cheaper to parse
+        # than timestamptz, and the window test below compares them as the database compares the columns).
+        sql = (
+            f"SELECT job_id, signal, stat, gpu_key, step_seconds, extract(epoch from start)::float8, "
+            f'extract(epoch from "end")::float8, "values" FROM {table} WHERE job_id = ANY(%s) '
+            f"AND ((stat <> %s AND stat <> ALL(%s)) OR (stat = %s AND signal = ANY(%s)))"
+        )
+        out: dict[int, list[SnapshotRow]] = {pk: [] for pk in job_ids}
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [list(job_ids), GPU_STAT, list(EXTREMES), GPU_STAT, sorted(set(per_gpu))])
+            for job_id, *row in cursor.fetchall():
+                out[job_id].append(tuple(row))
+        return out
 
     def _chunks(
         self, *, per_gpu: bool, signals: Iterable[str] | None, window: tuple[float, float] | None
