@@ -1,11 +1,15 @@
-"""Read a job's uploaded nvidia-smi logs as signals where DCGM has none (Django side of
-jobs.evaluation.monitoring_signals).
+"""Read a job's uploaded nvidia-smi logs as signals where DCGM has none, and its dstat logs as host
+signals where node_exporter has none (Django side of jobs.evaluation.monitoring_signals and
+jobs.evaluation.monitoring_host).
 
 Only logs the diagnosis may use are read (`Artifact.objects.used_in_diagnosis`: parsed, not excluded, and
 whose run check did not find them foreign to the job, e.g. captured outside its time, unless a user
 confirmed them); within those, only the job's window and, when the log covers more GPUs than the job
 has, the job's registered GPUs (`monitoring_signals.pick_gpus`). The newest upload wins where two logs
-overlap. dstat logs carry host CPU, disk and network only: no GPU signal comes from them.
+overlap. dstat logs carry host CPU, disk and network only: no GPU signal comes from them; they supply
+the host signals (CPU busy/iowait, disk and network bytes) of the windows node_exporter has no sample in,
+and only when they belong to the job: their run check matched the job's host (or a user confirmed them).
+A dstat log whose host could not be checked is listed with why, not used.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jobs.evaluation.cycle import CycleContext
+from jobs.evaluation.monitoring_host import describe_dstat, dstat_signals
 from jobs.evaluation.monitoring_signals import LogSignals, describe, log_signals, merge
 from jobs.metrics.signals import JobSignals
 from jobs.models import Artifact, Job
@@ -45,19 +50,23 @@ def _job_gpu_ids(job: Job) -> list[str]:
     return ids
 
 
+LOG_KINDS = (Artifact.Kind.NVIDIA_SMI, Artifact.Kind.DSTAT)
+
+
 def _has_logs(job: Job, cycle: CycleContext | None) -> bool:
-    """Whether the job may have a parsed nvidia-smi log; in a poll cycle one query answers for all jobs."""
+    """Whether the job may have a parsed nvidia-smi or dstat log; in a poll cycle one query answers for
+    all jobs."""
     if cycle is None:
         return True
 
     def jobs_with_logs() -> frozenset[int]:
         return frozenset(
-            Artifact.objects.filter(kind=Artifact.Kind.NVIDIA_SMI, status=Artifact.Status.DONE)
+            Artifact.objects.filter(kind__in=LOG_KINDS, status=Artifact.Status.DONE)
             .values_list("job_id", flat=True)
             .distinct()
         )
 
-    found: frozenset[int] = cycle.lookups.get(("jobs_with_nvidia_smi_logs",), jobs_with_logs)
+    found: frozenset[int] = cycle.lookups.get(("jobs_with_monitoring_logs",), jobs_with_logs)
     return job.pk in found
 
 
@@ -69,15 +78,18 @@ def with_monitoring_logs(
     end_unix: float,
     cycle: CycleContext | None = None,
 ) -> MonitoringMerge:
-    """`sigs` (DCGM, fresh or archived; None when the job has none) with the job's nvidia-smi logs
-    filling what DCGM lacks, on the evaluation grid `ts` (step `step`)."""
+    """`sigs` (DCGM and node_exporter, fresh or archived; None when the job has none) with the job's
+    nvidia-smi logs filling what DCGM lacks and its dstat logs what node_exporter lacks, on the evaluation
+    grid `ts` (step `step`)."""
     if not _has_logs(job, cycle):
         return MonitoringMerge(sigs)
-    artifacts = (
+    uploaded = list(
         Artifact.objects.used_in_diagnosis()
-        .filter(job=job, kind=Artifact.Kind.NVIDIA_SMI)
-        .order_by("-uploaded_at", "-pk")[:MAX_LOGS]
+        .filter(job=job, kind__in=LOG_KINDS)
+        .order_by("-uploaded_at", "-pk")
     )
+    artifacts = [a for a in uploaded if a.kind == Artifact.Kind.NVIDIA_SMI][:MAX_LOGS]
+    dstats = [a for a in uploaded if a.kind == Artifact.Kind.DSTAT][:MAX_LOGS]
     start = job.started_at.timestamp()
     logs: list[tuple[str, LogSignals]] = []
     notes: list[str] = []
@@ -91,6 +103,20 @@ def with_monitoring_logs(
             logs.append((describe(art.original_name, analysis, got), got))
         elif got.note:
             notes.append(f"the uploaded nvidia-smi log {art.original_name!r} was not used: {got.note}")
+    host_logs = []
+    for art in dstats:
+        if art.run_check == Artifact.RunCheck.MATCHES or art.confirmed_at is not None:
+            host_logs.append((art.original_name, art.analysis if isinstance(art.analysis, dict) else {}))
+        else:
+            notes.append(
+                f"the uploaded dstat log {art.original_name!r} was not used: its host could not be checked "
+                "against the job's (confirm it on the job page to use its host signals)"
+            )
+    if host_logs:
+        got_hosts, skipped = dstat_signals(host_logs, ts, step, start=start, end=end_unix)
+        notes.extend(f"the uploaded dstat log {why}" for why in skipped)
+        if got_hosts.series:
+            logs.append((describe_dstat(got_hosts), got_hosts))
     merged, sources = merge(sigs, logs, start=start, end=end_unix, step=step, ts=ts)
     intervals: dict[str, float] = {}
     for key, source in sources.items():
@@ -101,5 +127,7 @@ def with_monitoring_logs(
     if sources:
         keys = ", ".join(sorted(sources))
         texts = sorted(set(sources.values()))
-        notes.insert(0, f"{keys}: " + "; ".join(texts) + " (DCGM wins where both have samples)")
+        notes.insert(
+            0, f"{keys}: " + "; ".join(texts) + " (DCGM and node_exporter win where both have samples)"
+        )
     return MonitoringMerge(merged, sources, notes, interval, intervals)

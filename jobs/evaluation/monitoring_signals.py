@@ -63,6 +63,9 @@ class LogSignals:
     start: float | None = None
     end: float | None = None
     note: str = ""
+    #: Host signals from dstat logs (jobs.evaluation.monitoring_host): the hosts and the logs' names.
+    hosts: tuple[str, ...] = ()
+    logs: tuple[str, ...] = ()
 
 
 def _float_list(values: Any) -> np.ndarray:
@@ -275,6 +278,11 @@ def describe(name: str, analysis: Mapping[str, Any], got: LogSignals) -> str:
     return f"{LOG_SOURCE} {name!r} ({len(got.gpus)} GPU(s), {interval}{zone_text})"
 
 
+def primary_source(key: str) -> str:
+    """The scraped source a signal normally comes from: node_exporter for host signals, else DCGM."""
+    return "node_exporter" if key.startswith("host_") else "DCGM"
+
+
 def merge(
     sigs: JobSignals | None,
     logs: Sequence[tuple[str, LogSignals]],
@@ -284,7 +292,8 @@ def merge(
     step: float,
     ts: np.ndarray,
 ) -> tuple[JobSignals | None, dict[str, str]]:
-    """The job's signals with the logs' where DCGM has none; and per signal key where its values came from.
+    """The job's signals with the logs' where the scraped source (DCGM; node_exporter for host signals, see
+    `primary_source`) has none; and per signal key where its values came from.
 
     `logs`: (description, LogSignals) pairs, newest first: a signal comes from the first log that has
     it (two logs of one signal are not blended). A DCGM signal keeps its values (and per-GPU rows)
@@ -300,7 +309,8 @@ def merge(
     for text, got in usable:
         for key, series in got.series.items():
             current = merged.signals.get(key)
-            if key in sources and not sources[key].startswith("DCGM"):
+            primary = primary_source(key)
+            if key in sources and not sources[key].startswith(primary):
                 continue  # an earlier (newer) log already gave this signal: one log per signal
             if current is None:
                 merged.signals[key] = series
@@ -323,5 +333,7 @@ def merge(
             if key not in sources:  # DCGM per-GPU rows cannot hold the log's cells: cross-GPU only
                 current.per_gpu, current.gpu_timestamps, current.gpus = None, None, ()
             share = float(fill.sum()) / max(int(have.size), 1)
-            sources[key] = f"DCGM; {share:.0%} of the job's windows had no DCGM sample and are {text}"
+            sources[key] = (
+                f"{primary}; {share:.0%} of the job's windows had no {primary} sample and are {text}"
+            )
     return merged, sources
