@@ -41,6 +41,14 @@ from jobs.metrics.engine_signals import (
     add_engine_signals,
     fetch_engine_signals,
 )
+from jobs.metrics.host_signals import (
+    HOST_SIGNALS,
+    HOSTS_UNKNOWN,
+    HostJoin,
+    add_host_signals,
+    fetch_host_signals_bulk,
+    job_hosts,
+)
 from jobs.metrics.prometheus import MAX_POINTS_PER_SERIES, RangeFetcher
 from jobs.metrics.promql import (
     HOST_LABEL_SPELLINGS,
@@ -226,6 +234,7 @@ def read_cycle(
     max_spread_s: float = 900.0,
     catch_up_s: float | None = None,
     workers: int = 1,
+    host_join: HostJoin | None = None,
 ) -> CycleResult:
     """Read every target's signals with a fixed number of queries per signal (see the module docstring).
 
@@ -242,6 +251,11 @@ def read_cycle(
     of new jobs (was one round per 15 minutes of spread: 11 new jobs cost 316 requests).
     Prometheus errors bubble up from discovery; a failed group query marks that group's jobs (`errors`),
     not the others.
+
+    `host_join` (NODE_EXPORTER_HOST_LABEL set): node_exporter's host signals of every job with hosts, in
+    bulk (`_read_hosts`: 1 presence request + 1 query per present host signal for the cycle, plus 1 host
+    look-up per label group whose jobs' per-GPU rows this cycle does not read), the rows a per-job poll's
+    `attach_host_signals` gives.
     """
     result = CycleResult()
     if not targets:
@@ -271,6 +285,8 @@ def read_cycle(
                     result.signals.pop(t.key, None)
         result.queries += _read_engines(client, fetcher, targets, result, step, scrape_interval_s,
                                         max_spread_s, span)  # fmt: skip
+        if host_join is not None:
+            result.queries += _read_hosts(client, fetcher, groups, discovery, result, step, host_join)
     finally:
         fetcher.close()
     return result
@@ -332,6 +348,93 @@ def _read_engines(
             continue
         add_engine_signals(result.signals[key], series, missing)
     return queries
+
+
+def _read_hosts(
+    client: CycleClient,
+    fetcher: RangeFetcher,
+    groups: Sequence[_Group],
+    discovery: Discovery,
+    result: CycleResult,
+    step: float,
+    join: HostJoin,
+) -> int:
+    """node_exporter's host signals of the cycle's jobs, in bulk (#25: the cycle reads them as a per-job poll
+    does, not only per-job polls and finalize). A job's hosts are those its GPUs carry, as the per-job
+    poll takes them (`host_signals.job_hosts`): its per-GPU rows when this cycle read them, the hosts of
+    an explicit GPU list, else one look-up per label group (which host labels its jobs' series carry in
+    the window). Then `fetch_host_signals_bulk`: 1 presence request and 1 query per present host signal
+    for all jobs. Auxiliary: a failed read leaves the host signals missing with the error. Returns the
+    requests sent."""
+    hosts: dict[int, list[str]] = {}
+    queries = 0
+    for group in groups:
+        members = [(t, v) for t, v in group.members if t.key in result.signals]
+        lacking: list[tuple[Target, tuple[str, ...]]] = []
+        for t, v in members:
+            known = job_hosts(result.signals[t.key]) or sorted({h for h, _ in t.gpus})
+            if known:
+                hosts[t.key] = known
+            else:
+                lacking.append((t, v))
+        if lacking and group.labels:
+            try:
+                found = _group_hosts(fetcher, group, lacking, discovery, step)
+                queries += 1
+            except Exception as exc:
+                _hosts_failed(result, [t.key for t, _ in lacking], exc)
+                continue
+            hosts.update(found)
+    for key, sigs in result.signals.items():
+        if key not in hosts:
+            sigs.missing.update({k: HOSTS_UNKNOWN for k in HOST_SIGNALS if k not in sigs.signals})
+    if not hosts:
+        return queries
+    try:
+        read, sent = fetch_host_signals_bulk(
+            client, {k: (h, result.signals[k].timestamps) for k, h in hosts.items()}, step, join=join
+        )
+    except Exception as exc:
+        _hosts_failed(result, list(hosts), exc)
+        return queries + 1
+    for key, (series, missing) in read.items():
+        add_host_signals(result.signals[key], series, missing)
+    return queries + sent
+
+
+def _group_hosts(
+    fetcher: RangeFetcher,
+    group: _Group,
+    members: Sequence[tuple[Target, tuple[str, ...]]],
+    discovery: Discovery,
+    step: float,
+) -> dict[int, list[str]]:
+    """The host names on each member job's GPU series in its window: one query for the group, the series of
+    one signal (the first collected) grouped by the job labels and every host-label spelling."""
+    sig = next((s for s in SIGNALS.values() if discovery.names(s)), None)
+    if sig is None or not discovery.host_labels:
+        return {}
+    lo = min(t.start for t, _ in members)
+    hi = max(t.end for t, _ in members)
+    selector = _selector_of(group.labels, members, discovery) or group.selector
+    seen = selector.select_range(discovery.names(sig), "last_over_time", hi - lo + step)
+    query = f"group by ({', '.join((*group.labels, *discovery.host_labels))}) ({seen})"
+    sub = _Group(group.labels, selector, list(members))
+    split = _split(fetcher.submit(query, hi, hi, step).result(), sub)
+    out: dict[int, list[str]] = {}
+    for t, _ in members:
+        names = sorted({_gpu_key(s.labels)[0] for s in split.get(t.key, [])} - {""})
+        if names:
+            out[t.key] = names
+    return out
+
+
+def _hosts_failed(result: CycleResult, keys: Sequence[int], exc: Exception) -> None:
+    why = f"host signals not read: {type(exc).__name__}: {exc}"[:300]
+    for key in keys:
+        if key in result.signals:
+            sigs = result.signals[key]
+            sigs.missing.update({k: why for k in HOST_SIGNALS if k not in sigs.signals})
 
 
 def _engine_failed(result: CycleResult, targets: Sequence[Target], exc: Exception) -> None:

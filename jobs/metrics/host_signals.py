@@ -28,6 +28,7 @@ virbr, br-) and IPoIB (`ib*`, counted by the InfiniBand port counters already).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -79,6 +80,10 @@ HOST_SIGNALS: dict[str, HostSignal] = {s.key: s for s in (
 )}  # fmt: skip
 
 
+#: Why a job's host signals are missing when its GPUs' host names are not known.
+HOSTS_UNKNOWN = "the job's GPU host names are unknown (no per-GPU rows in this read): host signals not joined"
+
+
 @dataclass(frozen=True, slots=True)
 class HostJoin:
     """Where node_exporter's series name their node: `instance` (host:port, the default) or a label a
@@ -92,8 +97,17 @@ class HostJoin:
         names = sorted({h for h in hosts if h})
         if not names:
             raise ValueError("no host names to join node_exporter's series on")
+        return regex_matcher(validate_label_name(self.label), self._regex(names))
+
+    def _regex(self, names: Sequence[str]) -> str:
         tail = r"(\..*)?(:[0-9]+)?" if self.label == "instance" else r"(\..*)?"
-        return regex_matcher(validate_label_name(self.label), f"({regex_any(names)}){tail}")
+        return f"({regex_any(names)}){tail}"
+
+    def names_any(self, value: str, hosts: Iterable[str]) -> bool:
+        """Whether a series whose join label holds `value` belongs to one of `hosts`: what `matcher(hosts)`
+        selects (Prometheus anchors the regex; the RE2 escapes used are Python's too)."""
+        names = sorted({h for h in hosts if h})
+        return bool(names) and re.fullmatch(self._regex(names), value) is not None
 
 
 def per_host_query(
@@ -198,6 +212,50 @@ def fetch_host_signals(
     return out, missing
 
 
+def fetch_host_signals_bulk(
+    client: HostClient,
+    jobs: Mapping[int, tuple[Sequence[str], np.ndarray]],
+    step: float,
+    *,
+    join: HostJoin = HostJoin(),
+    rate_window_s: float | None = None,
+) -> tuple[dict[int, tuple[dict[str, SignalSeries], dict[str, str]]], int]:
+    """The host signals of many jobs at once (the poll cycle): `jobs` maps a key to (its hosts, its grid
+    timestamps, all on one lattice of `step`). One presence request for all their hosts, then one range
+    query per present signal returning one series per host (`per_host_query` over every host), split
+    here: each job's cross-host mean/min/max/count from its own hosts' series (`host_stats`), the numbers
+    `fetch_host_signals` reads for it alone (a grid point's value depends only on its time). Jobs
+    without hosts are left out. Returns per key what `fetch_host_signals` returns, and the requests sent."""
+    wanted = {k: (sorted({h for h in hosts if h}), ts) for k, (hosts, ts) in jobs.items()}
+    wanted = {k: v for k, v in wanted.items() if v[0] and v[1].size}
+    if not wanted:
+        return {}, 0
+    every = sorted({h for hosts, _ in wanted.values() for h in hosts})
+    lo = min(float(ts[0]) for _, ts in wanted.values())
+    hi = max(float(ts[-1]) for _, ts in wanted.values())
+    window = max(rate_window_s or 0.0, step, 30.0)  # as fetch_host_signals
+    present = set(
+        client.label_values("__name__", [f'{{__name__=~"node_.+", {join.matcher(every)}}}'], lo, hi)
+    )
+    out: dict[int, tuple[dict[str, SignalSeries], dict[str, str]]] = {k: ({}, {}) for k in wanted}
+    requests = 1
+    for key, sig in HOST_SIGNALS.items():
+        if not all(m in present for m in sig.metrics):
+            for k in wanted:
+                out[k][1][key] = missing_reason(sig, False)
+            continue
+        series = client.range(per_host_query(key, join, every, window, step), lo, hi, step)
+        requests += 1
+        for k, (hosts, ts) in wanted.items():
+            mine = [s for s in series if join.names_any(s.labels.get(join.label, ""), hosts)]
+            stats = host_stats(np.vstack([s.on_grid(ts) for s in mine])) if mine else None
+            if stats is None or np.isnan(stats[COUNT]).all():
+                out[k][1][key] = missing_reason(sig, bool(mine))
+                continue
+            out[k][0][key] = SignalSeries(key, sig.unit, ts, stats)
+    return out, requests
+
+
 def job_hosts(js: JobSignals) -> list[str]:
     """The host names of a job's GPUs, from the per-GPU rows of its signals (what the join matches)."""
     return sorted({g.hostname for s in js.signals.values() for g in s.gpus if g.hostname})
@@ -220,8 +278,7 @@ def attach_host_signals(
     signal is missing with that reason."""
     hosts = job_hosts(js)
     if not hosts:
-        why = "the job's GPU host names are unknown (no per-GPU rows in this read): host signals not joined"
-        js.missing.update({k: why for k in HOST_SIGNALS if k not in js.signals})
+        js.missing.update({k: HOSTS_UNKNOWN for k in HOST_SIGNALS if k not in js.signals})
         return js
     series, missing = fetch_host_signals(
         client, hosts, js.start, float(js.timestamps[-1]) if js.timestamps.size else js.end, js.step,

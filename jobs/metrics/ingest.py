@@ -173,6 +173,13 @@ def read_poll(job: Job, client: PrometheusClient, win: PollWindow) -> Read:
     return Read(sigs, energy_total(client, selector, job.started_at.timestamp(), win.end))
 
 
+def host_join() -> HostJoin | None:
+    """Where node_exporter's series name their node (NODE_EXPORTER_HOST_LABEL), or None when host signals
+    are off: what the per-job read (`attach_hosts`) and the poll cycle (`cluster.read_cycle`) join on."""
+    label = settings.NODE_EXPORTER_HOST_LABEL
+    return HostJoin(label) if label else None
+
+
 def attach_hosts(client: PrometheusClient, sigs: JobSignals) -> None:
     """node_exporter's host signals for the hosts of the job's GPU rows, when NODE_EXPORTER_HOST_LABEL
     names where node_exporter's series hold the node name (off when empty). Auxiliary: a failed host read
