@@ -18,6 +18,7 @@ from jobs.metrics.signals import grid
 from jobs.metrics.throughput import groupable, grouped_query, id_batches
 from jobs.models import Job
 from jobs.pipeline import poll as pipeline
+from jobs.pipeline.reads import read_inputs
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate
 from jobs.simulate.writers import openmetrics_lines
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -181,7 +182,8 @@ def test_a_cycle_reads_the_new_window_once_per_template_and_keeps_the_whole_wind
         archived = archive.load_job_signals(job, per_gpu=False)
         assert archived is not None
         # Today's per-job path: the job's query over the whole archived grid.
-        whole, source = load.throughput_series(job, archived.timestamps, client)
+        readings = read_inputs(job, archived, client, START + timedelta(minutes=41))
+        whole, source = load.throughput_of(job, archived.timestamps, readings.throughput)
         if key == "7004":
             assert whole is None and "returned no series" in source
             assert job.mfu is None and "returned no series" in str(job.evaluation)

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from django.utils import timezone
 
-from jobs.evaluation.load import throughput_series
+from jobs.evaluation.load import throughput_of
+from jobs.metrics.signals import JobSignals
 from jobs.metrics.throughput import FREE_FORM_MARK
 from jobs.models import Job
+from jobs.pipeline.reads import read_inputs
 from tests.conftest import job_body
 
 pytestmark = pytest.mark.django_db
@@ -102,6 +104,13 @@ def test_free_form_promql_is_for_staff_only(member, staff):
     assert Job.objects.get().throughput_query == FREE_FORM_MARK + "sum(rate(train_tokens_total[5m]))"
 
 
+def throughput_series(job: Job, ts: np.ndarray, client: object) -> tuple[np.ndarray | None, str]:
+    """The job's throughput on the grid `ts` as an evaluation gets it: read by the driver, then chosen."""
+    sigs = JobSignals(float(ts[0]), float(ts[-1]), float(ts[1] - ts[0]), ts)
+    readings = read_inputs(job, sigs, client, timezone.now())  # type: ignore[arg-type]
+    return throughput_of(job, ts, readings.throughput)
+
+
 class RecordingClient:
     """Stands in for PrometheusClient: records the queries and their timeout, answers nothing."""
 
@@ -120,7 +129,7 @@ def test_a_good_template_runs_expanded_with_the_jobs_own_id_and_the_query_timeou
     assert member.post("/api/v1/jobs/", body, format="json").status_code == 201
     client = RecordingClient()
     ts = np.arange(0.0, 300.0, 30.0)
-    throughput_series(Job.objects.get(), ts, client)  # type: ignore[arg-type]
+    throughput_series(Job.objects.get(), ts, client)
     # job_body lists GPUs explicitly, so $job is job_id="<external id>"; only that job's series are read.
     assert client.queries == [('sum(rate(train_tokens_total{job_id="48213"}[5m]))', 2.5)]
     assert client.timeout_s == 10.0  # restored for the poll's other queries
@@ -131,6 +140,6 @@ def test_a_stored_free_form_query_not_set_by_staff_is_not_run_and_says_why(make_
                              throughput_query='sum(rate(train_tokens_total{job_id="x"}[5m]))',
                              started_at=timezone.now() - timedelta(hours=1))  # fmt: skip
     client = RecordingClient()
-    tps, reason = throughput_series(job, np.arange(0.0, 300.0, 30.0), client)  # type: ignore[arg-type]
+    tps, reason = throughput_series(job, np.arange(0.0, 300.0, 30.0), client)
     assert tps is None and client.queries == []
     assert "free-form PromQL not set by staff" in reason and "$job" in reason

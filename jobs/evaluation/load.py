@@ -1,17 +1,17 @@
-"""`load_context(job, signals, client)`: the one place that reads the database for an evaluation."""
+"""`load_context(job, signals, readings, client, now)`: the one place that reads the database for an
+evaluation. What it needs from Prometheus and the archive (the grid, the throughput) the driver reads
+first (jobs.pipeline.reads) and hands over as `Readings`: the evaluation reads no metrics mid-way."""
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 import numpy as np
 from django.conf import settings
 from django.db.models import Count
-from django.utils import timezone
 
 from jobs.evaluation.baseline_stats import decode_stats
 from jobs.evaluation.baselines import active_baseline
@@ -21,18 +21,16 @@ from jobs.evaluation.cycle import CycleContext, RecentThroughput
 from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
 from jobs.evaluation.mig import mig_instances_of
 from jobs.evaluation.monitoring_logs import with_monitoring_logs
-from jobs.evaluation.schema import DERIVED_THROUGHPUT, GpuSharing
+from jobs.evaluation.schema import GpuSharing
 from jobs.evaluation.sharing import Neighbours, shared_gpus, summarise
 from jobs.metrics.prometheus import (
     PrometheusClient,
     PrometheusError,
     Series,
     capped_timeout,
-    read_summed,
     summed_on_grid,
 )
-from jobs.metrics.sampling import positions_on_grid
-from jobs.metrics.signals import JobSignals, grid
+from jobs.metrics.signals import JobSignals
 from jobs.metrics.throughput import (
     Runnable,
     TemplateError,
@@ -44,8 +42,6 @@ from jobs.metrics.throughput import (
     validate_template,
 )
 from jobs.models import Job, PriceEntry, ProgressSample
-
-log = logging.getLogger(__name__)
 
 #: Grid step of a job with no archived signal yet (dcgm-exporter's default collection interval).
 DEFAULT_STEP_S = 30
@@ -84,122 +80,46 @@ def template_checker(cycle: CycleContext) -> Callable[[str], str]:
     return check
 
 
-def throughput_series(
-    job: Job,
-    ts: np.ndarray,
-    client: PrometheusClient | None,
-    sigs: JobSignals | None = None,
-    cycle: CycleContext | None = None,
-) -> tuple[np.ndarray | None, str]:
-    """tokens/s on `ts` from, in order: pushed progress, the job's PromQL expression (read from Prometheus
-    when a client is given, else from the archive, where each poll stored it), profiler step times.
-    Without any, the text says why (the job's throughput_query was not run, or returned no series).
+@dataclass(frozen=True, slots=True)
+class ThroughputRead:
+    """The job's throughput as the driver read it (jobs.pipeline.reads): pushed `progress` (times, tokens),
+    or PromQL `values` on the grid with their `source`; else `reason` says why there are none (not run, no
+    series), and `failed` that the query raised (the evaluation then does not fall back to profiler step
+    times: the job has a throughput source, it could not be read)."""
 
-    In a poll cycle (`cycle`), the PromQL part reads only the job's new window (the cycle's grouped read,
-    else the job's own query over that window) and takes the earlier part of the grid from the archived
-    derived series (`_cycle_throughput`): the same values as the query over the whole window, without a
-    query whose cost grows with the job's age."""
-    if cycle is not None and cycle.progress is not None and job.pk not in cycle.progress:
-        points = []  # the cycle's one look-up found fewer than 2 progress points for this job
-    else:
-        points = list(job.progress.order_by("timestamp").values_list("timestamp", "tokens"))
-    if len(points) >= 2:
-        times = np.array([p[0].timestamp() for p in points])
-        tokens = np.array([float(p[1]) for p in points])
+    progress: tuple[np.ndarray, np.ndarray] | None = None
+    values: np.ndarray | None = None
+    source: str = ""
+    reason: str = ""
+    failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Readings:
+    """What one evaluation needs from Prometheus and the archive, read before it runs: the grid it runs on
+    (`timestamps`, `step_s`), the window's `end`, and the throughput on that grid."""
+
+    timestamps: np.ndarray
+    step_s: float
+    end: datetime
+    throughput: ThroughputRead
+
+
+def throughput_of(job: Job, ts: np.ndarray, read: ThroughputRead) -> tuple[np.ndarray | None, str]:
+    """tokens/s on `ts` from, in order: pushed progress, the job's PromQL series, profiler step times; without
+    any, None and why (the job's throughput_query was not run, returned no series, or failed)."""
+    if read.progress is not None:
+        times, tokens = read.progress
         return tokens_per_second_from_progress(times, tokens, ts), "pushed progress (tokens over time)"
-    runnable = throughput_query(job, cycle)
-    query = runnable.query
-    reason = runnable.reason
-    if query and client is not None and ts.size:
-        step = float(ts[1] - ts[0]) if ts.size > 1 else float(DEFAULT_STEP_S)
-        if cycle is not None and job.pk in cycle.recent_start:
-            values = _cycle_throughput(job, query, ts, step, client, sigs, cycle)
-        else:
-            values = read_summed(client, query, ts, step, timeout_s=settings.THROUGHPUT_QUERY_TIMEOUT_S)
-        if values is not None:
-            return values, f"PromQL: {query}"
-        reason = _no_series(query)
-    if query and client is None and sigs is not None:
-        archived = sigs.get(DERIVED_THROUGHPUT)
-        if archived is not None and archived.mean is not None and np.isfinite(archived.mean).any():
-            return archived.mean, f"PromQL: {query} (as archived by the last poll)"
+    if read.values is not None:
+        return read.values, read.source
+    if read.failed:
+        return None, read.reason
     if job.profiler_step_time_ms and job.tokens_per_step:
         rate = job.tokens_per_step / (job.profiler_step_time_ms / 1000.0)
         source = f"profiler step time {job.profiler_step_time_ms:.1f} ms × {job.tokens_per_step} tokens/step"
         return np.full(ts.shape, rate), source
-    return None, reason
-
-
-def _no_series(query: str) -> str:
-    """Why a job has no PromQL throughput when its query returned nothing."""
-    return f"the throughput query returned no series in the job's window: {query}"
-
-
-def _archived_from(job: Job, query: str) -> Literal["values", "none"] | None:
-    """What the job's archive says of `query` over the earlier polls' windows: "values" when its last
-    evaluation's throughput was that query's (each poll archives the series it evaluated on), "none" when
-    that query returned no series over the job's whole window then; None otherwise (a changed template,
-    a failed query or another source in between: the archive's earlier part is not this query's)."""
-    evaluated = job.evaluated
-    if evaluated is None:
-        return None
-    if evaluated.variants.get("throughput") == f"PromQL: {query}":
-        return "values"
-    if f"no throughput: {_no_series(query)}" in evaluated.notes:
-        return "none"
-    return None
-
-
-def _cycle_throughput(
-    job: Job,
-    query: str,
-    ts: np.ndarray,
-    step: float,
-    client: PrometheusClient,
-    sigs: JobSignals | None,
-    cycle: CycleContext,
-) -> np.ndarray | None:
-    """The job's throughput on `ts` in a poll cycle: from the new window's start (`cycle.recent_start`,
-    the poll's overlap with its previous window) the cycle's read, earlier the archived derived series.
-
-    Why it equals the whole-window query: a range query's value at a grid time depends only on that time,
-    and each earlier poll archived its own window of this query's values (float32 in the archive: the
-    earlier part agrees to ~1e-7 relative). When the archive cannot vouch for the earlier part
-    (`_archived_from`: the last evaluation's throughput was neither this query's values nor "no series"
-    from it, or no series is archived), the whole window is read as before and its earlier part
-    recorded in `cycle.repairs` for the cycle to archive. None when neither part has a value (no series:
-    the caller says so)."""
-    since = cycle.recent_start[job.pk]
-    before = ts < since
-    earlier = None
-    if before.any():
-        archived = sigs.get(DERIVED_THROUGHPUT) if sigs is not None else None
-        earlier = archived.mean if archived is not None else None
-        vouched = _archived_from(job, query)
-        if vouched == "none":
-            earlier = np.full(ts.size, np.nan)  # nothing then: only the new window can hold a value
-        if vouched is None or earlier is None or earlier.size != ts.size:
-            values = read_summed(client, query, ts, step, timeout_s=settings.THROUGHPUT_QUERY_TIMEOUT_S)
-            if values is not None:
-                cycle.repairs[job.pk] = (ts[before], values[before], step)
-            return values
-    tail_ts = ts[~before]
-    tail: np.ndarray | None = None
-    if tail_ts.size:
-        got = cycle.throughput.get(job.pk)
-        idx = positions_on_grid(got.timestamps, tail_ts) if got is not None else None
-        if got is not None and got.error is not None:
-            raise got.error
-        if got is not None and idx is not None:
-            tail = got.values[idx] if got.values is not None else None
-        else:
-            tail = read_summed(client, query, tail_ts, step, timeout_s=settings.THROUGHPUT_QUERY_TIMEOUT_S)
-    out = np.full(ts.size, np.nan)
-    if earlier is not None:
-        out[before] = earlier[before]
-    if tail is not None:
-        out[~before] = tail
-    return out if tail is not None or np.isfinite(out).any() else None
+    return None, read.reason
 
 
 def read_recent_throughput(
@@ -358,27 +278,20 @@ def sharing_for(
 def load_context(
     job: Job,
     sigs: JobSignals | None,
+    readings: Readings,
     client: PrometheusClient | None,
-    now: datetime | None = None,
+    now: datetime,
     neighbours: Neighbours | None = None,
     cycle: CycleContext | None = None,
 ) -> EvaluationContext:
-    """Everything `evaluate` needs about `job`, with `sigs` the signals to evaluate on (fresh or archived);
-    `neighbours` as in `sharing_for`; `cycle`: the poll cycle's shared reads (jobs.evaluation.cycle: MIG
-    instances, the new window's throughput, memoised prices, baselines and GPU models)."""
-    now = now or timezone.now()
+    """Everything `evaluate` needs about `job`, with `sigs` the signals to evaluate on (fresh or archived)
+    and `readings` what the driver read for it from Prometheus and the archive (the grid and the
+    throughput: jobs.pipeline.reads); `neighbours` as in `sharing_for`; `cycle`: the poll cycle's shared
+    reads (jobs.evaluation.cycle: MIG instances, memoised prices, baselines and GPU models)."""
     if cycle is not None and job.gpu_model_id is not None:
         job.gpu_model = cycle.lookups.get(("gpu_model", job.gpu_model_id), lambda: job.gpu_model)
-    end = min(job.ended_at or now, now)
-    if sigs is not None:
-        ts, step = sigs.timestamps, float(sigs.step)
-    else:
-        ts, step = grid(job.started_at.timestamp(), end.timestamp(), DEFAULT_STEP_S), float(DEFAULT_STEP_S)
-    try:
-        tps, source = throughput_series(job, ts, client, sigs, cycle)
-    except PrometheusError as exc:
-        tps, source = None, f"the throughput query failed: {exc}"
-        log.warning("job %s: throughput query failed: %s", job.external_id, exc)
+    ts, step, end = readings.timestamps, readings.step_s, readings.end
+    tps, source = throughput_of(job, ts, readings.throughput)
     # Uploaded nvidia-smi logs fill the signals DCGM lacks (DCGM wins where both have samples).
     logs = with_monitoring_logs(job, sigs, ts, step, end.timestamp(), cycle)
     prices, label = prices_for(job, cycle)

@@ -1,8 +1,11 @@
-"""The evaluation step every trigger shares: load_context -> evaluate -> store on the job (not saved)."""
+"""The evaluation step every trigger shares: read -> load_context -> evaluate -> store on the job (not
+saved). The reads from Prometheus and the archive come first (jobs.pipeline.reads), so the evaluation gets
+plain data and calls no metrics code mid-way."""
 
 from __future__ import annotations
 
 import numpy as np
+from django.utils import timezone
 
 from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.evaluate import evaluate
@@ -12,6 +15,7 @@ from jobs.evaluation.store import store
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.signals import JobSignals
 from jobs.models import Job
+from jobs.pipeline.reads import read_inputs
 
 
 def evaluate_and_store(
@@ -22,10 +26,12 @@ def evaluate_and_store(
     *,
     cycle: CycleContext | None = None,
 ) -> dict[str, np.ndarray]:
-    """Re-evaluate the job on `sigs` through the spine (load_context -> evaluate -> store; the caller saves
-    the row) and return the derived series to archive (throughput, MFU). `client` None: a throughput PromQL
-    expression is read from the series the last poll archived. `neighbours`: the cycle's sharing index;
-    `cycle`: the cycle's shared reads (jobs.evaluation.cycle), None on the per-job paths."""
-    evaluated = evaluate(load_context(job, sigs, client, neighbours=neighbours, cycle=cycle))
+    """Re-evaluate the job on `sigs` through the spine (read_inputs -> load_context -> evaluate -> store;
+    the caller saves the row) and return the derived series to archive (throughput, MFU). `client` None: a
+    throughput PromQL expression is read from the series the last poll archived. `neighbours`: the cycle's
+    sharing index; `cycle`: the cycle's shared reads (jobs.evaluation.cycle), None on the per-job paths."""
+    now = timezone.now()
+    readings = read_inputs(job, sigs, client, now, cycle)
+    evaluated = evaluate(load_context(job, sigs, readings, client, now, neighbours=neighbours, cycle=cycle))
     store(job, evaluated.evaluation)
     return evaluated.derived
