@@ -256,6 +256,50 @@ def fetch_host_signals_bulk(
     return out, requests
 
 
+#: Every node_exporter metric the host signals read (the readiness check counts which have series).
+NODE_EXPORTER_METRICS: frozenset[str] = frozenset(m for sig in HOST_SIGNALS.values() for m in sig.metrics)
+
+
+def source_readiness(label: str, present: Iterable[str] | None, error: str = "") -> dict[str, Any]:
+    """node_exporter's line among the service's sources (/healthz, the readiness page): whether host signals
+    are configured (`label`: NODE_EXPORTER_HOST_LABEL), whether Prometheus holds node_exporter series
+    carrying that label (`present`: the metric names seen; None when the look-up failed with `error`),
+    which of the metrics the host signals read are among them, and the reason in words."""
+    line: dict[str, Any] = {
+        "source": "node_exporter", "configured": bool(label), "label": label, "series_seen": None,
+        "metrics_seen": [], "metrics_missing": [], "reason": "",
+    }  # fmt: skip
+    if not label:
+        line["reason"] = (
+            "not configured: NODE_EXPORTER_HOST_LABEL is empty, so host CPU, iowait, memory, disk, network "
+            "and InfiniBand signals are not read (set it to the label holding the node name, e.g. instance)"
+        )
+        return line
+    if present is None:
+        line["reason"] = f"not checked: Prometheus did not answer ({error})" if error else "not checked"
+        return line
+    seen = sorted(NODE_EXPORTER_METRICS & set(present))
+    line["series_seen"] = bool(seen)
+    line["metrics_seen"] = seen
+    line["metrics_missing"] = sorted(NODE_EXPORTER_METRICS - set(seen))
+    if not seen:
+        line["reason"] = (
+            f"configured (join label {label!r}) but no node_exporter series carry {label!r} in Prometheus: "
+            "is node_exporter scraped, and does that label hold the node names of the GPUs' Hostname?"
+        )
+    elif line["metrics_missing"]:
+        line["reason"] = (
+            f"series seen for {len(seen)} of {len(NODE_EXPORTER_METRICS)} metrics the host signals read; "
+            f"missing: {', '.join(line['metrics_missing'])} (a collector switched off, e.g. infiniband on "
+            "nodes without IB)"
+        )
+    else:
+        line["reason"] = (
+            f"series seen for all {len(seen)} metrics the host signals read (join label {label!r})"
+        )
+    return line
+
+
 def job_hosts(js: JobSignals) -> list[str]:
     """The host names of a job's GPUs, from the per-GPU rows of its signals (what the join matches)."""
     return sorted({g.hostname for s in js.signals.values() for g in s.gpus if g.hostname})

@@ -1,5 +1,5 @@
-"""Reachability checks for /healthz: database, Redis broker, Prometheus; and whether the service is polling
-(jobs.runtime.service_health)."""
+"""Reachability checks for /healthz: database, Redis broker, Prometheus; whether the service is polling
+(jobs.runtime.service_health); and the readiness of the optional sources (node_exporter's host signals)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from jobs.metrics.host_signals import source_readiness
 from jobs.metrics.prometheus import PrometheusClient
+from jobs.metrics.promql import validate_label_name
 from jobs.runtime import service_health
 
 log = logging.getLogger(__name__)
@@ -58,13 +60,40 @@ def _poller() -> dict[str, Any]:
         return {"status": service_health.UNKNOWN, "reason": f"not readable: {type(exc).__name__}"}
 
 
+#: How far back the node_exporter readiness check looks for series (a few scrapes of the usual 15-60 s).
+NODE_EXPORTER_LOOKBACK_S = 600.0
+
+
+def node_exporter_source(now: float | None = None) -> dict[str, Any]:
+    """node_exporter's readiness line (jobs.metrics.host_signals.source_readiness): configured or not
+    (NODE_EXPORTER_HOST_LABEL), and, when configured, whether Prometheus holds node_exporter series carrying
+    the join label in the last NODE_EXPORTER_LOOKBACK_S (one label-values request, the /healthz timeout).
+    Never raises: an unreachable Prometheus gives a line saying it was not checked."""
+    label = settings.NODE_EXPORTER_HOST_LABEL
+    if not label:
+        return source_readiness("", None)
+    end = time.time() if now is None else now
+    try:
+        match = [f'{{__name__=~"node_.+", {validate_label_name(label)}=~".+"}}']
+        with PrometheusClient(
+            settings.PROMETHEUS_URL, timeout_s=settings.HEALTHZ_PROMETHEUS_TIMEOUT_S, retries=0
+        ) as client:
+            names = client.label_values("__name__", match, end - NODE_EXPORTER_LOOKBACK_S, end)
+    except Exception as exc:  # a health answer, not a crash
+        log.warning("node_exporter readiness: %s: %s", type(exc).__name__, exc)
+        return source_readiness(label, None, f"{type(exc).__name__}: {exc}"[:300])
+    return source_readiness(label, names)
+
+
 def run_checks() -> dict[str, Any]:
     """All checks; `ok` is true only when every dependency answered. `status` is "down" when one did not,
     "degraded" when they all answer but the service stopped polling (`poller`, jobs.runtime.service_health:
     the
-    web server still serves, so the answer stays 200), "ok" otherwise."""
+    web server still serves, so the answer stays 200), "ok" otherwise. `sources` holds the optional sources'
+    readiness lines (node_exporter): auxiliary, they change neither `ok` nor `status`."""
     checks = {"database": _timed(_database), "redis": _timed(_redis), "prometheus": _timed(_prometheus)}
     ok = all(c["ok"] for c in checks.values())
     poller = _poller()
     status = "down" if not ok else "degraded" if poller["status"] == "degraded" else "ok"
-    return {"ok": ok, "status": status, "checks": checks, "poller": poller}
+    sources = {"node_exporter": node_exporter_source()}
+    return {"ok": ok, "status": status, "checks": checks, "poller": poller, "sources": sources}
