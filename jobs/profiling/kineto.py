@@ -19,6 +19,7 @@ shapes, call stacks, memory events' args) while parsing. On the 54 MB V100 sampl
 from __future__ import annotations
 
 import functools
+import mmap
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,6 +45,7 @@ from jobs.profiling.kineto_schema import (
 )
 from jobs.profiling.trace_io import (
     DEFAULT_MAX_DECOMPRESSED_BYTES,
+    map_plain_file,
     pieces_of_buffer,
     pieces_of_path,
     read_trace_bytes,
@@ -71,8 +73,13 @@ def parse_kineto(
     error message for a broken file.
     """
     opener: Callable[[], Iterator[bytes | bytearray | memoryview]]
+    streamed: Trace | None
     if isinstance(source, str | Path):
         opener = functools.partial(pieces_of_path, Path(source), max_decompressed_bytes)
+        mapped = map_plain_file(Path(source), max_decompressed_bytes)
+        # A mapped file is decoded where it lies; its fallback reads the file again (the mapping's
+        # bytes were changed in place), as gzip and unmappable files are read from the start.
+        streamed = _parse_mapped(mapped, rank) if mapped is not None else _parse_streamed(opener(), rank)
     else:
         # A file object can be read once only, and the whole-file fallback needs a second read.
         buffer = (
@@ -81,7 +88,7 @@ def parse_kineto(
             else read_trace_bytes(source, max_decompressed_bytes)
         )
         opener = functools.partial(pieces_of_buffer, buffer, max_decompressed_bytes)
-    streamed = _parse_streamed(opener(), rank)
+        streamed = _parse_streamed(opener(), rank)
     if streamed is not None:
         return streamed
     whole = b"".join(opener())
@@ -149,17 +156,32 @@ class _NotStreamable(Exception):
     """The chunked reading cannot follow this file; decode it whole."""
 
 
+_STREAM_FAILURES = (_NotStreamable, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+
 def _parse_streamed(pieces: Iterator[bytes | bytearray | memoryview], rank: int | None) -> Trace | None:
     """The trace from chunked decoding, or None when the file must be decoded whole."""
     builder = _TraceBuilder()
     try:
         size = _stream_events(pieces, builder)
-    except (_NotStreamable, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+    except _STREAM_FAILURES:
         return None
     finally:
         close = getattr(pieces, "close", None)
         if close is not None:
             close()
+    return builder.finish(rank, size)
+
+
+def _parse_mapped(mapped: mmap.mmap, rank: int | None) -> Trace | None:
+    """`_parse_streamed` over a mapped plain file (closed here), or None when it must be decoded whole."""
+    builder = _TraceBuilder()
+    try:
+        size = _stream_mapped(mapped, builder)
+    except _STREAM_FAILURES:
+        return None
+    finally:
+        mapped.close()
     return builder.finish(rank, size)
 
 
@@ -183,13 +205,74 @@ def _x_events(events: list[Any]) -> list[Any]:
 _IS_COMPLETE = _Complete.__instancecheck__  # _Complete has no subclasses: this is `type(ev) is _Complete`
 
 
+def _find_head(buf: bytearray | mmap.mmap, end: int) -> tuple[bytes, int, bool] | None:
+    """Where the events start in buf[:end]: (the document's text before the traceEvents array, the
+    position after the '[' that opens it, whether the document is a bare array), or None while the
+    opening '[' may still come in later bytes."""
+    first = _LEADING_WS_RE.match(buf, 0, end).end()  # type: ignore[union-attr]
+    if first < end and buf[first : first + 1] == b"[":
+        return b"", first + 1, True  # Chrome's JSON array format: the array is the document
+    m = _TRACE_EVENTS_KEY_RE.search(buf, 0, end)
+    if m is None:
+        return None
+    head = bytes(buf[: m.end() - 1])
+    # The key must be the top-level one: the head plus an empty array must close as a document.
+    try:
+        probe = _LENIENT_DOC_DECODER.decode(head + b"[]}")
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _NotStreamable from exc
+    if probe.traceEvents != []:
+        raise _NotStreamable
+    return head, m.end(), False
+
+
+def _decode_cut(buf: bytearray | mmap.mmap, pos: int, cut: re.Match[bytes], builder: _TraceBuilder) -> None:
+    """Decode the events from `pos` to the boundary `cut` into builder.
+
+    In place, without copying the chunk: the byte before its first event ('[' or a separator) becomes
+    '[' and the one after its last '}' (a separator) becomes ']'. Both are whitespace or the comma
+    between two events, consumed by this cut.
+    """
+    end = cut.start() + 1
+    buf[pos - 1] = 0x5B  # [
+    buf[end] = 0x5D  # ]
+    view = memoryview(buf)
+    part = view[pos - 1 : end + 1]
+    try:
+        events = _decode_chunk(part, _FAST_LIST_DECODER, _LENIENT_LIST_DECODER)
+    finally:
+        part.release()
+        view.release()
+    builder.add(_x_events(events))
+
+
+def _decode_tail(
+    head: bytes, tail: bytes | bytearray | memoryview, list_mode: bool, builder: _TraceBuilder
+) -> None:
+    """The last chunk: it closes the array and carries the keys after it (traceName,
+    baseTimeNanoseconds)."""
+    if not list_mode and _TRACE_EVENTS_KEY_RE.search(tail) is not None:
+        raise _NotStreamable  # a second traceEvents key: let the whole-file decoder decide
+    last = bytearray(head)
+    last += b"["
+    last += tail
+    if list_mode:
+        builder.add(_x_events(_decode_chunk(last, _FAST_LIST_DECODER, _LENIENT_LIST_DECODER)))
+        builder.meta = _Document()
+        return
+    doc = _decode_chunk(last, _FAST_DOC_DECODER, _LENIENT_DOC_DECODER)
+    del last
+    if doc.traceEvents is None:
+        raise _NotStreamable
+    builder.add(_x_events(doc.traceEvents))
+    doc.traceEvents = None
+    builder.meta = doc
+
+
 def _stream_events(pieces: Iterator[bytes | bytearray | memoryview], builder: _TraceBuilder) -> int:
     """Decode the trace chunk by chunk into `builder`; returns the JSON's size in bytes."""
     buf = bytearray()
     total = 0
-    head: bytes | None = None
-    list_mode = False
-    pos = 0  # start of the undecoded events in buf
     exhausted = False
 
     def more() -> bool:
@@ -204,28 +287,10 @@ def _stream_events(pieces: Iterator[bytes | bytearray | memoryview], builder: _T
         return True
 
     # The head: everything up to and including the '[' that opens traceEvents.
-    while head is None:
-        first = _LEADING_WS_RE.match(buf).end()  # type: ignore[union-attr]
-        if first < len(buf) and buf[first : first + 1] == b"[":
-            list_mode = True  # Chrome's JSON array format: the array is the document
-            head = b""
-            pos = first + 1
-            break
-        m = _TRACE_EVENTS_KEY_RE.search(buf)
-        if m is not None:
-            head = bytes(buf[: m.end() - 1])
-            pos = m.end()
-            # The key must be the top-level one: the head plus an empty array must close as a document.
-            try:
-                probe = _LENIENT_DOC_DECODER.decode(head + b"[]}")
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise _NotStreamable from exc
-            if probe.traceEvents != []:
-                raise _NotStreamable
-            break
+    while (found := _find_head(buf, len(buf))) is None:
         if len(buf) > _MAX_HEAD or not more():
             raise _NotStreamable
-    list_decoders = (_FAST_LIST_DECODER, _LENIENT_LIST_DECODER)
+    head, pos, list_mode = found  # pos: start of the undecoded events in buf
     while True:
         check_now()
         cut = None
@@ -235,42 +300,50 @@ def _stream_events(pieces: Iterator[bytes | bytearray | memoryview], builder: _T
             if not exhausted and more():
                 continue
             break
-        # Decoded in place, without copying the chunk: the byte before its first event ('[' or a
-        # separator) becomes '[' and the one after its last '}' (a separator) becomes ']'. Both are
-        # whitespace or the comma between two events, consumed by this cut.
-        end = cut.start() + 1
-        buf[pos - 1] = 0x5B  # [
-        buf[end] = 0x5D  # ]
-        view = memoryview(buf)
-        part = view[pos - 1 : end + 1]
-        try:
-            events = _decode_chunk(part, *list_decoders)
-        finally:
-            part.release()
-            view.release()
-        builder.add(_x_events(events))
-        del events
+        _decode_cut(buf, pos, cut, builder)
         # Keep the separator byte before the next event's '{' as its '['; deleting a prefix is O(1).
         del buf[: cut.end() - 2]
         pos = 1
-    # The last chunk closes the array and carries the keys after it (traceName, baseTimeNanoseconds).
     tail = memoryview(buf)[pos:]
-    if not list_mode and _TRACE_EVENTS_KEY_RE.search(tail) is not None:
-        raise _NotStreamable  # a second traceEvents key: let the whole-file decoder decide
-    last = bytearray(head)
-    last += b"["
-    last += tail
-    tail.release()
+    try:
+        _decode_tail(head, tail, list_mode, builder)
+    finally:
+        tail.release()
     buf.clear()
-    if list_mode:
-        builder.add(_x_events(_decode_chunk(last, *list_decoders)))
-        builder.meta = _Document()
-        return total
-    doc = _decode_chunk(last, _FAST_DOC_DECODER, _LENIENT_DOC_DECODER)
-    del last
-    if doc.traceEvents is None:
+    return total
+
+
+def _stream_mapped(mapped: mmap.mmap, builder: _TraceBuilder) -> int:
+    """`_stream_events` over a whole mapped file: the same chunks, cut at the same boundaries, decoded
+    where they lie. Pages behind the decoded chunks are dropped (MADV_DONTNEED) as the decode moves on,
+    so the mapping's share of the resident memory stays about one chunk, as the read buffer's was."""
+    total = len(mapped)
+    grow_input(total)
+    found = _find_head(mapped, min(total, _MAX_HEAD + 1))
+    if found is None:
         raise _NotStreamable
-    builder.add(_x_events(doc.traceEvents))
-    doc.traceEvents = None
-    builder.meta = doc
+    head, pos, list_mode = found
+    if hasattr(mmap, "MADV_SEQUENTIAL"):
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+    released = 0
+    while True:
+        check_now()
+        cut = None
+        if total - pos > _STREAM_CHUNK:
+            cut = _EVENT_BOUNDARY_RE.search(mapped, pos + _STREAM_CHUNK)
+        if cut is None:
+            break
+        _decode_cut(mapped, pos, cut, builder)
+        pos = cut.end() - 1
+        # Whole pages before the next chunk. Dropping a private page reverts it to the file's bytes, which
+        # is harmless: each chunk's brackets are written right before it is decoded.
+        drop = (pos - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        if drop > released and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED, released, drop - released)
+            released = drop
+    tail = memoryview(mapped)[pos:]
+    try:
+        _decode_tail(head, tail, list_mode, builder)
+    finally:
+        tail.release()
     return total

@@ -16,8 +16,6 @@ import math
 import re
 from typing import Any
 
-import orjson
-
 from jobs.profiling.errors import ArtifactError
 
 #: Integers beyond this magnitude lose precision in float64 JSON readers; they are "unknown" (None).
@@ -82,6 +80,10 @@ def storable_problems(obj: Any, *, limit: int = 20) -> list[str]:
 
     visit(obj, "$", 0)
     if not problems:
+        # Imported here: every parser imports this module (through the guard), and orjson with its
+        # datetime/uuid imports cost the command line ~5 ms of start-up for a check it never runs.
+        import orjson
+
         try:
             orjson.dumps(obj)
         except (TypeError, orjson.JSONEncodeError) as exc:  # pragma: no cover - the walk above covers it

@@ -7,6 +7,7 @@ it (a gzip bomb stops there). Pure: no Django, no trace model; every failure is 
 from __future__ import annotations
 
 import io
+import mmap
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +99,30 @@ def gunzip_bounded(raw: bytes | bytearray, limit: int) -> bytearray:
     except zlib.error as exc:
         raise ArtifactError(f"The trace is not a valid gzip file: {exc}.") from exc
     return out
+
+
+def map_plain_file(path: Path, limit: int) -> mmap.mmap | None:
+    """A plain (not gzip) trace file mapped copy-on-write, or None when it is gzip, empty or cannot be
+    mapped (then read it as pieces). Refuses a file over `limit` as `pieces_of_path` does.
+
+    Mapped, the streamed decoder reads the page cache in place: no 4 MiB read buffer allocated per
+    piece and no growing bytearray copied on every extend (together ~0.05 CPU-s of a 100 MB trace,
+    a tenth of its parse). Copy-on-write (ACCESS_COPY), so the decoder may write its chunk brackets
+    without touching the file. A file truncated by another process while mapped would fault (SIGBUS):
+    uploads are our own temporary files and the command line reads the user's own file.
+    """
+    try:
+        with path.open("rb") as handle:
+            if handle.read(2) == GZIP_MAGIC:
+                return None
+            size = handle.seek(0, io.SEEK_END)
+            if size > limit:
+                raise ArtifactError(f"The trace is {size:,} bytes; the limit is {limit:,} bytes.")
+            if size == 0:
+                return None
+            return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):  # no such file, a pipe, a file system without mmap: read it instead
+        return None
 
 
 def pieces_of_buffer(

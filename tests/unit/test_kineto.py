@@ -518,6 +518,35 @@ def test_an_unknown_phase_and_a_nested_trace_events_key_parse_like_the_whole_fil
     assert len(chunked.ranks[0].gpu) == 40
 
 
+@pytest.mark.parametrize("layout", ["event per line", "one line", "bare array", "cut inside a string"])
+def test_a_plain_file_read_through_its_mapping_parses_like_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    # A plain file path is decoded where it lies (mmap), chunk brackets written into a copy-on-write
+    # mapping and decoded pages dropped behind; bytes go through the read-buffer path. Chunks of ~5 KiB
+    # over a ~120 KiB file, so pages are dropped between chunks and cuts fall on every kind of byte.
+    from jobs.profiling import kineto
+
+    events = _stream_doc(400)
+    if layout == "cut inside a string":
+        events[300]["name"] = "x" * 6000 + '}, {"name"'  # a boundary look-alike inside a kernel name
+    data = kineto_bytes(events, distributedInfo={"rank": 3}, baseTimeNanoseconds=7)
+    if layout == "event per line":
+        data = data.replace(b"}, {", b"},\n  {")
+    elif layout == "bare array":
+        data = json.dumps(events).encode()
+    path = tmp_path / "trace.json"
+    path.write_bytes(data)
+    expected = parse_kineto(data)
+    monkeypatch.setattr(kineto, "_STREAM_CHUNK", 5000)
+    mapped = parse_kineto(path)
+    _same_trace(expected, mapped)
+    assert len(mapped.ranks[0].gpu) == 400
+    assert path.read_bytes() == data  # the brackets were written into the private mapping only
+    if layout != "bare array":
+        assert mapped.ranks[0].rank == 3 and mapped.ranks[0].unix_offset_ns == 7
+
+
 def test_a_second_trace_events_key_after_the_array_is_decided_by_the_whole_file_decoder() -> None:
     events = _stream_doc(3)
     data = kineto_bytes(events)[:-1] + b', "traceEvents": []}'
