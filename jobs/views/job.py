@@ -47,7 +47,7 @@ from jobs.views.job_summary import (
     utilisation_verdict,
     with_coverage,
 )
-from jobs.views.page_json import dumps, json_response, page_json
+from jobs.views.page_json import dumps, figure_stamp, json_response, page_json, roofline_update
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "running": job.status == Job.Status.RUNNING,
         "refresh_s": REFRESH_S,
         "roofline": roofline["figure"],
+        "roofline_stamp": figure_stamp(roofline["figure"]),
         "pending_artifacts": [
             v.artifact.pk
             for v in artifacts
@@ -203,6 +204,10 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
         },
         "artifacts": [{"id": pk, "status": status} for pk, status in statuses],
     }
+    # The roofline only when it changed since the figure the page drew (`?roofline=` its stamp): #25.
+    roofline = roofline_update(job_roofline_data(job)["figure"], request.GET.get("roofline", ""))
+    if roofline is not None:
+        body["roofline"] = roofline
     if request.GET.get("only") != "status":
         try:
             window = zoom_window(request)

@@ -4,6 +4,7 @@ page's JSON with pre-serialised figure members spliced in."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import orjson
@@ -55,3 +56,17 @@ def page_json(page_data: dict[str, Any], figure_members: str, element_id: str) -
     head = escape_script_json(dumps(page_data).decode())
     text = head[:-1] + ("," if len(head) > 2 else "") + figure_members + "}"
     return format_html('<script id="{}" type="application/json">{}</script>', element_id, mark_safe(text))
+
+
+def figure_stamp(figure: Any) -> str:
+    """A short fingerprint of a figure's JSON: the page keeps the one it drew and sends it with its
+    one-minute refresh, which answers with the figure only when the fingerprint differs ("" = no figure)."""
+    return "" if figure is None else hashlib.sha256(dumps(figure)).hexdigest()[:16]
+
+
+def roofline_update(figure: Any, known: str) -> dict[str, Any] | None:
+    """The refresh answer's `roofline` member: {"stamp", "figure"} when the job's roofline figure differs
+    from the one the page drew (`known`, its stamp), None when it is the same (nothing to redraw). A
+    figure that is gone is sent as None with stamp "" (the page clears it)."""
+    stamp = figure_stamp(figure)
+    return None if stamp == known else {"stamp": stamp, "figure": figure}

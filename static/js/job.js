@@ -594,10 +594,26 @@
     if (until && body.data_until) { until.textContent = body.data_until.slice(0, 16).replace("T", " "); }
   }
 
+  // The stamp of the roofline figure drawn (jobs.views.page_json.figure_stamp): the refresh answers with a
+  // new figure only when the job's roofline changed since.
+  var rooflineStamp = page.roofline_stamp || "";
+
+  function redrawRoofline(update) {
+    if (!update) { return null; }
+    rooflineStamp = update.stamp;
+    page.roofline = update.figure;
+    var el = document.getElementById("roofline");
+    if (!el) { return null; }  // the page had no roofline figure when it was rendered: shown on reload
+    if (!update.figure) { if (Plotly) { Plotly.purge(el); } return null; }
+    return draw(el, update.figure);
+  }
+
   function refresh() {
     var extra = detailWindow ? "start=" + detailWindow[0] / 1000 + "&end=" + detailWindow[1] / 1000 : "";
+    extra = (extra ? extra + "&" : "") + "roofline=" + encodeURIComponent(rooflineStamp);
     return fetchJson(figuresUrl(extra)).then(function (body) {
       updateNumbers(body);
+      redrawRoofline(body.roofline);
       if (!detailWindow) {
         fullFigures = { timeseries: body.timeseries, heatmap: body.heatmap };
         if (body.timeseries && body.timeseries.layout.xaxis.range) {
