@@ -140,3 +140,55 @@ def test_a_steady_cycle_reads_its_jobs_archives_and_alert_look_ups_once_and_writ
     per_job = sorted(stmts for *_, stmts in recorded)
     print(f"statements in the cycle: {len(sql)} for {n} jobs; alert evaluations: {per_job}")
     print(Counter(" ".join(x.split())[:80] for x in sql).most_common())
+
+
+def _steady_statements(client: Any, at: Any) -> list[str]:
+    with CaptureQueriesContext(connection) as ctx:
+        pipeline.poll_cycle(client, now=at)
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+def _savepoint(sql: str) -> bool:
+    # The test's transaction turns each job's atomic block into SAVEPOINT / RELEASE; a deployment's
+    # BEGIN / COMMIT never pass through the statement log.
+    return sql.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
+
+
+@pytest.mark.django_db
+def test_a_steady_cycles_statements_grow_by_the_job_rows_lock_and_update_per_added_job(
+    prom,
+    sims,
+    make_team,
+    local_cache,
+    settings,  # noqa: F811
+):
+    """#26 item 2: the cycle's reads for its jobs (archive snapshots, open incidents, findings, baselines)
+    do not grow with the jobs; what does is each job's row, locked and read, then updated (2 statements,
+    plus the atomic block's savepoint pair in a test). Three jobs on the same series do the same work."""
+    settings.PROMETHEUS_SCRAPE_INTERVAL_S = 30.0
+    settings.PROMETHEUS_INGESTION_LAG_S = 60.0
+    settings.ALERTS_ENABLED = True
+    team = make_team("llm")
+    client = _client(prom)
+    _register(sims["a2"], team, labels={"hpc_job": "3002"}, external_id="s-0")
+    pipeline.poll_cycle(client, now=START + timedelta(minutes=40))
+    one = _steady_statements(client, START + timedelta(minutes=45))
+    for i in (1, 2, 3):
+        _register(sims["a2"], team, labels={"hpc_job": "3002"}, external_id=f"s-{i}")
+    pipeline.poll_cycle(client, now=START + timedelta(minutes=50))  # the new jobs' first poll
+    four = _steady_statements(client, START + timedelta(minutes=55))
+    assert Job.objects.filter(status=Job.Status.RUNNING, ingest_error="").count() == 4
+    assert AlertIncident.objects.filter(resolved_at__isnull=True).count() >= 4  # the rules have work
+    added = 3
+    # Statement shapes: their beginning, before any literal value (the cycles' times differ).
+    growth = Counter(" ".join(s.split())[:40] for s in four if not _savepoint(s))
+    growth.subtract(Counter(" ".join(s.split())[:40] for s in one if not _savepoint(s)))
+    grown = {shape: n for shape, n in growth.items() if n > 0}
+    per_job = sum(grown.values()) / added
+    print(f"statements: {len(one)} for 1 job, {len(four)} for 4; grown per added job: {grown}")
+    assert sum(map(_savepoint, four)) - sum(map(_savepoint, one)) <= 2 * added
+    # Each job's row: SELECT ... FOR UPDATE and UPDATE, plus the refresh of each of its open incidents.
+    refreshes = {s: n for s, n in grown.items() if s.startswith('UPDATE "jobs_alertincident"')}
+    assert per_job - sum(refreshes.values()) / added <= 2.0, grown
+    rows = ('SELECT "jobs_job"."id"', 'UPDATE "jobs_job" SET')
+    assert all(shape.startswith(rows) for shape in set(grown) - set(refreshes)), grown
