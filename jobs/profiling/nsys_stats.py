@@ -14,6 +14,7 @@ from typing import Any
 
 from jobs.profiling.detect import DEFAULT_MAX_BYTES
 from jobs.profiling.guard import guarded
+from jobs.profiling.launch_sizes import launch_sizes_from_rows
 from jobs.profiling.nsys_stats_parse import SUPPORTED_REPORTS, NsysStats, parse_nsys_stats
 from jobs.profiling.summary_blocks import (
     KernelTotal,
@@ -327,4 +328,21 @@ def analyze_nsys_stats(
         "cuda_api": _api_summary(reports["cuda_api_sum"], top_n) if "cuda_api_sum" in reports else None,
         "nvtx": _nvtx_summary(reports["nvtx_sum"], top_n) if "nvtx_sum" in reports else None,
         "gpu_trace": _trace_summary(trace) if trace else None,
+        "launch_sizes": _launch_sizes(trace) if trace else None,
     }
+
+
+def _launch_sizes(trace: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trace analysis' `launch_sizes` block from a cuda_gpu_trace report's GrdX..Z / BlkX..Z."""
+    kernels = [r for r in trace if not str(r.get("name", "")).startswith("[CUDA ")]
+    rows = (
+        (
+            str(r.get("name", "")),
+            float(r.get("duration") or 0.0),
+            float(r["grid_blocks"]),
+            float(r["block_threads"]),
+        )
+        for r in kernels
+        if r.get("grid_blocks") and r.get("block_threads")
+    )
+    return launch_sizes_from_rows(rows, len(kernels))

@@ -81,6 +81,11 @@ _COLUMN_KEYS = {
     "device": "device",
     "strm": "stream",
     "grdx": "grid_x",
+    "grdy": "grid_y",
+    "grdz": "grid_z",
+    "blkx": "block_x",
+    "blky": "block_y",
+    "blkz": "block_z",
     "category": "category",
 }
 _BANNER = re.compile(r"\*\*\s*(.*?)\s*\((\w+)\)\s*:?\s*$")
@@ -94,7 +99,22 @@ MAX_VALUE = 1e30
 MAX_ROWS = 5_000_000
 MAX_COLUMNS = 256
 MAX_NAME_CHARS = 4096
-_TRACE_KEYS = {"start", "duration", "device", "name"}
+_TRACE_KEYS = {
+    "start",
+    "duration",
+    "device",
+    "name",
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+}
+_DIMS = (
+    ("grid_blocks", ("grid_x", "grid_y", "grid_z")),
+    ("block_threads", ("block_x", "block_y", "block_z")),
+)
 _UNIT = re.compile(r"^(.*?)\s*\(([^()]*)\)\s*$")
 
 
@@ -295,6 +315,15 @@ def _records(table: _Table) -> list[dict[str, Any]]:
             else:
                 value = _number(cell)
                 record[key] = None if value is None else value * _scale(unit, key)
+        if "grid_x" in record or "block_x" in record:
+            # A launch's dimensions as products (thread blocks, threads per block): two keys per row, not
+            # six; memcpy/memset rows leave them empty (None).
+            for product, parts in _DIMS:
+                dims = [record.pop(part, None) for part in parts]
+                # CUDA's limits: gridDim.x < 2^31, y and z < 2^16, at most 1,024 threads per block (CUDA C++
+                # Programming Guide, "Features and Technical Specifications"); beyond them a cell is unknown.
+                known = all(d is not None and 0 < d < 2**31 for d in dims)
+                record[product] = int(dims[0] * dims[1] * dims[2]) if known else None
         if record.get("name") is not None or "start" in record:
             records.append(record)
             if len(records) > MAX_ROWS:

@@ -8,6 +8,7 @@ export, json on the trace), not through the service's parsers.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -175,3 +176,24 @@ def test_a_trace_without_dimensions_or_sm_count_says_so() -> None:
     assert "small_grid_launch_pct" not in none
     unknown = _launch_sizes(_kineto([[1, 1, 1]], [1], num_sms=None))
     assert unknown["small_grid_launches"] is None and "SM count" in unknown["note"]
+
+
+# --- nsys stats cuda_gpu_trace (tests/unit/data/run1_cuda_gpu_trace.csv, nsys's documented layout) ---------
+# By hand: 24 kernel rows (2 memcpy rows have no GrdX..BlkZ): 3 sm90_xmma GEMMs of grid 16x66x1 = 1,056 blocks
+# x 384 threads, 18 vectorized_elementwise_kernel of 5,120 x 128, 3 triton layer-norm of 8,192 x 512. Median
+# grid 5,120 and block 128; all COMPUTATION. The report names the device by model only ("NVIDIA H100 80GB
+# HBM3 (0)"), no SM count: the small-grid share is unknown.
+
+
+def test_nsys_stats_gpu_trace_gives_the_launch_size_block() -> None:
+    from jobs.profiling.nsys_stats import analyze_nsys_stats
+
+    ls = analyze_nsys_stats(Path(__file__).parent / "data" / "run1_cuda_gpu_trace.csv")["launch_sizes"]
+    assert (ls["kernels"], ls["kernels_with_sizes"]) == (24, 24)
+    assert (ls["grid_blocks_median"], ls["block_threads_median"]) == (5120.0, 128.0)
+    (cls,) = ls["by_class"]
+    assert cls["kernel_class"] == "COMPUTATION" and (cls["grid_blocks_min"], cls["grid_blocks_max"]) == (
+        1056,
+        8192,
+    )
+    assert ls["small_grid_launch_pct"] is None and "SM count" in ls["note"]
