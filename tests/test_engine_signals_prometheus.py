@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from django.test import Client
 
 from jobs.intake.registry import register_job
 from jobs.metrics import cluster
@@ -144,7 +145,14 @@ def _register(sim: object, team: object, labels: dict[str, str], external_id: st
 @pytest.mark.django_db
 @pytest.mark.parametrize("path", ["per_job", "cycle"])
 def test_a_serving_jobs_mfu_is_the_engines_with_the_forward_mfu_beside_it(
-    prom: PrometheusProcess, sims: dict[str, object], make_team: Any, settings: Any, path: str
+    prom: PrometheusProcess,
+    sims: dict[str, object],
+    make_team: Any,
+    make_user: Any,
+    api_client_for: Any,
+    client: Any,
+    settings: Any,
+    path: str,
 ) -> None:
     settings.PROMETHEUS_SCRAPE_INTERVAL_S = SCRAPE
     settings.PROMETHEUS_INGESTION_LAG_S = 30.0
@@ -174,3 +182,20 @@ def test_a_serving_jobs_mfu_is_the_engines_with_the_forward_mfu_beside_it(
     assert qe["mfu_source"] == "flops" and qe["engine_mfu"] is None and quiet.mfu is not None
     assert qe["engine_mfu_reason"] and "engine_flops" in quiet.missing_signals
     assert "--enable-mfu-metrics" in quiet.missing_reasons["engine_flops"]
+    # The API and the page say which MFU is shown and give the other's value.
+    member = make_user("server-owner", teams=[team])
+    metrics = api_client_for(member).get(f"/api/v1/jobs/{job.external_id}/").json()["metrics"]
+    assert metrics["mfu_source"] == "engine" and metrics["engine_mfu"] == pytest.approx(0.30, rel=1e-6)
+    assert metrics["flops_mfu"] == pytest.approx(ev["flops_mfu"])
+    quiet_metrics = api_client_for(member).get(f"/api/v1/jobs/{quiet.external_id}/").json()["metrics"]
+    assert quiet_metrics["mfu_source"] == "flops" and quiet_metrics["engine_mfu"] is None
+    assert quiet_metrics["engine_mfu_reason"]
+    web = Client()
+    web.force_login(member)
+    page = web.get(f"/jobs/{job.external_id}/").content.decode()
+    assert "engine-reported FLOPs (vLLM/SGLang estimated_flops_per_gpu_total)" in page
+    other = page[page.index('data-kpi="mfu-other"') :]
+    assert other.startswith('data-kpi="mfu-other">shown: the serving engine\'s own MFU')
+    assert f"kept as a cross-check: {ev['flops_mfu'] * 100:.1f} %" in other[:400]
+    quiet_page = web.get(f"/jobs/{quiet.external_id}/").content.decode()
+    assert "shown: forward-FLOPs MFU; the serving engine's own MFU is unknown" in quiet_page

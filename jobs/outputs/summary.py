@@ -72,6 +72,12 @@ def job_summary(job: Job) -> dict[str, Any]:
             "efficiency_waste_per_day_usd": job.efficiency_waste_per_day_usd,
             "waste_unknown_reason": job.waste_unknown_reason or None,
             "flops_variant": job.flops_variant or None,
+            # Which MFU `mfu` is: "engine" (a serving engine's own FLOP counter) or "flops" (FLOPs per token
+            # x tokens/s); the other one beside it (the forward-FLOPs cross-check, or why no engine MFU).
+            "mfu_source": (evaluated.mfu_source or None) if evaluated is not None else None,
+            "engine_mfu": evaluated.engine_mfu if evaluated is not None else None,
+            "engine_mfu_reason": (evaluated.engine_mfu_reason or None) if evaluated is not None else None,
+            "flops_mfu": evaluated.flops_mfu if evaluated is not None else None,
             "mfu_fallback": job.mfu_fallback,
             "mfu_convention": settings.MFU_FLOPS_CONVENTION,
             "target_mfu": target_mfu(job.dtype, settings.TARGET_MFU, settings.TARGET_MFU_FP8)[0],
