@@ -237,6 +237,9 @@ class _Columns:
 
     def take(self, index: npt.NDArray[Any]) -> Any:
         """A new table of the same type holding only the rows selected by `index` (mask or positions)."""
+        if isinstance(index, np.ndarray) and index.dtype == np.bool_ and index.shape == (len(self),):
+            # Positions once, not a mask per column: each boolean index counts and scans the mask again.
+            index = np.flatnonzero(index)
         return type(self)(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     def nbytes(self) -> int:

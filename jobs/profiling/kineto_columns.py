@@ -164,6 +164,18 @@ def _ints(values: list[Any]) -> np.ndarray:
     return np.array([_as_int(v, -1) for v in values], dtype=np.int64)
 
 
+def _plain_ints(values: list[Any]) -> np.ndarray | None:
+    """`_ints(values)` when every value is a plain int (no None, bool, float or str), else None."""
+    if set(map(type, values)) != {int}:
+        return None
+    try:
+        out = np.fromiter(values, dtype=np.int64, count=len(values))
+    except OverflowError:
+        return None
+    out[(out > _MAX_INT) | (out < -_MAX_INT)] = -1
+    return out
+
+
 def _floats(values: list[Any]) -> np.ndarray:
     """`_as_float` for every value (NaN for unknown), vectorised for plain numbers."""
     if set(map(type, values)) <= _FLOAT_TYPES:
@@ -371,28 +383,33 @@ class _TraceBuilder:
             "cpu": is_cpu_op & ~is_step,
             "ann": np.isin(roles, _ROLE_ANNOTATION) | is_step,
         }
+        # Thread ids in one pass over the chunk when they are all plain ints (current schema: GPU rows
+        # carry the stream number as tid); otherwise (the 2021 schema's "stream 7") per table as before.
+        tids = list(map(_TID, evs))
+        all_tids = _plain_ints(tids)
         for table, mask in groups.items():
             rows = np.flatnonzero(mask)
             if rows.size == 0:
                 continue
-            sub = _pick(evs, rows)
             cols: dict[str, np.ndarray] = {"_ts": ts[rows], "_dur": dur[rows], "name": codes[rows]}
             if table == "gpu":
-                cols.update(self._gpu_columns(sub, roles[rows], _pick(names, rows)))
-            elif table == "rt":
-                cols["correlation"] = _ints(list(map(_CORRELATION, _args_of(sub))))
-                cols["tid"] = _ints(list(map(_TID, sub)))
+                cols.update(self._gpu_columns(_pick(evs, rows), roles[rows], cols["name"]))
+                self.parts[table].append(cols)
+                continue
+            cols["tid"] = all_tids[rows] if all_tids is not None else _ints(_pick(tids, rows))
+            if table == "rt":
+                cols["correlation"] = _ints(list(map(_CORRELATION, _args_of(_pick(evs, rows)))))
                 cols["kind"] = np.where(roles[rows] == _DRIVER, RuntimeKind.DRIVER, RuntimeKind.RUNTIME)
-            elif table == "cpu":
-                cols["tid"] = _ints(list(map(_TID, sub)))
-            else:
+            elif table == "ann":
                 cols["source"] = np.where(
                     roles[rows] == _ANNOT_GPU, AnnotationSource.GPU, AnnotationSource.CPU
                 )
-                cols["tid"] = _ints(list(map(_TID, sub)))
             self.parts[table].append(cols)
 
-    def _gpu_columns(self, evs: list[Any], roles: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+    def _gpu_columns(self, evs: list[Any], roles: np.ndarray, codes: np.ndarray) -> dict[str, np.ndarray]:
+        """The GPU table's own columns for `evs` (their roles, and their names' codes in the string table:
+        only copies and syncs read a name, so the names are not picked for every kernel)."""
+        names = self.strings.values
         n = len(evs)
         args = _args_of(evs)
         kind = _OP_KIND_OF_ROLE[roles]
@@ -409,7 +426,7 @@ class _TraceBuilder:
         dst = np.zeros(n, dtype=np.int8)
         sync_kind = np.zeros(n, dtype=np.int8)
         for i in np.flatnonzero(kind == OpKind.MEMCPY).tolist():
-            name = names[i]
+            name = names[codes[i]]
             cached = self.memcpy_cache.get(name)
             if cached is None:
                 a = args[i]
@@ -417,7 +434,7 @@ class _TraceBuilder:
                 self.memcpy_cache[name] = cached
             copy_kind[i], src[i], dst[i] = cached
         for i in np.flatnonzero(kind == OpKind.SYNC).tolist():
-            sync_kind[i] = _SYNC_KIND_BY_NAME.get(names[i].lower(), SyncKind.UNKNOWN)
+            sync_kind[i] = _SYNC_KIND_BY_NAME.get(names[codes[i]].lower(), SyncKind.UNKNOWN)
         bps = np.full(n, np.nan)
         occ = np.full(n, np.nan)
         grid = np.full(n, -1, dtype=np.int64)
