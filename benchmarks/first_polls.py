@@ -16,34 +16,30 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
-os.environ.setdefault("DEBUG", "true")
+from benchmarks import _setup
 
-import django
-
-django.setup()
+_setup.setup_django("bench_first_polls")  # no database is created: the settings only
 
 from jobs.metrics import cluster  # noqa: E402
 from jobs.metrics.prometheus import PrometheusClient  # noqa: E402
-from jobs.metrics.promserver import PrometheusProcess  # noqa: E402
 from jobs.metrics.signals import DEFAULT_DISABLED  # noqa: E402
-from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics  # noqa: E402
+from jobs.simulate import DEFAULT_START, SimSpec, simulate  # noqa: E402
 
 STEP, GPU_STEP = 30.0, 300.0
 
 
 def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = _setup.proc_cpu_s(pid)
+    if cpu is None:
+        raise RuntimeError(f"/proc does not show process {pid}")
+    return cpu
 
 
 def _floor(ts: float, step: float) -> float:
@@ -70,38 +66,38 @@ def main() -> None:
         specs.append(SimSpec(scenario="healthy", gpus=args.gpus_per_job, hosts=(f"node-{i:04d}",),
                              job_id=str(90000 + i), start=DEFAULT_START + offset, duration_s=total_s - offset,
                              seed=i, disabled=DEFAULT_DISABLED - {"sm_active"}))  # fmt: skip
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-first-polls-"))
-    tsdb = work / f"tsdb-{args.jobs}-{args.hours}-{args.gpus_per_job}"
-    if not tsdb.exists():
-        t = time.perf_counter()
-        om = work / "data.om"
-        write_openmetrics([simulate(s) for s in specs], om)
-        backfill(om, tsdb, timeout_s=3600)
-        om.unlink()
-        print(f"backfilled {args.jobs} jobs x {args.gpus_per_job} GPUs x {args.hours} h: "
-              f"{time.perf_counter() - t:.1f} s", flush=True)  # fmt: skip
+    with _setup.workspace(args.keep, "bench-first-polls-") as work:
+        tsdb = work / f"tsdb-{args.jobs}-{args.hours}-{args.gpus_per_job}"
+        made = _setup.ensure_tsdb(tsdb, lambda: [[simulate(s) for s in specs]])
+        if made is not None:
+            print(f"backfilled {args.jobs} jobs x {args.gpus_per_job} GPUs x {args.hours} h: "
+                  f"{made[1]:.1f} s", flush=True)  # fmt: skip
+        _compare(specs, end, tsdb)
+
+
+def _compare(specs: list[SimSpec], end: float, tsdb: Path) -> None:
+    """Read every job's first poll both ways against a Prometheus over `tsdb`, print, check they agree."""
     targets = [
         cluster.Target(
             i, s.start, end, math.floor(s.start / GPU_STEP) * GPU_STEP, labels={"hpc_job": s.job_id}
         )
         for i, s in enumerate(specs)
     ]
-    with PrometheusProcess(tsdb) as prom:
-        assert prom._proc is not None
+    with _setup.prometheus(tsdb) as (prom, prom_pid):
         results = {}
         print(
             "way                        wall_s  python_cpu_s  prometheus_cpu_s  requests  load1", flush=True
         )
         for name, catch_up in (("batched (catch-up rounds)", None), ("one round per job (before)", 0.0)):
             with PrometheusClient(prom.url, timeout_s=120, retries=0) as client:
-                p0, c0, w0 = _proc_cpu_s(prom._proc.pid), time.process_time(), time.perf_counter()
+                p0, c0, w0 = _proc_cpu_s(prom_pid), time.process_time(), time.perf_counter()
                 result = cluster.read_cycle(client, targets, step=STEP, per_gpu_step=GPU_STEP,
                                             scrape_interval_s=30.0, catch_up_s=catch_up,
                                             workers=cluster.CYCLE_QUERY_WORKERS)  # fmt: skip
                 wall = time.perf_counter() - w0
-                cpu, prom_cpu = time.process_time() - c0, _proc_cpu_s(prom._proc.pid) - p0
+                cpu, prom_cpu = time.process_time() - c0, _proc_cpu_s(prom_pid) - p0
                 print(f"{name:26s} {wall:7.1f}  {cpu:12.1f}  {prom_cpu:16.1f}  {client.requests:8d}  "
-                      f"{os.getloadavg()[0]:5.1f}", flush=True)  # fmt: skip
+                      f"{_setup.load1():5.1f}", flush=True)  # fmt: skip
                 assert not result.errors and not result.fallback, (result.errors, result.fallback)
                 results[name] = result
         batched, alone = results.values()

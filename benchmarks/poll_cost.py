@@ -26,7 +26,6 @@ import cProfile
 import os
 import pstats
 import sys
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -35,32 +34,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
-os.environ.setdefault("TEST_DATABASE_NAME", "bench_poll_cost")
-os.environ.setdefault(
-    "DEBUG", "true"
-)  # the development settings (no SECRET_KEY needed); queries unlogged below
+from benchmarks import _setup
 
-import django
-
-django.setup()
+# The development settings (no SECRET_KEY needed); DEBUG off again in the throwaway database, so queries
+# are not logged.
+_setup.setup_django("bench_poll_cost")
 
 import requests  # noqa: E402
-from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 
-T0 = 1_767_225_600.0  # jobs.simulate.DEFAULT_START: a multiple of the 2 h aggregate chunk
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process in seconds (None when /proc does not show it)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK
+T0 = _setup.T0
+_proc_cpu_s = _setup.proc_cpu_s
 
 
 class _Recorder:
@@ -112,29 +96,6 @@ class _Statements:
         return execute(sql, params, many, context)
 
 
-def _simulate(jobs: int, minutes: float, seed: int) -> list[Any]:
-    from jobs.metrics.signals import DEFAULT_DISABLED
-    from jobs.simulate import CLUSTER_MIX, SimSpec, simulate
-
-    names = list(CLUSTER_MIX)
-    out = []
-    for j in range(jobs):
-        offset = 30.0 * (j % 4)  # jobs started within the first 2 minutes
-        spec = SimSpec(
-            scenario=names[j % len(names)],
-            gpus=8,
-            hosts=(f"gpu-node-{j + 1:05d}",),
-            job_id=str(60000 + j),
-            start=T0 + offset,
-            duration_s=minutes * 60.0 - offset,
-            seed=seed * 100000 + j,
-            missing_fraction=0.01,
-            disabled=DEFAULT_DISABLED - {"sm_active"},
-        )
-        out.append(simulate(spec))
-    return out
-
-
 def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
@@ -159,107 +120,97 @@ def main() -> None:
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
 
+    n_jobs = max(1, args.gpus // 8)
+    minutes = args.history_min + args.cycles + 3
+    sims = _setup.cluster_sims(n_jobs, minutes, args.seed)
+    with _setup.workspace(args.keep, "bench-poll-cost-") as work:
+        tsdb = work / f"tsdb-{n_jobs}-{args.seed}-{minutes}"
+        _setup.ensure_tsdb(tsdb, lambda: [sims])
+        # DEBUG off as in a deployment: with it on, Django keeps every query's SQL (CPU that is not the
+        # cycle's).
+        with _setup.throwaway_database():
+            _measure(args, sims, tsdb)
+
+
+def _measure(args: argparse.Namespace, sims: list[Any], tsdb: Path) -> None:
+    """Register the jobs, run the cycles against a Prometheus over `tsdb`, replay, print."""
     from jobs.intake.registry import register_job
     from jobs.metrics import cluster
     from jobs.metrics.prometheus import PrometheusClient
-    from jobs.metrics.promserver import PrometheusProcess
     from jobs.models import Job, Team
     from jobs.pipeline import poll as pipeline
-    from jobs.simulate import backfill, registration_body, write_openmetrics
+    from jobs.simulate import registration_body
 
-    n_jobs = max(1, args.gpus // 8)
+    n_jobs = len(sims)
     first = T0 + args.history_min * 60.0
-    minutes = args.history_min + args.cycles + 3
-    sims = _simulate(n_jobs, minutes, args.seed)
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-poll-cost-"))
-    tsdb = work / f"tsdb-{n_jobs}-{args.seed}-{minutes}"
-    if not tsdb.exists():
-        om = work / "data.om"
-        write_openmetrics(sims, om)
-        backfill(om, tsdb, timeout_s=3600)
-        om.unlink()
-
-    # DEBUG off as in a deployment: with it on, Django keeps every query's SQL (CPU that is not the cycle's).
-    setup_test_environment(debug=False)
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     recorder = _Recorder()
     statements = _Statements()
-    try:
-        team = Team.objects.create(slug="bench", name="Bench")
-        for sim in sims:
-            body = registration_body(sim, team=team, ended=False)
-            body["gpus"], body["selector"] = [], {"hpc_job": sim.spec.job_id}
-            register_job(body)
-        # Steady state: a tenth of the jobs due for their diagnosis in each one-minute cycle.
-        every = pipeline.DIAGNOSE_RUNNING_EVERY.total_seconds()
-        for i, pk in enumerate(Job.objects.order_by("pk").values_list("pk", flat=True)):
-            last = first - every + 60.0 * (i % round(every / 60.0))
-            Job.objects.filter(pk=pk).update(diagnosed_at=datetime.fromtimestamp(last, tz=UTC))
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_backend_pid()")
-            pg_pid = int(cur.fetchone()[0])
-        with PrometheusProcess(tsdb) as prom:
-            assert prom._proc is not None
-            prom_pid = prom._proc.pid
-            client = PrometheusClient(prom.url, timeout_s=60, retries=0)
-            profiler: cProfile.Profile | None = None
-            measured: dict[str, float] = {}
-            for c in range(args.cycles + (1 if args.profile else 0)):
-                now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
-                if c == args.cycles:  # one more cycle under the profiler (which inflates CPU): not measured
-                    # CPU time, not wall: on a shared machine, waits for Postgres and Prometheus dominate.
-                    profiler = cProfile.Profile(time.process_time)
-                    profiler.enable()
-                    pipeline.poll_cycle(client, now=now)
-                    profiler.disable()
-                    break
-                recorder.on = c == args.cycles - 1
-                load0 = _load()
-                cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
-                w0 = time.perf_counter()
-                with connection.execute_wrapper(
-                    statements.count if c == args.cycles - 1 else statements.skip
-                ):
-                    report = pipeline.poll_cycle(client, now=now)
-                wall = time.perf_counter() - w0
-                cpu = time.process_time() - cpu0
-                p1, g1 = _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
-                recorder.on = False
-                assert p0 is not None and p1 is not None and g0 is not None and g1 is not None
-                measured = {"wall": wall, "python": cpu, "prometheus": p1 - p0, "postgres": g1 - g0}
-                print(f"cycle {c + 1}: {report['jobs']} jobs, {report['stale']} stale, wall {wall:.1f} s, "
-                      f"python {cpu:.2f} CPU-s, postgres {g1 - g0:.2f} CPU-s, load {load0}",
-                      flush=True)  # fmt: skip
-            wall, cpu = measured["wall"], measured["python"]
-            prom_cycle, postgres = measured["prometheus"], measured["postgres"]
-            time.sleep(1.0)
-            r0 = _proc_cpu_s(prom_pid)
-            replay_wall = recorder.replay(cluster.CYCLE_QUERY_WORKERS, 60.0)
-            r1 = _proc_cpu_s(prom_pid)
-            assert r0 is not None and r1 is not None
-            prom_replay = r1 - r0
-            ours = cpu + postgres
-            print(f"\nmeasured cycle ({n_jobs} jobs x 8 GPUs, {len(recorder.sent)} Prometheus requests):")
-            print(f"  ours:        {ours:6.2f} CPU-s  (python {cpu:.2f} + postgres backend {postgres:.2f}); "
-                  f"{1000 * ours / n_jobs:.1f} ms per job; cycle wall {wall:.1f} s")  # fmt: skip
-            print(f"  prometheus:  {prom_cycle:6.2f} CPU-s during the cycle")
-            print(f"  replay:      {prom_replay:6.2f} CPU-s of Prometheus for the same requests alone "
-                  f"(wall {replay_wall:.1f} s)")  # fmt: skip
-            ratio = ours / prom_replay if prom_replay > 0 else float("inf")
-            print(f"  ratio ours / Prometheus floor: {ratio:.2f} (target <= 1.5); load average {_load()}")
-            total = sum(statements.by_shape.values())
-            print(f"  SQL statements: {total} ({total / n_jobs:.1f} per job)")
-            for shape, n in statements.by_shape.most_common(args.queries):
-                print(f"    {n:6d}  {shape}")
-            if profiler is not None:
-                print(f"\nprofile of cycle {args.cycles + 1} (not the measured one):")
-                stats = pstats.Stats(profiler)
-                stats.sort_stats("cumulative").print_stats(40)
-                if args.profile_out:
-                    stats.dump_stats(args.profile_out)
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+    team = Team.objects.create(slug="bench", name="Bench")
+    for sim in sims:
+        body = registration_body(sim, team=team, ended=False)
+        body["gpus"], body["selector"] = [], {"hpc_job": sim.spec.job_id}
+        register_job(body)
+    # Steady state: a tenth of the jobs due for their diagnosis in each one-minute cycle.
+    every = pipeline.DIAGNOSE_RUNNING_EVERY.total_seconds()
+    for i, pk in enumerate(Job.objects.order_by("pk").values_list("pk", flat=True)):
+        last = first - every + 60.0 * (i % round(every / 60.0))
+        Job.objects.filter(pk=pk).update(diagnosed_at=datetime.fromtimestamp(last, tz=UTC))
+    pg_pid = _setup.backend_pid()
+    with _setup.prometheus(tsdb) as (prom, prom_pid):
+        client = PrometheusClient(prom.url, timeout_s=60, retries=0)
+        profiler: cProfile.Profile | None = None
+        measured: dict[str, float] = {}
+        for c in range(args.cycles + (1 if args.profile else 0)):
+            now = datetime.fromtimestamp(first + 60.0 * c, tz=UTC)
+            if c == args.cycles:  # one more cycle under the profiler (which inflates CPU): not measured
+                # CPU time, not wall: on a shared machine, waits for Postgres and Prometheus dominate.
+                profiler = cProfile.Profile(time.process_time)
+                profiler.enable()
+                pipeline.poll_cycle(client, now=now)
+                profiler.disable()
+                break
+            recorder.on = c == args.cycles - 1
+            load0 = _load()
+            cpu0, p0, g0 = time.process_time(), _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
+            w0 = time.perf_counter()
+            with connection.execute_wrapper(statements.count if c == args.cycles - 1 else statements.skip):
+                report = pipeline.poll_cycle(client, now=now)
+            wall = time.perf_counter() - w0
+            cpu = time.process_time() - cpu0
+            p1, g1 = _proc_cpu_s(prom_pid), _proc_cpu_s(pg_pid)
+            recorder.on = False
+            assert p0 is not None and p1 is not None and g0 is not None and g1 is not None
+            measured = {"wall": wall, "python": cpu, "prometheus": p1 - p0, "postgres": g1 - g0}
+            print(f"cycle {c + 1}: {report['jobs']} jobs, {report['stale']} stale, wall {wall:.1f} s, "
+                  f"python {cpu:.2f} CPU-s, postgres {g1 - g0:.2f} CPU-s, load {load0}",
+                  flush=True)  # fmt: skip
+        wall, cpu = measured["wall"], measured["python"]
+        prom_cycle, postgres = measured["prometheus"], measured["postgres"]
+        time.sleep(1.0)
+        r0 = _proc_cpu_s(prom_pid)
+        replay_wall = recorder.replay(cluster.CYCLE_QUERY_WORKERS, 60.0)
+        r1 = _proc_cpu_s(prom_pid)
+        assert r0 is not None and r1 is not None
+        prom_replay = r1 - r0
+        ours = cpu + postgres
+        print(f"\nmeasured cycle ({n_jobs} jobs x 8 GPUs, {len(recorder.sent)} Prometheus requests):")
+        print(f"  ours:        {ours:6.2f} CPU-s  (python {cpu:.2f} + postgres backend {postgres:.2f}); "
+              f"{1000 * ours / n_jobs:.1f} ms per job; cycle wall {wall:.1f} s")  # fmt: skip
+        print(f"  prometheus:  {prom_cycle:6.2f} CPU-s during the cycle")
+        print(f"  replay:      {prom_replay:6.2f} CPU-s of Prometheus for the same requests alone "
+              f"(wall {replay_wall:.1f} s)")  # fmt: skip
+        ratio = ours / prom_replay if prom_replay > 0 else float("inf")
+        print(f"  ratio ours / Prometheus floor: {ratio:.2f} (target <= 1.5); load average {_load()}")
+        total = sum(statements.by_shape.values())
+        print(f"  SQL statements: {total} ({total / n_jobs:.1f} per job)")
+        for shape, n in statements.by_shape.most_common(args.queries):
+            print(f"    {n:6d}  {shape}")
+        if profiler is not None:
+            print(f"\nprofile of cycle {args.cycles + 1} (not the measured one):")
+            stats = pstats.Stats(profiler)
+            stats.sort_stats("cumulative").print_stats(40)
+            if args.profile_out:
+                stats.dump_stats(args.profile_out)
 
 
 if __name__ == "__main__":

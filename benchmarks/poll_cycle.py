@@ -51,29 +51,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
-os.environ.setdefault("TEST_DATABASE_NAME", "bench_poll_cycle")
+from benchmarks import _setup
 
-import django
-
-django.setup()
+_setup.setup_django("bench_poll_cycle")
 
 import requests  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
 
-T0 = 1_767_225_600.0  # jobs.simulate.DEFAULT_START: a multiple of the 2 h aggregate chunk
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process in seconds (None when /proc does not show it)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _TICK
+T0 = _setup.T0
+_proc_cpu_s = _setup.proc_cpu_s
 
 
 class _Requests:
@@ -186,32 +173,6 @@ class _Workers:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-
-
-def _simulate(jobs: int, minutes: float, seed: int) -> list[Any]:
-    from jobs.metrics.signals import DEFAULT_DISABLED
-    from jobs.simulate import CLUSTER_MIX, SimSpec, simulate
-
-    names = list(CLUSTER_MIX)
-    out = []
-    for j in range(jobs):
-        offset = 30.0 * (j % 4)  # jobs started within the first 2 minutes
-        out.append(
-            simulate(
-                SimSpec(
-                    scenario=names[j % len(names)],
-                    gpus=8,
-                    hosts=(f"gpu-node-{j + 1:05d}",),
-                    job_id=str(60000 + j),
-                    start=T0 + offset,
-                    duration_s=minutes * 60.0 - offset,
-                    seed=seed * 100000 + j,
-                    missing_fraction=0.01,
-                    disabled=DEFAULT_DISABLED - {"sm_active"},
-                )
-            )
-        )
-    return out
 
 
 def _cycles(
@@ -354,55 +315,48 @@ def main() -> None:
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
 
-    from jobs.intake.registry import register_job
-    from jobs.metrics import archive
-    from jobs.metrics.prometheus import PrometheusClient
-    from jobs.metrics.promserver import PrometheusProcess
-    from jobs.models import Job, Team
-    from jobs.pipeline import poll as pipeline
-    from jobs.simulate import backfill, registration_body, write_openmetrics
-
     n_jobs = max(1, args.gpus // 8)
-    first = T0 + args.history_min * 60.0
     total_cycles = 1 + args.cycles * len(worker_counts) if worker_counts else args.cycles
     minutes = args.history_min + total_cycles + 2
     t = time.perf_counter()
-    sims = _simulate(n_jobs, minutes, args.seed)
+    sims = _setup.cluster_sims(n_jobs, minutes, args.seed)
     print(f"simulated {n_jobs} jobs x 8 GPUs, {minutes} min: {time.perf_counter() - t:.1f} s", flush=True)
-    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-poll-"))
-    tsdb = work / f"tsdb-{n_jobs}-{args.seed}-{minutes}"
-    if not tsdb.exists():
-        t = time.perf_counter()
-        om = work / "data.om"
-        write_openmetrics(sims, om)
-        backfill(om, tsdb, timeout_s=3600)
-        om.unlink()
-        print(f"backfilled: {time.perf_counter() - t:.1f} s", flush=True)
+    with _setup.workspace(args.keep, "bench-poll-") as work:
+        tsdb = work / f"tsdb-{n_jobs}-{args.seed}-{minutes}"
+        made = _setup.ensure_tsdb(tsdb, lambda: [sims])
+        if made is not None:
+            print(f"backfilled: {made[1]:.1f} s", flush=True)
+        caches = None
+        private_redis = ""
+        if worker_counts:
+            # The shards' inputs and done markers and the broker: a Redis database of the benchmark's own.
+            from efficiency.celery import app as celery_app
 
-    setup_test_environment()
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-    private_redis = ""
-    if worker_counts:
-        # The shards' inputs and done markers and the broker: a Redis database of the benchmark's own.
-        from efficiency.celery import app as celery_app
+            base = str(settings.REDIS_URL).rsplit("/", 1)[0]
+            private_redis = f"{base}/{args.redis_db}"
+            redis_cache = "django.core.cache.backends.redis.RedisCache"
+            caches = {"default": {"BACKEND": redis_cache, "LOCATION": private_redis,
+                                  "KEY_PREFIX": "bench-poll-cycle"}}  # fmt: skip
+            celery_app.conf.update(broker_url=private_redis)
+            settings.POLL_SHARD_WAIT_S = 3000.0
+        with _setup.throwaway_database(caches), _setup.counting_archive_rows() as rows:
+            _run(args, sims, tsdb, worker_counts, total_cycles, private_redis, rows)
 
-        base = str(settings.REDIS_URL).rsplit("/", 1)[0]
-        private_redis = f"{base}/{args.redis_db}"
-        redis_cache = "django.core.cache.backends.redis.RedisCache"
-        settings.CACHES = {"default": {"BACKEND": redis_cache, "LOCATION": private_redis,
-                                       "KEY_PREFIX": "bench-poll-cycle"}}  # fmt: skip
-        celery_app.conf.update(broker_url=private_redis)
-        settings.POLL_SHARD_WAIT_S = 3000.0
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+
+def _run(
+    args: argparse.Namespace, sims: list[Any], tsdb: Path, worker_counts: list[int], total_cycles: int,
+    private_redis: str, rows: Counter[str],
+) -> None:  # fmt: skip
+    """Register the jobs in the throwaway database and run the cycles against a Prometheus over `tsdb`."""
+    from jobs.intake.registry import register_job
+    from jobs.metrics.prometheus import PrometheusClient
+    from jobs.models import Job, Team
+    from jobs.pipeline import poll as pipeline
+    from jobs.simulate import registration_body
+
+    n_jobs = len(sims)
+    first = T0 + args.history_min * 60.0
     counter = _Requests()
-    rows = Counter[str]()
-    upsert = archive.upsert
-
-    def counted(batch: Any) -> Any:
-        rows["rows"] += len(batch)
-        return upsert(batch)
-
-    archive.upsert = counted  # type: ignore[assignment]
     diagnosed = Counter[str]()
     diagnose = pipeline.run_diagnosis
 
@@ -411,41 +365,33 @@ def main() -> None:
         return diagnose(job)
 
     pipeline.run_diagnosis = counted_diagnosis
-    try:
-        team = Team.objects.create(slug="bench", name="Bench")
-        explicit = round(args.explicit_share * n_jobs)
-        for i, sim in enumerate(sims):
-            body = registration_body(sim, team=team, ended=False)
-            if i >= explicit:
-                body["gpus"], body["selector"] = [], {"hpc_job": sim.spec.job_id}
-            register_job(body)
-        print(f"registered {Job.objects.count()} jobs ({explicit} with explicit GPU lists)", flush=True)
-        if args.stagger:
-            # Steady state: a running job is re-diagnosed every DIAGNOSE_RUNNING_EVERY (10 min) from its own
-            # last diagnosis, so about a tenth of the jobs are due in any one-minute cycle. Spread the last
-            # diagnoses over the 10 minutes before cycle 1 (without this every job is due in cycle 1 and in
-            # none of the next nine, and the steady cycles would leave the diagnosis out).
-            every = pipeline.DIAGNOSE_RUNNING_EVERY.total_seconds()
-            for i, pk in enumerate(Job.objects.order_by("pk").values_list("pk", flat=True)):
-                last = first - every + 60.0 * (i % round(every / 60.0))
-                Job.objects.filter(pk=pk).update(diagnosed_at=datetime.fromtimestamp(last, tz=UTC))
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_backend_pid()")
-            pg_pid = int(cur.fetchone()[0])
-        with PrometheusProcess(tsdb) as prom:
-            assert prom._proc is not None
-            prom_pid = prom._proc.pid
-            client = PrometheusClient(prom.url, timeout_s=60, retries=0)
-            if worker_counts:
-                _sharded_cycles(args, worker_counts, first, prom, prom_pid, client, private_redis, counter)
-                now = datetime.fromtimestamp(first + 60.0 * (total_cycles - 1), tz=UTC)
-            else:
-                now = _cycles(args, n_jobs, first, client, counter, rows, diagnosed, prom_pid, pg_pid)
-        lag = Job.objects.order_by("data_until").values_list("data_until", flat=True).first()
-        print(f"oldest data_until: {lag} (last cycle at {now})")
-    finally:
-        archive.upsert = upsert
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+    team = Team.objects.create(slug="bench", name="Bench")
+    explicit = round(args.explicit_share * n_jobs)
+    for i, sim in enumerate(sims):
+        body = registration_body(sim, team=team, ended=False)
+        if i >= explicit:
+            body["gpus"], body["selector"] = [], {"hpc_job": sim.spec.job_id}
+        register_job(body)
+    print(f"registered {Job.objects.count()} jobs ({explicit} with explicit GPU lists)", flush=True)
+    if args.stagger:
+        # Steady state: a running job is re-diagnosed every DIAGNOSE_RUNNING_EVERY (10 min) from its own
+        # last diagnosis, so about a tenth of the jobs are due in any one-minute cycle. Spread the last
+        # diagnoses over the 10 minutes before cycle 1 (without this every job is due in cycle 1 and in
+        # none of the next nine, and the steady cycles would leave the diagnosis out).
+        every = pipeline.DIAGNOSE_RUNNING_EVERY.total_seconds()
+        for i, pk in enumerate(Job.objects.order_by("pk").values_list("pk", flat=True)):
+            last = first - every + 60.0 * (i % round(every / 60.0))
+            Job.objects.filter(pk=pk).update(diagnosed_at=datetime.fromtimestamp(last, tz=UTC))
+    pg_pid = _setup.backend_pid()
+    with _setup.prometheus(tsdb) as (prom, prom_pid):
+        client = PrometheusClient(prom.url, timeout_s=60, retries=0)
+        if worker_counts:
+            _sharded_cycles(args, worker_counts, first, prom, prom_pid, client, private_redis, counter)
+            now = datetime.fromtimestamp(first + 60.0 * (total_cycles - 1), tz=UTC)
+        else:
+            now = _cycles(args, n_jobs, first, client, counter, rows, diagnosed, prom_pid, pg_pid)
+    lag = Job.objects.order_by("data_until").values_list("data_until", flat=True).first()
+    print(f"oldest data_until: {lag} (last cycle at {now})")
 
 
 if __name__ == "__main__":
