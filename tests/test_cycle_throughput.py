@@ -15,7 +15,7 @@ from jobs.intake.registry import register_job
 from jobs.metrics import archive
 from jobs.metrics.prometheus import PrometheusClient, read_summed
 from jobs.metrics.signals import grid
-from jobs.metrics.throughput import groupable, grouped_query, id_batches
+from jobs.metrics.throughput import groupable, grouped_query, id_batches, runnable_query
 from jobs.models import Job
 from jobs.pipeline import poll as pipeline
 from jobs.pipeline.reads import read_inputs
@@ -144,7 +144,13 @@ def test_one_grouped_query_gives_each_job_its_own_querys_values(prom, sims, make
     got = load.read_recent_throughput(client, list(jobs.values()), {j.pk: ts for j in jobs.values()})
     assert len(client.sent) == 1 and client.sent[0].startswith("sum by (job_id)")
     for key, job in jobs.items():
-        own = read_summed(client, load.throughput_query(job).query or "", ts, 30.0, timeout_s=10.0)
+        query = runnable_query(
+            job.throughput_query,
+            job.external_id,
+            job_label=settings.THROUGHPUT_JOB_LABEL,
+            max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S,
+        )
+        own = read_summed(client, query.query or "", ts, 30.0, timeout_s=10.0)
         if key == "7004":
             assert own is None and got[job.pk].values is None  # no series: unknown, not 0
             continue

@@ -122,6 +122,9 @@ class RecordingClient:
         self.queries.append((query, self.timeout_s))
         return []
 
+    def instant(self, query, at):  # the read step's MIG look-up (jobs.evaluation.sharing.look_up)
+        return []
+
 
 def test_a_good_template_runs_expanded_with_the_jobs_own_id_and_the_query_timeout(member, settings):
     settings.THROUGHPUT_QUERY_TIMEOUT_S = 2.5

@@ -22,7 +22,7 @@ from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_
 from jobs.evaluation.mig import mig_instances_of
 from jobs.evaluation.monitoring_logs import with_monitoring_logs
 from jobs.evaluation.schema import GpuSharing
-from jobs.evaluation.sharing import Neighbours, shared_gpus, summarise
+from jobs.evaluation.sharing import SharingLookup, attribute_shares, summarise
 from jobs.metrics.prometheus import (
     PrometheusClient,
     PrometheusError,
@@ -32,32 +32,17 @@ from jobs.metrics.prometheus import (
 )
 from jobs.metrics.signals import JobSignals
 from jobs.metrics.throughput import (
-    Runnable,
     TemplateError,
     groupable,
     grouped_query,
     id_batches,
     is_free_form,
-    runnable_query,
     validate_template,
 )
 from jobs.models import Job, PriceEntry, ProgressSample
 
 #: Grid step of a job with no archived signal yet (dcgm-exporter's default collection interval).
 DEFAULT_STEP_S = 30
-
-
-def throughput_query(job: Job, cycle: CycleContext | None = None) -> Runnable:
-    """The PromQL the server runs for the job's throughput: its template expanded with the job's own
-    matchers, or staff's free-form query; None with the reason for an unmarked free-form one. `cycle`:
-    each distinct template is parsed once for the cycle."""
-    return runnable_query(
-        job.throughput_query or "",
-        job.external_id,
-        job_label=settings.THROUGHPUT_JOB_LABEL,
-        max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S,
-        validated=template_checker(cycle) if cycle is not None else None,
-    )
 
 
 def template_checker(cycle: CycleContext) -> Callable[[str], str]:
@@ -96,12 +81,14 @@ class ThroughputRead:
 
 @dataclass(frozen=True, slots=True)
 class Readings:
-    """What one evaluation needs from Prometheus and the archive, read before it runs: the grid it runs on
-    (`timestamps`, `step_s`), the window's `end`, and the throughput on that grid."""
+    """What one evaluation needs from Prometheus, the archive and the other jobs, read before it runs: the
+    grid it runs on (`timestamps`, `step_s`), the window's `end`, the look-up behind its share of GPUs
+    other jobs also used (jobs.evaluation.sharing.look_up) and the throughput on the grid."""
 
     timestamps: np.ndarray
     step_s: float
     end: datetime
+    sharing: SharingLookup
     throughput: ThroughputRead
 
 
@@ -260,34 +247,24 @@ def reference_mfu(job: Job) -> float:
     return target_mfu(job.dtype, settings.TARGET_MFU, settings.TARGET_MFU_FP8)[0]
 
 
-def sharing_for(
-    job: Job,
-    client: PrometheusClient | None,
-    now: datetime,
-    neighbours: Neighbours | None = None,
-    mig: Mapping[int, dict[str, tuple[str, str]]] | None = None,
-) -> GpuSharing | None:
-    """The job's share of GPUs other jobs also used, or of its MIG slices (jobs.evaluation.sharing); None when
-    its GPUs were its own. Without a client the MIG instances come from the last stored evaluation.
-    `neighbours`: the poll cycle's index of the other jobs and their GPUs (read once, not per job);
-    `mig`: the cycle's MIG instances per job (one query per batch of jobs, not per job)."""
+def sharing_for(job: Job, lookup: SharingLookup, now: datetime) -> GpuSharing | None:
+    """The job's share of GPUs other jobs also used, or of its MIG slices (jobs.evaluation.sharing), from
+    what the driver looked up (`Readings.sharing`); None when its GPUs were its own."""
     spec = gpu_by_name(job.gpu_model.name) if job.gpu_model is not None else None
-    return summarise(shared_gpus(job, client, now, neighbours, mig), job.gpu_count, spec)
+    return summarise(attribute_shares(job, lookup, now), job.gpu_count, spec)
 
 
 def load_context(
     job: Job,
     sigs: JobSignals | None,
     readings: Readings,
-    client: PrometheusClient | None,
     now: datetime,
-    neighbours: Neighbours | None = None,
     cycle: CycleContext | None = None,
 ) -> EvaluationContext:
     """Everything `evaluate` needs about `job`, with `sigs` the signals to evaluate on (fresh or archived)
-    and `readings` what the driver read for it from Prometheus and the archive (the grid and the
-    throughput: jobs.pipeline.reads); `neighbours` as in `sharing_for`; `cycle`: the poll cycle's shared
-    reads (jobs.evaluation.cycle: MIG instances, memoised prices, baselines and GPU models)."""
+    and `readings` what the driver read for it first (jobs.pipeline.reads: the grid, the throughput, the
+    sharing look-up); `cycle`: the poll cycle's shared reads (jobs.evaluation.cycle: memoised prices,
+    baselines and GPU models)."""
     if cycle is not None and job.gpu_model_id is not None:
         job.gpu_model = cycle.lookups.get(("gpu_model", job.gpu_model_id), lambda: job.gpu_model)
     ts, step, end = readings.timestamps, readings.step_s, readings.end
@@ -319,7 +296,7 @@ def load_context(
         flops_convention=settings.MFU_FLOPS_CONVENTION,
         energy_j=job.energy_j,
         usd_per_kwh=settings.ENERGY_USD_PER_KWH,
-        sharing=sharing_for(job, client, now, neighbours, cycle.mig if cycle is not None else None),
+        sharing=sharing_for(job, readings.sharing, now),
         signal_sources=logs.sources,
         source_notes=tuple(logs.notes),
         signal_intervals_s=logs.intervals_s,

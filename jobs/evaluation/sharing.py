@@ -238,14 +238,40 @@ class Neighbours:
         return found
 
 
-def shared_gpus(
+@dataclass(frozen=True)
+class Candidate:
+    """Another job that held some of the job's GPUs in an overlapping window, as `look_up` found it: the
+    GPUs both held, its observed window (Unix s) and its MIG instances."""
+
+    job: Job
+    gpus: list[str]
+    start: float
+    end: float
+    mig: dict[str, tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class SharingLookup:
+    """What the attribution of a job's GPUs needs from the database, Prometheus and the ownership rule,
+    read before the evaluation (`look_up`): the job's GPU keys and MIG instances, the other jobs on its
+    GPUs, and which (other job pk, GPU) claims lower its share (jobs.access.ownership.counts_against)."""
+
+    keys: list[str]
+    mig: dict[str, tuple[str, str]]
+    others: list[Candidate]
+    counted: frozenset[tuple[int, str]]
+
+
+def look_up(
     job: Job,
-    client: PrometheusClient | None = None,
-    now: datetime | None = None,
+    client: PrometheusClient | None,
+    now: datetime,
     neighbours: Neighbours | None = None,
     mig: Mapping[int, dict[str, tuple[str, str]]] | None = None,
-) -> SharingReport:
-    """The job's GPUs also used by other jobs in overlapping windows, and its share of them.
+) -> SharingLookup:
+    """The reads behind the job's share of its GPUs: the other jobs on them in overlapping windows, MIG
+    instances, and the ownership rule's answer for each GPU they share (asked last, once the candidates
+    are known, so the attribution itself reads nothing).
 
     Queries: one for the overlapping jobs, one for all their archived GPU keys; MIG instances from
     Prometheus for this job (with a client), else from stored evaluations (the other jobs', always: each
@@ -255,7 +281,6 @@ def shared_gpus(
     (the same answer without the two queries), used when it covers the job. `mig`: the cycle's MIG
     instances per job pk (`mig_instances_of`, one query per batch of jobs), used for the jobs it holds
     instead of their own `mig_instances` query."""
-    now = now or timezone.now()
     start, end = job_window(job, now)
     if neighbours is not None and neighbours.covers(job):
         # Only the overlapping jobs that hold one of its GPUs: the others are skipped below anyway.
@@ -289,41 +314,67 @@ def shared_gpus(
         keys[job.pk] = slots
         own_mig = {key: (f"job:{job.pk}", named) for key in slots}
         mine = set(slots)
-    usages = _usages(job, keys[job.pk], now, own_mig)
-    shared: list[SharedGpu] = []
+    candidates: list[Candidate] = []
     for other in others:
         common = mine & set(keys[other.pk])
         if not common:
             continue
         o_start, o_end = _observed_window(other, now)
-        lo, hi = max(start, o_start), min(end, o_end)
-        if hi <= lo:
+        if min(end, o_end) <= max(start, o_start):
             continue
         other_mig = stored_mig(other)
         if not other_mig and client is not None and any(g in own_mig for g in common):
             other_mig = instances(other)  # a MIG neighbour not evaluated yet
-        # Only a GPU known to be shared (MIG, or declared time-sliced by the platform) is split, and never
-        # by another team's hand-registered claim (jobs.access.ownership): a claim is not proof of use.
-        counted = [
-            g for g in sorted(common) if counts_against(job, other, g, mig=g in other_mig or g in own_mig)
-        ]
+        candidates.append(Candidate(other, sorted(common), o_start, o_end, other_mig))
+    # Only a GPU known to be shared (MIG, or declared time-sliced by the platform) is split, and never by
+    # another team's hand-registered claim (jobs.access.ownership): a claim is not proof of use.
+    counted = frozenset(
+        (c.job.pk, g)
+        for c in candidates
+        for g in c.gpus
+        if counts_against(job, c.job, g, mig=g in c.mig or g in own_mig)
+    )
+    return SharingLookup(keys[job.pk], own_mig, candidates, counted)
+
+
+def attribute_shares(job: Job, lookup: SharingLookup, now: datetime) -> SharingReport:
+    """The job's GPUs also used by other jobs in overlapping windows, and its share of them, from what
+    `look_up` read (no query of its own)."""
+    start, end = job_window(job, now)
+    usages = _usages(job, lookup.keys, now, lookup.mig)
+    shared: list[SharedGpu] = []
+    for other in lookup.others:
+        counted = [g for g in other.gpus if (other.job.pk, g) in lookup.counted]
         if not counted:
             continue
-        usages += _usages(other, counted, now, other_mig, other=True)
+        usages += _usages(other.job, counted, now, other.mig, other=True)
+        lo, hi = max(start, other.start), min(end, other.end)
         for gpu in counted:
             shared.append(
                 SharedGpu(
                     gpu,
-                    other.external_id,
+                    other.job.external_id,
                     datetime.fromtimestamp(lo, tz=now.tzinfo),
                     datetime.fromtimestamp(hi, tz=now.tzinfo),
-                    gpu in other_mig or gpu in own_mig,
-                    other.team_id != job.team_id,
+                    gpu in other.mig or gpu in lookup.mig,
+                    other.job.team_id != job.team_id,
                 )
             )
     attribution = attribute(usages)
     share = attribution.job_share(job.external_id)
-    return SharingReport(job.external_id, shared, attribution, share, own_mig)
+    return SharingReport(job.external_id, shared, attribution, share, lookup.mig)
+
+
+def shared_gpus(
+    job: Job,
+    client: PrometheusClient | None = None,
+    now: datetime | None = None,
+    neighbours: Neighbours | None = None,
+    mig: Mapping[int, dict[str, tuple[str, str]]] | None = None,
+) -> SharingReport:
+    """`look_up` then `attribute_shares` in one call (arguments as `look_up`'s; `now` defaults to now)."""
+    now = now or timezone.now()
+    return attribute_shares(job, look_up(job, client, now, neighbours, mig), now)
 
 
 def summarise(report: SharingReport, gpu_count: int, spec: GpuSpec | None) -> GpuSharing | None:

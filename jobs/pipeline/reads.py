@@ -17,11 +17,13 @@ import numpy as np
 from django.conf import settings
 
 from jobs.evaluation.cycle import CycleContext
-from jobs.evaluation.load import DEFAULT_STEP_S, Readings, ThroughputRead, throughput_query
+from jobs.evaluation.load import DEFAULT_STEP_S, Readings, ThroughputRead, template_checker
 from jobs.evaluation.schema import DERIVED_THROUGHPUT
+from jobs.evaluation.sharing import Neighbours, look_up
 from jobs.metrics.grid_read import read_on_grid
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.metrics.signals import JobSignals, grid
+from jobs.metrics.throughput import runnable_query
 from jobs.models import Job
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ def read_inputs(
     sigs: JobSignals | None,
     client: PrometheusClient | None,
     now: datetime,
+    neighbours: Neighbours | None = None,
     cycle: CycleContext | None = None,
 ) -> Readings:
     """The grid `job` is evaluated on (the signals' own, else its window at DEFAULT_STEP_S) and its
@@ -50,12 +53,28 @@ def read_inputs(
     In a poll cycle (`cycle`), the PromQL part reads only the job's new window (the cycle's grouped read,
     else the job's own query over that window) and takes the earlier part of the grid from the archived
     derived series (jobs.metrics.grid_read); what it had to read in full is recorded in `cycle.repairs`
-    for the cycle to archive."""
+    for the cycle to archive.
+
+    The sharing look-up (the other jobs on its GPUs, MIG instances, the ownership rule's answer:
+    jobs.evaluation.sharing.look_up) comes with them; `neighbours`: the cycle's sharing index, and the
+    cycle's MIG instances, used where they cover the job."""
     end = min(job.ended_at or now, now)
     points = _progress(job, cycle)
     spliced = cycle is not None and job.pk in cycle.recent_start
     last_source, no_series_notes = _archived_claim(job) if spliced else (None, frozenset[str]())
-    runnable = throughput_query(job, cycle) if len(points) < 2 else None
+    sharing = look_up(job, client, now, neighbours, cycle.mig if cycle is not None else None)
+    runnable = None
+    if len(points) < 2:
+        # The PromQL the server runs for the job: its template expanded with the job's own matchers, or
+        # staff's free-form query; None with the reason for an unmarked free-form one. In a cycle each
+        # distinct template is parsed once.
+        runnable = runnable_query(
+            job.throughput_query or "",
+            job.external_id,
+            job_label=settings.THROUGHPUT_JOB_LABEL,
+            max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S,
+            validated=template_checker(cycle) if cycle is not None else None,
+        )
     if sigs is not None:
         ts, step = sigs.timestamps, float(sigs.step)
     else:
@@ -63,9 +82,9 @@ def read_inputs(
     if runnable is None:
         times = np.array([p[0].timestamp() for p in points])
         tokens = np.array([float(p[1]) for p in points])
-        return Readings(ts, step, end, ThroughputRead(progress=(times, tokens)))
+        return Readings(ts, step, end, sharing, ThroughputRead(progress=(times, tokens)))
+    throughput = ThroughputRead(reason=runnable.reason)
     query = runnable.query
-    reason = runnable.reason
     if query and client is not None and ts.size:
         read_step = float(ts[1] - ts[0]) if ts.size > 1 else float(DEFAULT_STEP_S)
         since = earlier = recent = None
@@ -88,21 +107,20 @@ def read_inputs(
             )  # fmt: skip
         except PrometheusError as exc:
             log.warning("job %s: throughput query failed: %s", job.external_id, exc)
-            failed = ThroughputRead(reason=f"the throughput query failed: {exc}", failed=True)
-            return Readings(ts, step, end, failed)
-        if cycle is not None and got.repair is not None:
-            cycle.repairs[job.pk] = (*got.repair, read_step)
-        if got.values is not None:
-            return Readings(
-                ts, step, end, ThroughputRead(values=got.values, source=PROMQL_SOURCE.format(query))
-            )
-        reason = NO_SERIES.format(query)
-    if query and client is None and sigs is not None:
+            throughput = ThroughputRead(reason=f"the throughput query failed: {exc}", failed=True)
+        else:
+            if cycle is not None and got.repair is not None:
+                cycle.repairs[job.pk] = (*got.repair, read_step)
+            if got.values is not None:
+                throughput = ThroughputRead(values=got.values, source=PROMQL_SOURCE.format(query))
+            else:
+                throughput = ThroughputRead(reason=NO_SERIES.format(query))
+    elif query and client is None and sigs is not None:
         archived = sigs.get(DERIVED_THROUGHPUT)
         if archived is not None and archived.mean is not None and np.isfinite(archived.mean).any():
             source = f"{PROMQL_SOURCE.format(query)} (as archived by the last poll)"
-            return Readings(ts, step, end, ThroughputRead(values=archived.mean, source=source))
-    return Readings(ts, step, end, ThroughputRead(reason=reason))
+            throughput = ThroughputRead(values=archived.mean, source=source)
+    return Readings(ts, step, end, sharing, throughput)
 
 
 def _progress(job: Job, cycle: CycleContext | None) -> list[tuple[datetime, float]]:

@@ -31,7 +31,7 @@ def evaluate_and_store(
     throughput PromQL expression is read from the series the last poll archived. `neighbours`: the cycle's
     sharing index; `cycle`: the cycle's shared reads (jobs.evaluation.cycle), None on the per-job paths."""
     now = timezone.now()
-    readings = read_inputs(job, sigs, client, now, cycle)
-    evaluated = evaluate(load_context(job, sigs, readings, client, now, neighbours=neighbours, cycle=cycle))
+    readings = read_inputs(job, sigs, client, now, neighbours, cycle)
+    evaluated = evaluate(load_context(job, sigs, readings, now, cycle))
     store(job, evaluated.evaluation)
     return evaluated.derived
