@@ -21,7 +21,10 @@ no network) and the payload: HTML size and the size of the figure data (the json
 gunicorn.conf.py`: threaded workers, `--workers`, default 2 as in the Makefile, DEBUG=false, static files
 collected into a temporary STATIC_ROOT) and measures the job pages and figures JSON over HTTP with that many
 clients at once, each sending `--runs` requests back to back (issue 26: p95 < 300 ms at 10 clients for the
-256-GPU x 7-day job). `--only-running` skips the finalized job and the list pages (a quicker fill).
+256-GPU x 7-day job); `--concurrency 1,10` runs one client, then ten, against the same server.
+`--only-running` skips the finalized job and the list pages (a quicker fill); `--job-pages-only` fills
+both 256-GPU jobs but not the 100,000 (two minutes of the fill) and times only their pages and figures
+JSON.
 
 The benchmark user is an ordinary (not staff) member of every team: the pages run their team-scoped
 queries (`jobs.access.permissions.scope_to_teams`) as a user's would, and the team page of any team answers
@@ -54,6 +57,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "efficiency.settings")
 os.environ.setdefault("TEST_DATABASE_NAME", "bench_pages")
+# The in-process (test client) rows run with the development settings: without DEBUG the settings demand
+# HTTPS (every page answered 301) and the static manifest of a collectstatic. The gunicorn of --concurrency
+# runs with DEBUG=false, as deployed (_concurrent).
+os.environ.setdefault("DEBUG", "true")
 # One key for this process and the gunicorn of --concurrency: the session cookie made here must log in there.
 os.environ.setdefault("SECRET_KEY", "bench-pages-" + "x" * 50)
 
@@ -401,10 +408,21 @@ def main() -> None:
     parser.add_argument(
         "--skip-running", action="store_true", help="skip the running-job archive (slow fill)"
     )
-    parser.add_argument("--concurrency", type=int, default=0, help="clients at once over HTTP (0: off)")
+    parser.add_argument(
+        "--concurrency", default="0",
+        help="clients at once over HTTP (0: off); several, comma-separated (1,10), run one after another",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers for --concurrency")
     parser.add_argument("--only-running", action="store_true", help="only the running job's pages")
+    parser.add_argument(
+        "--job-pages-only", action="store_true", help="both 256-GPU jobs' pages, no 100k jobs or list pages"
+    )
     args = parser.parse_args()
+    lists = not (args.only_running or args.job_pages_only)  # the 100k jobs and the pages that list them
+    try:
+        counts = [int(n) for n in args.concurrency.split(",") if int(n) > 0]
+    except ValueError:
+        parser.error(f"--concurrency takes client counts, comma-separated (1,10), not {args.concurrency!r}")
 
     setup_test_environment()
     settings.DEBUG = False
@@ -438,7 +456,7 @@ def main() -> None:
             print(
                 f"filled running 256-GPU 7-day job: {n:,} archived lines in {time.perf_counter() - t0:.0f} s"
             )
-        if not args.only_running:
+        if lists:
             t0 = time.perf_counter()
             _fill_jobs(args.jobs)
             Membership.objects.bulk_create(
@@ -469,7 +487,7 @@ def main() -> None:
             ]  # fmt: skip
         cases += (
             []
-            if args.only_running
+            if not lists
             else [
                 (f"leaderboard, this week, {args.jobs:,} jobs", f"/leaderboard/?week={week}", 200.0),
                 (f"leaderboard, this month, {args.jobs:,} jobs", "/leaderboard/?by=month", 200.0),
@@ -485,7 +503,7 @@ def main() -> None:
         if running is not None:
             _evaluation_reads(running)
             _poll_write(running)
-        if args.concurrency:
+        if counts:
             session = client.cookies[settings.SESSION_COOKIE_NAME].value
             paths = []
             if not args.only_running:
@@ -499,7 +517,8 @@ def main() -> None:
                     ("figures JSON (refresh), running", "/jobs/big-running/figures.json?points=1200"),
                 ]
             print()
-            _concurrent(session, paths, args.concurrency, args.runs, args.workers)
+            for clients in counts:
+                _concurrent(session, paths, clients, args.runs, args.workers)
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
 

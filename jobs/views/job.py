@@ -27,7 +27,6 @@ from jobs.intake.artifacts import UploadError, requeue, store_upload
 from jobs.intake.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.models import Artifact, Job
 from jobs.outputs.roofline import job_roofline_data
-from jobs.outputs.roofline import page_lines as roofline_page_lines
 from jobs.views import artifacts as artifact_views
 from jobs.views.job_figures import (
     BadParameter,
@@ -39,6 +38,7 @@ from jobs.views.job_figures import (
     zoom_window,
 )
 from jobs.views.job_findings import finding_views, findings_and_remainder, job_span_s
+from jobs.views.job_fragments import roofline_section
 from jobs.views.job_summary import (
     definitions,
     evaluation_details,
@@ -141,9 +141,8 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "resolution": resolution(figures["archive_step_s"], job.evaluated),
         "max_upload_mib": settings.ARTIFACT_MAX_BYTES // 2**20,
         "grafana_url": grafana_link(job),
-        "roofline": roofline["summary"],
-        "roofline_lines": roofline_page_lines(roofline["summary"]),
-        "has_roofline_figure": roofline["figure"] is not None,
+        # The same HTML for every viewer until the roofline's data changes: rendered once (job_fragments).
+        "roofline_section": roofline_section(roofline),
     }
     response = render(request, "jobs/job_detail.html", context)
     # The browser starts fetching the page's scripts when the response's headers arrive, before its renderer
