@@ -110,4 +110,5 @@ def test_the_efficiency_client_imports_only_requests_and_the_standard_library():
     assert "requests" in imported
     heavy = ("django", "celery", "numpy", "efficiency", "msgspec", "orjson")
     assert not {m for m in imported if m.split(".")[0] in heavy}
-    assert not {m for m in imported if m.startswith("jobs.") and m != "jobs.intake.client"}
+    # Its parent packages load first (jobs/intake/__init__.py is a docstring): nothing else of the service.
+    assert not {m for m in imported if m.startswith("jobs.")} - {"jobs.intake", "jobs.intake.client"}
