@@ -194,7 +194,10 @@ def coverage_by_code(sets: list[Intervals]) -> dict[int, int]:
     keep = (code > 0) & (lengths > 0)
     out: dict[int, int] = {}
     if keep.any():
-        codes, inverse = np.unique(code[keep], return_inverse=True)
-        sums = np.bincount(inverse, weights=lengths[keep].astype(np.float64))
-        out = {int(c): round(v) for c, v in zip(codes, sums, strict=True)}
+        # The codes are small bitmasks: bin by code directly (np.unique sorted them all first). Each bin
+        # still sums its lengths in timeline order, so the float sums are the same as before.
+        kept = code[keep]
+        sums = np.bincount(kept, weights=lengths[keep].astype(np.float64))
+        present = np.flatnonzero(np.bincount(kept))
+        out = {int(c): round(v) for c, v in zip(present.tolist(), sums[present].tolist(), strict=True)}
     return out

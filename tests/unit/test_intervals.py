@@ -47,3 +47,18 @@ def test_intersection_pieces_touching_across_intervals_merge_as_union_does() -> 
     diff = iv.subtract(a, b)
     assert (diff[0].tolist(), diff[1].tolist()) == ([0, 15], [5, 20])
     assert iv.subtract(a, (np.array([0]), np.array([20])))[0].size == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_coverage_by_code_sums_each_combination_of_sets_like_a_per_nanosecond_count(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sets = []
+    for _ in range(int(rng.integers(1, 5))):
+        starts = rng.integers(0, 2000, size=int(rng.integers(1, 60)))
+        sets.append(iv.union(starts, starts + rng.integers(0, 80, size=starts.size)))
+    code = np.zeros(2100, dtype=np.int64)  # which sets cover each nanosecond [t, t+1)
+    for i, (s, e) in enumerate(sets):
+        for lo, hi in zip(s.tolist(), e.tolist(), strict=True):
+            code[lo:hi] |= 1 << i
+    expected = {int(c): int((code == c).sum()) for c in np.unique(code) if c}
+    assert iv.coverage_by_code(sets) == expected
