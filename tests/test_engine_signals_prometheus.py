@@ -198,4 +198,6 @@ def test_a_serving_jobs_mfu_is_the_engines_with_the_forward_mfu_beside_it(
     assert other.startswith('data-kpi="mfu-other">shown: the serving engine\'s own MFU')
     assert f"kept as a cross-check: {ev['flops_mfu'] * 100:.1f} %" in other[:400]
     quiet_page = web.get(f"/jobs/{quiet.external_id}/").content.decode()
+    ready = quiet_page[quiet_page.index('id="readiness"') :]
+    assert "<code>vllm:estimated_flops_per_gpu_total</code>" in ready and "--enable-mfu-metrics" in ready
     assert "shown: forward-FLOPs MFU; the serving engine's own MFU is unknown" in quiet_page

@@ -11,7 +11,7 @@ from jobs.evaluation.costs import format_usd
 from jobs.evaluation.schema import encode
 from jobs.metrics.ingest import NO_GPUS_MATCHED
 from jobs.metrics.sampling import coverage_note
-from jobs.metrics.signals import SIGNALS, readiness
+from jobs.metrics.signals import ENGINE_SIGNALS, SIGNALS, engine_readiness, readiness
 from jobs.models import Job
 from jobs.outputs.numbers import format_number
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd
@@ -118,6 +118,8 @@ def signal_readiness(job: Job) -> dict[str, Any]:
     missing_keys = set(job.missing_signals or [])
     reasons = job.missing_reasons or {}
     lines = readiness(k for k in SIGNALS if k not in missing_keys)
+    if job.kind == Job.Kind.INFERENCE:  # a serving job also reads its engine's FLOP counters (#25)
+        lines += engine_readiness(k for k in ENGINE_SIGNALS if k not in missing_keys)
     no_gpus = no_gpus_matched(job)
     if no_gpus:  # one ingestion error with the PromQL, not one "missing field" row per signal
         return {"polled": True, "missing": [], "present": [], "no_gpus": no_gpus}
