@@ -129,14 +129,15 @@ def test_a_steady_cycle_reads_its_jobs_archives_and_alert_look_ups_once_and_writ
     assert not any(s.startswith('SELECT "jobs_gpumodel"') for s in sql)  # fetched with the locked row
     assert sum("pg_advisory_xact_lock" in s for s in sql) <= 2  # one per archive write, not per job
     # The alert rules' look-ups, once for the cycle's jobs: the open incidents and the findings in one
-    # query each (a job diagnosed in this cycle reads its own new findings), the baseline band from the
-    # evaluation's look-up (no query of its own).
+    # query each (a job diagnosed in this cycle reads its own new findings), the active baselines' stats
+    # in at most one (none without a config fingerprint), never one per job.
     assert len([s for s in sql if s.startswith('SELECT "jobs_alertincident"')]) == 1
     diagnosed = Job.objects.filter(diagnosed_at=START + timedelta(minutes=45)).count()
     finding_reads = [s for s in sql if s.startswith('SELECT "jobs_finding"."job_id" AS "job_id"')]
     own_reads = [s for s in sql if s.startswith('SELECT "jobs_finding"."code" AS "code"')]
     assert len(finding_reads) == 1 and len(own_reads) == diagnosed
     assert not any(s.startswith('SELECT "jobs_baseline"."stats"') for s in sql)
+    assert len([s for s in sql if s.startswith('SELECT "jobs_baseline"."team_id"')]) <= 1
     per_job = sorted(stmts for *_, stmts in recorded)
     print(f"statements in the cycle: {len(sql)} for {n} jobs; alert evaluations: {per_job}")
     print(Counter(" ".join(x.split())[:80] for x in sql).most_common())
@@ -156,11 +157,11 @@ def _savepoint(sql: str) -> bool:
 
 @pytest.mark.django_db
 def test_a_steady_cycles_statements_grow_by_the_job_rows_lock_and_update_per_added_job(
-    prom,
-    sims,
+    prom,  # noqa: F811
+    sims,  # noqa: F811
     make_team,
-    local_cache,
-    settings,  # noqa: F811
+    local_cache,  # noqa: F811
+    settings,
 ):
     """#26 item 2: the cycle's reads for its jobs (archive snapshots, open incidents, findings, baselines)
     do not grow with the jobs; what does is each job's row, locked and read, then updated (2 statements,

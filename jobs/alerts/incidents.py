@@ -7,11 +7,13 @@ of the recent window only when the aggregates say they matter: a GPU idle at the
 alert then runs the idle_gpus finding's computation on them) or a mean SM clock below the throttle
 threshold (the throttling alert then judges only the GPUs that are busy).
 
-In a poll cycle (`cycle`, jobs.evaluation.cycle.CycleContext) the rules' own look-ups are read once for the
-cycle's jobs, not once per job (#26 item 2): the open incidents and the findings in one query each, the
-baseline band from the active baseline the evaluation already looked up for the same team and config
-(the cycle's memo). A job diagnosed in this cycle (its findings were just rewritten, after that read)
-reads its own findings, as does every evaluation outside a cycle (the sweep, a standalone call).
+In a poll cycle (`cycle`, jobs.evaluation.cycle.CycleContext) the rules' own look-ups are read once for
+the cycle's jobs, not once per job (#26 item 2): the open incidents and the findings in one query each,
+the active baselines' stats in two. A job diagnosed in this cycle (its findings were just rewritten,
+after that read) reads its own findings, as does every evaluation outside a cycle (the sweep, a
+standalone call). The rows are read when the first job asks for them; what another process changes in
+the cycle's remaining seconds (a finding an artifact's parse writes, an incident the sweep resolves) the
+next cycle reads: opening stays exactly once (the partial unique constraint), resolving conditional.
 
 Exactly once: an incident is one row per (job, rule) while open (a partial unique constraint); opening and
 resolving create one AlertDelivery row per (incident, subscription, event) with INSERT ... ON CONFLICT DO
@@ -35,7 +37,6 @@ from jobs.access.permissions import can_read_team
 from jobs.alerts import policy, rules
 from jobs.alerts.rules import FindingView, JobView, RuleConfig, Series, State, Verdict
 from jobs.diagnosis.thresholds import BUSY_UTIL_MIN, IDLE_UTIL_MAX, THROTTLE_REASON_SHARE
-from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.robust import Summary, check_regression
 from jobs.metrics import archive
@@ -171,15 +172,35 @@ def _per_gpu_view(
     return rules.PerGpu(ts, step, np.asarray(util.per_gpu, dtype=np.float64), engine, sm_clock)
 
 
+def _baselines_of(pks: list[int]) -> dict[int, tuple[int, str, dict[str, Any]]]:
+    """Each of jobs `pks`' (team, config fingerprint, active baseline's stats; {} without one) in two
+    queries for them all: active_baseline's filter and order (jobs.evaluation.baselines: the first of the
+    team's unretired baselines of that fingerprint in the model's order), the stats column alone."""
+    keys = {
+        pk: (team_id, fingerprint)
+        for pk, team_id, fingerprint in Job.objects.filter(pk__in=pks).values_list(
+            "pk", "team_id", "config_fingerprint"
+        )
+    }
+    wanted = {key for key in keys.values() if key[1]}
+    active: dict[tuple[int, str], dict[str, Any]] = {}
+    if wanted:
+        found = Baseline.objects.filter(
+            retired_at__isnull=True,
+            team_id__in={team for team, _ in wanted},
+            fingerprint__in={fingerprint for _, fingerprint in wanted},
+        ).values_list("team_id", "fingerprint", "stats")
+        for team_id, fingerprint, stats in found:
+            active.setdefault((team_id, fingerprint), stats or {})  # the first in order is the active one
+    return {pk: (team, fp, active.get((team, fp), {})) for pk, (team, fp) in keys.items()}
+
+
 def _baseline_mfu_low(job: Job, cycle: CycleContext | None = None) -> float | None:
     if not job.config_fingerprint:
         return None
-    if cycle is not None:
-        # The evaluation looked the active baseline up for this team and config in this cycle already
-        # (jobs.evaluation.load.reference_for, the same memo key): no query of its own.
-        key = ("baseline", job.team_id, job.config_fingerprint)
-        baseline = cycle.lookups.get(key, lambda: active_baseline(job))
-        active = baseline.stats if baseline is not None else None
+    read = cycle.rows("alert_baselines", _baselines_of).pop(job.pk, None) if cycle is not None else None
+    if read is not None and read[:2] == (job.team_id, job.config_fingerprint):
+        active: dict[str, Any] | None = read[2]  # the cycle's read for its jobs
     else:
         # Only the active baseline's stats: active_baseline's filter and order (jobs.evaluation.baselines)
         # without its runs or a model row, one query after every poll. The job's own team's baseline
@@ -240,7 +261,7 @@ def _findings(job: Job, cycle: CycleContext | None = None) -> list[FindingView]:
     # A job diagnosed in this cycle has findings newer than the cycle's read (the diagnosis stamps
     # diagnosed_at with the poll's time, jobs.pipeline.poll._diagnosis_due): it reads its own.
     if cycle is not None and not (job.diagnosed_at is not None and job.diagnosed_at >= cycle.now):
-        rows = cycle.take("alert_findings", job.pk, _findings_of)
+        rows = cycle.rows("alert_findings", _findings_of).pop(job.pk, None)
     if rows is None:
         # The columns the rules read, not model rows (this runs after every poll of every job).
         rows = [tuple(r) for r in Finding.objects.filter(job=job).values_list(*_FINDING_COLUMNS)]
@@ -349,7 +370,7 @@ def evaluate_job(
     # The findings the view read: an incident links its finding only when the job has one with that code
     # (no query per open incident and cycle for a finding the job does not have).
     found = frozenset(f.code for f in view.findings)
-    read = cycle.take("alert_open_incidents", job.pk, _open_incidents_of) if cycle is not None else None
+    read = cycle.rows("alert_open_incidents", _open_incidents_of).pop(job.pk, None) if cycle else None
     current = {i.rule: i for i in (read if read is not None else open_incidents(job))}
     for held in current.values():
         held.job = job  # its deliveries read the job (owner): no query for the row we have

@@ -12,9 +12,8 @@ cycle's signals are read and passes it down store_poll -> evaluate_and_store -> 
 - `lookups`: a memo of the database look-ups whose answer depends on a key shared by many jobs (price
   book entries per GPU model and tier, the active baseline per team and config fingerprint, GPU models by id);
 - `per_job`: rows of the context's jobs read in one query per kind instead of one per job (#26 item 2: the
-  alert rules' open incidents and findings, jobs.alerts.incidents; the poll's archive snapshots, read in
-  batches of SNAPSHOT_BATCH jobs so the cycle never holds every job's archive at once). A job's entry is
-  removed when it is used (`take`): a second evaluation of the same job in the same context reads its own.
+  alert rules' open incidents, findings and baseline bands, jobs.alerts.incidents). A job's entry is
+  removed when it is used (`rows`): a second evaluation of the same job in the same context reads its own.
 
 It lives for one cycle only: prices, baselines and MIG layouts can change between cycles, and nothing
 here is global. The per-job paths (poll_job, finalize, re-evaluation) pass no context and read as before.
@@ -35,10 +34,6 @@ from jobs.metrics.signals import JobSignals
 from jobs.models import Job
 
 T = TypeVar("T")
-
-#: Jobs whose archive snapshots one query reads (`CycleContext.snapshots_from`): a batch's snapshots are
-#: held until their jobs are stored, so this bounds the cycle's memory, not only its statements.
-SNAPSHOT_BATCH = 50
 
 
 class Lookups:
@@ -88,29 +83,15 @@ class CycleContext:
         """The context's jobs (those with a new window), in the order the cycle stores them."""
         return list(self.recent_start)
 
-    def take(self, kind: str, pk: int, read: Callable[[list[int]], dict[int, T]]) -> T | None:
-        """Job `pk`'s rows of `kind`, read for every job of the context by `read(job ids)` (which answers
-        for each id it is given) the first time any is asked for; None for a job outside the context or
-        one whose rows were taken already (the caller then reads its own, as without a cycle)."""
-        held = self.per_job.get(kind)
+    def rows(self, kind: str, read: Callable[[list[int]], dict[int, T]]) -> dict[int, T]:
+        """The context's rows of `kind` by job pk, read for all its jobs by `read(job ids)` (which answers
+        for each id it is given) the first time they are asked for. A caller pops its job's entry when it
+        uses it: a job without one (outside the context, or taken already by an earlier evaluation in the
+        same context) reads its own, as without a cycle."""
+        held: dict[int, T] | None = self.per_job.get(kind)
         if held is None:
             held = self.per_job[kind] = dict(read(self.job_ids()))
-        value: T | None = held.pop(pk, None)
-        return value
-
-    def snapshots_from(self, pk: int, read: Callable[[list[int]], dict[int, T]]) -> T | None:
-        """Job `pk`'s archive snapshot rows: read with those of the next SNAPSHOT_BATCH jobs of the context
-        (in its order, from `pk` on) by `read(job ids)` when not held yet; None for a job outside the
-        context or one whose snapshot was taken already."""
-        held = self.per_job.setdefault("snapshot", {})
-        done = self.per_job.setdefault("snapshot_read", {})
-        if pk not in held and pk not in done and pk in self.recent_start:
-            ids = self.job_ids()
-            batch = [k for k in ids[ids.index(pk) :] if k not in done][:SNAPSHOT_BATCH]
-            held.update(read(batch))
-            done.update(dict.fromkeys(batch, True))
-        value: T | None = held.pop(pk, None)
-        return value
+        return held
 
     def repair_rows(self, jobs: dict[int, Job]) -> list[Any]:
         """Archive rows of the derived throughput read in full for a job whose archive did not hold the

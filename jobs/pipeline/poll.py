@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from jobs.alerts import incidents as alerts
 from jobs.evaluation.cycle import CycleContext
-from jobs.evaluation.load import prepare_cycle
 from jobs.evaluation.sharing import Neighbours
 from jobs.metrics import archive, cluster
 from jobs.metrics.ingest import (
@@ -94,13 +93,16 @@ def store_poll(
     derived_out: list[Any] | None = None,
     neighbours: Neighbours | None = None,
     cycle: CycleContext | None = None,
+    snapshot_rows: Sequence[archive.SnapshotRow] | None = None,
 ) -> Job:
     """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
     settled (`settled_data_until`); then the diagnosis (when due) and the alert rules.
 
     The cycle merges every job's rows in one `archive.upsert` (`archived_rows=True`: already written) and
     collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job;
-    `neighbours` is its sharing index (jobs.evaluation.sharing.Neighbours), read once for all jobs."""
+    `neighbours` is its sharing index (jobs.evaluation.sharing.Neighbours), read once for all jobs;
+    `snapshot_rows`: the job's archive as the cycle read it for a batch of jobs after that write
+    (`archive.Snapshot.rows_of`, #26 item 2), instead of a read of its own."""
     with transaction.atomic():
         # The GPU model with the row (the evaluation reads it), locking only the job's row.
         job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job.pk)
@@ -110,9 +112,8 @@ def store_poll(
         if not archived_rows:
             archive.upsert(archive.rows_for(job, sigs, {}))
         # One read of the archive for the summary and the alert rules below (#14): GPU_UTIL per GPU for the
-        # exact idle share; the other per-GPU rows are the bulk of the archive. In a cycle whose archive write
-        # already holds the jobs' rows, one query reads a batch of jobs' snapshots (#26 item 2).
-        held = cycle.snapshots_from(job.pk, _snapshot_rows) if cycle is not None and archived_rows else None
+        # exact idle share; the other per-GPU rows are the bulk of the archive.
+        held = snapshot_rows if archived_rows else None  # rows read before this job's write are not its own
         snapshot = archive.Snapshot(job, per_gpu=_SNAPSHOT_GPU, rows=held)
         archived = snapshot.load_job_signals(per_gpu=("gpu_util",))
         derived = evaluate_and_store(job, archived, client, neighbours, cycle=cycle)
@@ -145,9 +146,19 @@ def store_poll(
 _SNAPSHOT_GPU = ("gpu_util",)
 
 
+#: Jobs whose archive snapshots the cycle reads in one query (`_snapshot_rows`): a batch's rows are held
+#: until its jobs are stored, so this bounds the cycle's memory as well as its statements.
+SNAPSHOT_BATCH = 50
+
+
 def _snapshot_rows(job_ids: list[int]) -> dict[int, list[archive.SnapshotRow]]:
-    """The snapshot rows of a batch of the cycle's jobs, in one query."""
-    return archive.Snapshot.rows_of(job_ids, _SNAPSHOT_GPU)
+    """The archive snapshot rows of a batch of the cycle's jobs, in one query (#26 item 2); none when the
+    read fails (each job then reads its own)."""
+    try:
+        return archive.Snapshot.rows_of(job_ids, _SNAPSHOT_GPU)
+    except Exception:  # a failed batch read must not fail its jobs' polls
+        log.exception("poll cycle: reading the archive snapshots of %d jobs failed", len(job_ids))
+        return {}
 
 
 def _diagnosis_due(job: Job, now: datetime) -> bool:
@@ -288,14 +299,21 @@ def _store_jobs(
     in one shard. One job's failure marks that job stale, never the others."""
     done: dict[int, Job] = {}
     derived: list[Any] = []
-    for key, (sigs, end) in inputs.items():
+    held: dict[int, list[archive.SnapshotRow]] = {}
+    keys = list(inputs)
+    for i, key in enumerate(keys):
+        sigs, end = inputs[key]
         job = jobs[key]
+        if archived_rows and i % SNAPSHOT_BATCH == 0:
+            # The next batch's archive snapshots in one query (the archive write above holds their rows).
+            held = _snapshot_rows(keys[i : i + SNAPSHOT_BATCH])
         try:
             energy: object = _KEEP
             if energy_due(job, now):
                 energy = energy_total(client, job_selector(job), job.started_at.timestamp(), end)
             done[key] = store_poll(job, sigs, end, now, client, energy_j=energy, archived_rows=archived_rows,
-                                   derived_out=derived, neighbours=neighbours, cycle=shared)  # fmt: skip
+                                   derived_out=derived, neighbours=neighbours, cycle=shared,
+                                   snapshot_rows=held.pop(key, None))  # fmt: skip
             if neighbours is not None:
                 neighbours.update(done[key])
         except Exception as exc:  # one job's failure must not stop the cycle
