@@ -49,6 +49,7 @@ from jobs.models import Job, JobSeries
 from jobs.pipeline import shards
 from jobs.pipeline.discovery import discover
 from jobs.pipeline.findings import run_diagnosis
+from jobs.pipeline.reads import prepare_cycle
 from jobs.pipeline.steps import evaluate_and_store
 from jobs.runtime import locks, service_health
 
