@@ -18,7 +18,7 @@ from jobs.metrics.signals import grid
 from jobs.metrics.throughput import groupable, grouped_query, id_batches, runnable_query
 from jobs.models import Job
 from jobs.pipeline import poll as pipeline
-from jobs.pipeline.reads import read_inputs
+from jobs.pipeline.reads import read_inputs, read_recent_throughput
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate
 from jobs.simulate.writers import openmetrics_lines
 from tests.prom_server import PrometheusProcess, prometheus_binary
@@ -141,7 +141,7 @@ def test_one_grouped_query_gives_each_job_its_own_querys_values(prom, sims, make
     jobs = _register(sims, make_team("llm"))
     ts = grid(T0 + 5 * MIN, T0 + 50 * MIN, 30.0)
     client = Recording(prom.url)
-    got = load.read_recent_throughput(client, list(jobs.values()), {j.pk: ts for j in jobs.values()})
+    got = read_recent_throughput(client, list(jobs.values()), {j.pk: ts for j in jobs.values()})
     assert len(client.sent) == 1 and client.sent[0].startswith("sum by (job_id)")
     for key, job in jobs.items():
         query = runnable_query(

@@ -1,68 +1,30 @@
-"""`load_context(job, signals, readings, client, now)`: the one place that reads the database for an
-evaluation. What it needs from Prometheus and the archive (the grid, the throughput) the driver reads
-first (jobs.pipeline.reads) and hands over as `Readings`: the evaluation reads no metrics mid-way."""
+"""`load_context(job, signals, readings, now)`: the one place that reads the database for an evaluation.
+What it needs from Prometheus, the archive and the other jobs (the grid, the throughput, the sharing
+look-up) the driver reads first (jobs.pipeline.reads, which also holds the poll cycle's shared reads) and
+hands over as `Readings`: the evaluation calls no metrics code mid-way."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Count
 
 from jobs.evaluation.baseline_stats import decode_stats
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.context import EvaluationContext
-from jobs.evaluation.cycle import CycleContext, RecentThroughput
+from jobs.evaluation.cycle import CycleContext
 from jobs.evaluation.kpis import ModelShape, target_mfu, tokens_per_second_from_progress
-from jobs.evaluation.mig import mig_instances_of
 from jobs.evaluation.monitoring_logs import with_monitoring_logs
 from jobs.evaluation.schema import GpuSharing
 from jobs.evaluation.sharing import SharingLookup, attribute_shares, summarise
-from jobs.metrics.prometheus import (
-    PrometheusClient,
-    PrometheusError,
-    Series,
-    capped_timeout,
-    summed_on_grid,
-)
 from jobs.metrics.signals import JobSignals
-from jobs.metrics.throughput import (
-    TemplateError,
-    groupable,
-    grouped_query,
-    id_batches,
-    is_free_form,
-    validate_template,
-)
-from jobs.models import Job, PriceEntry, ProgressSample
+from jobs.models import Job, PriceEntry
 
 #: Grid step of a job with no archived signal yet (dcgm-exporter's default collection interval).
 DEFAULT_STEP_S = 30
-
-
-def template_checker(cycle: CycleContext) -> Callable[[str], str]:
-    """`validate_template` (with THROUGHPUT_MAX_LOOKBACK_S) memoised for the cycle: the template, or the
-    TemplateError it raised, raised again."""
-    lookback = settings.THROUGHPUT_MAX_LOOKBACK_S
-
-    def check(text: str) -> str:
-        def run() -> str | TemplateError:
-            try:
-                return validate_template(text, max_lookback_s=lookback)
-            except TemplateError as exc:
-                return exc
-
-        got = cycle.lookups.get(("template", text, lookback), run)
-        if isinstance(got, TemplateError):
-            raise got
-        return got
-
-    return check
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,103 +69,6 @@ def throughput_of(job: Job, ts: np.ndarray, read: ThroughputRead) -> tuple[np.nd
         source = f"profiler step time {job.profiler_step_time_ms:.1f} ms × {job.tokens_per_step} tokens/step"
         return np.full(ts.shape, rate), source
     return None, read.reason
-
-
-def read_recent_throughput(
-    client: PrometheusClient,
-    jobs: Sequence[Job],
-    grids: Mapping[int, np.ndarray],
-    validated: Callable[[str], str] | None = None,
-) -> dict[int, RecentThroughput]:
-    """Each job's throughput on `grids[pk]` (its new window) for the jobs whose template is `groupable`:
-    one range query per template, grid step and phase, round of nearby windows and batch of ids
-    (`id_batches`), `sum by (<job label>)` split per job by its id. Other jobs (free-form staff queries,
-    other templates, no template) are left out: `throughput_series` runs their own query.
-
-    Windows differ per job (each its own `data_until`): a batch reads the union of its jobs' windows and
-    each job takes its own grid; a job whose window starts more than ROUND_SPREAD_S after its round's
-    first is read in another round, so a job far behind does not widen everyone's query. A failed query
-    gives each of its jobs the error (as their own query would have: `load_context` reports it).
-    `validated`: a memoised `validate_template` (`template_checker`)."""
-    label = settings.THROUGHPUT_JOB_LABEL
-    groups: dict[tuple[str, float, float], list[tuple[Job, np.ndarray]]] = defaultdict(list)
-    for job in jobs:
-        ts = grids.get(job.pk)
-        stored = job.throughput_query or ""
-        if ts is None or ts.size < 2 or not stored.strip() or is_free_form(stored):
-            continue
-        try:
-            if validated is not None:
-                template = validated(stored)
-            else:
-                template = validate_template(stored, max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S)
-        except TemplateError:
-            continue
-        if groupable(template):
-            step = float(ts[1] - ts[0])
-            groups[(template, step, float(ts[0]) % step)].append((job, ts))
-    out: dict[int, RecentThroughput] = {}
-    for (template, step, _), members in sorted(groups.items(), key=lambda kv: kv[0]):
-        members.sort(key=lambda m: float(m[1][0]))
-        rounds: list[list[tuple[Job, np.ndarray]]] = []
-        for member in members:
-            if rounds and float(member[1][0]) - float(rounds[-1][0][1][0]) <= ROUND_SPREAD_S:
-                rounds[-1].append(member)
-            else:
-                rounds.append([member])
-        for round_ in rounds:
-            by_id = {job.external_id: (job, ts) for job, ts in round_}
-            for ids in id_batches(list(by_id)):
-                batch = [by_id[i] for i in ids]
-                lo = min(float(ts[0]) for _, ts in batch)
-                hi = max(float(ts[-1]) for _, ts in batch)
-                try:
-                    with capped_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
-                        series = client.range(grouped_query(template, label, ids), lo, hi, step)
-                except PrometheusError as exc:
-                    out.update({job.pk: RecentThroughput(ts, error=exc) for job, ts in batch})
-                    continue
-                found: dict[str, list[Series]] = defaultdict(list)
-                for s in series:
-                    found[s.labels.get(label, "")].append(s)
-                for job, ts in batch:
-                    mine = found.get(job.external_id)
-                    out[job.pk] = RecentThroughput(ts, summed_on_grid(mine, ts) if mine else None)
-    return out
-
-
-#: Seconds between window starts beyond which `read_recent_throughput` reads jobs in separate rounds
-#: (as jobs.metrics.cluster.read_cycle does for the signals).
-ROUND_SPREAD_S = 900.0
-
-
-def prepare_cycle(
-    client: PrometheusClient, jobs: Sequence[Job], fresh: Mapping[int, JobSignals], now: datetime
-) -> CycleContext:
-    """The cycle's shared reads for `jobs`, whose new windows are the grids of `fresh` (the cycle's
-    signals per job pk): MIG instances, grouped throughput, which jobs have pushed progress (one query),
-    and the memo primed with the GPU models the jobs were loaded with."""
-    cycle = CycleContext(now)
-    for job in jobs:
-        sigs = fresh.get(job.pk)
-        if sigs is not None:
-            cycle.recent_start[job.pk] = float(sigs.timestamps[0]) if sigs.timestamps.size else sigs.start
-        if job.gpu_model_id is not None and Job.gpu_model.is_cached(job):
-            cycle.lookups.put(("gpu_model", job.gpu_model_id), job.gpu_model)
-    pks = [job.pk for job in jobs]
-    cycle.progress = frozenset(
-        ProgressSample.objects.filter(job_id__in=pks)
-        .values("job_id")
-        .annotate(n=Count("pk"))
-        .filter(n__gte=2)
-        .values_list("job_id", flat=True)
-    )
-    cycle.mig = mig_instances_of(client, jobs, now)
-    grids = {pk: s.timestamps for pk, s in fresh.items()}
-    cycle.throughput = read_recent_throughput(
-        client, [j for j in jobs if j.pk not in cycle.progress], grids, template_checker(cycle)
-    )
-    return cycle
 
 
 def prices_for(job: Job, cycle: CycleContext | None = None) -> tuple[list[tuple[datetime, float]], str]:

@@ -11,20 +11,32 @@ the archive."""
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 import numpy as np
 from django.conf import settings
+from django.db.models import Count
 
-from jobs.evaluation.cycle import CycleContext
-from jobs.evaluation.load import DEFAULT_STEP_S, Readings, ThroughputRead, template_checker
+from jobs.evaluation.cycle import CycleContext, RecentThroughput
+from jobs.evaluation.load import DEFAULT_STEP_S, Readings, ThroughputRead
+from jobs.evaluation.mig import mig_instances_of
 from jobs.evaluation.schema import DERIVED_THROUGHPUT
 from jobs.evaluation.sharing import Neighbours, look_up
 from jobs.metrics.grid_read import read_on_grid
-from jobs.metrics.prometheus import PrometheusClient, PrometheusError
+from jobs.metrics.prometheus import PrometheusClient, PrometheusError, Series, capped_timeout, summed_on_grid
 from jobs.metrics.signals import JobSignals, grid
-from jobs.metrics.throughput import runnable_query
-from jobs.models import Job
+from jobs.metrics.throughput import (
+    TemplateError,
+    groupable,
+    grouped_query,
+    id_batches,
+    is_free_form,
+    runnable_query,
+    validate_template,
+)
+from jobs.models import Job, ProgressSample
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +150,123 @@ def _archived_claim(job: Job) -> tuple[str | None, frozenset[str]]:
     if evaluated is None:
         return None, frozenset()
     return evaluated.variants.get("throughput"), frozenset(evaluated.notes)
+
+
+# ------------------------------------------------------------------------------ the cycle's shared reads
+
+
+def template_checker(cycle: CycleContext) -> Callable[[str], str]:
+    """`validate_template` (with THROUGHPUT_MAX_LOOKBACK_S) memoised for the cycle: the template, or the
+    TemplateError it raised, raised again."""
+    lookback = settings.THROUGHPUT_MAX_LOOKBACK_S
+
+    def check(text: str) -> str:
+        def run() -> str | TemplateError:
+            try:
+                return validate_template(text, max_lookback_s=lookback)
+            except TemplateError as exc:
+                return exc
+
+        got = cycle.lookups.get(("template", text, lookback), run)
+        if isinstance(got, TemplateError):
+            raise got
+        return got
+
+    return check
+
+
+def read_recent_throughput(
+    client: PrometheusClient,
+    jobs: Sequence[Job],
+    grids: Mapping[int, np.ndarray],
+    validated: Callable[[str], str] | None = None,
+) -> dict[int, RecentThroughput]:
+    """Each job's throughput on `grids[pk]` (its new window) for the jobs whose template is `groupable`:
+    one range query per template, grid step and phase, round of nearby windows and batch of ids
+    (`id_batches`), `sum by (<job label>)` split per job by its id. Other jobs (free-form staff queries,
+    other templates, no template) are left out: `read_inputs` runs their own query.
+
+    Windows differ per job (each its own `data_until`): a batch reads the union of its jobs' windows and
+    each job takes its own grid; a job whose window starts more than ROUND_SPREAD_S after its round's
+    first is read in another round, so a job far behind does not widen everyone's query. A failed query
+    gives each of its jobs the error (as their own query would have: `load_context` reports it).
+    `validated`: a memoised `validate_template` (`template_checker`)."""
+    label = settings.THROUGHPUT_JOB_LABEL
+    groups: dict[tuple[str, float, float], list[tuple[Job, np.ndarray]]] = defaultdict(list)
+    for job in jobs:
+        ts = grids.get(job.pk)
+        stored = job.throughput_query or ""
+        if ts is None or ts.size < 2 or not stored.strip() or is_free_form(stored):
+            continue
+        try:
+            if validated is not None:
+                template = validated(stored)
+            else:
+                template = validate_template(stored, max_lookback_s=settings.THROUGHPUT_MAX_LOOKBACK_S)
+        except TemplateError:
+            continue
+        if groupable(template):
+            step = float(ts[1] - ts[0])
+            groups[(template, step, float(ts[0]) % step)].append((job, ts))
+    out: dict[int, RecentThroughput] = {}
+    for (template, step, _), members in sorted(groups.items(), key=lambda kv: kv[0]):
+        members.sort(key=lambda m: float(m[1][0]))
+        rounds: list[list[tuple[Job, np.ndarray]]] = []
+        for member in members:
+            if rounds and float(member[1][0]) - float(rounds[-1][0][1][0]) <= ROUND_SPREAD_S:
+                rounds[-1].append(member)
+            else:
+                rounds.append([member])
+        for round_ in rounds:
+            by_id = {job.external_id: (job, ts) for job, ts in round_}
+            for ids in id_batches(list(by_id)):
+                batch = [by_id[i] for i in ids]
+                lo = min(float(ts[0]) for _, ts in batch)
+                hi = max(float(ts[-1]) for _, ts in batch)
+                try:
+                    with capped_timeout(client, settings.THROUGHPUT_QUERY_TIMEOUT_S):
+                        series = client.range(grouped_query(template, label, ids), lo, hi, step)
+                except PrometheusError as exc:
+                    out.update({job.pk: RecentThroughput(ts, error=exc) for job, ts in batch})
+                    continue
+                found: dict[str, list[Series]] = defaultdict(list)
+                for s in series:
+                    found[s.labels.get(label, "")].append(s)
+                for job, ts in batch:
+                    mine = found.get(job.external_id)
+                    out[job.pk] = RecentThroughput(ts, summed_on_grid(mine, ts) if mine else None)
+    return out
+
+
+#: Seconds between window starts beyond which `read_recent_throughput` reads jobs in separate rounds
+#: (as jobs.metrics.cluster.read_cycle does for the signals).
+ROUND_SPREAD_S = 900.0
+
+
+def prepare_cycle(
+    client: PrometheusClient, jobs: Sequence[Job], fresh: Mapping[int, JobSignals], now: datetime
+) -> CycleContext:
+    """The cycle's shared reads for `jobs`, whose new windows are the grids of `fresh` (the cycle's
+    signals per job pk): MIG instances, grouped throughput, which jobs have pushed progress (one query),
+    and the memo primed with the GPU models the jobs were loaded with."""
+    cycle = CycleContext(now)
+    for job in jobs:
+        sigs = fresh.get(job.pk)
+        if sigs is not None:
+            cycle.recent_start[job.pk] = float(sigs.timestamps[0]) if sigs.timestamps.size else sigs.start
+        if job.gpu_model_id is not None and Job.gpu_model.is_cached(job):
+            cycle.lookups.put(("gpu_model", job.gpu_model_id), job.gpu_model)
+    pks = [job.pk for job in jobs]
+    cycle.progress = frozenset(
+        ProgressSample.objects.filter(job_id__in=pks)
+        .values("job_id")
+        .annotate(n=Count("pk"))
+        .filter(n__gte=2)
+        .values_list("job_id", flat=True)
+    )
+    cycle.mig = mig_instances_of(client, jobs, now)
+    grids = {pk: s.timestamps for pk, s in fresh.items()}
+    cycle.throughput = read_recent_throughput(
+        client, [j for j in jobs if j.pk not in cycle.progress], grids, template_checker(cycle)
+    )
+    return cycle
