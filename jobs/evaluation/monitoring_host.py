@@ -33,6 +33,7 @@ import numpy as np
 from jobs.evaluation.monitoring_signals import LogSignals
 from jobs.metrics.host_signals import HOST_SIGNALS, STACKED_DISKS, VIRTUAL_NICS, host_stats
 from jobs.metrics.signals import SignalSeries
+from jobs.profiling.schema.monitoring import Column, DstatLog, decode_dstat_log
 
 #: What the page says of a value from a dstat log.
 DSTAT_SOURCE = "from the uploaded dstat log"
@@ -42,33 +43,38 @@ _VIRTUAL = re.compile("^(?:{})$".format(VIRTUAL_NICS.replace("-", "[-_]")))
 _DEVICE_COLUMN = re.compile(r"^(dsk|net)_(.+)_(read|writ|recv|send)_bytes_per_s$")
 
 
-def _floats(values: Any) -> np.ndarray:
-    if not isinstance(values, list):
+def _floats(values: Column | None) -> np.ndarray:
+    if values is None:
         return np.zeros(0)
-    return np.array([v if isinstance(v, int | float) else np.nan for v in values], dtype=np.float64)
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
-def _device_sum(series: Mapping[str, Any], group: str, field: str, n: int) -> np.ndarray | None:
+def as_dstat_log(analysis: Mapping[str, Any] | DstatLog) -> DstatLog:
+    """A stored dstat analysis read through its schema (jobs.profiling.schema.monitoring)."""
+    return analysis if isinstance(analysis, DstatLog) else decode_dstat_log(analysis)
+
+
+def _device_sum(series: Mapping[str, Column], group: str, field: str, n: int) -> np.ndarray | None:
     """The `total` device's column, else the sum of the real devices' (NaN where none reported)."""
     total = series.get(f"{group}_total_{field}_bytes_per_s")
     if total is not None:
-        values = _floats(total)
-        return values if values.size == n else None
+        column = _floats(total)
+        return column if column.size == n else None
     skip = _STACKED if group == "dsk" else _VIRTUAL
     parts = []
     for key, values in series.items():
         m = _DEVICE_COLUMN.match(key)
         if m and m.group(1) == group and m.group(3) == field and not skip.match(m.group(2)):
-            column = _floats(values)
-            if column.size == n:
-                parts.append(column)
+            part = _floats(values)
+            if part.size == n:
+                parts.append(part)
     if not parts:
         return None
     stacked = np.vstack(parts)
     return np.where(np.isfinite(stacked).any(axis=0), np.nansum(stacked, axis=0), np.nan)
 
 
-def host_columns(series: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def host_columns(series: Mapping[str, Column]) -> dict[str, np.ndarray]:
     """A dstat analysis' series as host signal columns (signal key -> values in the signal's unit)."""
     n = len(series.get("t_unix_s") or [])
     out: dict[str, np.ndarray] = {}
@@ -107,7 +113,12 @@ def _window_means(
 
 
 def dstat_signals(
-    logs: Sequence[tuple[str, Mapping[str, Any]]], ts: np.ndarray, step: float, *, start: float, end: float
+    logs: Sequence[tuple[str, Mapping[str, Any] | DstatLog]],
+    ts: np.ndarray,
+    step: float,
+    *,
+    start: float,
+    end: float,
 ) -> tuple[LogSignals, list[str]]:
     """The host signals of a job's dstat logs on its grid `ts` (step `step`) within [start, end].
 
@@ -121,16 +132,15 @@ def dstat_signals(
     intervals: list[float] = []
     bounds: list[tuple[float, float]] = []
     for name, analysis in logs:
-        host = str(analysis.get("host") or "")
-        if analysis.get("time_axis") != "unix_s":
+        log = as_dstat_log(analysis)
+        host = log.host or ""
+        if log.time_axis != "unix_s":
             notes.append(f"{name!r}: the log has no epoch or time column (dstat -T or -t), so it has no time")
             continue
         if host in per_host:
             notes.append(f"{name!r}: a newer dstat log of host {host or '(unnamed)'} is used")
             continue
-        series = analysis.get("series")
-        if not isinstance(series, Mapping):
-            continue
+        series = log.series
         t = _floats(series.get("t_unix_s"))
         inside = (t >= start - step) & (t <= end)
         if not inside.any():
@@ -148,9 +158,8 @@ def dstat_signals(
         }
         names.append(name)
         bounds.append((float(t[inside].min()), float(t[inside].max())))
-        interval = analysis.get("median_interval_s")
-        if isinstance(interval, int | float) and interval > 0:
-            intervals.append(float(interval))
+        if log.median_interval_s is not None and log.median_interval_s > 0:
+            intervals.append(log.median_interval_s)
     out = LogSignals()
     if not per_host:
         return out, notes

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from jobs.metrics.signals import COUNT, MAX, MEAN, MIN, SAMPLED, GpuKey, JobSignals, SignalSeries
+from jobs.profiling.schema.monitoring import Column, NvidiaSmiLog, decode_nvidia_smi_log
 
 #: What the page says of a value from a log.
 LOG_SOURCE = "from the uploaded nvidia-smi log"
@@ -68,19 +69,25 @@ class LogSignals:
     logs: tuple[str, ...] = ()
 
 
-def _float_list(values: Any) -> np.ndarray:
-    return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+def _float_list(values: Column) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
-def pick_gpus(analysis: Mapping[str, Any], job_gpus: Sequence[str], gpu_count: int) -> tuple[list[str], str]:
+def as_smi_log(analysis: Mapping[str, Any] | NvidiaSmiLog) -> NvidiaSmiLog:
+    """A stored nvidia-smi analysis read through its schema (jobs.profiling.schema.monitoring)."""
+    return analysis if isinstance(analysis, NvidiaSmiLog) else decode_nvidia_smi_log(analysis)
+
+
+def pick_gpus(
+    analysis: Mapping[str, Any] | NvidiaSmiLog, job_gpus: Sequence[str], gpu_count: int
+) -> tuple[list[str], str]:
     """The log's GPUs that are the job's, and why (empty with the reason when none can be told).
 
     The job's registered GPU ids (`gpus` of the registration, index or UUID) select them when the log
     names them; otherwise a log with no more GPUs than the job is taken whole, and a log of more GPUs (a
     whole node for a 2-GPU job) is not used: nothing says which of its GPUs were the job's.
     """
-    series = analysis.get("series")
-    labels = [str(g) for g in series] if isinstance(series, Mapping) else []
+    labels = list(as_smi_log(analysis).series)
     if not labels:
         return [], "the log has no per-GPU series"
     wanted = [g for g in dict.fromkeys(job_gpus) if g]
@@ -96,19 +103,24 @@ def pick_gpus(analysis: Mapping[str, Any], job_gpus: Sequence[str], gpu_count: i
     )
 
 
-def _native_intervals(analysis: Mapping[str, Any]) -> dict[str, float]:
+def _native_intervals(log: NvidiaSmiLog) -> dict[str, float]:
     """Each GPU's median sampling interval over its full samples (the parser's per-GPU entry)."""
-    out: dict[str, float] = {}
-    for entry in analysis.get("gpus") or []:
-        if isinstance(entry, Mapping):
-            value = entry.get("median_interval_s")
-            if isinstance(value, int | float) and value > 0:
-                out[str(entry.get("gpu"))] = float(value)
-    return out
+    return {
+        g.gpu: g.median_interval_s
+        for g in log.gpus
+        if g.gpu is not None and g.median_interval_s is not None and g.median_interval_s > 0
+    }
+
+
+def _counts(values: Column | None, n: int) -> np.ndarray | None:
+    """A per-bucket count column as integers, or None when it is absent or of another length."""
+    if values is None or len(values) != n:
+        return None
+    return np.array([max(int(v), 0) if v is not None else 0 for v in values], dtype=np.int64)
 
 
 def _samples(
-    gpu_series: Mapping[str, Any], native_interval: float | None
+    gpu_series: Mapping[str, Column], native_interval: float | None
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """One GPU's times and FIELDS columns, bucketed series expanded back into their samples.
 
@@ -119,10 +131,9 @@ def _samples(
     """
     t = _float_list(gpu_series.get("t_unix_s") or [])
     columns = {src: _float_list(gpu_series[src]) for src, *_ in FIELDS if src in gpu_series}
-    sizes_raw = gpu_series.get("bucket_samples")
-    if not isinstance(sizes_raw, list) or len(sizes_raw) != t.size or not native_interval:
+    sizes = _counts(gpu_series.get("bucket_samples"), t.size)
+    if sizes is None or not native_interval:
         return t, columns
-    sizes = np.array([max(int(x), 0) if isinstance(x, int | float) else 0 for x in sizes_raw], dtype=np.int64)
     total = int(sizes.sum())
     if total == 0 or total > MAX_EXPANDED_SAMPLES:
         return t, columns
@@ -131,15 +142,10 @@ def _samples(
     t_full = t[bucket] + (offset - (sizes[bucket] - 1) / 2.0) * native_interval
     out = {src: col[bucket] for src, col in columns.items()}
     util = "utilization_gpu_pct"
-    idle_raw = gpu_series.get(f"{util}_idle_samples")
-    if util in columns and isinstance(idle_raw, list) and len(idle_raw) == t.size:
-        idle_n = np.array([int(x) if isinstance(x, int | float) else 0 for x in idle_raw], dtype=np.int64)
-        valid_raw = gpu_series.get(f"{util}_valid_samples")
-        valid = (
-            np.array([int(x) if isinstance(x, int | float) else 0 for x in valid_raw], dtype=np.int64)
-            if isinstance(valid_raw, list) and len(valid_raw) == t.size
-            else sizes
-        )
+    idle_n = _counts(gpu_series.get(f"{util}_idle_samples"), t.size)
+    if util in columns and idle_n is not None:
+        valid = _counts(gpu_series.get(f"{util}_valid_samples"), t.size)
+        valid = sizes if valid is None else valid
         idle_n = np.clip(idle_n, 0, valid)
         idle_mean = np.nan_to_num(_float_list(gpu_series.get(f"{util}_idle_mean") or [None] * t.size))
         mean = columns[util]
@@ -149,17 +155,15 @@ def _samples(
                 busy_n > 0, (valid * mean - idle_n * idle_mean) / np.maximum(busy_n, 1), np.nan
             )
         # Inside each bucket: its busy samples, then its idle ones, then those that had no reading.
-        pos = offset
-        b = bucket
-        values = np.where(
-            pos < busy_n[b], busy_mean[b], np.where(pos < busy_n[b] + idle_n[b], idle_mean[b], np.nan)
+        busy_end, idle_end = busy_n[bucket], busy_n[bucket] + idle_n[bucket]
+        out[util] = np.where(
+            offset < busy_end, busy_mean[bucket], np.where(offset < idle_end, idle_mean[bucket], np.nan)
         )
-        out[util] = values
     return t_full, out
 
 
 def log_signals(
-    analysis: Mapping[str, Any],
+    analysis: Mapping[str, Any] | NvidiaSmiLog,
     ts: np.ndarray,
     step: float,
     *,
@@ -174,21 +178,21 @@ def log_signals(
     and gives no series (the note says why); so does a log outside the job's window.
     """
     out = LogSignals()
-    if "gpu_assignment" not in analysis:
+    log = as_smi_log(analysis)
+    if log.gpu_assignment is None:
         # Parsed before rows were assigned to GPUs by evidence (an index-less log's rows by position):
         # its per-GPU series may mix GPUs.
         out.note = "it was parsed by an older parser that assigned rows to GPUs by position; re-parse it"
         return out
-    if analysis.get("time_axis") != "unix_s":
+    if log.time_axis != "unix_s":
         out.note = "the log has no timestamps, so it cannot be placed on the job's time axis"
         return out
-    chosen, why = pick_gpus(analysis, job_gpus, gpu_count)
+    chosen, why = pick_gpus(log, job_gpus, gpu_count)
     if not chosen:
         out.note = why
         return out
-    series: Mapping[str, Any] = analysis["series"]
-    native = _native_intervals(analysis)
-    samples = {g: _samples(series[g], native.get(g)) for g in chosen}
+    native = _native_intervals(log)
+    samples = {g: _samples(log.series[g], native.get(g)) for g in chosen}
     per_gpu_t = {g: t for g, (t, _) in samples.items()}
     intervals = [np.diff(t) for t in per_gpu_t.values() if t.size > 1]
     diffs = np.concatenate(intervals) if intervals else np.array([])
@@ -266,13 +270,13 @@ def log_signals(
     return out
 
 
-def describe(name: str, analysis: Mapping[str, Any], got: LogSignals) -> str:
+def describe(name: str, analysis: Mapping[str, Any] | NvidiaSmiLog, got: LogSignals) -> str:
     """One line for the page: which log, which GPUs, its resolution and the zone its times were read in."""
-    zone = analysis.get("time_zone") if isinstance(analysis.get("time_zone"), Mapping) else {}
+    zone = as_smi_log(analysis).time_zone
     zone_text = ""
-    if zone and zone.get("local_timestamps"):
-        zone_text = f"; its local timestamps read as {zone.get('zone')}" + (
-            " (assumed: set the upload's timezone if the host was not on UTC)" if zone.get("assumed") else ""
+    if zone.local_timestamps:
+        zone_text = f"; its local timestamps read as {zone.zone}" + (
+            " (assumed: set the upload's timezone if the host was not on UTC)" if zone.assumed else ""
         )
     interval = f"{got.interval_s:.3g} s samples" if got.interval_s else "samples"
     return f"{LOG_SOURCE} {name!r} ({len(got.gpus)} GPU(s), {interval}{zone_text})"

@@ -129,3 +129,28 @@ def test_node_exporter_wins_where_it_has_samples_and_dstat_fills_the_rest() -> N
         f"node_exporter; 40% of the job's windows had no node_exporter sample and are {text}"
     )
     assert sources["host_cpu_iowait"] == text  # node_exporter had none: wholly from the log
+
+
+def test_the_readers_take_stored_analyses_through_the_schema_and_survive_junk() -> None:
+    from jobs.evaluation.monitoring_signals import log_signals
+    from jobs.profiling.schema.monitoring import decode_dstat_log, decode_nvidia_smi_log
+
+    ts = grid(T0, T0 + 20, 5.0)
+    typed = decode_dstat_log(_analysis("dstat_0.7.3.csv"))
+    assert typed.host == "gpu-node-07" and typed.median_interval_s == 5.0
+    got, _ = dstat_signals([("d.csv", typed)], ts, 5.0, start=T0, end=T0 + 20)
+    assert got.series["host_cpu_busy"].stats[MEAN][3] == pytest.approx(0.4075)
+    junk = {"host": 7, "time_axis": "unix_s", "series": {"t_unix_s": "x", "cpu_idl_pct": [1, "2"]}}
+    assert dstat_signals([("j.csv", junk)], ts, 5.0, start=T0, end=T0 + 20)[0].series == {}
+    smi = {
+        "time_axis": "unix_s",
+        "gpu_assignment": {"method": "index column (GPU index)"},
+        "gpus": ["not a gpu", {"gpu": "0", "median_interval_s": "fast"}],
+        "series": {"0": {"t_unix_s": [T0 + 5, T0 + 10, "late"], "utilization_gpu_pct": [50, None, True]}},
+    }
+    (gpu,) = decode_nvidia_smi_log(smi).gpus  # the string entry is dropped, the bad interval unknown
+    assert gpu.gpu == "0" and gpu.median_interval_s is None
+    got_smi = log_signals(smi, ts, 5.0, start=T0, end=T0 + 20)
+    # "late" and the boolean are dropped: 50 % at T0+5, no reading at T0+10.
+    util = got_smi.series["gpu_util"]
+    assert util.stats[MEAN][1] == pytest.approx(0.5) and np.isnan(util.stats[COUNT][2])

@@ -69,3 +69,53 @@ class MonitoringAnalysis(msgspec.Struct, frozen=True, kw_only=True):
 def decode_monitoring(payload: Any) -> MonitoringAnalysis:
     """A stored nvidia-smi / dstat log analysis."""
     return lenient(payload, MonitoringAnalysis)
+
+
+#: A log's column: one value per sample (or per bucket of a long log); None where there was no reading.
+Column = list[Num | None]
+
+
+class LoggedGpu(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU of an nvidia-smi log as the evaluation reads it: its label and its sampling interval."""
+
+    gpu: str | None = None
+    median_interval_s: Num | None = None
+
+
+class NvidiaSmiLog(msgspec.Struct, frozen=True, kw_only=True):
+    """An nvidia-smi log analysis as the evaluation reads it (jobs.evaluation.monitoring_signals).
+
+    `series`: per GPU label, column -> values: `t_unix_s`, the field columns (`utilization_gpu_pct`,
+    `power_draw_w`, ...) and, for a log stored as bucket means, `bucket_samples` and the utilisation's
+    `*_valid_samples`, `*_idle_samples`, `*_idle_mean` (jobs.profiling.monitoring_common.downsample).
+    """
+
+    time_axis: str | None = None
+    #: None: parsed before rows were assigned to GPUs by evidence (the older parser wrote none).
+    gpu_assignment: GpuAssignment | None = None
+    gpus: list[LoggedGpu] = []
+    series: dict[str, dict[str, Column]] = {}
+    time_zone: TimeZone = TimeZone()
+
+
+class DstatLog(msgspec.Struct, frozen=True, kw_only=True):
+    """A dstat log analysis as the host signals read it (jobs.evaluation.monitoring_host).
+
+    `series`: column -> values (`t_unix_s`, `cpu_idl_pct`, `dsk_total_read_bytes_per_s`, ... and, for a
+    log stored as bucket means, `bucket_samples`).
+    """
+
+    host: str | None = None
+    time_axis: str | None = None
+    median_interval_s: Num | None = None
+    series: dict[str, Column] = {}
+
+
+def decode_nvidia_smi_log(payload: Any) -> NvidiaSmiLog:
+    """A stored nvidia-smi log analysis, as the evaluation reads it."""
+    return lenient(payload, NvidiaSmiLog)
+
+
+def decode_dstat_log(payload: Any) -> DstatLog:
+    """A stored dstat log analysis, as the host signals read it."""
+    return lenient(payload, DstatLog)
