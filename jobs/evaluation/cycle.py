@@ -1,14 +1,15 @@
 """What one poll cycle reads once for all its evaluations, instead of once per job in `load_context`.
 
-`jobs.pipeline.poll._poll_cycle` builds a `CycleContext` (`jobs.evaluation.load.prepare_cycle`) after the
-cycle's signals are read and passes it down store_poll -> evaluate_and_store -> load_context. It holds
+`jobs.pipeline.poll._poll_cycle` builds a `CycleContext` (`jobs.pipeline.reads.prepare_cycle`) after the
+cycle's signals are read and passes it down store_poll -> evaluate_and_store -> read_inputs and
+load_context. It holds
 
 - `mig`: each job's MIG instances, read in one query per batch of jobs (`mig.mig_instances_of`);
 - `throughput`: each job's throughput on its new window, one query per distinct groupable template (and
-  batch of ids) instead of one query per job over its whole window (`load.read_recent_throughput`);
-- `recent_start`: where each job's new window starts; `load.throughput_series` takes the earlier part
-  of the grid from the archived derived series, and records in `repairs` the earlier part it had to read
-  in full (the archive did not hold it from the same query), for the cycle to archive;
+  batch of ids) instead of one query per job over its whole window (`reads.read_recent_throughput`);
+- `recent_start`: where each job's new window starts; `reads.read_inputs` takes the earlier part of the
+  grid from the archived derived series, and records in `repairs` the earlier part it had to read in
+  full (the archive did not hold it from the same query), for the cycle to archive;
 - `lookups`: a memo of the database look-ups whose answer depends on a key shared by many jobs (price
   book entries per GPU model and tier, the active baseline per team and config fingerprint, GPU models by id);
 - `per_job`: rows of the context's jobs read in one query per kind instead of one per job (#26 item 2: the
