@@ -48,11 +48,13 @@ QUIET = {"namespace": "llm", "pod": "serve-13b-worker-0"}  # served without --en
 
 @pytest.fixture(scope="module")
 def sims() -> dict[str, object]:
-    common = {"scenario": "healthy", "gpus": 1, "job_labels": "kubernetes", "duration_s": DURATION,
-              "step_s": SCRAPE}  # fmt: skip
+    common: dict[str, Any] = {"scenario": "healthy", "gpus": 1, "duration_s": DURATION, "step_s": SCRAPE}
+    k8s = {**common, "job_labels": "kubernetes"}
     return {
-        "serve": simulate(SimSpec(job_id="serve-7b", hosts=("node-s1",), seed=7, **common)),  # type: ignore[arg-type]
-        "quiet": simulate(SimSpec(job_id="serve-13b", hosts=("node-s2",), seed=8, **common)),  # type: ignore[arg-type]
+        "serve": simulate(SimSpec(job_id="serve-7b", hosts=("node-s1",), seed=7, **k8s)),
+        "quiet": simulate(SimSpec(job_id="serve-13b", hosts=("node-s2",), seed=8, **k8s)),
+        # A serving job on a Slurm-style cluster: its GPUs carry hpc_job, which no engine series carries.
+        "batch": simulate(SimSpec(job_id="5005", hosts=("node-s3",), seed=9, job_labels="hpc_job", **common)),
     }
 
 
@@ -115,9 +117,12 @@ def test_the_cycle_reads_the_engine_as_a_per_job_read_does(prom: PrometheusProce
         cluster.Target(2, start, end, start, labels=QUIET, engine=True),
         cluster.Target(3, start, end, start, labels=SERVING),  # not a serving job: no engine read
         cluster.Target(4, start, end, start, gpus=(("node-s1", "0"),), engine=True),
+        cluster.Target(5, start, end, start, labels={"hpc_job": "5005"}, engine=True),
     ]
     with _client(prom) as client:
         result = cluster.read_cycle(client, targets, step=30.0, per_gpu_step=None, scrape_interval_s=SCRAPE)
+        plain = [*targets[:4], cluster.Target(5, start, end, start, labels={"hpc_job": "5005"})]
+        without = cluster.read_cycle(client, plain, step=30.0, per_gpu_step=None, scrape_interval_s=SCRAPE)
         alone, alone_missing = fetch_engine_signals(client, SERVING, start, end, 30.0,
                                                     scrape_interval_s=SCRAPE)  # fmt: skip
         _, quiet_missing = fetch_engine_signals(client, QUIET, start, end, 30.0, scrape_interval_s=SCRAPE)
@@ -134,6 +139,10 @@ def test_the_cycle_reads_the_engine_as_a_per_job_read_does(prom: PrometheusProce
     assert not set(result.signals[3].signals) & set(ENGINE_SIGNALS)
     assert not set(result.signals[3].missing) & set(ENGINE_SIGNALS)
     assert result.signals[4].missing["engine_flops"] == NOT_JOINABLE
+    # hpc_job is on no engine series: missing as not exported, and no request is spent finding that out.
+    assert "gpu_util" in result.signals[5].signals
+    assert result.signals[5].missing["engine_flops"].startswith("not exported: no vllm:")
+    assert result.queries == without.queries
 
 
 def _register(sim: object, team: object, labels: dict[str, str], external_id: str) -> Job:

@@ -338,6 +338,11 @@ def _read_engines(
         add_engine_signals(result.signals[key], sigs.signals, sigs.missing)
     for key in alone:
         t = by_key[key]
+        if not _could_match(t.labels or {}, found):
+            # A label no engine series carries (e.g. hpc_job): nothing can match, no request needed.
+            none = {k: missing_reason(sig, False) for k, sig in ENGINE_SIGNALS.items()}
+            result.signals[key].missing.update(none)
+            continue
         try:
             series, missing = fetch_engine_signals(
                 client, t.labels, t.start, t.end, step, scrape_interval_s=scrape
@@ -435,6 +440,15 @@ def _hosts_failed(result: CycleResult, keys: Sequence[int], exc: Exception) -> N
         if key in result.signals:
             sigs = result.signals[key]
             sigs.missing.update({k: why for k in HOST_SIGNALS if k not in sigs.signals})
+
+
+def _could_match(labels: Mapping[str, Any], discovery: Discovery) -> bool:
+    """Whether every label of a selector exists (in some spelling) on the discovered series; True when a
+    name cannot be checked (the read then says what is wrong with it)."""
+    try:
+        return all(any(s in discovery.labels for s in label_spellings(name)) for name in labels)
+    except ValueError:
+        return True
 
 
 def _engine_failed(result: CycleResult, targets: Sequence[Target], exc: Exception) -> None:
