@@ -83,10 +83,11 @@ def with_monitoring_logs(
     grid `ts` (step `step`)."""
     if not _has_logs(job, cycle):
         return MonitoringMerge(sigs)
+    # One query for both kinds: the newest logs (at most MAX_LOGS of each are read below).
     uploaded = list(
         Artifact.objects.used_in_diagnosis()
         .filter(job=job, kind__in=LOG_KINDS)
-        .order_by("-uploaded_at", "-pk")
+        .order_by("-uploaded_at", "-pk")[: 2 * MAX_LOGS]
     )
     artifacts = [a for a in uploaded if a.kind == Artifact.Kind.NVIDIA_SMI][:MAX_LOGS]
     dstats = [a for a in uploaded if a.kind == Artifact.Kind.DSTAT][:MAX_LOGS]
