@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from enum import IntEnum
+from itertools import repeat
 from typing import Any, ClassVar
 
 import numpy as np
@@ -181,6 +182,33 @@ def classify_gpu_op(kind: int, name: str) -> KernelClass:
     return hta_kernel_class(name)
 
 
+def intern_codes(
+    values: list[Any], index: dict[str, int], table: list[str], text: Callable[[Any], str]
+) -> I32:
+    """The code of each value in `index`, new values added to `index` and `table` in first-seen order, a
+    value that is not a str as `text(value)`.
+
+    One dict look-up per value through `map`; only the values not yet known (the first chunk's names, a
+    few after) take the Python-level loop, so no separate pass collects the distinct values first.
+    """
+    n = len(values)
+    try:
+        codes = np.fromiter(map(index.get, values, repeat(-1)), dtype=np.int32, count=n)
+    except TypeError:  # an unhashable value (a list or object where a string belongs)
+        values = list(map(text, values))
+        codes = np.fromiter(map(index.get, values, repeat(-1)), dtype=np.int32, count=n)
+    for i in np.flatnonzero(codes < 0).tolist():
+        value = values[i]
+        if type(value) is not str:
+            value = text(value)
+        code = index.get(value)
+        if code is None:
+            code = index[value] = len(table)
+            table.append(value)
+        codes[i] = code
+    return codes
+
+
 class StringTable:
     """Interned strings: events store an int32 index instead of a Python string each."""
 
@@ -199,20 +227,22 @@ class StringTable:
             self._index[value] = idx
         return idx
 
-    def intern_many(self, values: list[str], distinct: Iterable[str] | None = None) -> I32:
+    def intern_many(self, values: list[str]) -> I32:
         """Indices of `values` (interned in order, as repeated `intern` calls would), as an int32 array.
 
         One dict look-up per value through `map` instead of a Python-level call per value: parsers
-        intern hundreds of thousands of event names. `distinct`: the distinct values in first-seen order
-        (`dict.fromkeys(values)`), when the caller already built it to check them.
+        intern hundreds of thousands of event names.
         """
         index = self._index
-        # First-seen order, so the table grows exactly as intern's.
-        for value in dict.fromkeys(values) if distinct is None else distinct:
+        for value in dict.fromkeys(values):  # first-seen order, so the table grows exactly as intern's
             if value not in index:
                 index[value] = len(self.values)
                 self.values.append(value)
         return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
+
+    def intern_each(self, values: list[Any], text: Callable[[Any], str]) -> I32:
+        """`intern_many` for values read from a file: one that is not a str is interned as `text(value)`."""
+        return intern_codes(values, self._index, self.values, text)
 
     def get(self, value: str) -> int | None:
         """Index of `value` or None when it was never interned."""

@@ -33,6 +33,7 @@ from jobs.profiling.events import (
     SyncKind,
     Trace,
     class_of_names,
+    intern_codes,
 )
 from jobs.profiling.guard import check_now
 from jobs.profiling.kineto_schema import (
@@ -218,19 +219,12 @@ def _products(values: list[Any]) -> np.ndarray:
     return np.array([_product(v) for v in values], dtype=np.int64)
 
 
-def _distinct_strs(values: list[Any]) -> dict[Any, None] | None:
-    """`values`' distinct values in first-seen order, or None when one of them is not a str (or not
-    hashable). The type test runs over the distinct values only: a chunk has a few categories and a few
-    thousand names among hundreds of thousands of events."""
-    try:
-        distinct = dict.fromkeys(values)
-    except TypeError:  # a list or object where a string belongs
-        return None
-    return distinct if all(type(v) is str for v in distinct) else None
-
-
 def _name_text(name: Any) -> str:
     return name if isinstance(name, str) else ("" if name is None else str(name))
+
+
+def _cat_text(cat: Any) -> str:
+    return cat if isinstance(cat, str) else ""
 
 
 def _fit(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -302,6 +296,7 @@ class _TraceBuilder:
         # Categories by code in first-seen order, their roles and counts: one look-up per event gives
         # both the role and the count (np.bincount), where a Counter and a role map were two passes.
         self.cat_index: dict[str, int] = {}
+        self.cat_names: list[str] = []
         self.cat_roles = np.zeros(0, dtype=np.int8)
         self.cat_hist = np.zeros(0, dtype=np.int64)
         self.window: tuple[float, float] | None = None
@@ -314,19 +309,11 @@ class _TraceBuilder:
         """Add a chunk of complete ("X") events (`_Complete` or `_Event`)."""
         if not events:
             return
-        cats = list(map(_CAT, events))
-        distinct = _distinct_strs(cats)
-        if distinct is None:
-            cats = [c if isinstance(c, str) else "" for c in cats]
-            distinct = dict.fromkeys(cats)
-        index = self.cat_index
-        if any(cat not in index for cat in distinct):
-            for cat in distinct:
-                index.setdefault(cat, len(index))
-            self.cat_roles = np.array(list(map(_ROLE_OF_CAT.__getitem__, index)), dtype=np.int8)
-        cat_codes = np.fromiter(map(index.__getitem__, cats), dtype=np.intp, count=len(cats))
-        del cats
-        counts = np.bincount(cat_codes, minlength=len(index))
+        known = len(self.cat_names)
+        cat_codes = intern_codes(list(map(_CAT, events)), self.cat_index, self.cat_names, _cat_text)
+        if len(self.cat_names) > known:
+            self.cat_roles = np.array(list(map(_ROLE_OF_CAT.__getitem__, self.cat_names)), dtype=np.int8)
+        counts = np.bincount(cat_codes, minlength=len(self.cat_names))
         counts[: len(self.cat_hist)] += self.cat_hist
         self.cat_hist = counts
         roles = self.cat_roles[cat_codes]
@@ -358,11 +345,7 @@ class _TraceBuilder:
             rows = np.flatnonzero(~is_span)
             evs = _pick(evs, rows)
             roles, ts, dur = roles[rows], ts[rows], dur[rows]
-        names = list(map(_NAME, evs))
-        distinct_names = _distinct_strs(names)
-        if distinct_names is None:
-            names = list(map(_name_text, names))
-        codes = self.strings.intern_many(names, distinct_names)
+        codes = self.strings.intern_each(list(map(_NAME, evs)), _name_text)
         is_cpu_op = roles == _CPU_OP
         is_step = np.zeros(len(roles), dtype=bool)
         if is_cpu_op.any():

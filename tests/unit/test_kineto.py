@@ -22,6 +22,7 @@ from jobs.profiling.events import (
     MemKind,
     OpKind,
     RuntimeKind,
+    StringTable,
     SyncKind,
     Trace,
     combine_traces,
@@ -552,3 +553,36 @@ def test_a_second_trace_events_key_after_the_array_is_decided_by_the_whole_file_
     data = kineto_bytes(events)[:-1] + b', "traceEvents": []}'
     # JSON's last duplicate key wins in the whole-file decoder; streaming must not pick the first.
     assert len(parse_kineto(data).ranks[0].gpu) == 0
+
+
+def test_names_that_are_not_strings_are_interned_as_text_in_first_seen_order() -> None:
+    # A hostile or odd trace: numbers, null, a list and a string equal to a number's text as names.
+    names: list[Any] = ["k", 5, "5", None, ["x"], True, "k", 1]
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": n,
+            "pid": 0,
+            "tid": 7,
+            "ts": 10 * i,
+            "dur": 1,
+            "args": {"stream": 7},
+        }
+        for i, n in enumerate(names)
+    ]
+    trace = parse_kineto(kineto_bytes(events))
+    assert trace.strings.values == ["k", "5", "", "['x']", "True", "1"]
+    assert [trace.strings[int(c)] for c in trace.ranks[0].gpu.name] == [
+        "k",
+        "5",
+        "5",
+        "",
+        "['x']",
+        "True",
+        "k",
+        "1",
+    ]
+    table = StringTable()
+    assert table.intern_each(["b", 2, "a", "b"], str).tolist() == [0, 1, 2, 0]
+    assert table.values == ["b", "2", "a"]
