@@ -1,13 +1,16 @@
-"""The job page's cached HTML fragments (jobs.views.job_fragments): rendered once per distinct data, the same for
-every viewer, never holding anything of the request, and rendered again when the data they show changes."""
+"""The job page's cached HTML fragments (jobs.views.job_fragments): rendered once per distinct data, the same
+for every viewer, never holding anything of the request, rendered again when the data they show changes."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from jobs.metrics import archive
@@ -20,19 +23,20 @@ T0 = 1_767_225_600.0  # a multiple of the archive's 2 h chunk
 
 
 @pytest.fixture(autouse=True)
-def _empty_cache():
+def _empty_cache() -> Iterator[None]:
     # This run's entries only: cache.clear() would FLUSHDB the Redis the broker and redbeat share.
     clear_private_cache()
     yield
     clear_private_cache()
 
 
-def _job(make_team) -> Job:
+def _job(make_team: Any) -> Job:
     """A finalized 2-GPU H100 job, bf16, with an hour of tensor and DRAM activity per GPU (a roofline)."""
     start = datetime.fromtimestamp(T0, tz=UTC)
     job = Job.objects.create(
         external_id="frag-1", name="j", team=make_team("llm"), gpu_count=2, started_at=start,
-        ended_at=start + timedelta(hours=1), status=Job.Status.FINALIZED, data_until=start + timedelta(hours=1),
+        ended_at=start + timedelta(hours=1), status=Job.Status.FINALIZED,
+        data_until=start + timedelta(hours=1),
         gpu_model=GpuModel.objects.get(name="H100 SXM"), dtype="bf16", mfu=0.25,
     )  # fmt: skip
     times = T0 + 30.0 * np.arange(1, 121)
@@ -51,10 +55,10 @@ def _roofline_section(html: str) -> str:
 
 
 @pytest.mark.django_db
-def test_a_fragment_is_rendered_once_per_distinct_data_and_again_when_the_data_changes():
+def test_a_fragment_is_rendered_once_per_distinct_data_and_again_when_the_data_changes() -> None:
     calls: list[str] = []
 
-    def render(text: str):
+    def render(text: str) -> Callable[[], str]:
         def go() -> str:
             calls.append(text)
             return f"<p>{text}</p>"
@@ -71,8 +75,8 @@ def test_a_fragment_is_rendered_once_per_distinct_data_and_again_when_the_data_c
 
 @pytest.mark.django_db
 def test_the_roofline_section_is_the_same_html_for_every_viewer_and_holds_nothing_of_the_request(
-    make_team, make_user, client, settings
-):
+    make_team: Any, make_user: Any, client: Client
+) -> None:
     job = _job(make_team)
     url = reverse("job-detail", args=[job.external_id])
     sections = []
@@ -90,7 +94,9 @@ def test_the_roofline_section_is_the_same_html_for_every_viewer_and_holds_nothin
 
 
 @pytest.mark.django_db
-def test_the_cached_roofline_section_follows_the_jobs_mfu_even_without_a_save(make_team, make_user, client):
+def test_the_cached_roofline_section_follows_the_jobs_mfu_even_without_a_save(
+    make_team: Any, make_user: Any, client: Client
+) -> None:
     job = _job(make_team)
     client.force_login(make_user("viewer", teams=[job.team]))
     url = reverse("job-detail", args=[job.external_id])

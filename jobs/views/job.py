@@ -32,9 +32,9 @@ from jobs.views.job_figures import (
     BadParameter,
     build_figures,
     cached_finding_layout,
-    figures_json,
     page_figures,
     points_param,
+    whole_job_response,
     zoom_window,
 )
 from jobs.views.job_findings import finding_views, findings_and_remainder, job_span_s
@@ -212,12 +212,8 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
             window = zoom_window(request)
         except BadParameter as exc:
             return json_response({"detail": str(exc)}, status=400)
-        if window is None:  # the whole job: spliced in from the cache, already serialised
-            head = dumps(body)
-            response = HttpResponse(head[:-1] + b"," + figures_json(job, points_param(request), statuses)[1:],
-                                    content_type="application/json")  # fmt: skip
-            response["Cache-Control"] = "no-store"
-            return response
+        if window is None:  # the whole job: spliced in from the cache, already serialised (and gzipped)
+            return whole_job_response(request, job, dumps(body), points_param(request), statuses)
         figures = build_figures(
             job,
             list(job.findings.all()),
