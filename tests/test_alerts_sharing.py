@@ -124,7 +124,7 @@ def jobs(prom, sims, make_team, catalog, settings):
 @pytest.mark.django_db
 def test_mig_and_time_sliced_gpus_on_simulated_exporter_data(jobs):
     jobs, client = jobs
-    mig = sharing.shared_gpus(jobs["6001"], client, NOW)
+    mig = sharing.attribute_shares(jobs["6001"], sharing.look_up(jobs["6001"], client, NOW), NOW)
     assert [(s.gpu, s.other_job, s.mig) for s in mig.shared] == [("node-m/0", "6002", True)]
     assert mig.mig == {"node-m/0": ("1", "3g.40gb")}  # from GR_ENGINE_ACTIVE: MIG series have no GPU_UTIL
     assert mig.share == pytest.approx(3 / 7)
@@ -133,13 +133,18 @@ def test_mig_and_time_sliced_gpus_on_simulated_exporter_data(jobs):
     assert hours["6002"] == pytest.approx(2 * 4 / 7)
     assert sum(hours.values()) == pytest.approx(2)  # the GPU's 2 hours, charged once
 
-    sliced = sharing.shared_gpus(jobs["6003"], client, NOW)
+    sliced = sharing.attribute_shares(jobs["6003"], sharing.look_up(jobs["6003"], client, NOW), NOW)
     assert {(s.gpu, s.other_job) for s in sliced.shared} == {("node-t/0", "6004")}
     # 6003 holds node-t/0 and node-t/1 for 2 h; 6004 shares node-t/0 in the second hour: 6003's share is
     # (1 h + 0.5 h + 2 h) / 4 GPU-hours.
     assert sliced.share == pytest.approx(3.5 / 4)
     assert sum(_gpu_hours_by_job(sliced.attribution).values()) == pytest.approx(4)
-    assert sharing.summarise(sharing.shared_gpus(jobs["6005"], client, NOW), 1, None) is None
+    assert (
+        sharing.summarise(
+            sharing.attribute_shares(jobs["6005"], sharing.look_up(jobs["6005"], client, NOW), NOW), 1, None
+        )
+        is None
+    )
 
 
 @pytest.mark.prometheus
@@ -147,7 +152,7 @@ def test_mig_and_time_sliced_gpus_on_simulated_exporter_data(jobs):
 def test_the_overlapping_jobs_other_keys_are_read_in_one_query(jobs):
     jobs, _ = jobs
     with CaptureQueriesContext(connection) as queries:
-        report = sharing.shared_gpus(jobs["6003"], None, NOW)
+        report = sharing.attribute_shares(jobs["6003"], sharing.look_up(jobs["6003"], None, NOW), NOW)
     # The overlapping jobs, then the archived GPU keys of all of them (6001/6002 are matched by label).
     assert len(queries) == 2, [q["sql"][:120] for q in queries]
     assert report.share == pytest.approx(3.5 / 4)

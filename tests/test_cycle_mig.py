@@ -104,14 +104,16 @@ def test_the_number_of_mig_queries_does_not_grow_with_the_number_of_jobs(prom):
 
 
 @pytest.mark.django_db
-def test_shared_gpus_uses_the_cycles_instances_instead_of_asking(prom, make_team):
+def test_the_sharing_look_up_uses_the_cycles_instances_instead_of_asking(prom, make_team):
     team = make_team("llm")
     job = Job.objects.create(external_id="6001", team=team, gpu_count=1, started_at=START,
                              selector={"hpc_job": "6001"})  # fmt: skip
     client = Counting(prom.url, timeout_s=20, retries=0)
-    asked = sharing.shared_gpus(job, client, NOW)
+    asked = sharing.attribute_shares(job, sharing.look_up(job, client, NOW), NOW)
     assert client.instants == 1
-    given = sharing.shared_gpus(job, client, NOW, mig={job.pk: {"node-m/0": ("1", "3g.40gb")}})
+    given = sharing.attribute_shares(
+        job, sharing.look_up(job, client, NOW, mig={job.pk: {"node-m/0": ("1", "3g.40gb")}}), NOW
+    )
     assert client.instants == 1  # no query: the cycle's map answered
     assert given.mig == asked.mig == {"node-m/0": ("1", "3g.40gb")}
     assert given.share == asked.share

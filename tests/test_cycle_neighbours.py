@@ -1,6 +1,6 @@
-"""The poll cycle's sharing index (`sharing.Neighbours`) answers `shared_gpus` as the per-job queries do,
-looking only at the jobs that hold one of the job's GPUs (`others_sharing`), with and without the
-MAX_OTHERS cut in play."""
+"""The poll cycle's sharing index (`sharing.Neighbours`) answers the sharing look-up (`sharing.look_up`)
+as the per-job queries do, looking only at the jobs that hold one of the job's GPUs (`others_sharing`),
+with and without the MAX_OTHERS cut in play."""
 
 from __future__ import annotations
 
@@ -54,16 +54,16 @@ def test_the_index_answers_what_the_queries_answer(jobs, monkeypatch, max_others
     index = sharing.Neighbours(jobs)
     for job in jobs:
         assert index.covers(job)
-        assert _summary(sharing.shared_gpus(job, None, NOW, index)) == _summary(
-            sharing.shared_gpus(job, None, NOW)
-        ), job.external_id
+        assert _summary(
+            sharing.attribute_shares(job, sharing.look_up(job, None, NOW, index), NOW)
+        ) == _summary(sharing.attribute_shares(job, sharing.look_up(job, None, NOW), NOW)), job.external_id
     # Not vacuous: a's overlapping jobs by start are d (0 h), c (0.5 h), b (1 h), e (3.95 h). It shares
     # n1/0 with c and n1/1 with b; e holds n1/0 but was seen only at its start (an empty window); d holds
     # n2/0. With a cut of 2 only d and c are compared: b is dropped, by the index as by the query.
-    report = sharing.shared_gpus(jobs[0], None, NOW, index)
+    report = sharing.attribute_shares(jobs[0], sharing.look_up(jobs[0], None, NOW, index), NOW)
     expected = {"b", "c"} if max_others >= 4 else {"c"}
     assert {s.other_job for s in report.shared} == expected
-    assert sharing.shared_gpus(jobs[3], None, NOW, index).shared == []
+    assert sharing.attribute_shares(jobs[3], sharing.look_up(jobs[3], None, NOW, index), NOW).shared == []
 
 
 def test_others_sharing_lists_only_the_overlapping_jobs_on_the_same_gpus(jobs):

@@ -270,10 +270,10 @@ def test_a_hand_registered_overlapping_claim_never_lowers_another_teams_share(wo
     # Registered before the victim's registration existed (or on a declared node): harmless at poll time.
     _claim(world["llm"], "60001", "member", GPUS[:3], start, now)
     settings.TIME_SLICED_GPUS = []
-    report = sharing.shared_gpus(victim, None, now)
+    report = sharing.attribute_shares(victim, sharing.look_up(victim, None, now), now)
     assert report.shared == [] and report.share == pytest.approx(1.0)
     settings.TIME_SLICED_GPUS = ["gpu-node-017/*"]  # even on a GPU the platform declares time-sliced
-    report = sharing.shared_gpus(victim, None, now)
+    report = sharing.attribute_shares(victim, sharing.look_up(victim, None, now), now)
     assert report.shared == [] and report.share == pytest.approx(1.0)
     assert sharing.summarise(report, 8, None) is None  # not "time-sliced, charged 3.21 of 8 GPUs"
 
@@ -285,9 +285,11 @@ def test_gpu_sharing_is_attributed_only_on_a_gpu_the_platform_declares_shared(wo
     victim = _claim(world["vision"], "48999", "scheduler", GPUS[:1], start, now)
     _claim(world["llm"], "70001", "scheduler", GPUS[:1], start, now)  # the scheduler double-booked it
     settings.TIME_SLICED_GPUS = []
-    assert sharing.shared_gpus(victim, None, now).share == pytest.approx(1.0)
+    assert sharing.attribute_shares(victim, sharing.look_up(victim, None, now), now).share == pytest.approx(
+        1.0
+    )
     settings.TIME_SLICED_GPUS = ["gpu-node-017/0"]
-    report = sharing.shared_gpus(victim, None, now)
+    report = sharing.attribute_shares(victim, sharing.look_up(victim, None, now), now)
     assert [s.other_job for s in report.shared] == ["70001"] and report.share == pytest.approx(0.5)
     # Charged half, but the other team's job is not named on the page or in the finding (read policy).
     summary = sharing.summarise(report, 1, None)

@@ -186,7 +186,7 @@ def mig_instances_of(
     exact-string label selectors with the same label names, or explicit GPU lists. Each batch reads the
     union of its jobs' series grouped by the labels that tell the jobs apart, and a sample goes to the jobs
     whose own selector matches it. A job not batchable (regex values, a GPU list `from_gpus` refuses) is
-    left out: `shared_gpus` asks for it alone. A batch whose query fails gets {} per job, as the per-job
+    left out: `sharing.look_up` asks for it alone. A batch whose query fails gets {} per job, as the per-job
     query answers a Prometheus error. When a job has two instances on one GPU, the per-job answer keeps
     whichever sample Prometheus lists last; here the last by sorted labels (a fixed choice).
     """

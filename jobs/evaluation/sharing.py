@@ -42,7 +42,6 @@ from datetime import datetime
 
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 
 from jobs.access.ownership import counts_against
 from jobs.evaluation.catalog import GpuSpec, mig_profile, mig_slice
@@ -160,9 +159,9 @@ _NEIGHBOUR_FIELDS = (
 
 
 class Neighbours:
-    """The jobs `shared_gpus` compares against and their GPU keys, read once per poll cycle (two queries)
+    """The jobs `look_up` compares against and their GPU keys, read once per poll cycle (two queries)
     instead of once per evaluated job: per job, the overlapping jobs and all their archived GPU keys were
-    a query each, O(jobs^2) rows per cycle. `shared_gpus(job, ..., neighbours=)` applies the same filter,
+    a query each, O(jobs^2) rows per cycle. `look_up(job, ..., neighbours=)` applies the same filter,
     order and MAX_OTHERS cut in Python, so its answer is the one the queries give; `update` keeps a job
     saved during the cycle (new `data_until`, new evaluation) current, as the database would be.
 
@@ -199,7 +198,7 @@ class Neighbours:
             self.jobs[job.pk] = job
 
     def others(self, job: Job, now: datetime) -> list[Job]:
-        """The query of `shared_gpus`: jobs other than `job` seen by the exporter whose window overlaps its
+        """The query of `look_up`: jobs other than `job` seen by the exporter whose window overlaps its
         own, by (started_at, pk), at most MAX_OTHERS."""
         until = job.ended_at or now
         since = job.started_at
@@ -215,7 +214,7 @@ class Neighbours:
         return found[:MAX_OTHERS]
 
     def others_sharing(self, job: Job, now: datetime) -> list[Job]:
-        """`others(job, now)` less the jobs that hold none of the job's GPU keys (which `shared_gpus`
+        """`others(job, now)` less the jobs that hold none of the job's GPU keys (which `look_up`
         skips), without scanning every job. Exact while the index holds at most MAX_OTHERS + 1 jobs (the
         MAX_OTHERS cut of `others` then keeps every overlapping job); beyond, the cut depends on all of
         them, and this is `others` filtered."""
@@ -363,18 +362,6 @@ def attribute_shares(job: Job, lookup: SharingLookup, now: datetime) -> SharingR
     attribution = attribute(usages)
     share = attribution.job_share(job.external_id)
     return SharingReport(job.external_id, shared, attribution, share, lookup.mig)
-
-
-def shared_gpus(
-    job: Job,
-    client: PrometheusClient | None = None,
-    now: datetime | None = None,
-    neighbours: Neighbours | None = None,
-    mig: Mapping[int, dict[str, tuple[str, str]]] | None = None,
-) -> SharingReport:
-    """`look_up` then `attribute_shares` in one call (arguments as `look_up`'s; `now` defaults to now)."""
-    now = now or timezone.now()
-    return attribute_shares(job, look_up(job, client, now, neighbours, mig), now)
 
 
 def summarise(report: SharingReport, gpu_count: int, spec: GpuSpec | None) -> GpuSharing | None:
