@@ -1,8 +1,9 @@
 """Sampling-true statistics: which window a value stands for, where it lands on a grid, and how much
 of the time the samples cover.
 
-Pure (numpy only, no Django). The chain of windows behind a DCGM value is described in
-/work/shared/reference/sampling.md; this module fixes the conventions the service uses on top of it:
+Pure (numpy only, no Django). The chain of windows behind a DCGM value is described in the project's shared
+reference (../shared/reference/sampling.md, beside the repository); this module fixes the conventions the
+service uses on top of it:
 
 - A grid point `t` on a grid of step `s` stands for the window (t - s, t]: what
   `avg_over_time(x[s])` evaluated at `t` averages (Prometheus range selectors end at the evaluation
