@@ -414,7 +414,12 @@ def test_other_artifacts_ncu_nsys_stats_and_pyspy():
         "nsys_stats_csv",
         {
             "format": "nsys_stats_csv",
-            "kernels": {"tiny_instance_share_pct": 80.0, "nccl_time_share_pct": 30.0, "total_time_ms": 100.0},
+            "kernels": {
+                "tiny_instance_share_pct": 80.0,
+                "nccl_time_share_pct": 30.0,
+                "total_time_ms": 100.0,
+                "instances": 1000,  # launch_overhead reads a summary of at least MIN_TRACE_KERNELS launches
+            },
             "cuda_api": {"sync_calls": 50, "sync_share_of_api_pct": 40.0},
         },
     )

@@ -17,6 +17,9 @@ never here. A warning needs the pattern to repeat (`TT.REPEAT_*`): in several pr
 single window -- in several idle gaps with no one gap holding most of it. A one-off is at most info, and
 its impact is the recurring part only.
 
+An `nsys stats` API summary counts synchronize calls and their time, not the GPU idle they cause: it
+is read (info) only when the calls are many (T.SYNC_CALLS_MIN), whatever their share of API time.
+
 Analyses stored before those sections existed are read with the old criteria (synchronize calls per step,
 CPU time in them).
 """
@@ -102,7 +105,11 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
     for art in A.nsys_stats(inp):
         api = art.nsys_stats.cuda_api
         calls, share = api.sync_calls or 0.0, api.sync_share_of_api_pct or 0.0
-        if calls >= T.SYNC_CALLS_MIN or share >= 2 * T.SYNC_TIME_PCT:
+        # A summary has no timeline: a large share of API time in synchronize is the host waiting for GPU
+        # work that runs (costs nothing, see above) as often as a GPU drained by it. Only many calls are a
+        # pattern; GPUJoin's real summaries (tests/data/real/nsys-stats) spend 42-88 % of API time in 2
+        # cudaDeviceSynchronize calls, one after each 0.2-2.7 s join kernel.
+        if calls >= T.SYNC_CALLS_MIN:
             evidence += [
                 Evidence(f"{A.source_label(art)}: sync API calls", int(calls), "count"),
                 Evidence(f"{A.source_label(art)}: sync share of CUDA API time", share, "%"),
