@@ -25,6 +25,7 @@ from jobs.profiling.events import (
     OpKind,
     RuntimeCalls,
     Trace,
+    unique_inverse,
 )
 from jobs.profiling.kernel_classes import MathClass, math_class
 from jobs.profiling.units import NS_PER_US, ms, pct
@@ -69,7 +70,7 @@ def shorten_kernel_name(name: str) -> str:
 
 
 def _group_stats(names: npt.NDArray[np.int32], durs: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]]:
-    uniq, inverse = np.unique(names, return_inverse=True)
+    uniq, inverse = unique_inverse(names)  # np.unique's inverse sorts: 5 ms at 47k kernels
     d = durs.astype(np.float64)
     count = np.bincount(inverse, minlength=uniq.size)
     total = np.bincount(inverse, weights=d, minlength=uniq.size)

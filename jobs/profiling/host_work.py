@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from jobs.profiling import intervals as iv
-from jobs.profiling.events import OpKind, RankTrace, Trace
+from jobs.profiling.events import OpKind, RankTrace, Trace, unique_inverse
 from jobs.profiling.host_blocking import MAX_SITE_CHARS, MAX_SITES, is_dataloader
 from jobs.profiling.tb_metrics import TbSteps
 from jobs.profiling.units import ms, pct
@@ -240,7 +240,7 @@ def _top_by_name(
     start, end, name = start[outer], end[outer], name[outer]
     overlap = _covered_before(cover, end) - _covered_before(cover, start)
     hit = overlap > 0
-    code, inverse = np.unique(name[hit], return_inverse=True)
+    code, inverse = unique_inverse(name[hit])  # np.unique's inverse sorts: 17 ms at 119k names
     time_by = np.bincount(inverse, weights=overlap[hit].astype(np.float64), minlength=code.size)
     count_by = np.bincount(inverse, minlength=code.size)
     return [
