@@ -14,7 +14,7 @@ from jobs.profiling.events import unique_inverse
 def test_unique_inverse_equals_numpys(dtype: type, high: int) -> None:
     rng = np.random.default_rng(high)
     for low in (0, -3):
-        values = rng.integers(low, high + 1, size=700).astype(dtype)  # int8 wraps: negatives too
+        values: np.ndarray = rng.integers(low, high + 1, size=700).astype(dtype)  # int8 wraps: negatives
         got, want = unique_inverse(values), np.unique(values, return_inverse=True)
         assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype
         assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
