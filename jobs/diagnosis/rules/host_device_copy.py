@@ -1,7 +1,10 @@
 """host_device_copy: time goes into copies between host and GPU instead of compute.
 
 Metrics: sustained heavy PCIe traffic per GPU (DCGM PCIE_RX/TX_BYTES). A trace measures memcpy time by
-direction and whether the host side was pageable memory (pageable copies are synchronous and slow).
+direction and whether the host side was pageable memory (pageable copies are synchronous and slow). An
+`nsys stats` memory summary gives copy time per operation; its Unified Memory page migrations (HtoD/DtoH)
+count as host<->device time too. A summary cannot tell when the copies ran, nor whether they overlapped
+kernels: its share is of copy + kernel time.
 
 Samples: PCIE_RX/TX_BYTES are DCGM profiling fields averaged over the collect interval (30 s by default),
 read as B/s; at 5-60 s scrapes they are a level of the job's traffic, and a copy burst shorter than the
@@ -35,6 +38,14 @@ UNKNOWN_MEMORY_ADVICE = "If the host buffers are pageable, pin them (DataLoader 
 #: share of the little work a mostly idle trace shows.
 MEMCPY_SPAN_PCT = 2.0
 _HOST_KINDS = ("HtoD", "DtoH", "HtoA", "AtoH", "HtoH")
+#: nsys stats prints Unified Memory page migrations as "[CUDA Unified Memory memcpy HtoD/DtoH]" (read as
+#: "Unified Memory HtoD" ...): host<->device traffic too, paid on page faults instead of explicit copies.
+UNIFIED_MEMORY = "Unified Memory "
+UNIFIED_MEMORY_ADVICE = (
+    "Most of the copy time is Unified Memory page migration (cudaMallocManaged pages faulted across PCIe): "
+    "prefetch the pages before the kernels that touch them (cudaMemPrefetchAsync, cudaMemAdvise) or copy "
+    "explicitly. "
+)
 
 
 def check(inp: DiagnosisInput, f: Features) -> Finding | None:
@@ -83,15 +94,25 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         base = max(base, 0.7) + (0.1 if "metrics" in sources else 0.0)
         if r.source not in sources:
             sources.append(r.source)
+    migrations_ms = copies_ms = 0.0
     for art in A.nsys_stats(inp):
         stats = art.nsys_stats
         ops = stats.memory_ops.by_operation
         host_ms = sum(o.total_time_ms or 0.0 for o in ops if o.operation in _HOST_KINDS)
+        um_ms = sum(o.total_time_ms or 0.0 for o in ops if _unified_memory(o.operation))
         kernel_ms = stats.kernels.total_time_ms
-        if kernel_ms and host_ms / (host_ms + kernel_ms) * 100 >= T.MEMCPY_SHARE_PCT:
-            evidence.append(
-                Evidence(f"{A.source_label(art)}: host<->device memcpy time", round(host_ms, 3), "ms")
-            )
+        moved_ms = host_ms + um_ms
+        if kernel_ms and moved_ms / (moved_ms + kernel_ms) * 100 >= T.MEMCPY_SHARE_PCT:
+            if host_ms or not um_ms:
+                evidence.append(
+                    Evidence(f"{A.source_label(art)}: host<->device memcpy time", round(host_ms, 3), "ms")
+                )
+            if um_ms:
+                evidence.append(
+                    Evidence(f"{A.source_label(art)}: Unified Memory page migrations", round(um_ms, 3), "ms")
+                )
+            migrations_ms += um_ms
+            copies_ms += host_ms
             base = max(base, 0.6)
             sources.append("nsys stats")
     if not sources:
@@ -101,6 +122,8 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         recommendation = PAGEABLE_ADVICE + RECOMMENDATION
     elif pinned:
         recommendation = PINNED_NOTE + RECOMMENDATION
+    elif migrations_ms > copies_ms:
+        recommendation = UNIFIED_MEMORY_ADVICE + RECOMMENDATION
     else:
         recommendation = UNKNOWN_MEMORY_ADVICE + RECOMMENDATION
     trace_only = "metrics" not in sources
@@ -127,6 +150,12 @@ def check(inp: DiagnosisInput, f: Features) -> Finding | None:
         missing_signals=missing,
         sources=sources,
     )
+
+
+def _unified_memory(operation: str | None) -> bool:
+    """An nsys stats Unified Memory migration between host and device (not device-to-device)."""
+    op = operation or ""
+    return op.startswith(UNIFIED_MEMORY) and op[len(UNIFIED_MEMORY) :] in _HOST_KINDS
 
 
 def _gbps(value: float | None) -> float | None:
