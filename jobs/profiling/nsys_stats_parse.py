@@ -93,6 +93,17 @@ _BANNER = re.compile(r"\*\*\s*(.*?)\s*\((\w+)\)\s*:?\s*$")
 # "Running [.../gpukernsum.py x.sqlite]..." (older)
 _PROCESSING = re.compile(r"^(?:Processing|Running) \[.*?(\w+)\.py\b")
 _DASHES = re.compile(r"-{2,}")
+# nvprof's console lines carry the profiled process id: "==69548== Profiling result:" (CUDA Toolkit
+# Profiler User's Guide, nvprof "Summary Mode"). Its tables share "Time(%)" with old nsys ones but not their
+# layout (one "Type" column, units inside the cells), so they are named and left unread.
+_NVPROF = re.compile(
+    r"^==\d+== (?:NVPROF is profiling|Profiling application|Profiling result|Unified Memory)"
+)
+NVPROF = "nvprof"
+NVPROF_REASON = (
+    "nvprof output (its summary tables are not read): profile with `nsys profile --stats=true` and upload "
+    "that output or `nsys stats --format csv` reports"
+)
 #: Values beyond this magnitude are unknown; rows, columns and names are capped so a hostile file
 #: cannot grow the parse without bound.
 MAX_VALUE = 1e30
@@ -170,9 +181,15 @@ def _iter_tables(
     (report, reason) tuples for SKIPPED / no-data messages."""
     src = _Lines(lines)
     report = default_report
+    nvprof_seen = False
     while (line := src.pop()) is not None:
         stripped = line.strip()
         if not stripped or stripped.startswith(("Generating SQLite", "NOTICE", "WARNING", "Exporting")):
+            continue
+        if stripped.startswith("==") and _NVPROF.match(stripped[:200]):
+            if not nvprof_seen:
+                nvprof_seen = True
+                yield (NVPROF, NVPROF_REASON)
             continue
         # Banners are short: matching these patterns on a 300 kB line would backtrack quadratically.
         if len(stripped) <= 2000 and (m := _PROCESSING.match(stripped)):
@@ -378,6 +395,8 @@ def parse_nsys_stats(
         for item in _iter_tables(iter_lines(text), _report_from_filename(filename)):
             _add_table(result, item)
     if not result.reports:
+        if any(s["report"] == NVPROF for s in result.skipped):
+            raise ArtifactError(f"This is {NVPROF_REASON}.")
         found = "; ".join(f"{s['report']}: {s['reason']}" for s in result.skipped[:5])
         raise ArtifactError(
             "No nsys stats report found (expected e.g. cuda_gpu_kern_sum, cuda_api_sum, "

@@ -25,6 +25,7 @@ from jobs.diagnosis import diagnose
 from jobs.diagnosis.base import ArtifactAnalysis, DiagnosisInput
 from jobs.intake.artifacts import analyze_file
 from jobs.profiling.detect import detect_kind, read_head
+from jobs.profiling.errors import ArtifactError
 
 STATS = Path(__file__).resolve().parents[1] / "data" / "real" / "nsys-stats"
 THETA = (
@@ -184,4 +185,34 @@ def test_gpujoin_thetagpu_atomic_numbers() -> None:
 @pytest.mark.parametrize("name", THETA)
 def test_gpujoin_thetagpu_few_long_kernels_and_few_syncs_give_no_finding(name: str) -> None:
     kind, a = parsed(name)
+    assert codes(kind, a) == set()
+
+
+# --- progress.md: the nvprof run pasted just above the nsys block (GTX 1060 with Max-Q Design) --------------
+# `nvprof ./join` on the same join: the program's output interleaved with "==69548== ..." lines, nvprof's
+# summary ("Type  Time(%)  Time  Calls  Avg  Min  Max  Name", "GPU activities:" / "API calls:" rows, times
+# with units in the cells: 4.41223s, 29.792us, 961ns) and its "Unified Memory profiling result" (284 HtoD,
+# 85 DtoH, 23,837 GPU page fault groups, 497.19 ms). detect_kind sees "Time(%)" and calls it nsys stats;
+# the parser must not read nvprof's tables as nsys ones, and must say what the file is.
+NVPROF = STATS.parent / "nvprof" / "gpujoin_gtx1060maxq_join.txt"
+
+
+def test_gpujoin_nvprof_output_is_refused_as_nvprof() -> None:
+    kind = detect_kind(NVPROF.name, read_head(NVPROF))
+    assert kind == "nsys_stats_csv"
+    with pytest.raises(ArtifactError, match=r"^This is nvprof output .*nsys profile --stats=true"):
+        analyze_file(NVPROF, kind)
+
+
+def test_nvprof_pasted_before_the_nsys_block_reads_only_the_nsys_reports(tmp_path: Path) -> None:
+    # The two fenced blocks of progress.md one after the other, as a user pasting both would upload them:
+    # the nsys numbers are those of the nsys block alone (no nvprof row read as a kernel), nvprof is named.
+    mixed = tmp_path / "join_profiles.txt"
+    nsys = STATS / "gpujoin_gtx1060maxq_unified_memory_join.txt"
+    mixed.write_text(NVPROF.read_text(encoding="utf-8") + "\n" + nsys.read_text(encoding="utf-8"))
+    kind, a = "nsys_stats_csv", analyze_file(mixed, detect_kind(mixed.name, read_head(mixed)))
+    _, alone = parsed(nsys.name)
+    assert a["reports_found"] == alone["reports_found"]
+    assert a["kernels"] == alone["kernels"] and a["memcpy"] == alone["memcpy"]
+    assert [s["report"] for s in a["reports_skipped"]] == ["nvprof"]
     assert codes(kind, a) == set()
