@@ -1,6 +1,6 @@
 """The demo cluster: its teams and users, and the jobs it runs -- a showcase job per simulator scenario,
-running jobs, six weeks of history and the seed runs -- each simulated (jobs.simulate) up to now and
-registered as a scheduler would.
+running jobs, six weeks of history, the seed runs and a model server -- each simulated (jobs.simulate) up
+to now and registered as a scheduler would.
 
 Every demo job is a simulator scenario backfilled into Prometheus with promtool (`loader`), so its page,
 MFU, cost and findings come out of the same pipeline as a real job's. Running jobs keep receiving data
@@ -19,6 +19,8 @@ from django.db import transaction
 from jobs.access.ownership import Claimant
 from jobs.evaluation.flops import utilisation
 from jobs.intake.registry import register_job
+from jobs.metrics.promql import label_matcher
+from jobs.metrics.throughput import mark_free_form
 from jobs.models import Job, Membership, Team
 from jobs.simulate import (
     SCENARIOS,
@@ -29,12 +31,22 @@ from jobs.simulate import (
 )
 from jobs.simulate.exporter import Exporter
 from jobs.simulate.seeds import SEED_CASES
+from jobs.simulate.vllm import (
+    GENERATION_TOKENS_METRIC,
+    PROMPT_TOKENS_METRIC,
+    EngineSeries,
+    ServingLoad,
+    server_pod,
+    simulate_server,
+    truncate_engines,
+)
 
 DEMO_PASSWORD = "demo-password"
 TEAMS = (("llm-pretrain", "LLM pretraining"), ("vision", "Vision"), ("speech", "Speech"))
 MEMBERS = (("alice", "llm-pretrain"), ("bob", "vision"), ("carol", "speech"))
 HOST_SYNC_JOB = "demo-4850"
 IDLE_LIVE_JOB = "demo-4902"  # running, goes idle after 90 minutes: shows an alert
+SERVING_JOB = "demo-4903"  # running: a vLLM server whose GPUs follow its request load (issue 25)
 _MODELS = (("llama-7b", 6.7e9), ("vit-h-632m", 0.63e9), ("whisper-large-1.5b", 1.55e9))
 
 
@@ -50,6 +62,8 @@ class DemoJob:
     kind: str = "training"
     #: The seed runs' batch: their throughput is tokens per step / step time (`step_throughput`).
     batch: SeedBatch | None = None
+    #: A model server's load (jobs.simulate.vllm): its GPUs follow it and its engine exports FLOP counters.
+    serving: ServingLoad | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,16 @@ def plan(now: datetime) -> list[DemoJob]:
     spec = _spec("idle_gpus", IDLE_LIVE_JOB, hosts(8), 8, t_now - 2 * 3600, 24 * 7, 30.0, 210, 6.7e9)
     spec = replace(spec, params={"idle_from": 1.5 / (24 * 7)})
     jobs.append(DemoJob(spec, "llm-pretrain", "llama-7b-live-goes-idle", "llama-7b", ended=False))
+    # A model server (issue 25): Llama 3.1 8B served by vLLM with --enable-mfu-metrics, tensor parallel
+    # over 2 H100s of one node, in Kubernetes (its GPUs' series carry namespace/pod, as do its engine's
+    # through a ServiceMonitor), registered by that label selector. Started 6 hours ago: the afternoon's
+    # rising load, its bursts, the GPUs following it; MFU from the engine's own FLOP counter.
+    spec = SimSpec(scenario="healthy", gpus=2, hosts=hosts(2), job_id=SERVING_JOB, job_labels="kubernetes",
+                   namespace="llm-serving", start=t_now - 6 * 3600, duration_s=24 * 7 * 3600, step_s=30.0,
+                   seed=230, model_params=8.0e9, n_layers=32, hidden=4096, n_heads=32,
+                   seq_len=8192)  # fmt: skip
+    jobs.append(DemoJob(spec, "llm-pretrain", "llama-3.1-8b-vllm-serving", "llama-3.1-8b-instruct",
+                        ended=False, kind="inference", serving=ServingLoad()))  # fmt: skip
     return jobs
 
 
@@ -180,8 +204,10 @@ def ensure_people() -> dict[str, Team]:
 
 
 def register(demo: DemoJob, result: SimResult, teams: dict[str, Team], now: datetime) -> Job:
-    """Register a demo job as a scheduler would (explicit GPUs, a throughput PromQL expression)."""
+    """Register a demo job as a scheduler would (explicit GPUs, a throughput PromQL expression; a model
+    server by its pod's label selector, its throughput the engine's token counters)."""
     spec = demo.spec
+    serving = _serving_registration(demo) if demo.serving is not None else {}
     body = registration_body(
         result,
         team=teams[demo.team],
@@ -191,7 +217,6 @@ def register(demo: DemoJob, result: SimResult, teams: dict[str, Team], now: date
         # rate() needs two samples in its window: coarse history (600 s samples) gets a wider one.
         rate_window_s=max(300, int(3 * spec.step_s)),
         owner=next(u for u, t in MEMBERS if t == demo.team),
-        parallelism={"tp": 1, "pp": 1, "dp": spec.gpus, "ep": 1},
         kind=demo.kind,
         **(
             {
@@ -202,10 +227,33 @@ def register(demo: DemoJob, result: SimResult, teams: dict[str, Team], now: date
             if demo.batch is not None
             else {}
         ),
+        **({"parallelism": {"tp": 1, "pp": 1, "dp": spec.gpus, "ep": 1}} | serving),
     )
     if body["ended_at"] is not None and body["ended_at"] >= now:
         body["ended_at"] = None  # still running as far as the demo's clock goes
     return register_job(body, Claimant.platform(Job.Provenance.DEMO, "demo loader")).job
+
+
+def _serving_registration(demo: DemoJob) -> dict[str, object]:
+    """What a model server's deployment registers: its pod's labels as the selector (the join to its GPUs'
+    dcgm-exporter series and to its engine's series, README "A serving job's engine MFU"), tensor
+    parallelism over its GPUs, and as throughput every token the engine runs a forward pass for (prompt and
+    generated: both are the forward-FLOPs MFU's tokens), read from vLLM's token counters by that selector
+    (PromQL the platform writes itself, so not a `$job` template)."""
+    spec = demo.spec
+    selector = {"namespace": spec.namespace, "pod": server_pod(spec)}
+    matchers = ",".join(label_matcher(k, v) for k, v in selector.items())
+    window = f"{max(300, int(3 * spec.step_s))}s"
+    query = " + ".join(
+        f"sum(rate({metric}{{{matchers}}}[{window}]))"
+        for metric in (PROMPT_TOKENS_METRIC, GENERATION_TOKENS_METRIC)
+    )
+    return {
+        "gpus": [],
+        "selector": selector,
+        "parallelism": {"tp": spec.gpus, "pp": 1, "dp": 1, "ep": 1},
+        "throughput_query": mark_free_form(query),
+    }
 
 
 def step_throughput(result: SimResult, batch: SeedBatch) -> SimResult:
@@ -227,10 +275,19 @@ def step_throughput(result: SimResult, batch: SeedBatch) -> SimResult:
 
 def simulate_job(demo: DemoJob, now: datetime) -> SimResult:
     """A demo job's exporter data and throughput up to `now` (a running job's samples stop there)."""
+    if demo.serving is not None:
+        return truncate(simulate_server(demo.spec, demo.serving).result, now.timestamp())
     result = simulate(demo.spec)
     if demo.batch is not None:
         result = step_throughput(result, demo.batch)
     return truncate(result, now.timestamp())
+
+
+def engine_series(demo: DemoJob, now: datetime) -> EngineSeries | None:
+    """A model server's engine counters up to `now` (None for a job that serves nothing)."""
+    if demo.serving is None:
+        return None
+    return truncate_engines(simulate_server(demo.spec, demo.serving).engines, now.timestamp())
 
 
 def truncate(result: SimResult, until: float) -> SimResult:

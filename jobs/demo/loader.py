@@ -10,14 +10,14 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from jobs.demo.cluster import HOST_SYNC_JOB, ensure_people, plan, register, simulate_job
-from jobs.demo.live import LIVE_SPECS_FILE
+from jobs.demo.cluster import HOST_SYNC_JOB, engine_series, ensure_people, plan, register, simulate_job
+from jobs.demo.live import LIVE_SPECS_FILE, SERVING_KEY
 from jobs.demo.traces import SEED_TRACES, host_sync_trace
 from jobs.evaluation.baselines import SYSTEM, promote
 from jobs.intake.artifacts import parse_artifact, store_upload
@@ -26,7 +26,7 @@ from jobs.metrics.prometheus import PrometheusClient, PrometheusError
 from jobs.models import Finding, Job
 from jobs.pipeline.findings import run_diagnosis
 from jobs.pipeline.poll import ingest_once
-from jobs.simulate import SimResult, backfill, write_openmetrics
+from jobs.simulate import SimResult, backfill, openmetrics_lines, vllm
 
 BACKFILL_TIMEOUT_S = 1800.0
 
@@ -42,8 +42,15 @@ def _quiet(_: str) -> None:
     return None
 
 
-def backfill_results(results: list[SimResult], tsdb_dir: Path, progress: Progress = _quiet) -> None:
-    """Write the jobs' series as TSDB blocks into `tsdb_dir` with promtool, all or nothing."""
+def backfill_results(
+    results: list[SimResult],
+    tsdb_dir: Path,
+    progress: Progress = _quiet,
+    engines: Mapping[str, vllm.EngineSeries] | None = None,
+) -> None:
+    """Write the jobs' series as TSDB blocks into `tsdb_dir` with promtool, all or nothing. A model
+    server's engine counters (`engines`, by job id) go into its job's file: its series, as Prometheus
+    stores them, are its GPUs' and its engine's (no training token counter)."""
     tsdb_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         # Blocks are written to a staging directory and moved into tsdb_dir only once every job's
@@ -57,7 +64,12 @@ def backfill_results(results: list[SimResult], tsdb_dir: Path, progress: Progres
         # jobs that ran at the same time are merged by Prometheus.
         for i, result in enumerate(results):
             path = Path(tmp) / f"demo-{i}.om"
-            write_openmetrics([result], path)
+            engine = (engines or {}).get(str(result.spec.job_id))
+            with path.open("w", encoding="utf-8") as fh:
+                for line in openmetrics_lines([result], throughput=engine is None):
+                    if engine is not None and line == "# EOF\n":
+                        fh.writelines(vllm.openmetrics_lines(engine))
+                    fh.write(line)
             # The limit only stops a hung promtool (a busy machine makes it slow, not stuck).
             backfill(path, staging, timeout_s=BACKFILL_TIMEOUT_S)
             path.unlink()
@@ -97,12 +109,20 @@ def load(
         live_until = now + timedelta(seconds=time.monotonic() - began)
         progress(f"simulate and backfill: {len(running)} running jobs up to {live_until:%H:%M:%S} UTC")
         live_results = [simulate_job(d, live_until) for d in running]
-        backfill_results(live_results, tsdb_dir, progress)
+        engines = {d.spec.job_id: e for d in running if d.spec.job_id and (e := engine_series(d, live_until))}
+        if engines:  # the model server's engine counters go with its GPUs' series
+            backfill_results(live_results, tsdb_dir, progress, engines=engines)
+        else:
+            backfill_results(live_results, tsdb_dir, progress)
         progress(f"register: {len(new)} jobs")
         for demo, result in zip([*ended, *running], [*results, *live_results], strict=True):
             register(demo, result, teams, now)
     live = [
-        asdict(d.spec) | {"disabled": sorted(d.spec.disabled)} for d in planned if not d.ended
+        asdict(d.spec)
+        | {"disabled": sorted(d.spec.disabled)}
+        | ({SERVING_KEY: asdict(d.serving)} if d.serving is not None else {})
+        for d in planned
+        if not d.ended
     ]  # step-level (workload) jobs have all ended: live specs stay plain JSON
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / LIVE_SPECS_FILE).write_text(json.dumps(live, indent=1))
@@ -113,14 +133,26 @@ def load(
 LIVE_WAIT_S = 180.0
 
 
-def live_data_until(client: PrometheusClient, job_ids: list[str]) -> dict[str, float]:
+def live_data_until(
+    client: PrometheusClient, job_ids: list[str], pods: Mapping[str, str] | None = None
+) -> dict[str, float]:
     """The newest GPU_UTIL sample Prometheus holds for each running demo job (Unix s; absent = none in
-    Prometheus' 5 min lookback)."""
-    if not job_ids:
-        return {}
-    ids = "|".join(job_ids)  # demo ids: letters, digits and '-', nothing a regex would read specially
-    query = f'max by (hpc_job) (timestamp(DCGM_FI_DEV_GPU_UTIL{{hpc_job=~"{ids}"}}))'
-    return {s.labels.get("hpc_job", ""): s.value for s in client.instant(query)}
+    Prometheus' 5 min lookback). `pods` maps a job labelled by Kubernetes (the model server) to the pod its
+    GPUs' series carry instead of hpc_job."""
+    pods = dict(pods or {})
+    out: dict[str, float] = {}
+    # Demo ids and pod names: letters, digits and '-', nothing a regex would read specially.
+    ids = "|".join(j for j in job_ids if j not in pods)
+    if ids:
+        query = f'max by (hpc_job) (timestamp(DCGM_FI_DEV_GPU_UTIL{{hpc_job=~"{ids}"}}))'
+        out |= {s.labels.get("hpc_job", ""): s.value for s in client.instant(query)}
+    if pods:
+        by_pod = {pod: job for job, pod in pods.items()}
+        query = f'max by (pod) (timestamp(DCGM_FI_DEV_GPU_UTIL{{pod=~"{"|".join(sorted(by_pod))}"}}))'
+        out |= {
+            by_pod[s.labels["pod"]]: s.value for s in client.instant(query) if s.labels.get("pod") in by_pod
+        }
+    return out
 
 
 def wait_for_live_data(
@@ -131,6 +163,7 @@ def wait_for_live_data(
     progress: Progress = _quiet,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.time,
+    pods: Mapping[str, str] | None = None,
 ) -> bool:
     """Wait until Prometheus holds a sample newer than `since` for every running demo job, i.e. it has
     scraped the simulated exporter since `finish` began; True when it has, False after `timeout_s`.
@@ -140,7 +173,7 @@ def wait_for_live_data(
     deadline = clock() + timeout_s
     while True:
         try:
-            latest = live_data_until(client, job_ids)
+            latest = live_data_until(client, job_ids, pods)
         except PrometheusError as exc:
             latest, error = {}, str(exc)
         else:
@@ -187,15 +220,21 @@ def finish(
     finding code appears somewhere."""
     began = time.time()
     client = client or prometheus_client()
-    live = list(
+    running = list(
         Job.objects.filter(registered_by=Job.Provenance.DEMO, status=Job.Status.RUNNING)
         .order_by("external_id")
-        .values_list("external_id", flat=True)
+        .values_list("external_id", "selector")
     )
+    live = [job_id for job_id, _ in running]
+    # The model server's GPUs are found by its pod (Kubernetes labels), the others' by hpc_job.
+    pods = {job_id: str(sel["pod"]) for job_id, sel in running if isinstance(sel, dict) and sel.get("pod")}
     caught_up = True
     if live and wait_live_s > 0:
         progress(f"live data: waiting for Prometheus to scrape {len(live)} running jobs")
-        caught_up = wait_for_live_data(client, live, began, wait_live_s, progress)
+        if pods:
+            caught_up = wait_for_live_data(client, live, began, wait_live_s, progress, pods=pods)
+        else:
+            caught_up = wait_for_live_data(client, live, began, wait_live_s, progress)
     progress("ingest: polling running jobs and finalizing ended ones")
     report = ingest_once(client)
     progress(
