@@ -14,12 +14,12 @@ explicit GPU list has no such label: its engine signals are missing with `NOT_JO
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from jobs.metrics.promql import Selector, regex_any
+from jobs.metrics.promql import Selector, promql_string, regex_any
 from jobs.metrics.sampling import DEFAULT_SCRAPE_INTERVAL_S
 from jobs.metrics.sampling import rate_window_s as _rate_window
 from jobs.metrics.signal_queries import RangeClient, aggregate_query, missing_reason, stats_from_series
@@ -98,3 +98,93 @@ def attach_engine_signals(
     )
     add_engine_signals(js, series, missing)
     return js
+
+
+# --------------------------------------------------------------------------------------------------
+# The cluster readiness page's line: are the engines' FLOP counters in Prometheus, and joinable?
+
+#: The FLOP counters' names (the readiness line looks for these; the byte counters come with them).
+ENGINE_FLOPS_METRICS: tuple[str, ...] = ENGINE_SIGNALS["engine_flops"].metrics
+#: The labels a job's selector joins an engine's series by, in the spellings Prometheus may store them.
+JOIN_LABELS = {"namespace": ("namespace", "exported_namespace"), "pod": ("pod", "exported_pod")}
+
+
+def engine_groups_query(lookback_s: float) -> str:
+    """One instant query: each engine's FLOP counter series seen in the last `lookback_s`, counted per
+    namespace and pod (in both spellings) and labelled `engine` (the *_over_time functions drop the metric
+    name, so each engine's count is labelled with label_replace), so the line can say which groups carry
+    them."""
+    by = ", ".join(s for spellings in JOIN_LABELS.values() for s in spellings)
+    window = f"{int(lookback_s)}s"
+    parts = []
+    for metric in ENGINE_FLOPS_METRICS:
+        engine = metric.split(":", 1)[0]
+        parts.append(
+            f"label_replace(count by ({by}) (last_over_time({metric}[{window}])), "
+            f"{promql_string('engine')}, {promql_string(engine)}, {promql_string('')}, {promql_string('')})"
+        )
+    return " or ".join(parts)
+
+
+def _label(row: Mapping[str, str], name: str) -> str:
+    return next((row[s] for s in JOIN_LABELS[name] if row.get(s)), "")
+
+
+def source_readiness(
+    rows: Sequence[tuple[Mapping[str, str], float]] | None, lookback_s: float, error: str = ""
+) -> dict[str, Any]:
+    """The serving engines' line among the service's sources (the cluster readiness page): whether any
+    engine FLOP counter (`vllm:` / `sglang:estimated_flops_per_gpu_total`, `--enable-mfu-metrics`) has
+    series in Prometheus, per engine and namespace how many pods carry it (`groups`), how many series carry
+    no namespace/pod label and so join no job (`unjoinable`), and the reason in words with how to enable
+    them. `rows`: (labels, series count) of `engine_groups_query`; None when the look-up failed with
+    `error`. Nothing to configure in this service: a serving job (kind inference) reads them when present.
+    """
+    enable = ENGINE_SIGNALS["engine_flops"].enable_line
+    line: dict[str, Any] = {
+        "source": "serving engines (vLLM / SGLang FLOP counters)",
+        "configured": None,
+        "configured_text": "read for serving jobs (kind inference)",
+        "label": "namespace, pod",
+        "series_seen": None,
+        "groups": [],
+        "unjoinable": 0,
+        "reason": "",
+    }
+    minutes = f"{lookback_s / 60:.0f} min"
+    if rows is None:
+        line["reason"] = f"not checked: Prometheus did not answer ({error})" if error else "not checked"
+        return line
+    pods: dict[tuple[str, str], set[str]] = {}
+    unjoinable: dict[str, int] = {}
+    for labels, count in rows:
+        engine = labels.get("engine") or "unknown"
+        namespace, pod = _label(labels, "namespace"), _label(labels, "pod")
+        if namespace and pod:
+            pods.setdefault((engine, namespace), set()).add(pod)
+        else:
+            unjoinable[engine] = unjoinable.get(engine, 0) + int(count)
+    line["series_seen"] = bool(pods or unjoinable)
+    line["groups"] = [
+        f"{engine} in namespace {namespace}: {len(p)} pod{'s' if len(p) != 1 else ''}"
+        for (engine, namespace), p in sorted(pods.items())
+    ]
+    line["unjoinable"] = sum(unjoinable.values())
+    names = " or ".join(ENGINE_FLOPS_METRICS)
+    if not line["series_seen"]:
+        line["reason"] = (
+            f"no {names} series in the last {minutes}: serving jobs' MFU is the forward-FLOPs estimate "
+            f"from their tokens. To read the engine's own MFU, {enable}"
+        )
+        return line
+    parts = []
+    if pods:
+        parts.append(f"seen in the last {minutes} for {'; '.join(line['groups'])}")
+    if unjoinable:
+        which = ", ".join(f"{n} {engine} series" for engine, n in sorted(unjoinable.items()))
+        parts.append(
+            f"{which} carry no namespace/pod label and join no job: scrape the servers through a "
+            "ServiceMonitor/PodMonitor (or kubernetes_sd pod role), which adds them"
+        )
+    line["reason"] = "; ".join(parts)
+    return line

@@ -12,6 +12,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from jobs.metrics import engine_signals
 from jobs.metrics.host_signals import source_readiness
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.metrics.promql import validate_label_name
@@ -83,6 +84,27 @@ def node_exporter_source(now: float | None = None) -> dict[str, Any]:
         log.warning("node_exporter readiness: %s: %s", type(exc).__name__, exc)
         return source_readiness(label, None, f"{type(exc).__name__}: {exc}"[:300])
     return source_readiness(label, names)
+
+
+#: How far back the serving engines' readiness line looks for their FLOP counters (as node_exporter's).
+ENGINE_LOOKBACK_S = NODE_EXPORTER_LOOKBACK_S
+
+
+def engine_source(now: float | None = None) -> dict[str, Any]:
+    """The serving engines' readiness line (jobs.metrics.engine_signals.source_readiness): whether vLLM or
+    SGLang FLOP counters (`--enable-mfu-metrics`) have series in Prometheus in the last ENGINE_LOOKBACK_S,
+    per engine and namespace how many pods carry them, and how many join no job (one instant query, the
+    /healthz timeout). Never raises: an unreachable Prometheus gives a line saying it was not checked."""
+    at = time.time() if now is None else now
+    try:
+        with PrometheusClient(
+            settings.PROMETHEUS_URL, timeout_s=settings.HEALTHZ_PROMETHEUS_TIMEOUT_S, retries=0
+        ) as client:
+            samples = client.instant(engine_signals.engine_groups_query(ENGINE_LOOKBACK_S), at)
+    except Exception as exc:  # a readiness answer, not a crash
+        log.warning("engine readiness: %s: %s", type(exc).__name__, exc)
+        return engine_signals.source_readiness(None, ENGINE_LOOKBACK_S, f"{type(exc).__name__}: {exc}"[:300])
+    return engine_signals.source_readiness([(s.labels, s.value) for s in samples], ENGINE_LOOKBACK_S)
 
 
 def run_checks() -> dict[str, Any]:

@@ -54,7 +54,7 @@ from jobs.outputs.leaderboard import (
     period_rows,
     worst_jobs,
 )
-from jobs.runtime.health import node_exporter_source, run_checks
+from jobs.runtime.health import engine_source, node_exporter_source, run_checks
 from jobs.views.filters import BaselineFilterSet, filters_query, job_filterset
 from jobs.views.job_summary import no_gpus_matched
 
@@ -531,6 +531,6 @@ def cluster_readiness(request: HttpRequest) -> HttpResponse:
         "never_polled": [j for j in recent if j.last_polled_at is None],
         "stale": [j for j in running if j.ingest_error],
         # The optional sources beside dcgm-exporter, each configured or not, seen or not, with the reason.
-        "sources": [node_exporter_source()],
+        "sources": [node_exporter_source(), engine_source()],
     }
     return render(request, "jobs/readiness.html", context)
