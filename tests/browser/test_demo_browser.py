@@ -239,3 +239,46 @@ def test_the_demo_opens_without_stale_alerts(watched, live_server, settings, tmp
         page.locator("text=Ingestion stale").count() == 0 and page.locator("text=No new metrics").count() == 0
     )
     watched.assert_clean()
+
+
+@db
+def test_the_demo_model_server_shows_the_engines_mfu_and_serving_advice(
+    watched, live_server, settings, tmp_path
+):
+    """Issue 25 follow-up: the demo's model server (vLLM, kind inference, registered by its pod) as a visitor
+    sees it: the MFU card says the engine's own FLOPs are shown with the forward-FLOPs MFU kept beside it,
+    the findings give the serving advice and no input stall, and the page loads cleanly."""
+    from jobs.demo import cluster, loader
+    from jobs.models import Job
+    from tests.prom_server import PrometheusProcess, prometheus_binary
+
+    now = _now() - timedelta(minutes=1)
+    demo = next(d for d in cluster.plan(now) if d.spec.job_id == cluster.SERVING_JOB)
+    result = cluster.simulate_job(demo, now)
+    engines = cluster.engine_series(demo, now)
+    assert engines is not None
+    if prometheus_binary() is None:
+        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    loader.backfill_results([result], tmp_path / "tsdb", engines={cluster.SERVING_JOB: engines})
+    with PrometheusProcess(tmp_path / "tsdb") as server:
+        settings.PROMETHEUS_URL = server.url
+        settings.PROMETHEUS_SCRAPE_INTERVAL_S = 30.0
+        settings.MEDIA_ROOT = str(tmp_path / "media")
+        cluster.register(demo, result, cluster.ensure_people(), now)
+        loader.finish(wait_live_s=0)
+        job = Job.objects.get(external_id=cluster.SERVING_JOB)
+        assert job.evaluation["mfu_source"] == "engine"
+        _log_in(watched, live_server.url)
+        page = watched.page
+        page.goto(f"{live_server.url}/jobs/{job.external_id}/")
+        page.wait_for_selector("body[data-charts-ready]")
+        watched.shot("demo-serving-job", full_page=False)
+        watched.shot("demo-serving-findings", full_page=False, selector="#findings")
+        text = page.locator("body").inner_text()
+        assert "engine-reported FLOPs (vLLM/SGLang estimated_flops_per_gpu_total)" in text
+        assert "kept as a cross-check" in text
+        findings = page.locator("#findings").inner_text()
+        assert "Right-size" in findings and "batch requests" in findings
+        assert not job.findings.filter(code__in=["data_pipeline_stall", "launch_overhead"]).exists()
+        assert page.evaluate("document.documentElement.scrollWidth") <= LAPTOP["width"]
+        watched.assert_clean()
