@@ -167,3 +167,49 @@ def get_demo_user() -> Any:
     from django.contrib.auth import get_user_model
 
     return get_user_model().objects.get(username="demo")
+
+
+@pytest.mark.prometheus
+@pytest.mark.django_db(transaction=True)
+def test_the_servers_live_engine_counters_are_scraped_and_finish_waits_for_its_pod(
+    live_server: Any, settings: Any, tmp_path: Path, catalog: Any
+) -> None:
+    """`make demo`'s path: the web server serves the simulated exporter, Prometheus scrapes it with
+    honor_labels, `finish` waits until the server's GPUs (found by pod, they carry no hpc_job) were scraped
+    after it began, and the engine's counters arrive through the same scrape."""
+    import time
+
+    from jobs.metrics.prometheus import PrometheusClient
+    from tests.browser.test_demo_browser import _prometheus_scraping
+
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package 'prometheus')")
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    demo = _server(now)
+    assert demo.serving is not None
+    before = now - timedelta(minutes=5)
+    engines = cluster.engine_series(demo, before)
+    assert engines is not None
+    result = cluster.simulate_job(demo, before)
+    loader.backfill_results([result], tmp_path / "tsdb", engines={cluster.SERVING_JOB: engines})
+    state = tmp_path / "state"
+    state.mkdir()
+    spec = asdict(demo.spec) | {"disabled": [], live.SERVING_KEY: asdict(demo.serving)}
+    (state / live.LIVE_SPECS_FILE).write_text(json.dumps([spec]))
+    settings.DEMO_STATE_DIR = str(state)
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    settings.PROMETHEUS_SCRAPE_INTERVAL_S = 30.0
+    with _prometheus_scraping(tmp_path / "tsdb", live_server.url.removeprefix("http://"), tmp_path) as url:
+        settings.PROMETHEUS_URL = url
+        cluster.register(demo, result, cluster.ensure_people(), now)
+        began = time.time()
+        lines: list[str] = []
+        report = loader.finish(lines.append, wait_live_s=60.0)
+        prom = PrometheusClient(url)
+        newest = loader.live_data_until(
+            prom, [cluster.SERVING_JOB], {cluster.SERVING_JOB: "demo-4903-worker-0"}
+        )
+        scraped = prom.instant(f'timestamp({FLOPS}{{namespace="llm-serving",pod="demo-4903-worker-0"}})')
+    assert report["live_caught_up"], lines
+    assert newest[cluster.SERVING_JOB] >= began
+    assert len(scraped) == 1 and scraped[0].value >= began  # one series: the backfill's, continued live
