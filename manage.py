@@ -10,6 +10,10 @@ def main() -> None:
     if sys.argv[1:2] == ["analyze_artifact"]:
         # Parsing a local file needs no Django: its start-up (every app, the Celery app and its tasks) cost
         # 2.6 CPU-s before the parse began (issue 26). Django's own options still go through Django.
+        # numpy's OpenBLAS starts a thread per core when imported: 0.13 against 0.08 CPU-s for
+        # `import numpy` on the 2-core machine. No analysis multiplies matrices, so one thread; a value
+        # the user set wins.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         from jobs.profiling import analyze
 
         if not analyze.wants_django(argv):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -96,6 +97,24 @@ def test_manage_py_parses_without_importing_django():
     assert "jobs.profiling.kineto" in imported
     assert not {m for m in imported if m.split(".")[0] in ("django", "celery", "efficiency")}
     assert proc.stdout == _django(path, "--json")
+
+
+@pytest.mark.parametrize("user_value", [None, "4"])
+def test_manage_py_gives_numpy_one_blas_thread_unless_the_user_chose(user_value: str | None) -> None:
+    # Read inside the command's own process, after manage.py ran and numpy was imported by the parse.
+    probe = (
+        "import os, runpy, sys; sys.argv = ['manage.py', 'analyze_artifact', sys.argv[1], '--json']\n"
+        "try:\n    runpy.run_path('manage.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules, file=sys.stderr)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user_value:
+        env["OPENBLAS_NUM_THREADS"] = user_value
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(sample_path(KINETO_SAMPLE))],
+        cwd=REPO, capture_output=True, text=True, check=False, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.stderr.strip().splitlines()[-1] == f"{user_value or 1} True"
 
 
 def test_the_efficiency_client_imports_only_requests_and_the_standard_library():
