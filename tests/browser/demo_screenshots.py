@@ -74,6 +74,9 @@ def main() -> int:
             ),
             ("compare-seed2", "/jobs/compare/?a=demo-seed2&b=demo-seed2-run2", "body[data-charts-ready]"),
             ("job-seed1-run1", "/jobs/demo-seed1-run1/", "body[data-charts-ready]"),
+            # The model server: engine-reported MFU beside the forward-FLOPs MFU, serving advice (#25).
+            ("job-serving", "/jobs/demo-4903/", "body[data-charts-ready]"),
+            ("readiness", "/readiness/", None),
         ]
         for name, path, ready in shots:
             t0 = time.perf_counter()
