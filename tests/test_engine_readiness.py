@@ -88,12 +88,41 @@ def test_the_check_counts_the_engines_pods_per_namespace_in_prometheus(
     assert later["series_seen"] is False and "--enable-mfu-metrics" in later["reason"]
 
 
+def test_the_line_names_the_serving_jobs_that_read_no_engine_flops() -> None:
+    seen = E.source_readiness([({"engine": "vllm", "namespace": "llm", "pod": "a"}, 1.0)], LOOKBACK)
+    assert E.with_serving_jobs(seen, [], [])["reason"] == seen["reason"]  # no serving job: nothing to add
+    every = E.with_serving_jobs(seen, ["s1"], [])
+    assert every["reason"].endswith("; all 1 serving jobs polled read their engine's FLOPs")
+    ids = [f"s{i}" for i in range(8)]
+    some = E.with_serving_jobs(E.source_readiness([], LOOKBACK), ids, ids[1:])
+    assert some["serving_jobs"] == 8 and some["serving_without"] == ids[1:]
+    assert some["reason"].endswith(
+        "; 7 of 8 serving jobs polled read no engine FLOPs (s1, s2, s3, s4, s5 and 2 more)"
+    )
+
+
 @pytest.mark.django_db
-def test_the_readiness_page_lists_the_engines_line(admin_client: Any, settings: Any) -> None:
+def test_the_readiness_page_lists_the_engines_line(admin_client: Any, settings: Any, make_team: Any) -> None:
+    from django.utils import timezone
+
+    from jobs.models import Job
+
     settings.PROMETHEUS_URL = "http://127.0.0.1:9"  # nothing listens: the line says it was not checked
     settings.HEALTHZ_PROMETHEUS_TIMEOUT_S = 1.0
+    team = make_team("serving")
+    now = timezone.now()
+    for external_id, kind, missing in (
+        ("serve-a", Job.Kind.INFERENCE, []),
+        ("serve-b", Job.Kind.INFERENCE, ["engine_flops", "engine_read_bytes"]),
+        ("train-c", Job.Kind.TRAINING, ["engine_flops"]),  # not a server: not counted
+    ):
+        Job.objects.create(external_id=external_id, team=team, name=external_id, model_name="m",
+                           gpu_model_name="NVIDIA H100 80GB HBM3", gpu_count=1, started_at=now,
+                           status=Job.Status.RUNNING, kind=kind, missing_signals=missing,
+                           last_polled_at=now)  # fmt: skip
     page = admin_client.get("/readiness/").content.decode()
     table = page[page.index('id="sources-table"') :]
     assert "<code>serving engines (vLLM / SGLang FLOP counters)</code>" in table
     assert "read for serving jobs (kind inference)" in table
     assert "not checked: Prometheus did not answer" in table
+    assert "1 of 2 serving jobs polled read no engine FLOPs (serve-b)" in table

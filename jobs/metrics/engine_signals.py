@@ -188,3 +188,18 @@ def source_readiness(
         )
     line["reason"] = "; ".join(parts)
     return line
+
+
+def with_serving_jobs(line: dict[str, Any], serving: Sequence[str], without: Sequence[str]) -> dict[str, Any]:
+    """The engines' line with the serving jobs (kind inference, external ids) polled recently: how many of
+    them read no engine FLOP counter (`without`: their MFU is the forward-FLOPs estimate), naming a few."""
+    out = dict(line, serving_jobs=len(serving), serving_without=list(without))
+    if not serving:
+        return out
+    if without:
+        named = ", ".join(without[:5]) + (f" and {len(without) - 5} more" if len(without) > 5 else "")
+        note = f"{len(without)} of {len(serving)} serving jobs polled read no engine FLOPs ({named})"
+    else:
+        note = f"all {len(serving)} serving jobs polled read their engine's FLOPs"
+    out["reason"] = f"{line['reason']}; {note}" if line["reason"] else note
+    return out

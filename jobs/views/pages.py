@@ -39,6 +39,7 @@ from jobs.evaluation.baseline_stats import MetricStats, decode_stats
 from jobs.evaluation.catalog import DTYPES
 from jobs.evaluation.costs import Amount
 from jobs.evaluation.kpis import CONVENTION_LABELS
+from jobs.metrics import engine_signals
 from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Baseline, Finding, GpuModel, Job, PriceEntry, PromotionOverride, Team
 from jobs.models.jobs import FINDING_RANK_ORDER, REMAINDER_CODE
@@ -477,6 +478,13 @@ def _metric_stats(baseline: Baseline) -> list[tuple[baseline_ops.Metric, MetricS
 READINESS_DAYS = 7
 
 
+def _engine_line(polled: list[Job]) -> dict[str, Any]:
+    """The serving engines' readiness line, with the polled serving jobs that read no engine FLOPs."""
+    serving = [j for j in polled if j.kind == Job.Kind.INFERENCE]
+    without = [j.external_id for j in serving if "engine_flops" in (j.missing_signals or [])]
+    return engine_signals.with_serving_jobs(engine_source(), [j.external_id for j in serving], without)
+
+
 @require_GET
 def cluster_readiness(request: HttpRequest) -> HttpResponse:
     """Which DCGM fields are missing for which jobs of the last 7 days (running, or ended inside them), what
@@ -497,6 +505,7 @@ def cluster_readiness(request: HttpRequest) -> HttpResponse:
             "missing_reasons",
             "last_polled_at",
             "ingest_error",
+            "kind",
         )
         .order_by(Lower("external_id"))
     )
@@ -531,6 +540,6 @@ def cluster_readiness(request: HttpRequest) -> HttpResponse:
         "never_polled": [j for j in recent if j.last_polled_at is None],
         "stale": [j for j in running if j.ingest_error],
         # The optional sources beside dcgm-exporter, each configured or not, seen or not, with the reason.
-        "sources": [node_exporter_source(), engine_source()],
+        "sources": [node_exporter_source(), _engine_line(polled)],
     }
     return render(request, "jobs/readiness.html", context)
