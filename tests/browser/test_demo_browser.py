@@ -243,7 +243,7 @@ def test_the_demo_opens_without_stale_alerts(watched, live_server, settings, tmp
 
 @db
 def test_the_demo_model_server_shows_the_engines_mfu_and_serving_advice(
-    watched, live_server, settings, tmp_path
+    watched, live_server, settings, tmp_path, catalog
 ):
     """Issue 25 follow-up: the demo's model server (vLLM, kind inference, registered by its pod) as a visitor
     sees it: the MFU card says the engine's own FLOPs are shown with the forward-FLOPs MFU kept beside it,
@@ -265,9 +265,9 @@ def test_the_demo_model_server_shows_the_engines_mfu_and_serving_advice(
         settings.PROMETHEUS_SCRAPE_INTERVAL_S = 30.0
         settings.MEDIA_ROOT = str(tmp_path / "media")
         cluster.register(demo, result, cluster.ensure_people(), now)
-        loader.finish(wait_live_s=0)
+        report = loader.finish(wait_live_s=0)
         job = Job.objects.get(external_id=cluster.SERVING_JOB)
-        assert job.evaluation["mfu_source"] == "engine"
+        assert job.evaluation["mfu_source"] == "engine", (report, job.evaluation.get("notes"))
         _log_in(watched, live_server.url)
         page = watched.page
         page.goto(f"{live_server.url}/jobs/{job.external_id}/")
