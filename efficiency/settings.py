@@ -118,6 +118,12 @@ DATABASES = {
 }
 # Lets concurrent test runs on one server use separate test databases.
 DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_efficiency")}
+# A persistent connection (CONN_MAX_AGE) is checked with `SELECT 1` before its first query of a request, so
+# one that Postgres or the network dropped while idle is replaced instead of failing that request with a 500.
+# Measured (issue 26 item 4): 0.03-0.05 ms of our CPU and 0.05-0.15 ms wall per request against the job
+# page's ~24 ms of CPU; kept on. Off saves that round trip and costs one failed request per dropped
+# connection (Django then closes it at the request's end).
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("DB_CONN_HEALTH_CHECKS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -474,6 +480,11 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
+# Sessions are read from the cache (Redis, CACHES above) and written through to the database: every page
+# read its session row from Postgres before (issue 26 item 4). Still server-side, so logout and a flush
+# end a session at once (both delete the cache entry and the row); signed-cookie sessions could not be
+# revoked. A cache miss (eviction, Redis restarted empty) falls back to the row.
+SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)

@@ -10,7 +10,8 @@ class JobsConfig(AppConfig):
     verbose_name = "GPU jobs"
 
     def ready(self) -> None:
-        """A price book change re-evaluates the jobs of that GPU model (cost and waste follow the book).
+        """A price book change re-evaluates the jobs of that GPU model (cost and waste follow the book); job
+        and membership changes invalidate the cached compare links.
         The tasks are registered in every process (web too), so `jobs.runtime.enqueue` can queue them by
         name."""
         from django.db.models.signals import post_delete, post_save
@@ -26,3 +27,14 @@ class JobsConfig(AppConfig):
         from jobs.models import Artifact
 
         post_delete.connect(artifact_deleted, sender=Artifact, dispatch_uid="artifact-blob-on-delete")
+        # The job page's cached compare links follow every job and membership change (worker processes
+        # register jobs too, so the receivers are connected here, not where the template tag loads).
+        from jobs.models import Job, Membership
+        from jobs.templatetags.compare_links import bump_generation, job_saved
+
+        post_save.connect(job_saved, sender=Job, dispatch_uid="compare-links-job-save")
+        post_delete.connect(bump_generation, sender=Job, dispatch_uid="compare-links-job-delete")
+        post_save.connect(bump_generation, sender=Membership, dispatch_uid="compare-links-membership-save")
+        post_delete.connect(
+            bump_generation, sender=Membership, dispatch_uid="compare-links-membership-delete"
+        )

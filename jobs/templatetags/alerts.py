@@ -3,23 +3,38 @@ open-alert marks, computed here so the views stay as they are."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django import template
 from django.db.models import Count
 
 from jobs.diagnosis.base import finding_name
-from jobs.models import AlertIncident, Job
+from jobs.models import AlertIncident, Finding, Job
 
 register = template.Library()
 RECENT = 5
 
 
+#: What the job page's alert block shows of an incident (its evidence JSON is for messages, not the page).
+_BLOCK_FIELDS = ("id", "rule", "job", "started_at", "resolved_at", "finding", "finding_code", "title",
+                 "resolve_reason")  # fmt: skip
+
+
 @register.inclusion_tag("jobs/alerts_job_block.html")
-def job_alerts(job: Job) -> dict[str, Any]:
-    """The job's open incidents and its last few resolved ones (one query)."""
-    rows = list(AlertIncident.objects.filter(job=job).select_related("finding").order_by("-started_at")[:50])
+def job_alerts(job: Job, findings: Mapping[int, Finding] | None = None) -> dict[str, Any]:
+    """The job's open incidents and its last few resolved ones (one query). `findings`: the job's findings
+    by id as the page already read them; an incident's finding is taken from there rather than joined
+    again, and read only when it is not among them (created after the page read its findings)."""
+    rows = list(AlertIncident.objects.filter(job=job).only(*_BLOCK_FIELDS).order_by("-started_at")[:50])
+    known = findings or {}
+    missing = {i.finding_id for i in rows if i.finding_id is not None and i.finding_id not in known}
+    loaded = {**known, **(Finding.objects.in_bulk(missing) if missing else {})}
+    cache_finding = AlertIncident.finding.field.set_cached_value
+    for incident in rows:
+        if incident.finding_id is not None:
+            # A finding deleted since the incident row was read shows as none, as the join showed it.
+            cache_finding(incident, loaded.get(incident.finding_id))
     return {
         "job": job,
         "open": [i for i in rows if i.resolved_at is None],

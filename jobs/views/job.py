@@ -121,6 +121,8 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
             )
         ],
         "target_mfu": reference_mfu(job),
+        # The alert block names an incident's finding from these rather than joining the findings again.
+        "findings_by_id": {f.pk: f for f in findings},
         **findings_and_remainder(finding_views(findings, span_s, marks, wholes=[b["whole"] for b in bands])),
         "artifacts": artifacts,
         "kinds": Artifact.Kind.choices,
