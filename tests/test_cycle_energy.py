@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.metrics import cluster, ingest
+from jobs.metrics import cycle_groups, ingest
 from jobs.models import Job
 from jobs.pipeline import poll as pipeline
 from tests.prom_server import prometheus_binary
@@ -113,7 +113,7 @@ def test_a_cycle_reads_per_gpu_rows_only_for_the_jobs_whose_turn_it_is(
     jobs = _register(sims, make_team("llm"))
     by_pk = {j.pk: j for j in jobs.values()}
     asked: list[tuple[set[int], str]] = []
-    request = cluster._per_gpu_request
+    request = cycle_groups.per_gpu_request
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         found = request(*args, **kwargs)
@@ -121,7 +121,7 @@ def test_a_cycle_reads_per_gpu_rows_only_for_the_jobs_whose_turn_it_is(
             asked.append(({t.key for t, _ in found[0]}, found[2]))
         return found
 
-    monkeypatch.setattr(cluster, "_per_gpu_request", spy)
+    monkeypatch.setattr(cycle_groups, "per_gpu_request", spy)
     client = Instants(prom.url)
     pipeline.poll_cycle(client, now=START + timedelta(minutes=40))
     assert set().union(*(keys for keys, _ in asked)) == set(by_pk)  # first polls: every job
