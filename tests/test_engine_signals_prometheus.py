@@ -18,9 +18,8 @@ from django.test import Client
 
 from jobs.intake.registry import register_job
 from jobs.metrics import cluster
-from jobs.metrics.engine_signals import NOT_JOINABLE, fetch_engine_signals
+from jobs.metrics.engine_signals import ENGINE_SIGNALS, NOT_JOINABLE, fetch_engine_signals
 from jobs.metrics.prometheus import PrometheusClient
-from jobs.metrics.signals import ENGINE_SIGNALS
 from jobs.models import Job, JobSeries
 from jobs.pipeline import poll as pipeline
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, openmetrics_lines, registration_body, simulate

@@ -48,6 +48,7 @@ from jobs.metrics.cycle_groups import (
 )
 from jobs.metrics.engine_signals import (
     ENGINE_NAME_REGEX,
+    ENGINE_SIGNALS,
     NOT_JOINABLE,
     add_engine_signals,
     fetch_engine_signals,
@@ -65,11 +66,7 @@ from jobs.metrics.sampling import DEFAULT_SCRAPE_INTERVAL_S
 from jobs.metrics.signal_queries import (
     missing_reason,
 )
-from jobs.metrics.signals import (
-    ENGINE_SIGNALS,
-    SIGNALS,
-    JobSignals,
-)
+from jobs.metrics.signals import SIGNALS, JobSignals
 
 
 def read_cycle(

@@ -14,7 +14,7 @@ explicit GPU list has no such label: its engine signals are missing with `NOT_JO
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,9 +23,91 @@ from jobs.metrics.promql import Selector, promql_string, regex_any
 from jobs.metrics.sampling import DEFAULT_SCRAPE_INTERVAL_S
 from jobs.metrics.sampling import rate_window_s as _rate_window
 from jobs.metrics.signal_queries import RangeClient, aggregate_query, missing_reason, stats_from_series
-from jobs.metrics.signals import COUNT, ENGINE_METRICS, ENGINE_SIGNALS, JobSignals, SignalSeries, grid
+from jobs.metrics.signals import (
+    COUNT,
+    ENGINE_GROUP,
+    JobSignals,
+    Readiness,
+    Reading,
+    Signal,
+    SignalSeries,
+    grid,
+)
 
 #: The engine presence look-up's names (exact, escaped).
+# --------------------------------------------------------------------------------------------------
+# Serving engines' own FLOP and byte counters ("engine" signals)
+#
+# vLLM (`--enable-mfu-metrics`) exports the Counters `vllm:estimated_flops_per_gpu_total` ("Estimated number
+# of floating point operations per GPU (for Model Flops Utilization calculations)"),
+# `vllm:estimated_read_bytes_per_gpu_total` and `vllm:estimated_write_bytes_per_gpu_total` (bytes), each
+# labelled `model_name` and `engine` (the engine index); source: vLLM docs, "Model Flops Utilization (MFU)
+# Performance Metrics". SGLang exports the same three under `sglang:` with `--enable-mfu-metrics`
+# (python/sglang/srt/observability/metrics_collector.py). They are counters since the server started: read
+# with rate() (a server restart resets them to 0, which rate() treats as a counter reset), so a series is
+# FLOP/s (B/s) per GPU of that engine.
+#
+# The join (an assumption the deployment must meet, stated on the readiness panel): the engine's own labels
+# (`model_name`, `engine`) do not name a job, so its series are joined to a job by the job's *label
+# selector*, through the target labels Prometheus adds when it scrapes the server's pod -- a
+# ServiceMonitor/PodMonitor or `kubernetes_sd_configs` pod role adds `namespace` and `pod` (plus `service`,
+# `container`, `endpoint`). A serving job registered with `{"namespace": "llm", "pod": "vllm-7b-0"}` (the
+# selector that also finds its GPUs' dcgm-exporter series, there as `pod`/`exported_pod`) therefore reads
+# its engine's counters too. A job registered by an explicit GPU list has no such labels: its engine
+# signals are missing with that reason (jobs.metrics.engine_signals).
+#
+# Several series (replicas, or engines of one server) are averaged: the mean per-GPU FLOP/s of the job's
+# engines, which over the GPU's dense peak is the engine's MFU (jobs.evaluation.kpis).
+
+ENGINE_SOURCES = "vLLM / SGLang"
+_ENGINE_ENABLE = (
+    "start the server with --enable-mfu-metrics (vLLM, SGLang) and scrape its /metrics with a "
+    "ServiceMonitor/PodMonitor (or kubernetes_sd pod role) that adds the pod and namespace labels the job's "
+    "selector matches"
+)
+
+
+def _engine(key: str, suffix: str, raw_unit: str, unit: str, help_text: str, hides: str) -> Signal:
+    names = (f"vllm:{suffix}", f"sglang:{suffix}")
+    return Signal(key, names[0], names, raw_unit, unit, 1.0, Reading.COUNTER, False, "counter", help_text,
+                  hides, ENGINE_GROUP, enable_hint=_ENGINE_ENABLE)  # fmt: skip
+
+
+ENGINE_SIGNALS: dict[str, Signal] = {s.key: s for s in (
+    _engine("engine_flops", "estimated_flops_per_gpu_total", "FLOP", "FLOP/s",
+            "Estimated number of floating point operations per GPU (for Model Flops Utilization "
+            "calculations).",
+            "the serving engine's own MFU (its FLOPs per GPU over the GPU's dense peak)"),
+    _engine("engine_read_bytes", "estimated_read_bytes_per_gpu_total", "B", "B/s",
+            "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).",
+            "the engine's memory traffic per GPU (decode is memory-bound)"),
+    _engine("engine_write_bytes", "estimated_write_bytes_per_gpu_total", "B", "B/s",
+            "Estimated number of bytes written to memory per GPU (for Model Flops Utilization "
+            "calculations).",
+            "the engine's memory traffic per GPU (decode is memory-bound)"),
+)}  # fmt: skip
+
+ENGINE_METRICS: frozenset[str] = frozenset(m for s in ENGINE_SIGNALS.values() for m in s.metrics)
+"""Every serving-engine metric name the registry reads (the engine presence look-up's names)."""
+
+
+def engine_readiness(present: Iterable[str]) -> list[Readiness]:
+    """The readiness lines of the engine signals (only meaningful for serving jobs), as `readiness`."""
+    seen = set(present)
+    return [
+        Readiness(
+            s.key,
+            s.field,
+            s.key in seen or any(m in seen for m in s.metrics),
+            False,
+            s.hides,
+            s.enable_line,
+            s.metrics,
+        )
+        for s in ENGINE_SIGNALS.values()
+    ]
+
+
 ENGINE_NAME_REGEX = regex_any(sorted(ENGINE_METRICS))
 
 NOT_JOINABLE = (

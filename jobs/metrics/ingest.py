@@ -27,12 +27,12 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.metrics import archive, cluster
-from jobs.metrics.engine_signals import attach_engine_signals
+from jobs.metrics.engine_signals import ENGINE_SIGNALS, attach_engine_signals
 from jobs.metrics.host_signals import HOST_SIGNALS, HostJoin, attach_host_signals
 from jobs.metrics.prometheus import PrometheusClient, PrometheusError, RangeFetcher
 from jobs.metrics.promql import GpuRef, Selector
 from jobs.metrics.signal_queries import fetch_job_signals, window_total_query
-from jobs.metrics.signals import ENGINE_SIGNALS, SIGNALS, JobSignals
+from jobs.metrics.signals import SIGNALS, JobSignals
 from jobs.models import Job
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from jobs.evaluation.flops import utilisation
-from jobs.metrics.signals import ENGINE_SIGNALS
+from jobs.metrics.engine_signals import ENGINE_SIGNALS
 from jobs.simulate.core import SimResult, SimSpec, Throughput, simulate
 from jobs.simulate.core import _fields as profile_fields
 from jobs.simulate.scenarios import Ctx, Profile

@@ -9,9 +9,10 @@ from django.utils.html import strip_tags
 
 from jobs.evaluation.costs import format_usd
 from jobs.evaluation.schema import encode
+from jobs.metrics.engine_signals import ENGINE_SIGNALS, engine_readiness
 from jobs.metrics.ingest import NO_GPUS_MATCHED
 from jobs.metrics.sampling import coverage_note
-from jobs.metrics.signals import ENGINE_SIGNALS, SIGNALS, engine_readiness, readiness
+from jobs.metrics.signals import SIGNALS, readiness
 from jobs.models import Job
 from jobs.outputs.numbers import format_number
 from jobs.templatetags.units import job_cost_total, job_waste_total, money, num, pct, usd

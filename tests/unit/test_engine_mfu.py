@@ -12,7 +12,8 @@ import pytest
 
 from jobs.evaluation.catalog import gpu_by_name
 from jobs.evaluation.kpis import ENGINE_MFU_CONVENTION, Kpis, ModelShape, compute_kpis, engine_mfu
-from jobs.metrics.signals import ENGINE_SIGNALS, Reading, engine_readiness
+from jobs.metrics.engine_signals import ENGINE_SIGNALS, engine_readiness
+from jobs.metrics.signals import Reading
 
 T0 = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 H100 = gpu_by_name("H100 SXM")

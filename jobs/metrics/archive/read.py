@@ -21,9 +21,10 @@ from jobs.metrics.archive.layout import (
     decode,
     utc,
 )
+from jobs.metrics.engine_signals import ENGINE_SIGNALS
 from jobs.metrics.host_signals import HOST_SIGNALS
 from jobs.metrics.sampling import grid_columns, lattice_point
-from jobs.metrics.signals import ENGINE_SIGNALS, SIGNALS, GpuKey, JobSignals, SignalSeries, grid
+from jobs.metrics.signals import SIGNALS, GpuKey, JobSignals, SignalSeries, grid
 from jobs.models import Job, JobSeries
 
 
