@@ -344,9 +344,3 @@ def gpu_metrics(rank: RankTrace, steps: TbSteps) -> dict[str, Any]:
         "est_achieved_occupancy_pct": main["est_achieved_occupancy_pct"] if main else None,
         "per_device": devices,
     }
-
-
-def tb_metrics(trace: Trace, rank: RankTrace) -> dict[str, Any]:
-    """`tb_gpu_metrics` and `step_breakdown` sections of a rank's analysis, over the plugin's steps."""
-    steps = tb_steps(trace, rank)
-    return {"tb_gpu_metrics": gpu_metrics(rank, steps), "step_breakdown": step_breakdown(trace, rank, steps)}

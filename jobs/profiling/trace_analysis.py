@@ -195,10 +195,12 @@ def analyze_rank(trace: Trace, rank: RankTrace, options: AnalysisOptions | None 
         "launch_sizes": launch_sizes.launch_sizes(trace, rank, gpu),
         "step_times": step_times(trace, rank),
     }
-    out.update(tb_metrics.tb_metrics(trace, rank))
-    steps = tb_metrics.tb_steps(trace, rank)
-    out["tb_gpu_metrics"] = steady_gpu_metrics(rank, steps, out["tb_gpu_metrics"])
-    out["step_breakdown"] = steady_step_breakdown(trace, rank, steps, out["step_breakdown"])
+    steps = tb_metrics.tb_steps(trace, rank)  # once: the plugin's sections and the steady state share them
+    plugin_gpu = tb_metrics.gpu_metrics(rank, steps)
+    out["tb_gpu_metrics"] = steady_gpu_metrics(rank, steps, plugin_gpu)
+    out["step_breakdown"] = steady_step_breakdown(
+        trace, rank, steps, tb_metrics.step_breakdown(trace, rank, steps)
+    )
     out.update(host_analysis.host_analysis(trace, rank, steps))
     return out
 
