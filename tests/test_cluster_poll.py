@@ -4,7 +4,6 @@ jobs, one bad job never stops a cycle, and the cycle's figures reach the cache."
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -18,15 +17,9 @@ from jobs.metrics.signals import SIGNALS
 from jobs.models import Job, JobSeries
 from jobs.pipeline import poll as pipeline
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, registration_body, simulate, write_openmetrics
-from tests.prom_server import PrometheusProcess, prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE, PrometheusProcess
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 T0 = DEFAULT_START
 MIN = 60.0

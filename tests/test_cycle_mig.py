@@ -4,7 +4,6 @@ against a real Prometheus holding simulated MIG instances (GPU_I_ID / GPU_I_PROF
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,15 +12,9 @@ from jobs.evaluation import mig, sharing
 from jobs.metrics.prometheus import PrometheusClient
 from jobs.models import Job
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, simulate, write_openmetrics
-from tests.prom_server import PrometheusProcess, prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE, PrometheusProcess
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 HOUR = 3600.0
 START = datetime.fromtimestamp(DEFAULT_START, tz=UTC)

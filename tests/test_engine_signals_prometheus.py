@@ -6,7 +6,6 @@ and in the cluster-wide cycle, and shown as the job's MFU beside the forward-FLO
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,15 +23,9 @@ from jobs.models import Job, JobSeries
 from jobs.pipeline import poll as pipeline
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, openmetrics_lines, registration_body, simulate
 from jobs.simulate import vllm as V
-from tests.prom_server import PrometheusProcess, prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE, PrometheusProcess
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 T0 = DEFAULT_START
 MIN = 60.0

@@ -5,7 +5,6 @@ dcgm-exporter and node_exporter series backfilled with promtool."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,15 +30,9 @@ from jobs.simulate import (
     simulate,
 )
 from jobs.simulate import node_exporter as N
-from tests.prom_server import PrometheusProcess, prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE, PrometheusProcess
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 T0 = DEFAULT_START
 MIN = 60.0

@@ -3,7 +3,6 @@ as the simulators write them, backfilled with promtool and read back with the pr
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,15 +15,9 @@ from jobs.metrics.prometheus import PrometheusClient, Selector
 from jobs.metrics.signal_queries import fetch_job_signals
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, gpm, openmetrics_lines, simulate
 from jobs.simulate import node_exporter as N
-from tests.prom_server import PrometheusProcess, prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE, PrometheusProcess
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 HOSTS = ["gpu-node-001", "gpu-node-002"]
 TS = DEFAULT_START + 15.0 * np.arange(41)  # 10 min of 15 s scrapes

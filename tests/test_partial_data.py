@@ -5,7 +5,6 @@ missing part, so the next poll, after the rest has arrived, archives it: 0 sampl
 from __future__ import annotations
 
 import re
-import shutil
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -19,15 +18,9 @@ from jobs.metrics.signals import SIGNALS
 from jobs.models import Job
 from jobs.pipeline import poll as pipeline
 from jobs.simulate import DEFAULT_START, SimSpec, backfill, openmetrics_lines, registration_body, simulate
-from tests.prom_server import PrometheusProcess, prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE, PrometheusProcess
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 T0 = DEFAULT_START  # a multiple of 7,200 s: the aggregate archive chunk boundary is at T0 + 2 h
 MIN = 60.0

@@ -4,7 +4,6 @@ equal the standalone evaluation's (which reads the archive itself)."""
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -17,16 +16,10 @@ from django.test.utils import CaptureQueriesContext
 from jobs.alerts import incidents
 from jobs.models import AlertIncident, Job
 from jobs.pipeline import poll as pipeline
-from tests.prom_server import prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE
 from tests.test_cluster_poll import START, _client, _register, local_cache, prom, sims  # noqa: F401
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 #: The jobs polled: a healthy one, a straggler with low MFU, one with XID errors (incidents open and stay).
 JOBS = (("a1", {"hpc_job": "3001"}), ("a2", {"hpc_job": "3002"}), ("a3", {"hpc_job": "3003"}))

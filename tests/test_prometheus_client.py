@@ -32,15 +32,10 @@ from jobs.metrics.prometheus import (
 from jobs.metrics.signal_queries import aggregate_query, fetch_job_signals, window_total_query
 from jobs.metrics.signals import DEFAULT_DISABLED, SIGNALS
 from jobs.simulate import SimResult, SimSpec, backfill, simulate, write_openmetrics
-from tests.prom_server import PrometheusProcess, free_port, prometheus_binary
+from tests.prom_server import PrometheusProcess, free_port, needs_prometheus, prometheus_binary
 
 EVIL_ID = 'x\\"} or vector(1) #'  # a real job id full of PromQL syntax
 INJECTION = '"} or vector(1) #'  # what an attacker would send as a job id
-
-needs_prometheus = pytest.mark.skipif(
-    prometheus_binary() is None or shutil.which("promtool") is None,
-    reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-)
 
 
 class CountingSession(requests.Session):

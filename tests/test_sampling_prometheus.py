@@ -4,7 +4,6 @@ says how much of the window the samples cover. Expected values are derived by ha
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,15 +15,9 @@ from jobs.metrics.sampling import GAP_FACTOR, coverage_note, time_weighted_mean
 from jobs.metrics.signal_queries import fetch_job_signals
 from jobs.metrics.signals import COUNT, MAX, MEAN, SAMPLED, SIGNALS, grid
 from jobs.simulate import DEFAULT_START, backfill
-from tests.prom_server import PrometheusProcess, prometheus_binary
+from tests.prom_server import PROMETHEUS_MODULE, PrometheusProcess
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.skipif(
-        prometheus_binary() is None or shutil.which("promtool") is None,
-        reason="prometheus and promtool binaries are not installed (Debian/Ubuntu package: prometheus)",
-    ),
-]
+pytestmark = PROMETHEUS_MODULE
 
 T0 = DEFAULT_START  # 2026-01-01T00:00:00Z, a multiple of 60 and 300 s
 SCRAPE = 15.0
