@@ -59,6 +59,32 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+RequestSeen = Callable[[str, str, dict[str, Any]], None]
+
+
+def tap_requests(seen: RequestSeen) -> Callable[..., Any]:
+    """Call `seen(method, url, kwargs)` for every HTTP request sent through `requests.Session.request` (the
+    benchmarks count or record what the service sends to Prometheus), then send it; returns the original
+    method, for `untap_requests` and for sending without being seen."""
+    import requests
+
+    original = requests.Session.request
+
+    def request(session: requests.Session, method: str, url: str, **kwargs: Any) -> Any:
+        seen(method, url, kwargs)
+        return original(session, method, url, **kwargs)
+
+    requests.Session.request = request  # type: ignore[method-assign,assignment]
+    return original
+
+
+def untap_requests(original: Callable[..., Any]) -> None:
+    """Put back what `tap_requests` replaced."""
+    import requests
+
+    requests.Session.request = original  # type: ignore[method-assign]
+
+
 def load1() -> float:
     """The 1-minute load average (printed beside every figure: on a shared machine it explains the swing)."""
     return os.getloadavg()[0]

@@ -37,7 +37,6 @@ from benchmarks import _setup
 
 _setup.setup_django("bench_finalize")
 
-import requests  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 DAY = 86400.0
@@ -54,18 +53,14 @@ class _Requests:
     def __init__(self) -> None:
         self.by_endpoint: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._original = requests.Session.request
-        original = self._original
+        self._original = _setup.tap_requests(self._seen)
 
-        def request(session: requests.Session, method: str, url: str, **kwargs: Any) -> Any:
-            with self._lock:
-                self.by_endpoint[url.rsplit("/api/v1/", 1)[-1]] += 1
-            return original(session, method, url, **kwargs)
-
-        requests.Session.request = request  # type: ignore[method-assign,assignment]
+    def _seen(self, method: str, url: str, kwargs: dict[str, Any]) -> None:
+        with self._lock:
+            self.by_endpoint[url.rsplit("/api/v1/", 1)[-1]] += 1
 
     def restore(self) -> None:
-        requests.Session.request = self._original  # type: ignore[method-assign]
+        _setup.untap_requests(self._original)
 
 
 def main() -> None:

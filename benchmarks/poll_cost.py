@@ -53,16 +53,11 @@ class _Recorder:
     def __init__(self) -> None:
         self.on = False
         self.sent: list[tuple[str, str, Any, Any]] = []
-        self._original = requests.Session.request
-        original = self._original
-        recorder = self
+        self._original = _setup.tap_requests(self._seen)
 
-        def request(session: requests.Session, method: str, url: str, **kwargs: Any) -> Any:
-            if recorder.on:
-                recorder.sent.append((method, url, kwargs.get("data"), kwargs.get("params")))
-            return original(session, method, url, **kwargs)
-
-        requests.Session.request = request  # type: ignore[method-assign,assignment]
+    def _seen(self, method: str, url: str, kwargs: dict[str, Any]) -> None:
+        if self.on:
+            self.sent.append((method, url, kwargs.get("data"), kwargs.get("params")))
 
     def replay(self, workers: int, timeout_s: float) -> float:
         """Send the recorded requests again (`workers` at a time); returns the wall seconds."""

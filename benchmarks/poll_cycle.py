@@ -68,22 +68,19 @@ class _Requests:
 
     def __init__(self) -> None:
         self.by_kind: Counter[str] = Counter()
-        original = requests.Session.request
+        _setup.tap_requests(self._seen)
 
-        def request(session: requests.Session, method: str, url: str, **kwargs: Any) -> Any:
-            query = str((kwargs.get("data") or {}).get("query", ""))
-            if "train_tokens" in query:
-                kind = "throughput"
-            elif "TOTAL_ENERGY" in query and url.endswith("/api/v1/query"):
-                kind = "energy"
-            elif "GPU_I_ID" in query:
-                kind = "mig"  # sharing's MIG instance look-ups (per job before #14's batching)
-            else:
-                kind = "signals"
-            self.by_kind[kind] += 1
-            return original(session, method, url, **kwargs)
-
-        requests.Session.request = request  # type: ignore[method-assign,assignment]
+    def _seen(self, method: str, url: str, kwargs: dict[str, Any]) -> None:
+        query = str((kwargs.get("data") or {}).get("query", ""))
+        if "train_tokens" in query:
+            kind = "throughput"
+        elif "TOTAL_ENERGY" in query and url.endswith("/api/v1/query"):
+            kind = "energy"
+        elif "GPU_I_ID" in query:
+            kind = "mig"  # sharing's MIG instance look-ups (per job before #14's batching)
+        else:
+            kind = "signals"
+        self.by_kind[kind] += 1
 
 
 class _PostgresSampler:
