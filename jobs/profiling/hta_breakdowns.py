@@ -28,6 +28,7 @@ Deliberate differences from HTA, negligible on the samples:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -175,17 +176,10 @@ def idle_breakdown(
     launch = launch_start_of(ops, runtime)
     union = _union_idle(ops.start_ns, ops.end_ns, launch, consecutive_kernel_delay_ns)
     streams, sums = _per_stream_idle(ops, launch, consecutive_kernel_delay_ns, clamp_negative_gaps)
-    per_stream_total = sums["host"] + sums["kernel"] + sums["other"]
     u_total = union["host"] + union["kernel"] + union["other"]
     return {
         "basis": _IDLE_BASIS,
-        "host_wait_pct": pct(union["host"], u_total),
-        "kernel_wait_pct": pct(union["kernel"], u_total),
-        "other_pct": pct(union["other"], u_total),
-        "host_wait_ms": ms(union["host"]),
-        "kernel_wait_ms": ms(union["kernel"]),
-        "other_ms": ms(union["other"]),
-        "idle_ms": ms(u_total),
+        **_idle_parts(union),
         "span_ms": ms(union["span"]),
         "idle_pct": pct(u_total, union["span"]),
         "consecutive_kernel_delay_us": delay_us,
@@ -195,19 +189,27 @@ def idle_breakdown(
                 "so this can exceed the span."
             ),
             "stream_count": len(streams),
-            "host_wait_pct": pct(sums["host"], per_stream_total),
-            "kernel_wait_pct": pct(sums["kernel"], per_stream_total),
-            "other_pct": pct(sums["other"], per_stream_total),
-            "host_wait_ms": ms(sums["host"]),
-            "kernel_wait_ms": ms(sums["kernel"]),
-            "other_ms": ms(sums["other"]),
-            "idle_ms": ms(per_stream_total),
+            **_idle_parts(sums),
         },
         "streams": streams[:MAX_LISTED],
     }
 
 
 _IDLE_BASIS = "union of GPU activity over all streams (an instant is idle when no stream is busy)"
+
+
+def _idle_parts(ns: Mapping[str, float]) -> dict[str, Any]:
+    """Host wait, kernel wait and other idle time (ns in `ns`) as shares of their total and in ms."""
+    total = ns["host"] + ns["kernel"] + ns["other"]
+    return {
+        "host_wait_pct": pct(ns["host"], total),
+        "kernel_wait_pct": pct(ns["kernel"], total),
+        "other_pct": pct(ns["other"], total),
+        "host_wait_ms": ms(ns["host"]),
+        "kernel_wait_ms": ms(ns["kernel"]),
+        "other_ms": ms(ns["other"]),
+        "idle_ms": ms(total),
+    }
 
 
 def _union_idle(
