@@ -26,16 +26,16 @@ from jobs.metrics.promql import (
     promql_string,
     regex_any,
 )
-from jobs.metrics.sampling import lattice_point, step_window_s
+from jobs.metrics.sampling import lattice_point, rows_on_grids, step_window_s
 from jobs.metrics.sampling import rate_window_s as _rate_window
 from jobs.metrics.signal_queries import (
     DCGM_NAME_REGEX,
     aggregate_query,
     base_vector,
     missing_reason,
-    per_gpu_matrix,
+    per_gpu_matrices,
     per_gpu_query,
-    stats_from_series,
+    stats_of_jobs,
 )
 from jobs.metrics.signals import (
     COUNT,
@@ -247,16 +247,17 @@ def read_group(
     wide: list[tuple[Signal, list[tuple[Target, tuple[str, ...]]], float, Future[Sequence[Any]]]] = []
     for sig, names, answer in asked:
         split = split_series(answer.result(), group)
+        # Every job's series of the answer placed on its grid in one pass (label groups).
+        placed = stats_of_jobs(split, grids) if group.labels else {}
         for t, _ in group.members:
             ts = grids[t.key]
-            mine = split.get(t.key, [])
             if group.labels:
-                stats = stats_from_series(mine, ts)
+                stats = placed[t.key]
                 if NONZERO in sig.stats:
                     # The per-job query's `or vector(0)`: no GPU with a code is 0, on every grid point.
                     stats[NONZERO] = np.nan_to_num(stats.get(NONZERO, np.full(ts.size, np.nan)), nan=0.0)
             else:
-                stats = _stats_from_gpu_series(sig, mine, ts, scrape / step)
+                stats = _stats_from_gpu_series(sig, split.get(t.key, []), ts, scrape / step)
             if COUNT not in stats or np.isnan(stats[COUNT]).all():
                 out[t.key].missing[sig.key] = missing_reason(sig, False)
                 continue
@@ -269,12 +270,15 @@ def read_group(
                 queries += 1
     for sig, wanting, _, answer in wide:
         split = split_series(answer.result(), group)
+        gpu_grids: dict[int, np.ndarray] = {}
         for t, _ in wanting:
             g0t = lattice_point(t.gpu_start, per_gpu_step or step)
-            gts = grid(g0t, max(t.end, g0t), per_gpu_step or step)
-            series = out[t.key].signals[sig.key]
-            series.gpus, series.per_gpu = per_gpu_matrix(split.get(t.key, []), gts)
-            series.gpu_timestamps = gts
+            gpu_grids[t.key] = grid(g0t, max(t.end, g0t), per_gpu_step or step)
+        # Every wanting job's per-GPU rows placed in one pass, straight into its matrix.
+        for key, (gpus, matrix) in per_gpu_matrices(split, gpu_grids).items():
+            series = out[key].signals[sig.key]
+            series.gpus, series.per_gpu = gpus, matrix
+            series.gpu_timestamps = gpu_grids[key]
     result.signals.update(out)
     return queries
 
@@ -363,8 +367,10 @@ def _stats_from_gpu_series(
     mean/min/max/count over the series reporting at each point (NaN where none), NONZERO 0 where none
     has a code (`or vector(0)`), the share of reporting series with each throttle bit, SAMPLED = all
     samples x scrape / step (NaN where no series has a sample)."""
-    values = [s.on_grid(ts) for s in series if s.labels.get("stat") == _VALUE]
-    counts = [s.on_grid(ts) for s in series if s.labels.get("stat") == _SAMPLES]
+    tagged = [s for s in series if s.labels.get("stat") in (_VALUE, _SAMPLES)]
+    rows = rows_on_grids([s.timestamps for s in tagged], [s.values for s in tagged], [ts] * len(tagged))
+    values = [r for s, r in zip(tagged, rows, strict=True) if s.labels["stat"] == _VALUE]
+    counts = [r for s, r in zip(tagged, rows, strict=True) if s.labels["stat"] == _SAMPLES]
     v = np.vstack(values) if values else np.full((0, ts.size), np.nan)
     ok = np.isfinite(v)
     n = ok.sum(axis=0).astype(np.float64)

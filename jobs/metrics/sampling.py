@@ -16,6 +16,7 @@ service uses on top of it:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -119,6 +120,81 @@ def place_on_grid(
     out = np.full(size, np.nan)
     np.divide(sums, counts, out=out, where=counts > 0)
     return out
+
+
+def grid_frame(grid: npt.ArrayLike) -> tuple[float, float]:
+    """(origin, step) of a regular grid as `place_on_grid` takes them: its first point and the distance
+    to the second; a one-point grid's step is one millisecond (it keeps only values within that
+    millisecond), an empty grid's origin 0."""
+    g = np.asarray(grid)
+    origin = float(g[0]) if g.size else 0.0
+    return origin, float(g[1] - g[0]) if g.size > 1 else PROMETHEUS_RESOLUTION_S
+
+
+def place_rows(
+    times: Sequence[np.ndarray],
+    values: Sequence[np.ndarray],
+    origins: npt.ArrayLike,
+    steps: npt.ArrayLike,
+    sizes: npt.ArrayLike,
+) -> np.ndarray:
+    """Many `place_on_grid` calls in one vectorised pass, the rows laid end to end in one array.
+
+    Row i is `place_on_grid(times[i], values[i], origins[i], steps[i], sizes[i])` and starts at
+    `sum(sizes[:i])`. The same arithmetic per sample (each sample's column from its own row's origin and
+    step), and each cell sums the same samples in the same order (`np.bincount` adds in input order), so
+    every value is bit-for-bit the one the row's own call gives. Why: the poll cycle places tens of
+    thousands of short series per cycle, where numpy's per-call overhead, not the arithmetic, was the cost.
+    """
+    n = len(times)
+    if len(values) != n:
+        raise ValueError(f"times and values differ in rows: {n} != {len(values)}")
+    o = np.asarray(origins, dtype=np.float64).reshape(-1)
+    s = np.asarray(steps, dtype=np.float64).reshape(-1)
+    z = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    if not o.size == s.size == z.size == n:
+        raise ValueError("origins, steps and sizes need one entry per row")
+    if (z < 0).any():
+        raise ValueError("row sizes must not be negative")
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(z, out=starts[1:])
+    total = int(starts[-1])
+    out = np.full(total, np.nan)
+    if n == 0 or total == 0:
+        return out
+    lengths = np.fromiter(map(len, times), dtype=np.int64, count=n)
+    if not np.array_equal(lengths, np.fromiter(map(len, values), dtype=np.int64, count=n)):
+        raise ValueError("a row's times and values differ in length")
+    if not lengths.any():
+        return out
+    row = np.repeat(np.arange(n), lengths)
+    t = np.concatenate(times).astype(np.float64, copy=False)
+    v = np.concatenate(values).astype(np.float64, copy=False)
+    cols = np.ceil((t - o[row]) / s[row] - _EPS).astype(np.int64)  # `grid_columns`, per row
+    ok = (cols >= 0) & (cols < z[row]) & np.isfinite(v)
+    cells = (starts[:-1][row] + cols)[ok]
+    sums = np.bincount(cells, weights=v[ok], minlength=total)
+    counts = np.bincount(cells, minlength=total)
+    np.divide(sums, counts, out=out, where=counts > 0)
+    return out
+
+
+def rows_on_grids(
+    times: Sequence[np.ndarray], values: Sequence[np.ndarray], grids: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    """Each row (times[i], values[i]) on its grid as `Series.on_grid` places one series (`place_on_grid`
+    from the grid's first point and step; a one-point grid keeps only values within its millisecond), in
+    one `place_rows` pass: the same values bit for bit, each row a view of one shared array."""
+    n = len(grids)
+    frames = [grid_frame(g) for g in grids]
+    sizes = np.fromiter(map(len, grids), dtype=np.int64, count=n)
+    origins = [f[0] for f in frames]
+    steps = [f[1] for f in frames]
+    flat = place_rows(times, values, origins, steps, sizes)
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    edges = bounds.tolist()
+    return [flat[edges[i] : edges[i + 1]] for i in range(n)]
 
 
 def time_weighted_mean(

@@ -13,16 +13,19 @@ PromQL to the registry's `unit` (see jobs.metrics.signals).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from jobs.metrics.cross_gpu import stats_from_rows
 from jobs.metrics.promql import HOST_LABEL_SPELLINGS, Selector, duration, gpu_key, regex_any
 from jobs.metrics.sampling import (
     DEFAULT_SCRAPE_INTERVAL_S,
+    grid_frame,
     lattice_point,
+    place_rows,
     step_window_s,
 )
 from jobs.metrics.sampling import (
@@ -49,6 +52,8 @@ from jobs.metrics.signals import (
     SignalSeries,
     grid,
 )
+
+K = TypeVar("K", bound=Hashable)  # a job's key in the many-jobs helpers (the poll cycle's job pk)
 
 
 def _over_time(signal: Signal) -> str:
@@ -213,27 +218,81 @@ DCGM_NAME_REGEX = "DCGM_FI_.+|" + regex_any(ALIAS_METRICS)
 
 
 def stats_from_series(series: Sequence[Any], timestamps: np.ndarray) -> dict[str, np.ndarray]:
-    """Aggregate-query series (objects with `labels` and `on_grid`) -> {stat: values on the grid}."""
-    out: dict[str, np.ndarray] = {}
-    for s in series:
-        stat = s.labels.get(STAT_LABEL)
-        if stat:
-            out[stat] = s.on_grid(timestamps)
+    """Aggregate-query series (`prometheus.Series`: labels, timestamps, values) -> {stat: values on the
+    grid}, each as `Series.on_grid` places it (a stat seen twice: the last series wins)."""
+    return stats_of_jobs({0: series}, {0: timestamps})[0]
+
+
+def stats_of_jobs(
+    series: Mapping[K, Sequence[Any]], grids: Mapping[K, np.ndarray]
+) -> dict[K, dict[str, np.ndarray]]:
+    """`stats_from_series` of many jobs at once (each key's series on that key's grid; a key without
+    series gets no stats), every series placed in one vectorised pass (`sampling.rows_on_grids`): the poll
+    cycle's answer of one signal holds a few series for each of hundreds of jobs."""
+    frames = {key: (*grid_frame(ts), len(ts)) for key, ts in grids.items()}
+    picked: list[tuple[K, str, Any]] = []
+    for key, mine in series.items():
+        for s in mine:
+            stat = s.labels.get(STAT_LABEL)
+            if stat:
+                picked.append((key, stat, s))
+    spans = [frames[key] for key, _, _ in picked]
+    flat = place_rows(
+        [s.timestamps for _, _, s in picked], [s.values for _, _, s in picked],
+        [f[0] for f in spans], [f[1] for f in spans], [f[2] for f in spans],
+    )  # fmt: skip
+    out: dict[K, dict[str, np.ndarray]] = {key: {} for key in grids}
+    at = 0
+    for (key, stat, _), (_, _, size) in zip(picked, spans, strict=True):
+        out[key][stat] = flat[at : at + size]
+        at += size
     return out
 
 
 def per_gpu_matrix(series: Sequence[Any], timestamps: np.ndarray) -> tuple[tuple[GpuKey, ...], np.ndarray]:
     """Per-GPU series -> (sorted GPU keys, matrix gpus x time with NaN where a GPU has no sample)."""
-    rows: dict[GpuKey, np.ndarray] = {}
-    for s in series:
-        key = GpuKey(*gpu_key(s.labels))
-        row = s.on_grid(timestamps)
-        if key in rows:  # same GPU under two host spellings: keep what either has
-            row = np.where(np.isnan(rows[key]), row, rows[key])
-        rows[key] = row
-    keys = tuple(sorted(rows, key=lambda k: (k.hostname, int(k.gpu) if k.gpu.isdigit() else -1, k.gpu)))
-    matrix = np.vstack([rows[k] for k in keys]) if keys else np.empty((0, len(timestamps)))
-    return keys, matrix
+    return per_gpu_matrices({0: series}, {0: timestamps})[0]
+
+
+def per_gpu_matrices(
+    series: Mapping[K, Sequence[Any]], grids: Mapping[K, np.ndarray]
+) -> dict[K, tuple[tuple[GpuKey, ...], np.ndarray]]:
+    """`per_gpu_matrix` of many jobs at once (each key's series on that key's grid), every series placed in
+    one vectorised pass (`sampling.place_rows`) straight into its job's matrix row, GPUs sorted by host
+    and index. One GPU under two host spellings (two series): the first series' values, the next one's
+    where the first has none (in series order)."""
+    layout: list[tuple[K, tuple[GpuKey, ...], int]] = []  # (job, its sorted GPUs, its matrix's offset)
+    rows: list[tuple[Any, float, float, int]] = []  # (series, grid origin, step, size) in flat order
+    extra: list[tuple[int, Any, float, float, int]] = []  # (offset of the row it merges into, its row)
+    offset = 0
+    for key, ts in grids.items():
+        by_gpu: dict[GpuKey, list[Any]] = {}
+        for s in series.get(key, ()):
+            by_gpu.setdefault(GpuKey(*gpu_key(s.labels)), []).append(s)
+        keys = tuple(sorted(by_gpu, key=lambda k: (k.hostname, int(k.gpu) if k.gpu.isdigit() else -1, k.gpu)))
+        origin, step = grid_frame(ts)
+        size = len(ts)
+        layout.append((key, keys, offset))
+        for gk in keys:
+            first, *rest = by_gpu[gk]
+            rows.append((first, origin, step, size))
+            extra += [(offset, s, origin, step, size) for s in rest]
+            offset += size
+    rows += [(s, origin, step, size) for _, s, origin, step, size in extra]
+    flat = place_rows(
+        [r[0].timestamps for r in rows], [r[0].values for r in rows],
+        [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+    )  # fmt: skip
+    tail = offset
+    for at, _, _, _, size in extra:  # in series order: a value already in the GPU's row is kept
+        row = flat[at : at + size]
+        np.copyto(row, flat[tail : tail + size], where=np.isnan(row))
+        tail += size
+    out: dict[K, tuple[tuple[GpuKey, ...], np.ndarray]] = {}
+    for key, keys, at in layout:
+        size = len(grids[key])
+        out[key] = (keys, flat[at : at + len(keys) * size].reshape(len(keys), size))
+    return out
 
 
 class RangeClient(Protocol):
@@ -321,6 +380,7 @@ def fetch_job_signals(
     per_gpu_step: float | None = None,
     rate_window_s: float | None = None,
     aggregates: bool = True,
+    stats_here: bool = False,
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S,
     max_samples: float | None = None,
     gpus_hint: int = 1,
@@ -343,6 +403,11 @@ def fetch_job_signals(
     same grid into parts of at most that many samples across the job's GPUs, so no single query can run
     into the client's timeout (`gpus_hint`: the job's GPUs; read one by one, the bound also rises to the
     GPUs the aggregates count as they are read).
+
+    `stats_here` (a finalize): each signal's cross-GPU stats are computed here (`jobs.metrics.cross_gpu`) from
+    one per-series read of its per-GPU expression, plus the server-side SAMPLED sum, instead of one
+    `aggregate_query` in which Prometheus evaluates that expression once per stat: each raw sample is read
+    twice instead of five times, for the same stats (see `cross_gpu` for how they match Prometheus').
 
     `fetcher` (a finalize: `jobs.metrics.prometheus.RangeFetcher`): every signal's aggregate queries (all
     their parts) are sent ahead and read in signal order, then every per-GPU query of the signals that
@@ -396,16 +461,35 @@ def fetch_job_signals(
         query = per_gpu_query(sig, selector, gwindow, step_s=per_gpu_step, metrics=metrics)
         return grid(g0, g1, per_gpu_step), send(query, g0, g1, per_gpu_step)
 
+    def aggregates_sent(sig: Signal, metrics: list[str]) -> Callable[[], dict[str, np.ndarray]]:
+        """Send `sig`'s cross-GPU stats query (or, `stats_here`, its per-series and SAMPLED queries); the
+        returned call reads the answers into {stat: values on `ts`}."""
+        if not stats_here:
+            query = aggregate_query(
+                sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s, metrics=metrics
+            )
+            sent = send(query, start, end, step)
+            return lambda: stats_from_series(answer(sent), ts)
+        rows = send(base_vector(sig, selector, window, step_s=step, metrics=metrics), start, end, step)
+        sampled_query = sampled_vector(
+            sig, selector, step_s=step, scrape_interval_s=scrape_interval_s, metrics=metrics
+        )
+        sampled = send(sampled_query, start, end, step)
+
+        def read() -> dict[str, np.ndarray]:
+            stats = stats_from_rows(sig, answer(rows), ts)
+            for s in answer(sampled):  # one series (a `sum` without `by`), none without samples
+                stats[SAMPLED] = s.on_grid(ts)
+            return stats
+
+        return read
+
     found_names = {sig.key: [m for m in sig.names if m in present] for sig in wanted}
-    ahead: dict[str, list[Future[Sequence[Any]]]] = {}
+    ahead: dict[str, Callable[[], dict[str, np.ndarray]]] = {}
     if aggregates and fetcher is not None:
         for sig in wanted:
             if found_names[sig.key]:
-                query = aggregate_query(
-                    sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s,
-                    metrics=found_names[sig.key],
-                )  # fmt: skip
-                ahead[sig.key] = send(query, start, end, step)
+                ahead[sig.key] = aggregates_sent(sig, found_names[sig.key])
     later: list[tuple[SignalSeries, np.ndarray, list[Future[Sequence[Any]]]]] = []
     for sig in wanted:
         metrics = found_names[sig.key]
@@ -414,13 +498,8 @@ def fetch_job_signals(
             continue
         stats: dict[str, np.ndarray] = {}
         if aggregates:
-            sent = ahead.get(sig.key)
-            if sent is None:
-                query = aggregate_query(
-                    sig, selector, window, step_s=step, scrape_interval_s=scrape_interval_s, metrics=metrics
-                )
-                sent = send(query, start, end, step)
-            stats = stats_from_series(answer(sent), ts)
+            read = ahead.get(sig.key) or aggregates_sent(sig, metrics)
+            stats = read()
             # `count` is NaN wherever no GPU reported; `or vector(0)` lines do not count as data.
             if COUNT not in stats or np.isnan(stats[COUNT]).all():
                 result.missing[sig.key] = missing_reason(sig, True)

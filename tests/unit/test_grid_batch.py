@@ -1,0 +1,155 @@
+"""Many series placed on their grids in one vectorised pass (the poll cycle's decode, #26 item 2) give the
+values the one-series-at-a-time placement gives, bit for bit. Pure: no Django, no Prometheus.
+
+The references are the per-series functions (`place_on_grid`, `Series.on_grid`) and, for the per-GPU
+matrices, the row-by-row merge `per_gpu_matrix` did before it was batched (kept here as `_one_by_one`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jobs.metrics.prometheus import Series
+from jobs.metrics.promql import gpu_key
+from jobs.metrics.sampling import place_on_grid, place_rows, rows_on_grids
+from jobs.metrics.signal_queries import per_gpu_matrices, per_gpu_matrix, stats_from_series, stats_of_jobs
+from jobs.metrics.signals import GpuKey, grid
+
+T0 = 1_767_225_600.0
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> None:
+    """Equal bit for bit (NaN where NaN, the same float64 everywhere else)."""
+    assert a.dtype == b.dtype == np.float64 and a.shape == b.shape
+    assert a.tobytes() == b.tobytes()
+
+
+def _random_series(rng: np.random.Generator, labels: dict[str, str], lo: float, hi: float) -> Series:
+    """Samples on, off and between a 30 s lattice, some twice in one window, some NaN, some outside."""
+    n = int(rng.integers(0, 12))
+    times = np.sort(lo + rng.choice([0.0, 7.5, 15.0, 29.999, 30.0], n) + 30.0 * rng.integers(-2, 14, n))
+    values = rng.normal(0.5, 0.3, n)
+    values[rng.random(n) < 0.15] = np.nan
+    return Series(labels, times[times < hi + 90], values[times < hi + 90])
+
+
+def test_place_rows_gives_each_rows_place_on_grid_bit_for_bit() -> None:
+    rng = np.random.default_rng(7)
+    times, values, origins, steps, sizes = [], [], [], [], []
+    for i in range(300):
+        step = float(rng.choice([30.0, 60.0, 300.0, 0.001]))
+        origin = T0 + 30.0 * int(rng.integers(0, 20))
+        n = int(rng.integers(0, 15))
+        t = origin + step * rng.integers(-3, 12, n) + rng.choice([0.0, 1e-7, 0.4 * step, step / 2], n)
+        v = rng.normal(size=n) * 10 ** float(rng.integers(-3, 4))
+        v[rng.random(n) < 0.1] = rng.choice([np.nan, np.inf, -np.inf])
+        times.append(t)
+        values.append(v)
+        origins.append(origin)
+        steps.append(step)
+        sizes.append(int(rng.integers(0, 10)) if i % 7 else 0)
+    flat = place_rows(times, values, origins, steps, sizes)
+    at = 0
+    for t, v, o, s, z in zip(times, values, origins, steps, sizes, strict=True):
+        _same(flat[at : at + z], place_on_grid(t, v, o, s, z))
+        at += z
+    assert at == flat.size
+
+
+def test_place_rows_averages_two_samples_of_one_window_in_their_order() -> None:
+    # Row 0: 10 and 20 both close at 30 -> 15; row 1 (its own origin 60): 5 at 90 -> column 1.
+    flat = place_rows([np.array([10.0, 20.0]), np.array([90.0])], [np.array([10.0, 20.0]), np.array([5.0])],
+                      [0.0, 60.0], [30.0, 30.0], [2, 2])  # fmt: skip
+    np.testing.assert_array_equal(np.isnan(flat), [True, False, True, False])
+    assert flat[1] == 15.0 and flat[3] == 5.0
+
+
+def test_place_rows_refuses_rows_that_do_not_line_up() -> None:
+    with pytest.raises(ValueError, match="differ in rows"):
+        place_rows([np.array([1.0])], [], [0.0], [30.0], [1])
+    with pytest.raises(ValueError, match="one entry per row"):
+        place_rows([np.array([1.0])], [np.array([1.0])], [0.0, 1.0], [30.0], [1])
+    with pytest.raises(ValueError, match="differ in length"):
+        place_rows([np.array([1.0, 2.0])], [np.array([1.0])], [0.0], [30.0], [1])
+    with pytest.raises(ValueError, match="negative"):
+        place_rows([np.array([1.0])], [np.array([1.0])], [0.0], [30.0], [-1])
+
+
+def test_rows_on_grids_match_series_on_grid_on_empty_one_point_and_long_grids() -> None:
+    rng = np.random.default_rng(11)
+    grids = [grid(T0, T0 + 300, 30.0), grid(T0 + 30, T0 + 30, 30.0), np.empty(0), grid(T0, T0 + 3600, 300.0)]
+    series = [_random_series(rng, {}, T0, T0 + 3600) for _ in range(40)]
+    series.append(Series({}, np.array([T0 + 29.9995, T0 + 30.0, T0 + 30.002]), np.array([3.0, 1.0, 9.0])))
+    pairs = [(s, g) for s in series for g in grids]
+    times, values = [s.timestamps for s, _ in pairs], [s.values for s, _ in pairs]
+    rows = rows_on_grids(times, values, [g for _, g in pairs])
+    for (s, g), row in zip(pairs, rows, strict=True):
+        _same(row, s.on_grid(g))
+    # The one-point grid at T0 + 30 keeps only its millisecond (T0 + 29.999, T0 + 30]: 3 and 1, not 9.
+    assert rows[-3][0] == 2.0
+
+
+def test_stats_of_jobs_place_each_jobs_stats_on_its_own_grid() -> None:
+    rng = np.random.default_rng(3)
+    grids = {k: grid(T0 + 30.0 * k, T0 + 600.0, 30.0) for k in range(30)}
+    series = {
+        k: [_random_series(rng, {"hpc_job": str(k), "stat": stat}, T0, T0 + 600) for stat in ("mean", "min")]
+        + [_random_series(rng, {"hpc_job": str(k)}, T0, T0 + 600)]  # no stat label: not a stat
+        for k in range(25)  # jobs 25..29 have no series
+    }
+    got = stats_of_jobs(series, grids)
+    assert set(got) == set(grids)
+    for k, ts in grids.items():
+        mine = series.get(k, [])
+        assert set(got[k]) == ({"mean", "min"} if mine else set())
+        for s in mine[:2]:
+            _same(got[k][s.labels["stat"]], s.on_grid(ts))
+        assert stats_from_series(mine, ts).keys() == got[k].keys()
+
+
+def test_a_stat_seen_twice_keeps_the_last_series_as_before() -> None:
+    ts = grid(0.0, 60.0, 30.0)
+    first = Series({"stat": "mean"}, np.array([0.0]), np.array([1.0]))
+    last = Series({"stat": "mean"}, np.array([30.0]), np.array([2.0]))
+    _same(stats_from_series([first, last], ts)["mean"], last.on_grid(ts))
+
+
+def _one_by_one(series: list[Series], ts: np.ndarray) -> tuple[tuple[GpuKey, ...], np.ndarray]:
+    """`per_gpu_matrix` as it was before the batch: each series on the grid, spellings merged in order."""
+    rows: dict[GpuKey, np.ndarray] = {}
+    for s in series:
+        key = GpuKey(*gpu_key(s.labels))
+        row = s.on_grid(ts)
+        if key in rows:
+            row = np.where(np.isnan(rows[key]), row, rows[key])
+        rows[key] = row
+    keys = tuple(sorted(rows, key=lambda k: (k.hostname, int(k.gpu) if k.gpu.isdigit() else -1, k.gpu)))
+    return keys, (np.vstack([rows[k] for k in keys]) if keys else np.empty((0, len(ts))))
+
+
+def test_per_gpu_matrices_match_the_row_by_row_merge_with_host_spellings() -> None:
+    rng = np.random.default_rng(5)
+    spellings = ("Hostname", "hostname", "exported_Hostname", "exported_hostname")
+    grids = {k: grid(T0 + 300.0 * (k % 3), T0 + 3600.0, 300.0) for k in range(12)}
+    grids[12] = grid(T0, T0, 300.0)  # a one-point grid
+    series: dict[int, list[Series]] = {}
+    for k in range(12):
+        mine = []
+        for g in rng.permutation(["0", "1", "2", "10", "x"]):
+            for spelling in rng.choice(spellings, int(rng.integers(1, 4)), replace=False):
+                labels = {spelling: f"node-{k % 4}", "gpu": str(g), "hpc_job": str(k)}
+                mine.append(_random_series(rng, labels, T0, T0 + 3600))
+        series[k] = mine
+    series[12] = [_random_series(rng, {"Hostname": "n", "gpu": "0"}, T0, T0) for _ in range(2)]
+    del series[3]  # a job whose per-GPU query returned nothing
+    got = per_gpu_matrices(series, grids)
+    assert list(got) == list(grids)
+    for k, ts in grids.items():
+        keys, matrix = got[k]
+        want_keys, want = _one_by_one(series.get(k, []), ts)
+        assert keys == want_keys
+        _same(matrix, want)
+        assert matrix.flags.c_contiguous
+    assert got[3][1].shape == (0, grids[3].size)
+    assert per_gpu_matrix(series[0], grids[0])[0] == got[0][0]
