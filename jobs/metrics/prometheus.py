@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 from typing import Any, Protocol
 
 import msgspec
@@ -184,6 +185,11 @@ class _MatrixItem(msgspec.Struct):
     values: list[tuple[float, str]] = []
 
 
+class _MatrixFloats(msgspec.Struct):
+    metric: dict[str, str]
+    values: list[tuple[float, float]] = []
+
+
 class _VectorItem(msgspec.Struct):
     metric: dict[str, str]
     value: tuple[float, str] | None = None
@@ -192,6 +198,12 @@ class _VectorItem(msgspec.Struct):
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
 _LIST_ENVELOPE = msgspec.json.Decoder(_ListEnvelope)
 _MATRIX = msgspec.json.Decoder(list[_MatrixItem])
+# Prometheus writes sample values as strings (Go's strconv.FormatFloat(v, 'f', -1, 64): "0.523", "NaN",
+# "+Inf", "-Inf", "-0"); msgspec's lax mode parses them into floats while it decodes, in C, where numpy
+# parsing the strings afterwards cost more than the JSON itself. Lax mode refuses "+Inf" and reads "-0" as
+# +0.0: an answer holding either is read by `_MATRIX` and numpy instead (`_matrix_series`).
+_MATRIX_FLOATS = msgspec.json.Decoder(list[_MatrixFloats], strict=False)
+_STRICT_ONLY = (b'"+Inf"', b'"-0"')
 _VECTOR = msgspec.json.Decoder(list[_VectorItem])
 _SCALAR = msgspec.json.Decoder(tuple[float, str])
 
@@ -316,8 +328,9 @@ class PrometheusClient:
         # Prometheus keeps milliseconds: a finer step would be sent as 0 and chunk grids would drift.
         if not step_s >= 0.001 or not math.isfinite(step_s):
             raise ValueError(f"step must be at least 1 ms, got {step}")
+        chunks = plan_chunks(t0, t1, step_s, self.max_points)
         parts: dict[tuple[tuple[str, str], ...], list[Series]] = {}
-        for c0, c1 in plan_chunks(t0, t1, step_s, self.max_points):
+        for c0, c1 in chunks:
             form = {
                 "query": query,
                 "start": _fmt_ts(c0),
@@ -328,18 +341,21 @@ class PrometheusClient:
             data = self._query("/api/v1/query_range", form)
             if data.resultType != "matrix":
                 raise PrometheusQueryError(f"range query returned {data.resultType!r}", error_type="bad_data")
-            for s in _matrix_series(data.result):
+            answer = _matrix_series(data.result)
+            if len(chunks) == 1:  # nothing to stitch (a matrix never holds one label set twice)
+                return answer
+            for s in answer:
                 parts.setdefault(tuple(sorted(s.labels.items())), []).append(s)
         out = []
-        for chunks in parts.values():
-            if len(chunks) == 1:
-                out.append(chunks[0])
+        for pieces in parts.values():
+            if len(pieces) == 1:
+                out.append(pieces[0])
             else:
                 out.append(
                     Series(
-                        chunks[0].labels,
-                        np.concatenate([c.timestamps for c in chunks]),
-                        np.concatenate([c.values for c in chunks]),
+                        pieces[0].labels,
+                        np.concatenate([c.timestamps for c in pieces]),
+                        np.concatenate([c.values for c in pieces]),
                     )
                 )
         return out
@@ -554,10 +570,29 @@ def _error_fields(resp: requests.Response) -> tuple[str | None, str]:
 
 
 def _matrix_series(raw: msgspec.Raw) -> list[Series]:
+    """A matrix result's series: every point of the answer parsed in one pass into two arrays (timestamps,
+    values), each series' arrays views of them. The poll cycle's answers hold hundreds of short series:
+    two numpy conversions per series cost more than the parsing."""
+    body = bytes(raw)
+    items: Sequence[_MatrixItem | _MatrixFloats] | None = None
+    if not any(word in body for word in _STRICT_ONLY):
+        with contextlib.suppress(msgspec.ValidationError):  # a value lax mode does not read: numpy's turn
+            items = _MATRIX_FLOATS.decode(body)
+    if items is not None:
+        both = np.array(list(chain.from_iterable(item.values for item in items)), dtype=np.float64)
+        both = both.reshape(-1, 2)  # (time, value) rows; copies keep each column contiguous
+        ts, values = both[:, 0].copy(), both[:, 1].copy()
+    else:
+        items = _MATRIX.decode(body)
+        flat = list(chain.from_iterable(item.values for item in items))
+        ts = np.array([p[0] for p in flat], dtype=np.float64)
+        values = _floats([p[1] for p in flat])
     out = []
-    for item in _MATRIX.decode(raw):
-        ts = np.array([p[0] for p in item.values], dtype=np.float64)
-        out.append(Series(item.metric, ts, _floats([p[1] for p in item.values])))
+    at = 0
+    for item in items:
+        end = at + len(item.values)
+        out.append(Series(item.metric, ts[at:end], values[at:end]))
+        at = end
     return out
 
 

@@ -1,5 +1,6 @@
 """Many series placed on their grids in one vectorised pass (the poll cycle's decode, #26 item 2) give the
-values the one-series-at-a-time placement gives, bit for bit. Pure: no Django, no Prometheus.
+values the one-series-at-a-time placement gives, bit for bit, and an answer decoded in one pass the arrays
+the per-series decoding gave. Pure: no Django, no Prometheus.
 
 The references are the per-series functions (`place_on_grid`, `Series.on_grid`) and, for the per-GPU
 matrices, the row-by-row merge `per_gpu_matrix` did before it was batched (kept here as `_one_by_one`).
@@ -7,9 +8,13 @@ matrices, the row-by-row merge `per_gpu_matrix` did before it was batched (kept 
 
 from __future__ import annotations
 
+import json
+
+import msgspec
 import numpy as np
 import pytest
 
+from jobs.metrics import prometheus
 from jobs.metrics.prometheus import Series
 from jobs.metrics.promql import gpu_key
 from jobs.metrics.sampling import place_on_grid, place_rows, rows_on_grids
@@ -153,3 +158,61 @@ def test_per_gpu_matrices_match_the_row_by_row_merge_with_host_spellings() -> No
         assert matrix.flags.c_contiguous
     assert got[3][1].shape == (0, grids[3].size)
     assert per_gpu_matrix(series[0], grids[0])[0] == got[0][0]
+
+
+# ----------------------------------------------------------------------------------------------- decoding
+
+
+def _old_decode(body: bytes) -> list[Series]:
+    """The per-series decoding `_matrix_series` replaced: two numpy conversions per series."""
+    out = []
+    for item in prometheus._MATRIX.decode(body):
+        ts = np.array([p[0] for p in item.values], dtype=np.float64)
+        out.append(Series(item.metric, ts, prometheus._floats([p[1] for p in item.values])))
+    return out
+
+
+def _answer(rng: np.random.Generator, words: list[str]) -> bytes:
+    """A matrix result as Prometheus writes it: values as Go's FormatFloat(v, 'f', -1, 64) strings."""
+    result = []
+    for i in range(int(rng.integers(0, 40))):
+        n = int(rng.integers(0, 30))
+        times = T0 + 30.0 * np.arange(n) + rng.choice([0.0, 0.001, 0.5], n)
+        pairs = [[float(t), str(rng.choice(words))] for t in times]
+        result.append({"metric": {"hpc_job": str(i), "stat": "mean"}, "values": pairs})
+    return json.dumps(result).encode()
+
+
+def _numbers(rng: np.random.Generator, n: int) -> list[str]:
+    """Random doubles of every magnitude, positional as Prometheus writes them (no exponent)."""
+    x = rng.normal(size=n) * 10.0 ** rng.integers(-30, 30, n)
+    return [np.format_float_positional(v, unique=True, trim="-") for v in x] + ["0", "1", "0.1", "1767225600"]
+
+
+@pytest.mark.parametrize("extra", [[], ["NaN", "-Inf"], ["+Inf"], ["-0"], ["NaN", "+Inf", "-0", "-Inf"]])
+def test_decoded_answers_are_bit_for_bit_the_per_series_decoding(extra: list[str]) -> None:
+    # The lax path (msgspec parses the strings) and the numpy path ("+Inf" or "-0" present) alike.
+    rng = np.random.default_rng(len(extra))
+    words = _numbers(rng, 300) + extra
+    for _ in range(20):
+        body = _answer(rng, words)
+        if not {"+Inf", "-0"} & set(extra):  # the lax path reads this answer itself (no fallback)
+            prometheus._MATRIX_FLOATS.decode(body)
+        got, want = prometheus._matrix_series(msgspec.Raw(body)), _old_decode(body)
+        assert [s.labels for s in got] == [s.labels for s in want]
+        for g, w in zip(got, want, strict=True):
+            _same(g.timestamps, w.timestamps)
+            _same(g.values, w.values)
+
+
+def test_negative_zero_and_infinities_keep_their_sign() -> None:
+    body = json.dumps([{"metric": {}, "values": [[1, "-0"], [2, "+Inf"], [3, "-Inf"], [4, "NaN"]]}]).encode()
+    (s,) = prometheus._matrix_series(msgspec.Raw(body))
+    assert np.signbit(s.values[0]) and s.values[1] == np.inf and s.values[2] == -np.inf
+    assert np.isnan(s.values[3])
+
+
+def test_an_unreadable_value_is_refused_as_before() -> None:
+    body = json.dumps([{"metric": {}, "values": [[1, "0.5"], [2, "lots"]]}]).encode()
+    with pytest.raises(ValueError):
+        prometheus._matrix_series(msgspec.Raw(body))
