@@ -327,8 +327,9 @@ def split_series(series: Sequence[Any], group: Group) -> dict[int, list[Any]]:
         owners: dict[tuple[str, ...], list[int]] = defaultdict(list)
         for t, values in group.members:
             owners[values].append(t.key)
-        for s in series:
-            for key in owners.get(tuple(s.labels.get(n, "") for n in group.labels), ()):
+        names, blanks = group.labels, ("",) * len(group.labels)
+        for s in series:  # the label values as a tuple, built in C: hundreds of series per answer
+            for key in owners.get(tuple(map(s.labels.get, names, blanks)), ()):
                 out[key].append(s)
         return out
     gpu_owners: dict[tuple[str, str], list[int]] = defaultdict(list)

@@ -83,6 +83,19 @@ def test_escape_label_value_escapes_backslash_quote_and_newline() -> None:
     assert escape_label_value('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
 
 
+def test_every_character_escapes_alike_on_the_fast_path_and_the_loop() -> None:
+    # The rule: backslash, quote, \n, \r, \t by name, other C0 controls and DEL as \xHH, the rest as is.
+    def rule(ch: str) -> str:
+        named = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+        if ch in named:
+            return named[ch]
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+
+    for code in [*range(0xD800), *range(0xE000, 0x30000)]:
+        ch = chr(code)
+        assert escape_label_value(f"job-{ch}-7") == f"job-{rule(ch)}-7", hex(code)
+
+
 def test_escape_label_value_rejects_lone_surrogates_and_non_strings() -> None:
     with pytest.raises(ValueError):
         escape_label_value("\ud800")
