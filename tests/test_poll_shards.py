@@ -85,13 +85,13 @@ def test_sharded_cycle_with_a_worker_death_stores_what_the_unsharded_cycle_store
     client = _client(prom)
     expected = _unsharded_state(client)
     calls: list[int] = []
-    store_poll = pipeline.store_poll
+    store_locked = pipeline._store_locked
 
-    def dying_store_poll(*args: Any, **kwargs: Any) -> Job:
+    def dying_store(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
-        if len(calls) == 2:  # the first shard's second job: its first job is stored, the rest is not
+        if len(calls) == 2:  # the first shard's second job: its batch's transaction rolls back whole
             raise WorkerDied
-        return store_poll(*args, **kwargs)
+        return store_locked(*args, **kwargs)
 
     deliveries: list[int] = []
 
@@ -104,11 +104,11 @@ def test_sharded_cycle_with_a_worker_death_stores_what_the_unsharded_cycle_store
             deliveries.append(spec.index)
             pipeline.poll_shard(spec, client)
 
-    pipeline.store_poll = dying_store_poll  # type: ignore[assignment]
+    pipeline._store_locked = dying_store  # type: ignore[assignment]
     try:
         report = pipeline.poll_cycle(client, now=NOW, shard_size=2, dispatch=broker)
     finally:
-        pipeline.store_poll = store_poll  # type: ignore[assignment]
+        pipeline._store_locked = store_locked  # type: ignore[assignment]
     assert deliveries == [0, 0, 1, 2]  # 5 jobs in shards of 2; shard 0 delivered twice
     assert report["shards_pending"] == [] and report["stale_jobs"] == []
     assert sorted(report["polled"]) == sorted(j.external_id for j in cluster_jobs)

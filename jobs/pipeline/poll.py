@@ -8,14 +8,18 @@ rules
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Field
+from django.db.models.signals import post_save, pre_save
 from django.utils import timezone
 
 from jobs.alerts import incidents as alerts
@@ -99,48 +103,97 @@ def store_poll(
     """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
     settled (`settled_data_until`); then the diagnosis (when due) and the alert rules.
 
-    The cycle merges every job's rows in one `archive.upsert` (`archived_rows=True`: already written) and
-    collects the derived rows in `derived_out` to merge them once too: one COPY per cycle, not per job;
-    `neighbours` is its sharing index (jobs.evaluation.sharing.Neighbours), read once for all jobs;
+    The per-job path (`poll_job`); the cycle stores its jobs a batch at a time (`_store_batch`), each job
+    through the same `_store_locked`. `archived_rows=True`: the job's rows are written already (the cycle
+    merges every job's rows in one `archive.upsert`); `derived_out` collects the derived rows to merge
+    them once too; `neighbours` is the cycle's sharing index (jobs.evaluation.sharing.Neighbours);
     `snapshot_rows`: the job's archive as the cycle read it for a batch of jobs after that write
     (`archive.Snapshot.rows_of`, #26 item 2), instead of a read of its own."""
     with transaction.atomic():
-        # The GPU model with the row (the evaluation reads it), locking only the job's row.
-        job = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").get(pk=job.pk)
-        stored = _column_values(job)
-        if energy_j is not _KEEP:
-            job.energy_j = energy_j if isinstance(energy_j, float) else None
-        if not archived_rows:
-            archive.upsert(archive.rows_for(job, sigs, {}))
-        # One read of the archive for the summary and the alert rules below (#14): GPU_UTIL per GPU for the
-        # exact idle share; the other per-GPU rows are the bulk of the archive.
-        held = snapshot_rows if archived_rows else None  # rows read before this job's write are not its own
-        snapshot = archive.Snapshot(job, per_gpu=_SNAPSHOT_GPU, rows=held)
-        archived = snapshot.load_job_signals(per_gpu=("gpu_util",))
-        derived = evaluate_and_store(job, archived, client, neighbours, cycle=cycle)
-        if archived is not None:
-            rows = archive.derived_rows(*derived_since(job, archived, derived, sigs.start))
-            snapshot.merge(rows)  # the rules read the archive as it is once these rows are written
-            if derived_out is None:
-                archive.upsert(rows)
-            else:
-                derived_out.extend(rows)
-        # The ingestion state after the evaluation, which does not read it: the poll's metrics-side work
-        # stays together instead of interleaving with the evaluation's.
-        record_missing(job, sigs)
-        job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
-        job.last_polled_at = now
-        job.ingest_error = ""
-        due = _diagnosis_due(job, now)
+        job = _locked([job.pk])[job.pk]
+        step = _store_locked(job, sigs, end, now, client, energy_j=energy_j, archived_rows=archived_rows,
+                             neighbours=neighbours, cycle=cycle, snapshot_rows=snapshot_rows)  # fmt: skip
+        if derived_out is None:
+            archive.upsert(step.derived)
+        else:
+            derived_out.extend(step.derived)
         # Only the columns this poll changed (the evaluation's JSON is most of the row and often the same).
-        job.save(update_fields=_changed_columns(job, stored))
-    if due:
+        job.save(update_fields=_changed_columns(job, step.stored))
+    _after_store(step, now, cycle)
+    return job
+
+
+@dataclass
+class _Stored:
+    """One job stored under its row lock (`_store_locked`), not saved yet: what the rest of its poll
+    needs once the row is written (its derived rows, its archive snapshot, whether the diagnosis is due)."""
+
+    job: Job
+    stored: dict[str, Any]  # the columns as locked (`_column_values`)
+    snapshot: archive.Snapshot
+    derived: list[Any]
+    due: bool
+
+
+def _locked(pks: Sequence[int]) -> dict[int, Job]:
+    """Jobs `pks` with their GPU models, each row locked (`FOR UPDATE OF` the job only) in one statement,
+    in pk order (two batches that share jobs lock them in the same order)."""
+    query = Job.objects.select_for_update(of=("self",)).select_related("gpu_model").order_by("pk")
+    found = {job.pk: job for job in query.filter(pk__in=list(pks))}
+    missing = [pk for pk in pks if pk not in found]
+    if missing:
+        raise Job.DoesNotExist(f"jobs {missing} do not exist")
+    return found
+
+
+def _store_locked(
+    job: Job,
+    sigs: JobSignals,
+    end: float,
+    now: datetime,
+    client: PrometheusClient | None,
+    *,
+    energy_j: object,
+    archived_rows: bool,
+    neighbours: Neighbours | None,
+    cycle: CycleContext | None,
+    snapshot_rows: Sequence[archive.SnapshotRow] | None,
+) -> _Stored:
+    """`store_poll`'s work on the locked `job` (in the caller's transaction; the row not saved)."""
+    stored = _column_values(job)
+    if energy_j is not _KEEP:
+        job.energy_j = energy_j if isinstance(energy_j, float) else None
+    if not archived_rows:
+        archive.upsert(archive.rows_for(job, sigs, {}))
+    # One read of the archive for the summary and the alert rules below (#14): GPU_UTIL per GPU for the
+    # exact idle share; the other per-GPU rows are the bulk of the archive.
+    held = snapshot_rows if archived_rows else None  # rows read before this job's write are not its own
+    snapshot = archive.Snapshot(job, per_gpu=_SNAPSHOT_GPU, rows=held)
+    archived = snapshot.load_job_signals(per_gpu=("gpu_util",))
+    derived = evaluate_and_store(job, archived, client, neighbours, cycle=cycle)
+    rows: list[Any] = []
+    if archived is not None:
+        rows = archive.derived_rows(*derived_since(job, archived, derived, sigs.start))
+        snapshot.merge(rows)  # the rules read the archive as it is once these rows are written
+    # The ingestion state after the evaluation, which does not read it: the poll's metrics-side work
+    # stays together instead of interleaving with the evaluation's.
+    record_missing(job, sigs)
+    job.data_until = archive.utc(settled_data_until(sigs, end, now, job.data_until or job.started_at))
+    job.last_polled_at = now
+    job.ingest_error = ""
+    due = _diagnosis_due(job, now)
+    return _Stored(job, stored, snapshot, rows, due)
+
+
+def _after_store(step: _Stored, now: datetime, cycle: CycleContext | None) -> None:
+    """The diagnosis (when due) and the alert rules of a job whose poll is committed."""
+    job = step.job
+    if step.due:
         run_diagnosis(job)
     try:
-        alerts.evaluate_job(job, now, archived=snapshot, cycle=cycle)
+        alerts.evaluate_job(job, now, archived=step.snapshot, cycle=cycle)
     except Exception:  # alerting must never fail a poll
         log.exception("job %s: alert rules failed", job.external_id)
-    return job
 
 
 #: The per-GPU signals a poll's archive snapshot holds (GPU_UTIL: the summary's idle share, the idle rule).
@@ -300,26 +353,20 @@ def _store_jobs(
     in one shard. One job's failure marks that job stale, never the others."""
     done: dict[int, Job] = {}
     derived: list[Any] = []
-    held: dict[int, list[archive.SnapshotRow]] = {}
     keys = list(inputs)
-    for i, key in enumerate(keys):
-        sigs, end = inputs[key]
-        job = jobs[key]
-        if archived_rows and i % SNAPSHOT_BATCH == 0:
-            # The next batch's archive snapshots in one query (the archive write above holds their rows).
-            held = _snapshot_rows(keys[i : i + SNAPSHOT_BATCH])
-        try:
-            energy: object = _KEEP
-            if energy_due(job, now):
-                energy = energy_total(client, job_selector(job), job.started_at.timestamp(), end)
-            done[key] = store_poll(job, sigs, end, now, client, energy_j=energy, archived_rows=archived_rows,
-                                   derived_out=derived, neighbours=neighbours, cycle=shared,
-                                   snapshot_rows=held.pop(key, None))  # fmt: skip
-            if neighbours is not None:
-                neighbours.update(done[key])
-        except Exception as exc:  # one job's failure must not stop the cycle
-            log.exception("job %s: poll failed", job.external_id)
-            done[key] = mark_stale(job, exc, now)
+    for i in range(0, len(keys), SNAPSHOT_BATCH):
+        batch = keys[i : i + SNAPSHOT_BATCH]
+        # The batch's archive snapshots in one query (the archive write above holds their rows).
+        held = _snapshot_rows(batch) if archived_rows else {}
+        stored = _store_batch(client, now, jobs, inputs, batch, archived_rows, neighbours, shared, held, done)
+        for key, step in stored.items():
+            derived += step.derived
+            try:
+                _after_store(step, now, shared)
+                done[key] = step.job
+            except Exception as exc:  # the diagnosis failed: the job's poll is stored, but it is stale
+                log.exception("job %s: poll failed", step.job.external_id)
+                done[key] = mark_stale(step.job, exc, now)
     if shared is not None:
         derived += shared.repair_rows(jobs)
     try:
@@ -327,6 +374,145 @@ def _store_jobs(
     except Exception:  # the next poll writes them again (merges are idempotent)
         log.exception("poll cycle: writing the derived series failed")
     return done
+
+
+def _store_batch(
+    client: PrometheusClient,
+    now: datetime,
+    jobs: dict[int, Job],
+    inputs: dict[int, tuple[JobSignals, float]],
+    keys: list[int],
+    archived_rows: bool,
+    neighbours: Neighbours | None,
+    shared: CycleContext | None,
+    held: dict[int, list[archive.SnapshotRow]],
+    done: dict[int, Job],
+) -> dict[int, _Stored]:
+    """Store a batch of the cycle's jobs in one transaction (#26 item 2): their rows locked by one
+    SELECT ... FOR UPDATE, each job's work in a savepoint of its own (`_store_locked`), their columns
+    written by one UPDATE per set of changed columns (`_update_rows`). A job that fails is rolled back to
+    its savepoint and marked stale in `done` (after the transaction, as `store_poll`'s caller does); the
+    others are returned, committed, for their diagnosis and alert rules. A worker that dies mid-batch
+    leaves none of it written: the transaction commits whole or not at all."""
+    failed: dict[int, Exception] = {}
+    energy: dict[int, object] = {}
+    for key in keys:  # Prometheus reads before any row is locked
+        job = jobs[key]
+        try:
+            energy[key] = _KEEP
+            if energy_due(job, now):
+                energy[key] = energy_total(
+                    client, job_selector(job), job.started_at.timestamp(), inputs[key][1]
+                )
+        except Exception as exc:  # one job's failure must not stop the cycle
+            failed[key] = exc
+    ready = [key for key in keys if key not in failed]
+    stored: dict[int, _Stored] = {}
+    try:
+        with transaction.atomic():
+            locked = _locked(ready) if ready else {}
+            for key in ready:
+                sigs, end = inputs[key]
+                try:
+                    with transaction.atomic():  # a savepoint: a failed query rolls back this job only
+                        stored[key] = _store_locked(
+                            locked[key], sigs, end, now, client, energy_j=energy[key],
+                            archived_rows=archived_rows, neighbours=neighbours, cycle=shared,
+                            snapshot_rows=held.pop(key, None),
+                        )  # fmt: skip
+                except Exception as exc:
+                    failed[key] = exc
+                    continue
+                if neighbours is not None:
+                    neighbours.update(stored[key].job)
+            for key, error in _update_rows(list(stored.values())).items():
+                del stored[key]
+                failed[key] = error
+    except Exception as exc:  # the lock or the commit failed: nothing of the batch was written
+        failed.update({key: exc for key in ready if key not in failed})
+        stored = {}
+    for key in keys:
+        if key in failed:
+            log.error("job %s: poll failed", jobs[key].external_id, exc_info=failed[key])
+            done[key] = mark_stale(jobs[key], failed[key], now)
+    return stored
+
+
+def _update_rows(steps: list[_Stored]) -> dict[int, Exception]:
+    """Write the stored jobs' changed columns (`_changed_columns`), one UPDATE for all the jobs that
+    changed the same columns (in a steady cycle, nearly all); when one fails, each of its jobs again on
+    its own in a savepoint, so one bad value fails only its job. Returns the jobs that failed."""
+    groups: dict[tuple[str, ...], list[Job]] = {}
+    for step in steps:
+        groups.setdefault(tuple(_changed_columns(step.job, step.stored)), []).append(step.job)
+    failed: dict[int, Exception] = {}
+    for columns, group in groups.items():
+        try:
+            with transaction.atomic():
+                _update_columns(group, columns)
+            continue
+        except Exception as exc:
+            if len(group) == 1:
+                failed[group[0].pk] = exc
+                continue
+            log.warning("poll cycle: updating %d jobs at once failed (%s); one by one", len(group), exc)
+        for job in group:  # the group's update failed: find the job(s) it failed on
+            try:
+                with transaction.atomic():
+                    _update_columns([job], columns)
+            except Exception as err:
+                failed[job.pk] = err
+    return failed
+
+
+def _field(name: str) -> Field[Any, Any]:
+    """Job's concrete field of attribute `name` (its column has the same name)."""
+    field = Job._meta.get_field(name)
+    if not isinstance(field, Field) or field.column != field.attname:
+        raise ValueError(f"Job.{name} is not a column of its own name")
+    return field
+
+
+def _cast(field: Field[Any, Any]) -> str:
+    """The type a VALUES column of `field` is cast to: its column's, less a varchar's length (also of a
+    varchar array's elements): an explicit cast to varchar(n) truncates, while the assignment to the
+    column refuses a value too long, as `save` does."""
+    return re.sub(r"^(varchar|character varying)\(\d+\)", r"\1", str(field.db_type(connection)))
+
+
+def _update_columns(group: list[Job], columns: tuple[str, ...]) -> None:
+    """`job.save(update_fields=columns)` for every job of `group` in one statement (UPDATE ... FROM
+    VALUES): the same values as each save would write (each field's `pre_save`, so `updated_at` is now,
+    and `get_db_prep_save`), and the same pre_save / post_save signals. Without the ORM's compile of an
+    UPDATE per job, most of that save's CPU (#26 item 2)."""
+    fields = [_field(name) for name in columns]
+    using = connection.alias
+    for job in group:
+        pre_save.send(sender=Job, instance=job, raw=False, using=using, update_fields=frozenset(columns))
+    quote = connection.ops.quote_name
+    pk = _field("id")
+    casts = [_cast(pk), *(_cast(f) for f in fields)]
+    row = "(" + ", ".join(f"%s::{cast}" for cast in casts) + ")"
+    params: list[Any] = []
+    for job in group:
+        params.append(job.pk)
+        params += [f.get_db_prep_save(f.pre_save(job, False), connection) for f in fields]
+    key = quote(pk.attname)
+    names = [quote(f.attname) for f in fields]  # the poll's columns are plain ones: attname = column
+    table = quote(Job._meta.db_table)
+    sql = (
+        f"UPDATE {table} SET " + ", ".join(f"{n} = v.{n}" for n in names)
+        + f" FROM (VALUES {', '.join([row] * len(group))}) AS v({key}, {', '.join(names)})"
+        + f" WHERE {table}.{key} = v.{key}"
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount != len(group):  # as Model.save(update_fields=...) refuses to update nothing
+            raise DatabaseError(f"the update of {len(group)} jobs affected {cursor.rowcount} rows")
+    for job in group:
+        post_save.send(
+            sender=Job, instance=job, created=False, update_fields=frozenset(columns), raw=False, using=using
+        )
 
 
 def _run_shards(
