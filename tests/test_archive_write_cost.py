@@ -121,9 +121,52 @@ def test_reading_stored_chunks_leaves_out_the_per_gpu_rows_of_jobs_not_asking_fo
         return result
 
     with connection.execute_wrapper(count_rows):
-        found = _existing(wanted)
+        positions, values = _existing(wanted)
     assert fetched == [7]  # jobs 1 and 2's 8 per-GPU chunks not among them
+    found = {wanted[at]: row for at, row in zip(positions.tolist(), values, strict=True)}
     assert sorted(found) == sorted(wanted[:7])
     assert [found[k][0] for k in wanted[:4]] == [np.float32(0.125 + 0.0625 * g) for g in range(4)]
     assert [found[k][0] for k in wanted[4:7]] == [np.float32(0.5 + n / 8) for n in range(3)]
     assert np.isnan(found[wanted[0]][1:]).all() and found[wanted[0]].size == archive.CHUNK_POINTS
+
+
+@pytest.mark.django_db
+def test_reading_stored_chunks_returns_only_the_keys_asked_for_not_those_differing_in_one_column(make_team):
+    # The read filters each (step, chunk start) of the write by lists of the other columns; a stored chunk
+    # that differs from an asked-for key in one column only (job, signal, stat, GPU, step or start) must
+    # not come back as that key, and each chunk comes back at its own key's position with its own values.
+    from jobs.metrics.archive.write import _existing
+
+    jobs = [_job(make_team, f"y{i}") for i in range(2)]
+    a, b = jobs[0].pk, jobs[1].pk
+    # Steps with no tier above them (3600 s cross-GPU, 7200 s), so the write stores exactly these chunks.
+    t = T0 // (240 * 7200) * (240 * 7200)
+    base = (a, "gpu_util", "mean", "", 3600, t)
+    variants = [
+        base,
+        (b, "gpu_util", "mean", "", 3600, t),  # another job
+        (a, "sm_active", "mean", "", 3600, t),  # another signal
+        (a, "gpu_util", "max", "", 3600, t),  # another stat
+        (a, "gpu_util", "mean", "n/0", 3600, t),  # another GPU key
+        (a, "gpu_util", "mean", "", 7200, t),  # another step
+        (a, "gpu_util", "mean", "", 3600, t + 240 * 3600),  # the next chunk
+    ]
+    stored = [
+        Points(job, signal, stat, gpu, step, np.array([start + float(step)]), np.array([0.0625 * (n + 1)]))
+        for n, (job, signal, stat, gpu, step, start) in enumerate(variants)
+    ]
+    archive.upsert(stored)
+    assert JobSeries.objects.filter(job__in=jobs).count() == len(variants)
+    # Asked for: the base and three variants, and keys not stored that differ in one column from a stored
+    # variant not asked for (each crosses the asked-for lists' values).
+    wanted = [variants[0], variants[2], variants[4], variants[6]]
+    wanted += [
+        (b, "sm_active", "mean", "", 3600, t),  # variant 1 with variant 2's signal
+        (a, "gpu_util", "max", "", 3600, t + 240 * 3600),  # variant 3 in variant 6's chunk
+        (a, "gpu_util", "mean", "n/0", 7200, t),  # variant 5 with variant 4's GPU key
+        (b, "gpu_util", "mean", "n/0", 3600, t),  # variant 1 with variant 4's GPU key
+    ]
+    positions, values = _existing(wanted)
+    got = {wanted[at]: float(row[0]) for at, row in zip(positions.tolist(), values, strict=True)}
+    assert got == {variants[n]: 0.0625 * (n + 1) for n in (0, 2, 4, 6)}
+    assert len(positions.tolist()) == len(set(positions.tolist())) == 4

@@ -6,7 +6,9 @@ from __future__ import annotations
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 from django.db import connection, transaction
@@ -31,32 +33,65 @@ from jobs.models import JobSeries
 _CHUNK_BATCH = 2048
 
 
-def _chunked(rows: Iterable[Points]) -> tuple[dict[_Key, np.ndarray], dict[_Key, np.ndarray]]:
-    """New chunk values (float32, CHUNK_POINTS long, NaN where the write has nothing) and, per chunk, the
-    mask of points the write brings. A sample goes to the grid point closing its window; two samples of
-    one point are averaged (`place_on_grid`'s rule). Lines are placed a batch at a time with one bincount
-    (per-line numpy calls dominated a cycle's merge), in order, so a later line still wins."""
-    out: dict[_Key, np.ndarray] = {}
-    written: dict[_Key, np.ndarray] = {}
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """The chunks one level of a write touches, as matrices rather than a dict of arrays per chunk (the
+    per-chunk numpy calls and dict look-ups were most of a cycle's write CPU, #26 item 2): chunk i is
+    `keys[i]` (unique), its values `values[i]` (float32, CHUNK_POINTS long, NaN where nothing) and the
+    points the write brings `mask[i]`."""
+
+    keys: list[_Key]
+    values: np.ndarray
+    mask: np.ndarray
+
+
+def _level(keys: list[_Key], values: list[np.ndarray], masks: list[np.ndarray]) -> _Level:
+    if not keys:
+        return _Level([], np.empty((0, CHUNK_POINTS), dtype=_F4), np.empty((0, CHUNK_POINTS), dtype=bool))
+    return _Level(keys, np.concatenate(values), np.concatenate(masks))
+
+
+def _chunk_level(rows: Iterable[Points]) -> _Level:
+    """New chunk values (NaN where the write has nothing) and, per chunk, the mask of points the write
+    brings. A sample goes to the grid point closing its window; two samples of one point of one line are
+    averaged (`place_on_grid`'s rule). Lines are placed a batch at a time with one bincount (per-line numpy
+    calls dominated a cycle's merge), in order, so where two lines write one chunk the later one's values
+    win where it has them."""
     listed = list(rows)
+    index: dict[_Key, int] = {}
+    keys: list[_Key] = []
+    values: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    later: list[tuple[int, np.ndarray, np.ndarray]] = []  # (chunk, values, mask) of a line writing it again
     for b in range(0, len(listed), _CHUNK_BATCH):
-        _chunk_batch(listed[b : b + _CHUNK_BATCH], out, written)
-    return out, written
+        _chunk_batch(listed[b : b + _CHUNK_BATCH], index, keys, values, masks, later)
+    level = _level(keys, values, masks)
+    for i, arr, has in later:  # rare: the same chunk from two lines of one write
+        level.values[i] = np.where(has, arr, level.values[i])
+        level.mask[i] |= has
+    return level
 
 
-def _chunk_batch(rows: list[Points], out: dict[_Key, np.ndarray], written: dict[_Key, np.ndarray]) -> None:
+def _chunk_batch(
+    rows: list[Points],
+    index: dict[_Key, int],
+    keys: list[_Key],
+    values: list[np.ndarray],
+    masks: list[np.ndarray],
+    later: list[tuple[int, np.ndarray, np.ndarray]],
+) -> None:
     sizes = np.fromiter((r.values.size for r in rows), dtype=np.int64, count=len(rows))
     if not sizes.sum():
         return
-    values = np.concatenate([r.values for r in rows])
+    v = np.concatenate([r.values for r in rows])
     times = np.concatenate([r.times for r in rows])
     steps = np.repeat(np.fromiter((r.step for r in rows), dtype=np.float64, count=len(rows)), sizes)
     line = np.repeat(np.arange(len(rows), dtype=np.int64), sizes)
-    ok = np.isfinite(values)
+    ok = np.isfinite(v)
     if not ok.any():
         return
     k = np.ceil(times[ok] / steps[ok] - _EPS).astype(np.int64)
-    v, line = values[ok], line[ok]
+    v, line = v[ok], line[ok]
     chunk = (k - 1) // CHUNK_POINTS
     c0 = int(chunk.min())
     # One id per (line, chunk), sorted by line then chunk: the order the per-line pass visited them in.
@@ -69,82 +104,114 @@ def _chunk_batch(rows: list[Points], out: dict[_Key, np.ndarray], written: dict[
     np.divide(sums, counts, out=flat, where=counts > 0)
     means = flat.reshape(-1, CHUNK_POINTS).astype(_F4)
     has = counts.reshape(-1, CHUNK_POINTS) > 0
+    first: list[int] = []
     for j, (li, ci) in enumerate(zip((ids >> 32).tolist(), ((ids & (2**32 - 1)) + c0).tolist(), strict=True)):
         r = rows[li]
         key = (r.job_id, r.signal, r.stat, r.gpu_key, r.step, ci * CHUNK_POINTS * r.step)
-        arr = means[j]
-        if key in out:  # the same line twice in one write: the later values win where they exist
-            arr = np.where(has[j], arr, out[key])
-            written[key] = written[key] | has[j]
+        at = index.get(key)
+        if at is None:
+            index[key] = len(keys)
+            keys.append(key)
+            first.append(j)
         else:
-            written[key] = has[j]
-        out[key] = arr
+            later.append((at, means[j], has[j]))
+    values.append(means[first])
+    masks.append(has[first])
 
 
-def _existing(keys: list[_Key]) -> dict[_Key, np.ndarray]:
-    """The stored values of the chunks `keys` name (one query), padded to CHUNK_POINTS."""
+def _existing(keys: list[_Key]) -> tuple[np.ndarray, np.ndarray]:
+    """The stored chunks of `keys` (one query): their positions in `keys` and their values, padded with
+    NaN to CHUNK_POINTS, one row per position."""
+    none = (np.empty(0, dtype=np.int64), np.empty((0, CHUNK_POINTS), dtype=_F4))
     if not keys:
-        return {}
+        return none
     table = connection.ops.quote_name(JobSeries._meta.db_table)
-    # Each key column as its own = ANY list, which the (job, signal, stat, start) index answers, GPU keys
-    # included: a cycle writes the per-GPU rows of the fifth of its jobs due for them (ingest.per_gpu_due),
-    # and without the GPU list this read fetched every listed job's per-GPU chunks too, to drop them
-    # below. The rows of other combinations still returned are few (all jobs of a write share its chunk
-    # starts) and dropped below. (A join on the whole key tuples, unnest(...) JOIN on the unique key,
-    # fetches only the wanted rows but cost more CPU, in Python and Postgres, on 3,300 keys: 40-70 ms
-    # against 21-25 ms; see benchmarks/poll_cost.py.)
-    jobs, signals, stats, gpus, steps, starts = (sorted(set(c)) for c in zip(*keys, strict=True))
+    # One = ANY list per key column within each (step, chunk start) of the write, OR-ed: the (job, signal,
+    # stat, start) index answers each. A write's keys share a few (step, start) pairs (a cycle: the 30 s
+    # chunk of the cross-GPU stats, the 300 s one of the per-GPU rows of the fifth of its jobs due for them,
+    # ingest.per_gpu_due), and the lists of one pair keep the other pairs' stats and GPU keys out: one set
+    # of lists for the whole write also fetched, e.g., every job's 300 s tier chunk starting where the
+    # per-GPU chunks start (25,120 rows for 14,300 wanted on an 800-GPU cycle), to drop them below. (A
+    # join on the whole key tuples, unnest(...) JOIN on the unique key, fetches only the wanted rows but
+    # cost more CPU, in Python and Postgres, on 3,300 keys: 40-70 ms against 21-25 ms.)
+    groups: dict[tuple[int, int], list[_Key]] = defaultdict(list)
+    for key in keys:
+        groups[(key[4], key[5])].append(key)
+    clauses: list[str] = []
+    params: list[Any] = []
+    for (step, start), members in groups.items():
+        jobs, signals, stats, gpus = (sorted(set(c)) for c in list(zip(*members, strict=True))[:4])
+        clauses.append(
+            "(step_seconds = %s AND start = %s AND job_id = ANY(%s) AND signal = ANY(%s) AND stat = ANY(%s) "
+            "AND gpu_key = ANY(%s))"
+        )
+        params += [step, utc(start), jobs, signals, stats, gpus]
     sql = (
         f'SELECT job_id, signal, stat, gpu_key, step_seconds, extract(epoch from start)::bigint, "values" '
-        f"FROM {table} WHERE job_id = ANY(%s) AND signal = ANY(%s) AND stat = ANY(%s) "
-        f"AND gpu_key = ANY(%s) AND step_seconds = ANY(%s) AND start = ANY(%s)"
+        f"FROM {table} WHERE {' OR '.join(clauses)}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [jobs, signals, stats, gpus, steps, [utc(t) for t in starts]])
+        cursor.execute(sql, params)
         found = cursor.fetchall()
-    wanted = set(keys)
-    hits: list[_Key] = []
-    blobs: list[bytes] = []
-    for job_id, signal, stat, gpu_key, step, start, blob in found:
-        key = (job_id, signal, stat, gpu_key, step, int(start))
-        if key in wanted:
-            hits.append(key)
-            blobs.append(bytes(blob)[: CHUNK_POINTS * _F4.itemsize])
-    if not hits:
-        return {}
-    # All chunks padded with NaN into one matrix at once (per-chunk numpy calls cost more on a cycle).
-    counts = np.fromiter((len(b) // _F4.itemsize for b in blobs), dtype=np.int64, count=len(blobs))
-    flat = np.frombuffer(b"".join(blobs), dtype=_F4)
-    matrix = np.full((len(hits), CHUNK_POINTS), np.nan, dtype=_F4)
-    begins = np.cumsum(counts) - counts
-    matrix[np.repeat(np.arange(len(hits)), counts), np.arange(flat.size) - np.repeat(begins, counts)] = flat
-    return dict(zip(hits, matrix, strict=True))
+    if not found:
+        return none
+    index = {key: i for i, key in enumerate(keys)}
+    # Column-wise, so the per-row work (the key tuple, its look-up) runs in C: a cycle reads ~50,000 chunks.
+    *columns, blobs = zip(*found, strict=True)
+    positions = list(map(index.get, zip(*columns, strict=True)))
+    if None in positions:  # another combination of the lists' values: not asked for
+        keep = [i for i, at in enumerate(positions) if at is not None]
+        positions = [positions[i] for i in keep]
+        blobs = tuple(blobs[i] for i in keep)
+        if not keep:
+            return none
+    raw = [bytes(blob)[:_CHUNK_BYTES] for blob in blobs]
+    counts = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)) // _F4.itemsize
+    # Every chunk padded with NaN to CHUNK_POINTS at once: row-major, the mask's cells take the values in
+    # order.
+    matrix = np.full((len(raw), CHUNK_POINTS), np.nan, dtype=_F4)
+    matrix[np.arange(CHUNK_POINTS) < counts[:, None]] = np.frombuffer(b"".join(raw), dtype=_F4)
+    return np.asarray(positions, dtype=np.int64), matrix
 
+
+_CHUNK_BYTES = CHUNK_POINTS * _F4.itemsize
 
 _STAGE = "archive_stage_text"  # (a new name: a connection may still hold the old layout)
 _COLUMNS = 'job_id, signal, stat, gpu_key, step_seconds, start, "end", "values"'
 
 
-def _store(chunks: dict[_Key, np.ndarray]) -> int:
-    """COPY the merged chunks into a staging table and upsert them with one statement; returns rows."""
+def _store(keys: list[_Key], values: np.ndarray, which: np.ndarray) -> int:
+    """COPY the chunks `which` (positions in `keys` and rows of `values`) into a staging table and upsert
+    them with one statement; returns rows."""
     rows: list[str] = []
-    if chunks:
+    if which.size:
         # All chunks at once (each is CHUNK_POINTS long): gaps as NaN, trailing gaps trimmed.
-        matrix = np.stack(list(chunks.values())).astype(_F4)
-        finite = np.isfinite(matrix)
+        data = np.ascontiguousarray(values[which], dtype=_F4)
+        finite = np.isfinite(data)
         filled: list[bool] = np.asarray(finite.any(axis=1), dtype=bool).tolist()
-        ends = (matrix.shape[1] - np.argmax(finite[:, ::-1], axis=1)).tolist()
-        data = np.where(finite, matrix, np.float32("nan")).astype(_F4)
-        for i, (job_id, signal, stat, gpu_key, step, start) in enumerate(chunks):
-            if not filled[i]:
+        ends: list[int] = (data.shape[1] - np.argmax(finite[:, ::-1], axis=1)).tolist()
+        # One hex string for all chunks, sliced per row (a tobytes().hex() per row cost more).
+        hexed = data.tobytes().hex()
+        width = 2 * _CHUNK_BYTES
+        text: dict[str, str] = {}  # the few distinct signal, stat and GPU names, escaped once each
+        for n, i in enumerate(which.tolist()):
+            if not filled[n]:
                 continue
-            end = ends[i]
+            job_id, signal, stat, gpu_key, step, start = keys[i]
+            end = ends[n]
+            names = []
+            for name in (signal, stat, gpu_key):
+                escaped = text.get(name)
+                if escaped is None:
+                    escaped = text[name] = _copy_text(name)
+                names.append(escaped)
             # COPY's text format, built here in one pass (psycopg's write_row per row cost ~17 us a row,
             # seconds for a 4k-GPU cycle's per-GPU rows): times as Unix seconds (whole seconds: chunk
             # starts lie on the clock), the values as bytea hex (its backslash escaped for COPY).
+            at = n * width
             rows.append(
-                f"{job_id}\t{_copy_text(signal)}\t{_copy_text(stat)}\t{_copy_text(gpu_key)}\t{step}\t"
-                f"{start}\t{start + end * step}\t\\\\x{data[i, :end].tobytes().hex()}\n"
+                f"{job_id}\t{names[0]}\t{names[1]}\t{names[2]}\t{step}\t{start}\t{start + end * step}\t"
+                f"\\\\x{hexed[at : at + 8 * end]}\n"
             )
     if not rows:
         return 0
@@ -208,29 +275,35 @@ def _tier_above(stat: str, step: int) -> int | None:
     return coarse
 
 
-def _coarser(merged: dict[_Key, np.ndarray], written: dict[_Key, np.ndarray]) -> list[Points]:
-    """The next tier's values for the coarse windows a write touched, from the merged fine chunks. Each
-    coarse window (P - T, P] lies inside one fine chunk (`_tier_above`), so it is computed whole.
+def _coarser_level(keys: list[_Key], merged: np.ndarray, written: np.ndarray) -> _Level:
+    """The next tier's chunks for the coarse windows a write touched, from the merged fine chunks (rows of
+    `merged`; `written`: the points the write brought). Each coarse window (P - T, P] lies inside one fine
+    chunk (`_tier_above`), so it is computed whole, and a fine chunk's windows all lie in one coarse chunk
+    (its start is a multiple of CHUNK_POINTS x step, which the coarse chunk's span is a multiple of).
 
     A chunk starts on a multiple of CHUNK_POINTS x step, which the coarse step divides, so every chunk of
     one (stat, step) splits into coarse windows at the same offsets: those chunks are reduced as one
     (chunks x CHUNK_POINTS) matrix, a few numpy calls per (stat, step) rather than per chunk (the cycle
-    writes thousands)."""
-    groups: dict[tuple[str, int], list[_Key]] = defaultdict(list)
-    for key in merged:
-        groups[(key[2], key[4])].append(key)
-    out: list[Points] = []
-    for (stat, step), keys in groups.items():
+    writes thousands), and their values land in the coarse chunks' matrix with one scatter. Only finite
+    values of touched windows are written (a NaN never overwrites); where two fine chunks give one coarse
+    point (two fine steps of one stat in one write), the later (stat, step) group wins, as a later line
+    does in `_chunk_level`."""
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, key in enumerate(keys):
+        groups[(key[2], key[4])].append(i)
+    index: dict[_Key, int] = {}  # the coarse chunks, in the order first written
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # rows, columns, values
+    for (stat, step), members in groups.items():
         coarse = _tier_above(stat, step)
         if coarse is None:
             continue
-        mask = np.stack([written[k] for k in keys])
+        rows = np.asarray(members, dtype=np.int64)
+        mask = written[rows]
         live = np.asarray(mask.any(axis=1), dtype=bool)
         if not live.any():
             continue
-        keys = [k for k, ok in zip(keys, live.tolist(), strict=True) if ok]
-        mask = mask[live]
-        fine = np.stack([merged[k] for k in keys]).astype(np.float64)
+        rows, mask = rows[live], mask[live]
+        fine = merged[rows].astype(np.float64)
         # The coarse point closing each fine window, counted from the chunk's start (a multiple of coarse).
         times = step * np.arange(1, CHUNK_POINTS + 1, dtype=np.float64)
         local = np.ceil(times / coarse - _EPS).astype(np.int64)
@@ -241,13 +314,40 @@ def _coarser(merged: dict[_Key, np.ndarray], written: dict[_Key, np.ndarray]) ->
         if stat == "mean" and step not in AGG_TIERS:  # the polled (or finalized) means: start the extremes
             for extreme in EXTREMES:
                 reduced[extreme] = _reduce(extreme, fine, starts, ratio)
-        offsets = (local[starts] * coarse).astype(np.float64)
-        for i, (job_id, signal, _, gpu_key, _, start) in enumerate(keys):
-            hit = touched[i]
-            points = start + offsets[hit]
-            for name, values in reduced.items():
-                out.append(Points(job_id, signal, name, gpu_key, coarse, points, values[i][hit]))
-    return out
+        fine_keys = [keys[i] for i in rows.tolist()]
+        jobs, signals, gpus = [k[0] for k in fine_keys], [k[1] for k in fine_keys], [k[3] for k in fine_keys]
+        span = CHUNK_POINTS * coarse
+        fine_starts = np.asarray([k[5] for k in fine_keys], dtype=np.int64)
+        coarse_starts = fine_starts // span * span
+        # Column of coarse window m (local[starts] = 1, 2, ...) of each fine chunk in its coarse chunk.
+        columns = ((fine_starts - coarse_starts) // coarse)[:, None] + (local[starts] - 1)[None, :]
+        chunk_starts: list[int] = coarse_starts.tolist()
+        for name, values in reduced.items():
+            ok = touched & np.isfinite(values)
+            some = np.flatnonzero(ok.any(axis=1))
+            if not some.size:
+                continue
+            pick = some.tolist()
+            # A new key gets the next position (setdefault's default is read before it inserts).
+            target = np.fromiter(
+                (
+                    index.setdefault(
+                        (jobs[j], signals[j], name, gpus[j], coarse, chunk_starts[j]), len(index)
+                    )
+                    for j in pick
+                ),
+                dtype=np.int64,
+                count=len(pick),
+            )
+            r, c = np.nonzero(ok[some])
+            parts.append((target[r], columns[some][r, c], values[some][r, c]))
+    out_keys = list(index)
+    values_out = np.full((len(out_keys), CHUNK_POINTS), np.nan, dtype=_F4)
+    mask_out = np.zeros((len(out_keys), CHUNK_POINTS), dtype=bool)
+    for target_rows, cols, vals in parts:  # in order: a later group's point wins
+        values_out[target_rows, cols] = vals.astype(_F4)
+        mask_out[target_rows, cols] = True
+    return _Level(out_keys, values_out, mask_out)
 
 
 def upsert(rows: Sequence[Points]) -> int:
@@ -265,15 +365,13 @@ def upsert(rows: Sequence[Points]) -> int:
         # Two writers of one job (a poll and a finalize, two workers) must not merge the same chunk from the
         # same old value: one waits for the other's commit.
         lock_jobs(sorted({r.job_id for r in rows}))
-        level: list[Points] = list(rows)
-        while level:
-            new, mask = _chunked(level)
-            old = _existing(list(new))
-            merged, changed = _merge_all(new, old)
+        level = _chunk_level(rows)
+        while level.keys:
+            merged, changed = _merge_all(level)
             # A chunk the write leaves as it was (a repeated window, a tier whose windows' min/max/count did
             # not move) is not rewritten: an UPDATE of an equal row still costs a new row version and WAL.
-            written += _store({k: merged[k] for k in changed})
-            level = _coarser(merged, mask)
+            written += _store(level.keys, merged, changed)
+            level = _coarser_level(level.keys, merged, level.mask)
     return written
 
 
@@ -317,31 +415,50 @@ def prune_raw(now: datetime, retention_days: int) -> int:
         return int(cursor.rowcount)
 
 
-#: Chunks `_merge_all` merges per numpy pass (bounds its matrices when a 4k-GPU cycle writes per-GPU rows).
+#: Chunks `_merge_all` merges per numpy pass (bounds its temporaries when a 4k-GPU cycle writes per-GPU rows).
 _MERGE_BATCH = 4096
 
 
-def _merge_all(
-    new: dict[_Key, np.ndarray], old: dict[_Key, np.ndarray]
-) -> tuple[dict[_Key, np.ndarray], list[_Key]]:
-    """`_merge` of a whole write, a batch of chunks per numpy pass (per-chunk calls cost seconds on a
-    cycle), and the keys whose merged values differ from the stored ones (new chunks included): NaN gaps
-    in the same places count as equal."""
-    both = [k for k in new if k in old]
-    done: dict[_Key, np.ndarray] = {}
-    same: set[_Key] = set()
-    for b in range(0, len(both), _MERGE_BATCH):
-        keys = both[b : b + _MERGE_BATCH]
-        fresh = np.stack([new[k] for k in keys])
-        prev = np.stack([old[k] for k in keys])
-        out = np.where(np.isnan(fresh), prev, fresh).astype(_F4)
-        equal = ((out == prev) | (np.isnan(out) & np.isnan(prev))).all(axis=1).tolist()
-        for key, row, unchanged in zip(keys, out, equal, strict=True):
-            done[key] = row
-            if unchanged:
-                same.add(key)
-    merged = {k: done.get(k, arr) for k, arr in new.items()}
-    return merged, [k for k in new if k not in same]
+def _merge_all(level: _Level) -> tuple[np.ndarray, np.ndarray]:
+    """The level's new values over the stored ones (a NaN, nothing written there, keeps the stored value),
+    a batch of chunks per numpy pass, and the positions of the chunks whose merged values differ from the
+    stored ones (new chunks included): NaN gaps in the same places count as equal."""
+    at, old = _existing(level.keys)
+    merged = level.values.copy()
+    changed = np.ones(len(level.keys), dtype=bool)
+    for b in range(0, at.size, _MERGE_BATCH):
+        rows, prev = at[b : b + _MERGE_BATCH], old[b : b + _MERGE_BATCH]
+        fresh = merged[rows]
+        out = np.where(np.isnan(fresh), prev, fresh)
+        changed[rows] = ~((out == prev) | (np.isnan(out) & np.isnan(prev))).all(axis=1)
+        merged[rows] = out
+    return merged, np.flatnonzero(changed)
+
+
+# The dict-of-chunks forms of the same steps, for Snapshot.merge (jobs.metrics.archive.snapshot), which
+# applies a write to one job's held chunks as `upsert` applies it to the table.
+
+
+def _chunked(rows: Iterable[Points]) -> tuple[dict[_Key, np.ndarray], dict[_Key, np.ndarray]]:
+    """`_chunk_level` as {key: values} and {key: mask of the points written}."""
+    level = _chunk_level(rows)
+    return dict(zip(level.keys, level.values, strict=True)), dict(zip(level.keys, level.mask, strict=True))
+
+
+def _coarser(merged: dict[_Key, np.ndarray], written: dict[_Key, np.ndarray]) -> list[Points]:
+    """`_coarser_level` of {key: merged values} as the lines of the next level (one per coarse chunk)."""
+    keys = list(merged)
+    if not keys:
+        return []
+    level = _coarser_level(keys, np.stack([merged[k] for k in keys]), np.stack([written[k] for k in keys]))
+    out = []
+    for (job_id, signal, stat, gpu_key, step, start), values, mask in zip(
+        level.keys, level.values, level.mask, strict=True
+    ):
+        cols = np.flatnonzero(mask)
+        times = start + step * (cols + 1).astype(np.float64)
+        out.append(Points(job_id, signal, stat, gpu_key, step, times, values[cols].astype(np.float64)))
+    return out
 
 
 def _merge(new: dict[_Key, np.ndarray], old: dict[_Key, np.ndarray]) -> dict[_Key, np.ndarray]:

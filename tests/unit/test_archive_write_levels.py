@@ -1,0 +1,83 @@
+"""The archive write's levels as matrices (jobs.metrics.archive.write: `_chunk_level`, `_coarser_level`),
+without a database: where points land, which line wins, and which coarse points a write produces (#26
+item 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from jobs.metrics.archive import CHUNK_POINTS, EXTREMES, Points
+from jobs.metrics.archive.write import _chunk_level, _coarser, _coarser_level
+
+SPAN = 30 * CHUNK_POINTS  # 7,200 s: one 30 s chunk
+T0 = 1_780_000_000 // SPAN * SPAN
+TIER = 300 * CHUNK_POINTS  # 72,000 s: one 300 s chunk
+
+
+def _line(times: ArrayLike, values: ArrayLike, *, stat: str = "mean", step: int = 30, job: int = 1) -> Points:
+    return Points(job, "gpu_util", stat, "", step, np.asarray(times, float), np.asarray(values, float))
+
+
+def test_a_line_across_two_chunks_fills_both_at_the_points_closing_its_samples_windows() -> None:
+    times = T0 + SPAN + 30.0 * np.array([-1, 0, 1, 2])  # the last two points of one chunk, two of the next
+    level = _chunk_level([_line(times, [0.25, 0.5, 0.75, np.nan])])
+    assert level.keys == [(1, "gpu_util", "mean", "", 30, T0), (1, "gpu_util", "mean", "", 30, T0 + SPAN)]
+    first, second = level.values
+    assert first[-2:].tolist() == [0.25, 0.5] and np.isnan(first[:-2]).all()
+    assert second[0] == np.float32(0.75) and np.isnan(second[1:]).all()  # the NaN brings nothing
+    assert level.mask.sum(axis=1).tolist() == [2, 1]
+
+
+def test_two_lines_writing_one_chunk_the_later_wins_where_it_has_a_value() -> None:
+    times = T0 + 30.0 * np.arange(1, 4)
+    level = _chunk_level([_line(times, [0.25, 0.25, 0.25]), _line(times, [0.5, np.nan, 0.75])])
+    assert len(level.keys) == 1
+    np.testing.assert_array_equal(level.values[0, :3], np.asarray([0.5, 0.25, 0.75], dtype=np.float32))
+    assert level.mask[0, :3].all() and not level.mask[0, 3:].any()
+
+
+def test_coarse_points_land_in_one_coarse_chunk_at_their_windows_columns_with_the_extremes() -> None:
+    # Fine points on both sides of a 30 s chunk boundary, inside one 300 s chunk: two 300 s windows.
+    times = T0 + SPAN + 30.0 * np.array([-2, -1, 0, 1, 2])
+    level = _chunk_level([_line(times, [0.125, 0.25, 0.5, 0.75, 1.0])])
+    coarse = _coarser_level(level.keys, level.values, level.mask)
+    start = (T0 + SPAN) // TIER * TIER
+    assert start == T0 // TIER * TIER  # (the test's premise: both fine chunks lie in this 300 s chunk)
+    assert coarse.keys == [(1, "gpu_util", stat, "", 300, start) for stat in ("mean", *EXTREMES)]
+    column = (T0 + SPAN - start) // 300 - 1  # the window (T0 + SPAN - 300, T0 + SPAN]
+    mean, low, high = coarse.values
+    assert np.flatnonzero(coarse.mask[0]).tolist() == [column, column + 1]
+    assert mean[column] == np.float32((0.125 + 0.25 + 0.5) / 3) and mean[column + 1] == np.float32(0.875)
+    assert (low[column], high[column]) == (np.float32(0.125), np.float32(0.5))
+    assert np.isnan(np.delete(mean, [column, column + 1])).all()
+
+
+def test_a_window_the_write_touched_without_any_value_writes_no_coarse_point() -> None:
+    level = _chunk_level([_line(T0 + 30.0 * np.arange(1, 4), [0.5, 0.5, 0.5], stat="max")])
+    level.values[0, :10] = np.nan  # as if the merged chunk had no value in the first 300 s window
+    coarse = _coarser_level(level.keys, level.values, level.mask)
+    assert coarse.keys == []
+    assert coarse.values.shape == (0, CHUNK_POINTS)
+
+
+def test_a_coarse_point_from_two_fine_steps_of_one_stat_takes_the_later_steps_value() -> None:
+    # A 30 s and a 60 s line of one stat in one write both give the 300 s window (T0, T0 + 300].
+    level = _chunk_level([
+        _line(T0 + 30.0 * np.arange(1, 3), [0.25, 0.25], stat="max"),
+        _line(T0 + 60.0 * np.arange(1, 3), [0.75, 0.75], stat="max", step=60),
+    ])  # fmt: skip
+    coarse = _coarser_level(level.keys, level.values, level.mask)
+    column = (T0 - T0 // TIER * TIER) // 300
+    assert len(coarse.keys) == 1 and coarse.values[0, column] == np.float32(0.75)
+
+
+def test_the_dict_form_gives_the_same_coarse_points_as_lines() -> None:
+    times = T0 + SPAN + 30.0 * np.array([-2, -1, 0, 1, 2])
+    level = _chunk_level([_line(times, [0.125, 0.25, 0.5, 0.75, 1.0], stat="min")])
+    merged = dict(zip(level.keys, level.values, strict=True))
+    written = dict(zip(level.keys, level.mask, strict=True))
+    (line,) = _coarser(merged, written)
+    assert (line.stat, line.step) == ("min", 300)
+    np.testing.assert_array_equal(line.times, [T0 + SPAN, T0 + SPAN + 300.0])
+    np.testing.assert_array_equal(line.values, np.asarray([0.125, 0.75], dtype=np.float32))
