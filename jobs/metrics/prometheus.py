@@ -579,9 +579,10 @@ def _matrix_series(raw: msgspec.Raw) -> list[Series]:
         with contextlib.suppress(msgspec.ValidationError):  # a value lax mode does not read: numpy's turn
             items = _MATRIX_FLOATS.decode(body)
     if items is not None:
-        both = np.array(list(chain.from_iterable(item.values for item in items)), dtype=np.float64)
-        both = both.reshape(-1, 2)  # (time, value) rows; copies keep each column contiguous
-        ts, values = both[:, 0].copy(), both[:, 1].copy()
+        points = chain.from_iterable(chain.from_iterable(item.values for item in items))
+        n = sum(len(item.values) for item in items)
+        both = np.fromiter(points, dtype=np.float64, count=2 * n)  # time, value, time, value, ...
+        ts, values = both[0::2].copy(), both[1::2].copy()  # copies: each column contiguous
     else:
         items = _MATRIX.decode(body)
         flat = list(chain.from_iterable(item.values for item in items))
