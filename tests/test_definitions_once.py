@@ -4,8 +4,13 @@ GPU-hours, cost, waste and team MFU inside a period exactly as jobs/evaluation/t
 The leaderboard keeps its SQL for speed (one pass for all periods); these tests make it a copy of the one
 definition rather than a second one. The sample jobs cover what the definitions distinguish: shared GPUs
 (GPU-equivalents below the GPU count), a MIG slice (peak-equivalents differ from GPU-equivalents), a job
-still running (its window ends at now), a job spanning two weeks, no price, waste unknown with an idle
-lower bound, waste unknown without one, and no MFU.
+still running (its window ends at now), a job spanning two weeks, no price (none when evaluated, and no book
+for the job's GPU model and tier), waste unknown with an idle lower bound, waste unknown without one, no
+MFU, a price change mid-run and mid-period, a run that starts before its book does, a spot job beside
+on-demand ones of the same GPU model, and a job priced at $0/day whose earlier hours were not free.
+
+Cost inside a period is the dated price book (jobs.evaluation.totals.cost_inside), the definition of the
+job's own total cost, so adjacent periods add up to `Job.cost_usd` as the evaluation stored it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.evaluation.costs import total_waste
+from jobs.evaluation.load import prices_for
 from jobs.evaluation.schema import Evaluation, GpuSharing, encode
 from jobs.evaluation.totals import (
     JobRates,
@@ -27,7 +33,7 @@ from jobs.evaluation.totals import (
     waste_inside,
     weighted_mfu,
 )
-from jobs.models import Job, Team
+from jobs.models import GpuModel, Job, PriceEntry, Team
 from jobs.outputs.leaderboard import Period, iso_week, period_rows, worst_jobs
 from jobs.templatetags.units import job_waste_total
 
@@ -37,6 +43,7 @@ MIG = GpuSharing(share=3 / 7, gpu_equivalents=6 / 7, peak_equivalents=2 * 48 / 1
 
 
 def _rates(job: Job, now: datetime) -> JobRates:
+    """The job as the totals read it, its price book looked up as the evaluation looks it up."""
     evaluated = job.evaluated
     sharing = evaluated.sharing if evaluated is not None else None
     return JobRates(
@@ -48,26 +55,51 @@ def _rates(job: Job, now: datetime) -> JobRates:
         waste_per_day_usd=job.waste_per_day_usd,
         waste_lower_bound_per_day_usd=job.waste_lower_bound_per_day_usd,
         mfu=job.mfu,
+        prices=tuple(prices_for(job)[0]),
     )
 
 
+def _book(gpu: GpuModel, tier: str, *prices: tuple[datetime, float]) -> None:
+    """Replace the seeded book of one GPU model and tier: the tests' dates move with today's, the seed's
+    do not."""
+    PriceEntry.objects.filter(gpu_model=gpu, tier=tier).delete()
+    for when, usd in prices:
+        PriceEntry.objects.create(gpu_model=gpu, tier=tier, effective_from=when, usd_per_gpu_hour=usd)
+
+
 @pytest.fixture
-def sample(db: None, make_team: Callable[..., Team]) -> tuple[list[Period], datetime, list[Job]]:
+def sample(
+    db: None, make_team: Callable[..., Team], catalog: object
+) -> tuple[list[Period], datetime, list[Job]]:
     week = iso_week(timezone.now().date() - timedelta(days=21))
     before = week.previous()
     now = week.start + timedelta(days=4, hours=7, minutes=13)  # "now" inside the week: J-run is cut there
     llm, serve = make_team("llm", "LLM"), make_team("serve", "Serving")
+    w = week.start
+    h100, a100 = GpuModel.objects.get(name="H100 SXM"), GpuModel.objects.get(name="A100 SXM 80GB")
+    h200, b200 = GpuModel.objects.get(name="H200 SXM"), GpuModel.objects.get(name="B200")
+    long_ago = w - timedelta(days=60)
+    _book(h100, "on_demand", (long_ago, 6.88))
+    _book(h100, "spot", (long_ago, 2.46))
+    _book(a100, "on_demand", (long_ago, 3.43))
+    # H200 on-demand drops from $7.91 to $5.00 a day and 6 hours into the week (mid-run, mid-period).
+    _book(h200, "on_demand", (long_ago, 7.91), (w + timedelta(days=1, hours=6), 5.0))
+    # B200 spot's book starts 12 hours into the week, after J-early started: its earliest price covers it.
+    _book(b200, "spot", (w + timedelta(hours=12), 4.0), (w + timedelta(days=5), 9.0))
+    _book(h200, "reserved")  # no book for this tier at all
+    # On-prem H200 was $1.00 until two days into the week, then $0: a job evaluated after is at $0/day.
+    _book(h200, "on_prem", (long_ago, 1.0), (w + timedelta(days=2), 0.0))
 
     def job(team: Team, ext: str, start: datetime, end: datetime | None, gpus: int, **kw: object) -> Job:
         sharing = kw.pop("sharing", None)
         duration = ((end or now) - start).total_seconds()
         evaluation = Evaluation(duration_s=duration, gpu_hours=gpus * duration / 3600, sharing=sharing)  # type: ignore[arg-type]
+        kw.setdefault("gpu_model", h100)
         return Job.objects.create(
             team=team, external_id=ext, started_at=start, ended_at=end, gpu_count=gpus,
             status=Job.Status.FINALIZED if end else Job.Status.RUNNING, evaluation=encode(evaluation), **kw,
         )  # fmt: skip
 
-    w = week.start
     jobs = [
         # Spans the two weeks, on time-sliced GPUs: 4 GPU-equivalents of 8.
         job(llm, "J-span", w - timedelta(days=2, hours=5), w + timedelta(days=1, hours=3), 8, sharing=SHARED,
@@ -80,7 +112,23 @@ def sample(db: None, make_team: Callable[..., Team]) -> tuple[list[Period], date
             mfu=0.41),
         # Whole GPUs, all known.
         job(llm, "J-a100", w + timedelta(days=1), w + timedelta(days=1, hours=9), 4, cost_per_day_usd=329.28,
-            waste_per_day_usd=20.0, waste_lower_bound_per_day_usd=12.0, mfu=0.5),
+            waste_per_day_usd=20.0, waste_lower_bound_per_day_usd=12.0, mfu=0.5, gpu_model=a100),
+        # Price changed mid-run and mid-week; spans both weeks; its stored rate is the latest price's.
+        job(serve, "J-change", w - timedelta(days=1), w + timedelta(days=2), 8, gpu_model=h200,
+            cost_per_day_usd=8 * 5.0 * 24, waste_per_day_usd=240.0, waste_lower_bound_per_day_usd=100.0,
+            mfu=0.3),
+        # Started before its tier's book does; MFU unknown, waste "at least" its idle share of the cost.
+        job(serve, "J-early", w - timedelta(days=2), w + timedelta(days=1), 2, gpu_model=b200,
+            price_tier="spot", cost_per_day_usd=2 * 4.0 * 24, waste_lower_bound_per_day_usd=48.0, mfu=None),
+        # Spot beside on-demand on the same GPU model (S-1, S-2): the spot book prices it.
+        job(serve, "S-spot", w + timedelta(days=2), w + timedelta(days=2, hours=10), 1, price_tier="spot",
+            cost_per_day_usd=2.46 * 24, waste_per_day_usd=2.46 * 24 * 0.25, mfu=0.3),
+        # Evaluated with a price, but its tier has no book now: the cost is unknown, not $0.
+        job(serve, "S-nobook", w + timedelta(days=1), w + timedelta(days=1, hours=5), 2, gpu_model=h200,
+            price_tier="reserved", cost_per_day_usd=300.0, waste_per_day_usd=30.0, mfu=0.4),
+        # $0/day when evaluated, but its first day was at $1.00: the share wasted is unknown there.
+        job(serve, "S-free", w + timedelta(days=1), w + timedelta(days=3), 4, gpu_model=h200,
+            price_tier="on_prem", cost_per_day_usd=0.0, waste_per_day_usd=0.0, mfu=0.2),
         # Waste unknown without even an idle lower bound.
         job(serve, "S-1", w - timedelta(days=1), w + timedelta(hours=20), 1, cost_per_day_usd=165.12,
             mfu=None),
@@ -92,8 +140,9 @@ def sample(db: None, make_team: Callable[..., Team]) -> tuple[list[Period], date
 
 def _expected(jobs: list[Job], period: Period, now: datetime) -> dict[int, dict[str, object]]:
     out: dict[int, dict[str, object]] = defaultdict(
-        lambda: {"gpu_hours": 0.0, "cost": 0.0, "waste": 0.0, "mfu_items": [], "jobs": 0}
-    )
+        lambda: {"gpu_hours": 0.0, "cost": 0.0, "waste": 0.0, "mfu_items": [], "jobs": 0, "cost_unknown": 0,
+                 "waste_unknown": 0, "share_unknown": 0}
+    )  # fmt: skip
     for job in jobs:
         rates = _rates(job, now)
         if hours_inside(rates.started, rates.stopped, period.start, period.end) <= 0:
@@ -103,8 +152,11 @@ def _expected(jobs: list[Job], period: Period, now: datetime) -> dict[int, dict[
         row["gpu_hours"] += gpu_hours_inside(rates, period.start, period.end)  # type: ignore[operator]
         cost = cost_inside(rates, period.start, period.end)
         row["cost"] += cost or 0.0  # type: ignore[operator]
+        row["cost_unknown"] += cost is None  # type: ignore[operator]
         waste = waste_inside(rates, period.start, period.end)
         row["waste"] += waste.usd or 0.0  # type: ignore[operator]
+        row["waste_unknown"] += waste.usd is None or waste.lower_bound  # type: ignore[operator]
+        row["share_unknown"] += cost is not None and waste.usd is None and "$0/day" in waste.reason  # type: ignore[operator]
         hours = hours_inside(rates.started, rates.stopped, period.start, period.end)
         row["mfu_items"].append((rates.mfu, hours * rates.peak_equivalents))  # type: ignore[attr-defined]
     return out
@@ -125,6 +177,9 @@ def test_the_leaderboards_sql_equals_the_definitions_for_every_team_and_period(
             assert got.gpu_hours == pytest.approx(want["gpu_hours"], rel=1e-9)
             assert got.cost_usd == pytest.approx(want["cost"], rel=1e-9)
             assert got.waste_lower_bound_usd == pytest.approx(want["waste"], rel=1e-9)
+            assert got.jobs_cost_unknown == want["cost_unknown"]
+            assert got.jobs_waste_unknown == want["waste_unknown"]
+            assert got.jobs_waste_share_unknown == want["share_unknown"]
             mfu = weighted_mfu(want["mfu_items"])  # type: ignore[arg-type]
             assert got.weighted_mfu == (pytest.approx(mfu, rel=1e-9) if mfu is not None else None)
             checked += 1
@@ -171,11 +226,17 @@ def test_worst_jobs_ranks_by_the_defined_waste_inside_the_period(
                 assert job.external_id in shown, (period.label, job.external_id)
 
 
-def test_the_job_pages_total_waste_is_the_rate_over_the_whole_run(
+def test_the_job_pages_total_waste_is_the_waste_inside_its_whole_run_under_one_price(
     sample: tuple[list[Period], datetime, list[Job]],
 ) -> None:
+    # The job page's total waste (templatetags.units.job_waste_total -> costs.total_waste) still spreads the
+    # stored waste rate over the duration: equal to the dated definition only while one price held over
+    # the run and the book still holds the job's model and tier, so the jobs whose price changed (J-change,
+    # J-early before its book, S-free) or whose book is gone (S-nobook) are left out.
     _, now, jobs = sample
     for job in jobs:
+        if job.external_id in {"J-change", "J-early", "S-free", "S-nobook"}:
+            continue
         job = Job.objects.get(pk=job.pk)
         evaluated = job.evaluated
         assert evaluated is not None
@@ -187,3 +248,86 @@ def test_the_job_pages_total_waste_is_the_rate_over_the_whole_run(
             assert shown.usd is None
         else:
             assert shown.usd == pytest.approx(whole.usd, rel=1e-9) and shown.lower_bound == whole.lower_bound
+
+
+def test_with_the_default_tier_set_to_spot_an_untiered_job_is_priced_from_the_spot_book(
+    sample: tuple[list[Period], datetime, list[Job]], settings: object
+) -> None:
+    # The SQL takes the default tier as a parameter (as prices_for reads settings.DEFAULT_PRICE_TIER):
+    # untiered H100 jobs now price at H100 spot's $2.46, the A100 and H200 ones have no spot book.
+    settings.DEFAULT_PRICE_TIER = "spot"  # type: ignore[attr-defined]
+    periods, now, jobs = sample
+    rows = period_rows(periods, now)
+    for period, by_team in zip(periods, rows, strict=True):
+        for team_id, want in _expected(jobs, period, now).items():
+            assert by_team[team_id].cost_usd == pytest.approx(want["cost"], rel=1e-9)
+            assert by_team[team_id].jobs_cost_unknown == want["cost_unknown"]
+    span = next(j for j in jobs if j.external_id == "J-span")
+    rates = _rates(span, now)
+    assert cost_inside(rates, periods[1].start, periods[1].end) == pytest.approx(4 * 27 * 2.46)
+
+
+def test_a_price_change_moves_a_past_periods_cost_only_for_the_hours_after_it(
+    sample: tuple[list[Period], datetime, list[Job]],
+) -> None:
+    # J-span: 4 GPU-equivalents of H100 on-demand, 53 h in the week before and 27 h in the week. A new
+    # price ($10.00) from 20 h into the week adds 4 x 7 h x (10.00 - 6.88) to the week and nothing before.
+    periods, now, _ = sample
+    week = periods[1]
+    llm = Team.objects.get(slug="llm")
+    old = [rows[llm.pk].cost_usd for rows in period_rows(periods, now)]
+    old_worst = {j.external_id: j.waste_in_period for j in worst_jobs(week, limit=20, now=now)}  # type: ignore[attr-defined]
+    h100 = GpuModel.objects.get(name="H100 SXM")
+    PriceEntry.objects.create(
+        gpu_model=h100, tier="on_demand", effective_from=week.start + timedelta(hours=20), usd_per_gpu_hour=10
+    )
+    new = [rows[llm.pk].cost_usd for rows in period_rows(periods, now)]
+    # J-run (2 GPUs from 48 h into the week until now) is all after the change: 2 x 55.2167 h x 3.12 more.
+    run_h = (now - (week.start + timedelta(days=2))).total_seconds() / 3600
+    assert new[0] == pytest.approx(old[0], rel=1e-12)
+    assert new[1] - old[1] == pytest.approx((4 * 7 + 2 * run_h) * (10.0 - 6.88), rel=1e-9)
+    # The worst jobs' waste follows: J-span's share (182.94 / 660.48) of 4 x 7 h x 3.12 more.
+    new_worst = {j.external_id: j.waste_in_period for j in worst_jobs(week, limit=20, now=now)}  # type: ignore[attr-defined]
+    assert new_worst["J-span"] - old_worst["J-span"] == pytest.approx(
+        182.94 / 660.48 * 4 * 7 * 3.12, rel=1e-9
+    )
+    assert new_worst["J-a100"] == pytest.approx(old_worst["J-a100"], rel=1e-12)  # another GPU model's book
+
+
+def test_adjacent_periods_costs_add_up_to_the_cost_the_evaluation_stored(
+    db: None, make_team: Callable[..., Team], catalog: object, settings: object
+) -> None:
+    # A job registered and evaluated as in production (jobs.pipeline.refresh.reevaluate), whose run starts
+    # before its book does and crosses a price change: the weeks covering it add up to its Job.cost_usd.
+    from jobs.api.serializers import JobRegisterSerializer
+    from jobs.intake.registry import register_job
+    from jobs.pipeline.refresh import reevaluate
+    from tests.conftest import job_body
+
+    settings.DEFAULT_PRICE_TIER = "on_demand"  # type: ignore[attr-defined]
+    make_team("llm")
+    week = iso_week(timezone.now().date() - timedelta(days=21))
+    h100 = GpuModel.objects.get(name="H100 SXM")
+    _book(h100, "on_demand", (week.start - timedelta(days=3), 6.0), (week.start + timedelta(hours=29), 4.5))
+    start, end = week.start - timedelta(days=4, hours=-3), week.start + timedelta(days=2, hours=7)
+    body = JobRegisterSerializer(
+        data=job_body("adds-up", started_at=start.isoformat(), ended_at=end.isoformat(), price_tier="")
+    )
+    body.is_valid(raise_exception=True)
+    job = register_job(body.validated_data).job
+    job.status = Job.Status.FINALIZED
+    job.save()
+    job = reevaluate(job.pk, diagnose=False)
+    assert job.cost_usd is not None and job.gpu_model_id == h100.pk
+    # By hand: 8 GPUs over 148 h, 122 h at $6.00 (the first 21 h before the book starts) and 26 h at $4.50.
+    assert job.cost_usd == pytest.approx(8 * (122 * 6.0 + 26 * 4.5), rel=1e-9)
+    periods = [week.previous(), week]
+    rows = period_rows(periods, now=timezone.now())
+    assert sum(r[job.team_id].cost_usd for r in rows) == pytest.approx(job.cost_usd, rel=1e-9)
+    rates = _rates(job, timezone.now())
+    assert sum(cost_inside(rates, p.start, p.end) or 0.0 for p in periods) == pytest.approx(
+        job.cost_usd, rel=1e-9
+    )
+    # The old spread (today's $/day x hours) would have said 8 x 4.50 x 148 h: a different figure.
+    assert job.cost_per_day_usd == pytest.approx(8 * 4.5 * 24)
+    assert job.cost_per_day_usd / 24 * 148 != pytest.approx(job.cost_usd, rel=1e-3)

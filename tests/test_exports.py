@@ -19,7 +19,7 @@ from django.utils import timezone
 from jobs.evaluation.schema import Evaluation, encode
 from jobs.metrics import archive
 from jobs.metrics.signals import GpuKey, JobSignals, SignalSeries
-from jobs.models import Job
+from jobs.models import GpuModel, Job, PriceEntry
 from jobs.outputs.leaderboard import iso_week
 
 
@@ -37,10 +37,15 @@ def alice(make_user, team):
 def jobs(team, make_team):
     week = iso_week(timezone.now().date() - timedelta(days=7))
     start = week.start + timedelta(days=1)
+    # $2.50/GPU-h on demand: 8 GPUs at $480/day. Period totals price jobs from their dated book.
+    gpu = GpuModel.objects.create(name="Export test GPU")
+    PriceEntry.objects.create(
+        gpu_model=gpu, tier="on_demand", usd_per_gpu_hour=2.5, effective_from=week.start - timedelta(days=30)
+    )
 
     def make(external_id, name, owner, hours, **kw):
         fields = dict(
-            team=team, external_id=external_id, name=name, owner=owner, started_at=start,
+            team=team, external_id=external_id, name=name, owner=owner, started_at=start, gpu_model=gpu,
             ended_at=start + timedelta(hours=hours), gpu_count=8, gpu_hours=8.0 * hours, mfu=0.3,
             cost_usd=20.0 * hours, cost_per_day_usd=480.0, waste_per_day_usd=160.0,
             waste_lower_bound_per_day_usd=160.0, status=Job.Status.FINALIZED,

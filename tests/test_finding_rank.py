@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from jobs.diagnosis.base import REMAINDER_CODE, Severity, rank_key
 from jobs.diagnosis.engine import sentence_case
-from jobs.models import Finding, Job
+from jobs.models import Finding, GpuModel, Job, PriceEntry
 
 
 def test_remainder_ranks_below_a_cheaper_specific_cause():
@@ -47,9 +47,16 @@ def test_titles_are_sentences():
 
 def _job(team, external_id: str = "r1") -> Job:
     now = timezone.now()
+    # $3.125/GPU-h on demand: the $600/day of 8 GPUs; the team page and leaderboard price jobs from the book.
+    gpu, created = GpuModel.objects.get_or_create(name="Rank test GPU")
+    if created:
+        PriceEntry.objects.create(
+            gpu_model=gpu, tier="on_demand", usd_per_gpu_hour=3.125, effective_from=now - timedelta(days=90)
+        )
     return Job.objects.create(
-        team=team, external_id=external_id, name=f"job-{external_id}", started_at=now - timedelta(hours=5),
-        ended_at=now - timedelta(hours=1), gpu_count=8, gpu_hours=32.0, mfu=0.3, cost_usd=100.0,
+        team=team, gpu_model=gpu, external_id=external_id, name=f"job-{external_id}",
+        started_at=now - timedelta(hours=5), ended_at=now - timedelta(hours=1), gpu_count=8, gpu_hours=32.0,
+        mfu=0.3, cost_usd=100.0,
         cost_per_day_usd=600.0, waste_per_day_usd=583.0, waste_lower_bound_per_day_usd=583.0,
         status=Job.Status.FINALIZED, config_fingerprint="f" * 64, model_name="llama-7b",
         last_polled_at=now - timedelta(hours=1),

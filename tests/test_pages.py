@@ -13,7 +13,7 @@ import pytest
 from django.urls import reverse
 
 from jobs.evaluation import baselines
-from jobs.models import Baseline, Finding, Job, PromotionOverride
+from jobs.models import Baseline, Finding, GpuModel, Job, PromotionOverride
 from tests.browser import data
 
 pytestmark = [pytest.mark.prometheus]
@@ -391,8 +391,10 @@ def test_baselines_page_retires_for_team_members_only(client, member, outsider, 
 
 @pytest.fixture
 def many_jobs(team, make_team):
-    """30 jobs over two teams in the simulation's week and the week before, with MFU and waste."""
+    """30 jobs over two teams in the simulation's week and the week before, with MFU and waste, on H100s
+    (the period totals price them from the H100 on-demand book; their waste is their share of that)."""
     vision = make_team("vision")
+    h100 = GpuModel.objects.get(name="H100 SXM")
     jobs = []
     for i in range(30):
         start = data.START - timedelta(days=9) + timedelta(hours=11 * i)
@@ -400,7 +402,7 @@ def many_jobs(team, make_team):
             Job.objects.create(
                 external_id=f"j{i:03d}", name=f"job {i}", team=team if i % 2 else vision,
                 model_name="llama-7b", gpu_count=8, started_at=start, ended_at=start + timedelta(hours=10),
-                status=Job.Status.FINALIZED, mfu=0.2 + 0.01 * i, sm_active_mean=0.5,
+                gpu_model=h100, status=Job.Status.FINALIZED, mfu=0.2 + 0.01 * i, sm_active_mean=0.5,
                 cost_per_day_usd=1000 + i, waste_per_day_usd=(30 - i) * 10.0, gpu_hours=80,
             )
         )  # fmt: skip

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from jobs.access.permissions import readable_team_ids
 from jobs.alerts.incidents import subscriptions_for
-from jobs.models import AlertIncident, AlertSubscription, Job, Team
+from jobs.models import AlertIncident, AlertSubscription, GpuModel, Job, PriceEntry, Team
 from jobs.outputs.leaderboard import iso_week
 from jobs.outputs.report_content import build_report
 from jobs.outputs.report_render import render_report
@@ -20,10 +20,25 @@ from jobs.outputs.report_render import render_report
 pytestmark = pytest.mark.django_db
 
 
+def _gpu() -> GpuModel:
+    """$2.50/GPU-h on demand, so 8 GPUs cost the $480/day the jobs store: the leaderboard and the weekly
+    email price a job from its dated book and list only jobs with a priced waste."""
+    gpu, created = GpuModel.objects.get_or_create(name="Scope test GPU")
+    if created:
+        PriceEntry.objects.create(
+            gpu_model=gpu,
+            tier="on_demand",
+            usd_per_gpu_hour=2.5,
+            effective_from=timezone.now() - timedelta(days=90),
+        )
+    return gpu
+
+
 def _job(team: Team, external_id: str, owner: str = "") -> Job:
     start = timezone.now() - timedelta(hours=6)
     return Job.objects.create(
         team=team,
+        gpu_model=_gpu(),
         external_id=external_id,
         name=f"name-{external_id}",
         owner=owner,

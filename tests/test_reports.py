@@ -20,7 +20,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from jobs.models import Finding, Job, Membership, ReportDelivery, Team
+from jobs.models import Finding, GpuModel, Job, Membership, PriceEntry, ReportDelivery, Team
 from jobs.outputs import report_content, report_render, reports
 from jobs.outputs.leaderboard import Period, iso_week, team_rows
 from jobs.outputs.report_content import build_report
@@ -101,11 +101,26 @@ def week() -> Period:
     return iso_week(timezone.now().date() - timedelta(days=14))
 
 
+def _gpu() -> GpuModel:
+    """A GPU model at $2.50/GPU-h on demand: the period totals price each job from its dated book
+    (jobs.evaluation.totals.cost_inside), so the jobs' stored rates below are GPUs x $2.50 x 24 to agree."""
+    gpu, created = GpuModel.objects.get_or_create(name="Report test GPU")
+    if created:
+        PriceEntry.objects.create(
+            gpu_model=gpu,
+            tier="on_demand",
+            usd_per_gpu_hour=2.5,
+            effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+        )
+    return gpu
+
+
 def make_job(team: Team, external_id: str, start: datetime, hours: float | None, **fields) -> Job:
     values = {
         "gpu_count": 8,
+        "gpu_model": _gpu(),
         "mfu": 0.3,
-        "cost_per_day_usd": 8 * 2.5 * 24,
+        "cost_per_day_usd": fields.get("gpu_count", 8) * 2.5 * 24,
         "waste_per_day_usd": 100.0,
         "model_name": "llama-7b",
         "name": f"job-{external_id}",

@@ -10,11 +10,12 @@ import pytest
 from django.utils import timezone
 
 from jobs.evaluation.schema import Evaluation, GpuSharing, encode
-from jobs.models import Job, Team
+from jobs.models import GpuModel, Job, Team
 from jobs.outputs.leaderboard import Period, iso_week, team_rows, worst_jobs
 from jobs.templatetags.units import job_waste_total
 
-# One day on 8 time-sliced GPUs at a 0.5 share: 4 GPU-equivalents. Cost $6.88/GPU-h x 4 x 24 h = $660.48/day,
+# One day on 8 time-sliced H100s at a 0.5 share: 4 GPU-equivalents. Cost $6.88/GPU-h (the seeded H100
+# on-demand book, which the leaderboard prices the day from) x 4 x 24 h = $660.48/day,
 # GPU-hours 4 x 24 = 96 (not 8 x 24 = 192); waste $182.94/day (per share). MFU 0.2 against 4 GPU peaks.
 SHARING = GpuSharing(share=0.5, gpu_equivalents=4.0, peak_equivalents=4.0, label="4 GPU-equivalents")
 
@@ -31,6 +32,7 @@ def shared_job(db: None, make_team: Callable[..., Team], week: Period) -> tuple[
     evaluation = Evaluation(duration_s=86_400.0, gpu_hours=96.0, sharing=SHARING)
     job = Job.objects.create(
         team=team, external_id="S-1", started_at=start, ended_at=start + timedelta(days=1), gpu_count=8,
+        gpu_model=GpuModel.objects.get(name="H100 SXM"),
         gpu_hours=96.0, cost_usd=660.48, cost_per_day_usd=660.48, waste_per_day_usd=182.94,
         waste_lower_bound_per_day_usd=182.94, mfu=0.2, status=Job.Status.FINALIZED,
         evaluation=encode(evaluation),

@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs.evaluation.costs import Amount
-from jobs.models import Job
+from jobs.models import GpuModel, Job, PriceEntry
 from jobs.outputs.budget import budget_use
 
 # "Now" for these tests: 2026-11-20 12:00 UTC, so the month is November (from 2026-11-01 00:00 UTC).
@@ -40,10 +40,24 @@ def member(make_user, team):
     return make_user("alice", teams=[team])
 
 
+def _gpu() -> GpuModel:
+    """A GPU model whose price book matches these tests' rates on 8 GPUs: on-demand $2.50/GPU-h ($480/day),
+    spot $1.25 ($240/day), reserved $5.2083 (~$1,000/day). Period costs come from the book
+    (jobs.evaluation.totals.cost_inside), so the stored rates and the book must agree for the sums below."""
+    gpu, created = GpuModel.objects.get_or_create(name="Budget test GPU")
+    if created:
+        for tier, usd in (("on_demand", "2.50"), ("spot", "1.25"), ("reserved", "5.2083")):
+            PriceEntry.objects.create(
+                gpu_model=gpu, tier=tier, usd_per_gpu_hour=Decimal(usd), effective_from=_at(1, 1, 0)
+            )
+    return gpu
+
+
 def _job(team, external_id: str, start: datetime, end: datetime, **kw) -> Job:
     hours = (end - start).total_seconds() / 3600
     fields = dict(
         team=team, external_id=external_id, name=external_id, started_at=start, ended_at=end, gpu_count=8,
+        gpu_model=_gpu(),
         gpu_hours=8 * hours, mfu=0.3, cost_per_day_usd=480.0, waste_per_day_usd=160.0,
         waste_lower_bound_per_day_usd=160.0, status=Job.Status.FINALIZED,
     )  # fmt: skip
@@ -66,8 +80,17 @@ def november_jobs(team, now):
             cost_per_day_usd=240.0,
             waste_per_day_usd=48.0,
             waste_lower_bound_per_day_usd=48.0,
+            price_tier="spot",
         ),
-        _job(team, "c", _at(10, 10, 0), _at(10, 11, 0), cost_per_day_usd=1000.0, waste_per_day_usd=500.0),
+        _job(
+            team,
+            "c",
+            _at(10, 10, 0),
+            _at(10, 11, 0),
+            cost_per_day_usd=1000.0,
+            waste_per_day_usd=500.0,
+            price_tier="reserved",
+        ),
     ]
 
 
@@ -269,7 +292,7 @@ def test_team_page_projects_the_month_end_at_todays_rate(client, member, team, n
     team.save()
     Job.objects.create(
         team=team, external_id="live", started_at=_at(11, 19, 12), gpu_count=8, cost_per_day_usd=480.0,
-        status=Job.Status.RUNNING,
+        status=Job.Status.RUNNING, gpu_model=_gpu(),
     )  # fmt: skip
     client.force_login(member)
     text = _text(client.get(reverse("team-detail", args=[team.slug])))

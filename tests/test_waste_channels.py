@@ -1,7 +1,9 @@
 """Unknown is never zero, in every channel: a team with one job whose waste is known and one whose MFU is
 unknown (only its idle waste is known) shows the same "at least" figure on the leaderboard page, the team
 page, the job list, the weekly email, the leaderboard API and /metrics. Expected values are derived by
-hand below from the definitions (job $/day ÷ 24 × hours inside the period)."""
+hand below from the definitions (the job's GPU-equivalents × its dated price × hours inside the period for
+the cost, its waste share (waste ÷ cost per day) of that for the waste; with one price in force, as here,
+that is the job's $/day ÷ 24 × hours inside)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.evaluation.schema import Evaluation, encode
-from jobs.models import Finding, Job
+from jobs.models import Finding, GpuModel, Job, PriceEntry
 from jobs.outputs import exporter
 from jobs.outputs.leaderboard import iso_week, team_rows
 from jobs.outputs.report_content import build_report
@@ -20,7 +22,8 @@ from jobs.outputs.report_render import render_report
 # Job A: 8 GPUs, 24 h inside the week, MFU known, waste $160/day  -> $160 × 24/24 = $160 in the week.
 # Job B: 4 GPUs, 10 h inside the week, MFU unknown, idle waste (the lower bound) $48/day -> $48 × 10/24 = $20.
 # Team: waste unknown (one job lacks MFU), at least $160 + $20 = $180.
-# Cost: A $480/day × 24/24 = $480; B $240/day × 10/24 = $100; total $580 (both have prices).
+# Cost: A $480/day × 24/24 = $480; B $240/day × 10/24 = $100; total $580 (both have prices: $2.50/GPU-h,
+# the test GPU's on-demand book, × 8 and 4 GPUs × 24 h).
 EXPECTED_LOWER_BOUND = 180.0
 EXPECTED_COST = 580.0
 REASON = "MFU unknown (no throughput: push progress)"
@@ -35,16 +38,21 @@ def week():
 def jobs(db, make_team, week):
     team = make_team("llm", "LLM")
     start = week.start + timedelta(days=1)
+    gpu = GpuModel.objects.create(name="Waste test GPU")
+    PriceEntry.objects.create(
+        gpu_model=gpu, tier="on_demand", usd_per_gpu_hour=2.5, effective_from=week.start - timedelta(days=30)
+    )
     a = Job.objects.create(
         team=team, external_id="A-1", name="known", started_at=start, ended_at=start + timedelta(hours=24),
-        gpu_count=8, gpu_hours=192.0, cost_usd=480.0, mfu=0.3, cost_per_day_usd=480.0,
+        gpu_count=8, gpu_model=gpu, gpu_hours=192.0, cost_usd=480.0, mfu=0.3, cost_per_day_usd=480.0,
         waste_per_day_usd=160.0,
         waste_lower_bound_per_day_usd=160.0, efficiency_waste_per_day_usd=160.0, idle_waste_per_day_usd=0.0,
         status=Job.Status.FINALIZED, evaluation=encode(Evaluation(duration_s=86_400.0, gpu_hours=192.0)),
     )  # fmt: skip
     b = Job.objects.create(
         team=team, external_id="B-2", name="no-mfu", started_at=start, ended_at=start + timedelta(hours=10),
-        gpu_count=4, gpu_hours=40.0, cost_usd=100.0, mfu=None, cost_per_day_usd=240.0, waste_per_day_usd=None,
+        gpu_count=4, gpu_model=gpu, gpu_hours=40.0, cost_usd=100.0, mfu=None, cost_per_day_usd=240.0,
+        waste_per_day_usd=None,
         waste_lower_bound_per_day_usd=48.0, idle_waste_per_day_usd=48.0, waste_unknown_reason=REASON,
         status=Job.Status.FINALIZED, evaluation=encode(Evaluation(duration_s=36_000.0, gpu_hours=40.0)),
     )  # fmt: skip

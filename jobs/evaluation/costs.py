@@ -7,7 +7,11 @@
   * efficiency waste = cost per day x max(0, 1 - MFU / reference MFU) (needs MFU);
   * total            = max(idle, efficiency) when MFU is known; unknown (None) otherwise, with the idle
                        waste as a stated lower bound. Never 0 for "unknown".
-- the cost of a window follows the dated price book: the window is split wherever the price changes.
+- the cost of a window follows the dated price book: the window is split wherever the price changes
+  (``window_cost``); hours before the book's first entry are charged that earliest price (``book_cost``,
+  the one rule behind a job's total cost and its cost inside any period).
+- share of spend wasted = waste per day / cost per day (``waste_share``): it does not depend on the price,
+  so a period's waste is that share of the period's dated cost.
 - energy from the DCGM TOTAL_ENERGY_CONSUMPTION counter (mJ) or by integrating POWER_USAGE (W).
 """
 
@@ -258,6 +262,43 @@ def window_cost(
         gpu_hours=sum(segment.gpu_hours for segment in segments),
         segments=tuple(segments),
     )
+
+
+def book_start(prices: Iterable[tuple[datetime | date, float]], like: datetime) -> datetime | None:
+    """When the price book starts (its earliest `effective_from`, in `like`'s timezone when it is a date);
+    None for an empty book."""
+    return min((_as_datetime(effective_from, like) for effective_from, _ in prices), default=None)
+
+
+def book_cost(
+    prices: Iterable[tuple[datetime | date, float]], start: datetime, end: datetime, gpus: float
+) -> WindowCost:
+    """Cost of ``gpus`` GPUs over [start, end] under the dated price book, where the book's earliest price
+    also covers the hours before it starts: the one rule for a job's total cost (jobs.evaluation.kpis,
+    which notes when it applied) and for its cost inside a period (jobs.evaluation.totals, the leaderboard's
+    SQL). Charging the earliest known price rather than nothing keeps a job that predates the book from
+    looking free; `window_cost` alone refuses such a window. Raises ValueError on an empty book.
+    """
+    _window(start, end)
+    entries = sorted(((_as_datetime(when, start), price) for when, price in prices), key=lambda e: e[0])
+    if not entries:
+        raise ValueError("no prices given")
+    if entries[0][0] > start:
+        entries[0] = (start, entries[0][1])
+    return window_cost(entries, start, end, gpus)
+
+
+def waste_share(waste_usd_per_day: float, cost_usd_per_day: float) -> float | None:
+    """The share of a job's spend that is wasted: its stored waste $/day / its stored cost $/day. Both
+    rates are the same price x GPU-equivalents x 24 times a price-free factor (`split_waste`), so the share
+    holds under any price and turns a dated cost into a dated waste. None when the cost rate is 0: the
+    evaluation priced the job at $0 (a $0 price or no GPU-equivalents) and 0/0 says nothing about the share.
+    """
+    waste = _non_negative("waste_usd_per_day", waste_usd_per_day)
+    cost = _non_negative("cost_usd_per_day", cost_usd_per_day)
+    if cost == 0:
+        return None
+    return waste / cost
 
 
 # ------------------------------------------------------------------------------------------ energy

@@ -531,14 +531,13 @@ def _cost(
         k.notes.append(f"no price in the price book for {label}")
         return
     usable = sorted(prices)
-    if usable[0][0] > start:
-        # The book starts after the job did: charge the earliest known price rather than nothing, and say so.
-        k.notes.append(
-            f"the price book for {label} starts {usable[0][0]:%Y-%m-%d}; earlier hours use that price"
-        )
-        usable[0] = (start, usable[0][1])
+    first = costs.book_start(usable, start)
+    if first is not None and first > start:
+        # The book starts after the job did: costs.book_cost charges the earliest known price for the
+        # hours before it (the same rule as a period's cost, jobs.evaluation.totals); say so on the job.
+        k.notes.append(f"the price book for {label} starts {first:%Y-%m-%d}; earlier hours use that price")
     if end > start:
-        k.cost_usd = costs.window_cost(usable, start, end, gpu_count).usd
+        k.cost_usd = costs.book_cost(usable, start, end, gpu_count).usd
     current = max((p for p in usable if p[0] <= end), default=usable[0])
     k.cost_per_day_usd = costs.cost_per_day(gpu_count, current[1])
     if held is None or abs(gpu_count - held) < 1e-9:

@@ -10,13 +10,22 @@ jobs, so the SQL is a fast copy of this module, not a second definition.
 * GPU-hours = hours inside x the GPU-equivalents its stored evaluation charged it for (GPUs x its share on
   time-sliced or MIG GPUs, `Evaluation.sharing.gpu_equivalents`; its GPU count when the GPUs were its own).
   Never the raw GPU count of a shared job: that would charge a shared GPU once per job on it.
-* cost and waste inside = the job's stored rate in $/day / 24 x hours inside (`costs.spread`, which the
-  job page's total waste uses too: `costs.total_waste`). The rate is the one
-  the evaluation stored (cost: GPU-equivalents x the price in effect at the job's last evaluation x 24;
-  waste: `costs.split_waste`). The job's own total cost follows the dated price book instead
-  (`costs.window_cost`, stored as `Job.cost_usd`); the two agree unless the price changed during the job.
-* a waste that is unknown (no MFU) contributes its stated lower bound (the idle waste) and keeps the
-  "at least" mark; a cost that is unknown (no price) contributes nothing and is counted apart.
+* cost inside = the dated price book of the job's GPU model and tier over the part of its run inside the
+  window, x its GPU-equivalents, split at every price change (`costs.book_cost`: each price holds from its
+  `effective_from` until the next; hours before the book's first entry are charged that earliest price).
+  This is the same definition as the job's own total cost (`Job.cost_usd`, jobs.evaluation.kpis), so the
+  costs of adjacent periods covering a job's run add up to its total, and a price change moves a period's
+  cost only for the hours after it.
+* waste inside = the job's waste share x its cost inside, where the share is the stored waste $/day /
+  the stored cost $/day (`costs.waste_share`: the share of spend wasted, which does not depend on the
+  price); the "at least" lower bound (the idle waste, when MFU is unknown) is its share x the cost inside
+  the same way. Over a window with one price this is the stored rate / 24 x hours (`costs.spread`, which
+  the job page's total waste uses: `costs.total_waste`).
+* a cost is unknown (None; counted apart, never $0) when the evaluation found no price (stored cost rate
+  None) or the book has no entry for the job's GPU model and tier; its waste is then unknown too. A waste
+  that is unknown (no MFU) contributes its stated lower bound and keeps the "at least" mark. A stored cost
+  rate of $0/day gives no share (0/0): the waste inside is $0 when the dated cost inside is $0 too (nothing
+  was spent) and unknown otherwise (a price change to or from $0 while the job ran).
 * MFU across jobs (a team's MFU) is weighted by peak-equivalent GPU-hours: sum(MFU x peak-equivalents x
   hours) / sum(peak-equivalents x hours) over the jobs that have an MFU. Decision (issue 27): GPU-hours, not
   peak FLOP capacity. Each job's MFU is already a share of its own GPUs' dense peak, so weighting by its
@@ -29,17 +38,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 
 from jobs.evaluation.checks import non_negative as _non_negative
-from jobs.evaluation.costs import SECONDS_PER_HOUR, Amount, spread
+from jobs.evaluation.costs import SECONDS_PER_HOUR, Amount, book_cost, waste_share
 
 
 @dataclass(frozen=True)
 class JobRates:
     """What a job's stored evaluation says, as the totals read it (columns of `Job`).
 
-    `stopped` is the job's end, or now while it runs. Rates in $/day; None = unknown.
+    `stopped` is the job's end, or now while it runs. Rates in $/day; None = unknown. `prices` is the dated
+    price book of the job's GPU model and tier, (effective_from, USD per GPU-hour) in any order
+    (jobs.evaluation.load.prices_for); empty when the book has none.
     """
 
     started: datetime
@@ -50,6 +61,7 @@ class JobRates:
     waste_per_day_usd: float | None
     waste_lower_bound_per_day_usd: float | None
     mfu: float | None
+    prices: tuple[tuple[datetime | date, float], ...]
 
 
 def hours_inside(started: datetime, stopped: datetime, start: datetime, end: datetime) -> float:
@@ -74,21 +86,34 @@ def gpu_hours_inside(job: JobRates, start: datetime, end: datetime) -> float:
 
 
 def cost_inside(job: JobRates, start: datetime, end: datetime) -> float | None:
-    """The job's cost inside the window in USD; None without a price."""
-    if job.cost_per_day_usd is None:
+    """The job's cost inside the window in USD, from the dated price book (see the module docstring);
+    None when it is unknown (no price when evaluated, or no book for its GPU model and tier)."""
+    hours = hours_inside(job.started, job.stopped, start, end)
+    if job.cost_per_day_usd is None or not job.prices:
         return None
-    return spread(job.cost_per_day_usd, hours_inside(job.started, job.stopped, start, end))
+    if hours == 0:
+        return 0.0
+    return book_cost(job.prices, max(job.started, start), min(job.stopped, end), job.gpu_equivalents).usd
+
+
+ZERO_RATE_REASON = "the job was priced at $0/day when evaluated, so the share of its spend wasted is unknown"
 
 
 def waste_inside(job: JobRates, start: datetime, end: datetime, reason: str = "") -> Amount:
-    """The job's waste inside the window: exact, "at least" its idle waste when MFU is unknown (`reason`
-    says why), or unknown when not even the idle part is known."""
-    hours = hours_inside(job.started, job.stopped, start, end)
-    if job.waste_per_day_usd is not None:
-        return Amount(spread(job.waste_per_day_usd, hours))
-    if job.waste_lower_bound_per_day_usd is not None:
-        return Amount(spread(job.waste_lower_bound_per_day_usd, hours), lower_bound=True, reason=reason)
-    return Amount(None, reason=reason)
+    """The job's waste inside the window: its waste share x its cost inside, exact; "at least" its idle
+    waste's share x that cost when MFU is unknown (`reason` says why); unknown when the cost is, when not
+    even the idle part is known, or when a $0/day cost rate gives no share for a cost that is not $0."""
+    cost = cost_inside(job, start, end)
+    exact = job.waste_per_day_usd is not None
+    rate = job.waste_per_day_usd if exact else job.waste_lower_bound_per_day_usd
+    if cost is None or rate is None or job.cost_per_day_usd is None:
+        return Amount(None, reason=reason)
+    share = waste_share(rate, job.cost_per_day_usd)
+    if share is None:
+        if cost != 0:
+            return Amount(None, reason=ZERO_RATE_REASON)
+        share = 0.0
+    return Amount(share * cost, lower_bound=not exact, reason="" if exact else reason)
 
 
 def weighted_mfu(items: Iterable[tuple[float | None, float]]) -> float | None:

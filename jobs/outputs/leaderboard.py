@@ -6,9 +6,14 @@ The one aggregation every channel reads (leaderboard page, team page, weekly ema
   that spans two weeks is split between them; GPU hours = hours inside × the GPU-equivalents its stored
   evaluation charged it for (GPUs × its share on time-sliced or MIG GPUs; the GPU count when they were its
   own), as its cost and GPU-hours are: never the raw GPU count of a shared job;
-* cost and waste = the job's $/day ÷ 24 × hours inside. Unknown is never 0: a job without a price adds no
-  cost and is counted in `jobs_cost_unknown`; a job whose waste is unknown (no MFU) adds its stated lower
-  bound (the idle waste) and is counted in `jobs_waste_unknown`, so the team's waste is "at least" a sum;
+* cost = the dated price book of the job's GPU model and tier (its `price_tier`, else the default tier)
+  over the hours inside, × its GPU-equivalents, split at each price change, the earliest price covering
+  the hours before the book starts: the definition of the job's own total cost, so adjacent periods add up
+  to it (jobs.evaluation.totals.cost_inside); waste = the job's waste share (stored waste ÷ stored cost,
+  per day) × that cost (totals.waste_inside). Unknown is never 0: a job without a price (none when it was
+  evaluated, or no book for its model and tier) adds no cost and is counted in `jobs_cost_unknown`; a job
+  whose waste is unknown (no MFU) adds its stated lower bound (the idle waste) and is counted in
+  `jobs_waste_unknown`, so the team's waste is "at least" a sum;
 * jobs whose GPU utilisation samples cover less than 90 % of their window (or unknown) are counted in
   `jobs_low_coverage`: their idle share and means rest on part of the window;
 * MFU is weighted by GPU hours (never an average of job ratios) over the jobs that have one, all computed
@@ -27,15 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import DurationField, ExpressionWrapper, F, FloatField, Q, QuerySet, Value
+from django.db.models.expressions import CombinedExpression, RawSQL
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
-from django.db.models.functions import Cast, Coalesce, Extract, Greatest, Least
+from django.db.models.functions import Cast, Coalesce, Extract, Greatest, Least, NullIf
 from django.utils import timezone
 
 from jobs.evaluation.costs import Amount
 from jobs.metrics.sampling import COVERAGE_SHOW_BELOW
-from jobs.models import Job, Team
+from jobs.models import Job, PriceEntry, Team
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,9 @@ class TeamRow:
     jobs_mfu_fallback: int = 0
     #: Jobs whose GPU_UTIL samples cover less than 90 % of their window, or whose coverage is unknown.
     jobs_low_coverage: int = 0
+    #: Priced jobs whose stored cost rate is $0/day but whose dated cost inside the period is not: their
+    #: share of spend wasted is unknown (jobs.evaluation.totals.waste_inside).
+    jobs_waste_share_unknown: int = 0
 
     @property
     def waste_usd(self) -> float | None:
@@ -148,11 +158,13 @@ class TeamRow:
         if not self.jobs_waste_unknown:
             return ""
         parts = []
-        no_mfu = self.jobs_waste_unknown - self.jobs_cost_unknown
+        no_mfu = self.jobs_waste_unknown - self.jobs_cost_unknown - self.jobs_waste_share_unknown
         if no_mfu > 0:
             parts.append(f"MFU unknown for {no_mfu}")
         if self.jobs_cost_unknown:
             parts.append(f"no price for {self.jobs_cost_unknown}")
+        if self.jobs_waste_share_unknown:
+            parts.append(f"priced at $0/day when evaluated for {self.jobs_waste_share_unknown}")
         return f"waste unknown for {self.jobs_waste_unknown} of {self.jobs} jobs: {', '.join(parts)}"
 
     @property
@@ -169,10 +181,23 @@ class TeamRow:
         return self.waste_lower_bound_usd / self.cost_usd if self.cost_usd else None
 
 
+# The dated price book as intervals [pf, pt): each price from its effective_from until the next one of the
+# same GPU model and tier, the first stretched back to -infinity (costs.book_cost: the earliest price covers
+# the hours before the book starts). A job's dated cost over [lo, hi) is the sum over the intervals that
+# overlap it of GPU-equivalents x price x the overlap's hours (costs.window_cost's segments).
+_PRICE_INTERVALS = """
+    SELECT gpu_model_id, tier, usd_per_gpu_hour::float8 AS usd,
+           CASE WHEN ROW_NUMBER() OVER w = 1 THEN '-infinity'::timestamptz ELSE effective_from END AS pf,
+           COALESCE(LEAD(effective_from) OVER w, 'infinity'::timestamptz) AS pt
+    FROM {prices}
+    WINDOW w AS (PARTITION BY gpu_model_id, tier ORDER BY effective_from)
+"""
+
 _SQL = """
 WITH j AS (
-    SELECT team_id, mfu, mfu_fallback, util_coverage, cost_per_day_usd, waste_per_day_usd,
-           waste_lower_bound_per_day_usd, started_at, COALESCE(ended_at, %(now)s) AS stop,
+    SELECT id, team_id, gpu_model_id, COALESCE(NULLIF(price_tier, ''), %(tier)s) AS tier, mfu, mfu_fallback,
+           util_coverage, cost_per_day_usd, COALESCE(waste_per_day_usd, waste_lower_bound_per_day_usd) AS wr,
+           waste_per_day_usd IS NULL AS waste_bound, started_at, COALESCE(ended_at, %(now)s) AS stop,
            COALESCE((evaluation->'sharing'->>'gpu_equivalents')::float8, gpu_count) AS gpu_count,
            COALESCE((evaluation->'sharing'->>'peak_equivalents')::float8,
                     (evaluation->'sharing'->>'gpu_equivalents')::float8, gpu_count) AS peak_count
@@ -181,27 +206,49 @@ WITH j AS (
 ),
 p (i, ps, pe) AS (VALUES {periods}),
 o AS (
-    SELECT j.*, p.i,
-           EXTRACT(EPOCH FROM LEAST(j.stop, p.pe) - GREATEST(j.started_at, p.ps))::float8 / 3600.0 AS h
+    SELECT j.*, p.i, GREATEST(j.started_at, p.ps) AS lo, LEAST(j.stop, p.pe) AS hi
     FROM j JOIN p ON j.started_at < p.pe AND j.stop > p.ps
+),
+pr AS ({intervals}),
+-- Each job's dated cost inside each period: GPU-equivalents x each price x the hours it held there.
+c AS (
+    SELECT o.id, o.i,
+           SUM(pr.usd * o.gpu_count
+               * EXTRACT(EPOCH FROM LEAST(o.hi, pr.pt) - GREATEST(o.lo, pr.pf))::float8 / 3600.0) AS usd
+    FROM o JOIN pr ON pr.gpu_model_id = o.gpu_model_id AND pr.tier = o.tier AND pr.pf < o.hi AND pr.pt > o.lo
+    WHERE o.cost_per_day_usd IS NOT NULL
+    GROUP BY o.id, o.i
+),
+-- totals.waste_inside: the waste share (stored waste or its lower bound / stored cost, per day) x the dated
+-- cost; a $0/day rate has no share: $0 when the dated cost is $0 too, else unknown (NULL).
+w AS (
+    SELECT o.*, EXTRACT(EPOCH FROM o.hi - o.lo)::float8 / 3600.0 AS h, c.usd AS cost,
+           CASE WHEN c.usd IS NULL OR o.wr IS NULL THEN NULL
+                WHEN o.cost_per_day_usd > 0 THEN o.wr / o.cost_per_day_usd * c.usd
+                WHEN c.usd = 0 THEN 0.0 END AS waste
+    FROM o LEFT JOIN c ON c.id = o.id AND c.i = o.i
 )
-SELECT o.team_id, t.slug, t.name, o.i, COUNT(*),
-       SUM(o.h * o.gpu_count),
-       SUM(o.cost_per_day_usd / 24.0 * o.h) FILTER (WHERE o.cost_per_day_usd IS NOT NULL),
-       SUM(COALESCE(o.waste_per_day_usd, o.waste_lower_bound_per_day_usd) / 24.0 * o.h)
-           FILTER (WHERE COALESCE(o.waste_per_day_usd, o.waste_lower_bound_per_day_usd) IS NOT NULL),
-       SUM(o.mfu * o.peak_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
-       SUM(o.peak_count * o.h) FILTER (WHERE o.mfu IS NOT NULL),
-       COUNT(*) FILTER (WHERE o.cost_per_day_usd IS NULL),
-       COUNT(*) FILTER (WHERE o.waste_per_day_usd IS NULL),
-       COUNT(*) FILTER (WHERE o.mfu IS NULL),
-       COUNT(*) FILTER (WHERE o.mfu IS NOT NULL AND o.mfu_fallback),
-       COUNT(*) FILTER (WHERE o.util_coverage IS NULL OR o.util_coverage < %(coverage)s)
-FROM o JOIN {teams} t ON t.id = o.team_id
-GROUP BY o.team_id, t.slug, t.name, o.i
+SELECT w.team_id, t.slug, t.name, w.i, COUNT(*),
+       SUM(w.h * w.gpu_count),
+       SUM(w.cost),
+       SUM(w.waste),
+       SUM(w.mfu * w.peak_count * w.h) FILTER (WHERE w.mfu IS NOT NULL),
+       SUM(w.peak_count * w.h) FILTER (WHERE w.mfu IS NOT NULL),
+       COUNT(*) FILTER (WHERE w.cost IS NULL),
+       COUNT(*) FILTER (WHERE w.waste IS NULL OR w.waste_bound),
+       COUNT(*) FILTER (WHERE w.mfu IS NULL),
+       COUNT(*) FILTER (WHERE w.mfu IS NOT NULL AND w.mfu_fallback),
+       COUNT(*) FILTER (WHERE w.util_coverage IS NULL OR w.util_coverage < %(coverage)s),
+       COUNT(*) FILTER (WHERE w.cost IS NOT NULL AND w.wr IS NOT NULL AND w.waste IS NULL)
+FROM w JOIN {teams} t ON t.id = w.team_id
+GROUP BY w.team_id, t.slug, t.name, w.i
 """
 # An earlier form with generate_series() per job made the planner overestimate rows a thousandfold and
 # spend most of a second JIT-compiling a 20 ms query; a join on the overlap condition estimates well.
+
+
+def _price_intervals() -> str:
+    return _PRICE_INTERVALS.format(prices=connection.ops.quote_name(PriceEntry._meta.db_table))
 
 
 def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict[int, TeamRow]]:
@@ -209,8 +256,9 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
     if not periods:
         return []
     now = now or timezone.now()
-    params: dict[str, datetime | float] = {
+    params: dict[str, datetime | float | str] = {
         "coverage": COVERAGE_SHOW_BELOW,
+        "tier": settings.DEFAULT_PRICE_TIER,
         "now": now,
         "first": min(p.start for p in periods),
         "last": max(p.end for p in periods),
@@ -222,6 +270,7 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
     sql = _SQL.format(
         jobs=connection.ops.quote_name(Job._meta.db_table),
         teams=connection.ops.quote_name(Team._meta.db_table),
+        intervals=_price_intervals(),
         periods=", ".join(values),
     )
     with connection.cursor() as cursor:
@@ -230,7 +279,7 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
     out: list[dict[int, TeamRow]] = [{} for _ in periods]
     for (
         team_id, slug, name, i, jobs, gpu_h, cost, waste, mfu_num, mfu_den,
-        cost_unknown, waste_unknown, mfu_unknown, fallback, low_coverage,
+        cost_unknown, waste_unknown, mfu_unknown, fallback, low_coverage, share_unknown,
     ) in rows:  # fmt: skip
         out[i][team_id] = TeamRow(
             team_id=team_id,
@@ -246,6 +295,7 @@ def period_rows(periods: list[Period], now: datetime | None = None) -> list[dict
             jobs_mfu_unknown=mfu_unknown,
             jobs_mfu_fallback=fallback,
             jobs_low_coverage=low_coverage,
+            jobs_waste_share_unknown=share_unknown,
         )
     return out
 
@@ -292,6 +342,23 @@ def _overlap_jobs(period: Period, now: datetime | None = None) -> QuerySet[Job]:
     )
 
 
+def _dated_cost(period: Period, now: datetime | None) -> CombinedExpression:
+    """A job's cost inside the period from the dated price book (jobs.evaluation.totals.cost_inside), as a
+    correlated subquery on the job's row: NULL without a book for its GPU model and tier."""
+    now = now or timezone.now()
+    job = connection.ops.quote_name(Job._meta.db_table)
+    lo, hi = f"GREATEST({job}.started_at, %s)", f"LEAST(COALESCE({job}.ended_at, %s), %s)"
+    sql = (
+        f"(SELECT SUM(pr.usd * EXTRACT(EPOCH FROM LEAST({hi}, pr.pt) - GREATEST({lo}, pr.pf))::float8"
+        " / 3600.0)"
+        f" FROM ({_price_intervals()}) pr WHERE pr.gpu_model_id = {job}.gpu_model_id"
+        f" AND pr.tier = COALESCE(NULLIF({job}.price_tier, ''), %s) AND pr.pf < {hi} AND pr.pt > {lo})"
+    )
+    bounds = (now, period.end, period.start)
+    params = (*bounds, settings.DEFAULT_PRICE_TIER, *bounds)
+    return RawSQL(sql, params, output_field=FloatField()) * gpu_equivalents()
+
+
 def worst_jobs(
     period: Period,
     limit: int = 10,
@@ -310,11 +377,14 @@ def worst_jobs(
         qs = qs.filter(team_id=team_id)
     if scope is not None:
         qs = scope(qs)
+    # jobs.evaluation.totals.waste_inside, as period_rows computes it: the waste share (stored waste, or its
+    # lower bound, / stored cost per day) x the dated cost inside the period. NULL (not listed) when the
+    # cost is unknown or the rate is $0/day (no share; such a job's waste is $0 or unknown, never ranked).
+    share = Coalesce(F("waste_per_day_usd"), F("waste_lower_bound_per_day_usd")) / NullIf(
+        F("cost_per_day_usd"), Value(0.0)
+    )
     qs = qs.annotate(
-        waste_in_period=ExpressionWrapper(
-            Coalesce(F("waste_per_day_usd"), F("waste_lower_bound_per_day_usd")) / 24.0 * F("overlap_h"),
-            output_field=FloatField(),
-        )
+        waste_in_period=ExpressionWrapper(share * _dated_cost(period, now), output_field=FloatField())
     )
     jobs: list[Job] = list(
         qs.filter(waste_in_period__gt=0).order_by("-waste_in_period", "external_id")[:limit]

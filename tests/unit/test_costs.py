@@ -86,6 +86,29 @@ def test_empty_window_costs_nothing() -> None:
     assert result.usd == 0.0 and result.segments == ()
 
 
+def test_book_cost_charges_the_earliest_price_for_hours_before_the_book_starts() -> None:
+    # Book: $2 from T0 + 4 h, $3 from T0 + 6 h. Over [T0, T0 + 8 h) on 2 GPUs: the first 4 h take the
+    # earliest price too, so 2 x (6 h x 2 + 2 h x 3) = $36; window_cost alone refuses that window.
+    book = [(T0 + timedelta(hours=6), 3.0), (T0 + timedelta(hours=4), 2.0)]
+    result = costs.book_cost(book, T0, T0 + timedelta(hours=8), gpus=2)
+    assert result.usd == pytest.approx(36.0) and result.gpu_hours == pytest.approx(16.0)
+    assert [s.usd_per_gpu_hour for s in result.segments] == [2.0, 3.0]
+    assert costs.book_start(book, T0) == T0 + timedelta(hours=4)
+    # A window after the book starts is window_cost's answer unchanged.
+    later = costs.book_cost(book, T0 + timedelta(hours=5), T0 + timedelta(hours=7), gpus=1)
+    assert later == costs.window_cost(book, T0 + timedelta(hours=5), T0 + timedelta(hours=7), gpus=1)
+    with pytest.raises(ValueError, match="no prices given"):
+        costs.book_cost([], T0, T0 + timedelta(hours=1), gpus=1)
+    assert costs.book_start([], T0) is None
+
+
+def test_waste_share_is_the_share_of_spend_wasted_and_none_for_a_zero_rate() -> None:
+    assert costs.waste_share(128.0, 384.0) == pytest.approx(1 / 3)
+    assert costs.waste_share(0.0, 0.0) is None
+    with pytest.raises(ValueError, match="must not be negative"):
+        costs.waste_share(-1.0, 10.0)
+
+
 def test_energy_from_power_trapezoid() -> None:
     samples = [(0.0, 100.0), (30.0, 200.0), (60.0, 200.0)]
     estimate = costs.energy_kwh_from_power(samples)
