@@ -15,12 +15,20 @@ Prints the time of that one try (wall; the read from Prometheus apart from the r
 process, all threads, and this connection's Postgres backend) beside Prometheus' CPU, the requests it
 sent to Prometheus by endpoint, the archive rows it wrote, whether it succeeded (status, ingest error), and
 the 1-minute load average beside each figure (issue 26 item 6: a 256-GPU x 3-day job in < 60 s).
-`--concurrency N` sets FINALIZE_QUERY_CONCURRENCY (range queries in flight; 1 = one after another).
+Then how parallel the read was: the most HTTP requests in flight at once and their mean over the read
+(from each request's start and end), the cores Prometheus used over the read (its CPU / the read's wall),
+the CPUs it may run on and its query concurrency limit (a Prometheus that gets one core shows ~1.0 there
+whatever the requests in flight: the machine's other load, not the client, is then the limit).
+`--concurrency N` sets FINALIZE_QUERY_CONCURRENCY (range queries in flight; 1 = one after another);
+`--server-stats` reads the cross-GPU stats as the poll does (ingest.FINALIZE_STATS_HERE off: Prometheus
+evaluates each signal's per-GPU expression once per stat) instead of from one per-series read;
+PROMETHEUS_COMPRESSION (environment) as the service reads it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
 import time
@@ -63,6 +71,66 @@ class _Requests:
         _setup.untap_requests(self._original)
 
 
+class _InFlight:
+    """Each HTTP request's start and end (wraps PrometheusClient._send, which returns once the whole answer
+    is read; the finalize's pool threads' copies of the client included), for how many were in flight."""
+
+    def __init__(self) -> None:
+        from jobs.metrics.prometheus import PrometheusClient
+
+        self.spans: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        self._cls = PrometheusClient
+        self._original = PrometheusClient._send
+        original = self._original
+
+        def send(client: Any, method: str, path: str, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return original(client, method, path, **kwargs)
+            finally:
+                with self._lock:
+                    self.spans.append((t, time.perf_counter()))
+
+        PrometheusClient._send = send  # type: ignore[method-assign,assignment]
+
+    def restore(self) -> None:
+        self._cls._send = self._original  # type: ignore[method-assign]
+
+    def most_and_mean(self, wall: float) -> tuple[int, float]:
+        """The most requests in flight at once, and the mean number in flight over `wall` seconds."""
+        edges = sorted([(a, 1) for a, _ in self.spans] + [(b, -1) for _, b in self.spans])
+        now = most = 0
+        for _, d in edges:
+            now += d
+            most = max(most, now)
+        busy = sum(b - a for a, b in self.spans)
+        return most, busy / wall if wall > 0 else 0.0
+
+
+def _prometheus_cpus(pid: int, url: str) -> str:
+    """The CPUs Prometheus may run on (Go's default GOMAXPROCS is their number) and its query limit."""
+    import os
+
+    import requests
+
+    allowed = "?"
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                allowed = line.split(":", 1)[1].strip()
+    env = "?"
+    with contextlib.suppress(OSError):
+        env = next(
+            (v.split(b"=", 1)[1].decode() for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+             if v.startswith(b"GOMAXPROCS=")), "unset",
+        )  # fmt: skip
+    limit = "?"
+    with contextlib.suppress(Exception):
+        limit = requests.get(f"{url}/api/v1/status/flags", timeout=5).json()["data"]["query.max-concurrency"]
+    return f"CPUs allowed {allowed} of {os.cpu_count()}, GOMAXPROCS {env}, query.max-concurrency {limit}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,11 +144,19 @@ def main() -> None:
         "--concurrency", type=int, default=0,
         help="FINALIZE_QUERY_CONCURRENCY for this run (default: the setting, 4 unless set)",
     )  # fmt: skip
+    parser.add_argument(
+        "--server-stats", action="store_true",
+        help="cross-GPU stats from Prometheus (one query per signal, as a poll reads them)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.gpus < 1 or args.days <= 0 or args.step_s <= 0 or args.concurrency < 0:
         parser.error("--gpus, --days and --step-s must be positive, --concurrency at least 0")
     if args.concurrency:
         settings.FINALIZE_QUERY_CONCURRENCY = args.concurrency
+    if args.server_stats:
+        from jobs.metrics import ingest
+
+        ingest.FINALIZE_STATS_HERE = False
 
     from jobs.metrics.signals import DEFAULT_DISABLED
     from jobs.simulate import SimSpec, simulate
@@ -131,12 +207,14 @@ def _slices(sim: Any, seconds: float) -> list[Any]:
 def _finalize(sim: Any, tsdb: Path) -> None:
     """Register the simulated job in a throwaway database and finalize it once against Prometheus."""
     from jobs.intake.registry import register_job
+    from jobs.metrics import ingest
     from jobs.metrics.prometheus import PrometheusClient
     from jobs.models import Job, Team
     from jobs.pipeline import poll as pipeline
     from jobs.simulate import registration_body
 
     counter: _Requests | None = None
+    flight: _InFlight | None = None
     read_s: list[float] = []
     read_finalize = pipeline.read_finalize
 
@@ -155,8 +233,11 @@ def _finalize(sim: Any, tsdb: Path) -> None:
             job = Job.objects.get(external_id=sim.spec.job_id)
             pg_pid = _setup.backend_pid()
             with _setup.prometheus(tsdb) as (prom, prom_pid):
-                client = PrometheusClient(prom.url, timeout_s=120, retries=0)
-                counter = _Requests()
+                prom_cpus = _prometheus_cpus(prom_pid, prom.url)  # before the tap: not one of the finalize's
+                client = PrometheusClient(
+                    prom.url, timeout_s=120, retries=0, compress=settings.PROMETHEUS_COMPRESSION
+                )
+                counter, flight = _Requests(), _InFlight()
                 assert job.ended_at is not None
                 now = job.ended_at + timedelta(minutes=5)
                 p0, g0 = _setup.proc_cpu_s(prom_pid), _setup.proc_cpu_s(pg_pid)
@@ -179,7 +260,17 @@ def _finalize(sim: Any, tsdb: Path) -> None:
                   f"{job.ingest_error or 'none'}  {verdict}  [{_load()}]", flush=True)  # fmt: skip
             print(f"  data_until {job.data_until:%Y-%m-%d %H:%M}Z (ended {job.ended_at:%Y-%m-%d %H:%M}Z), "
                   f"MFU {job.mfu}, GPU util mean {job.gpu_util_mean}")  # fmt: skip
+            assert flight is not None
+            read = sum(read_s)
+            most, mean = flight.most_and_mean(read)
+            cores = f"{(p1 - p0) / read:.2f}" if p0 is not None and p1 is not None and read > 0 else "?"
+            stats_where = "here, one per-series read a signal" if ingest.FINALIZE_STATS_HERE else "Prometheus"
+            print(f"  read: requests in flight at most {most}, mean {mean:.2f}; Prometheus used {cores} "
+                  f"cores over the read ({prom_cpus}); cross-GPU stats from {stats_where}; compression "
+                  f"{'on' if settings.PROMETHEUS_COMPRESSION else 'off'}  [{_load()}]")  # fmt: skip
     finally:
+        if flight is not None:
+            flight.restore()
         if counter is not None:
             counter.restore()
         pipeline.read_finalize = read_finalize

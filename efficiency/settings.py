@@ -255,6 +255,10 @@ PROMETHEUS_TIMEOUT_S = env_float("PROMETHEUS_TIMEOUT_S", 10.0, min_value=0.1, ma
 # web worker (the check reports it as down instead).
 HEALTHZ_PROMETHEUS_TIMEOUT_S = env_float("HEALTHZ_PROMETHEUS_TIMEOUT_S", 2.0, min_value=0.1, max_value=30)
 PROMETHEUS_RETRIES = env_int("PROMETHEUS_RETRIES", 3, min_value=0, max_value=10)
+# Ask Prometheus for gzip-compressed answers. Off: compressing is Prometheus' CPU (a finalize's 7.7 MB
+# per-series answer: 0.53-0.59 CPU-s gzipped, 0.19-0.20 plain, #26 item 6) and saves only bandwidth; turn
+# it on when Prometheus is across a slow link.
+PROMETHEUS_COMPRESSION = env_bool("PROMETHEUS_COMPRESSION", False)
 # Range queries a finalize keeps in flight (jobs.metrics.ingest.read_finalize): Prometheus evaluates one
 # query per core, so a finalize that sends them one after another leaves all but one of its cores idle
 # (#26 item 6: a 256-GPU x 3-day job, 114 range queries). 1 = one after another.

@@ -376,3 +376,63 @@ def test_a_failing_query_fails_the_concurrent_finalize_cleanly(prom, sims, make_
     job = pipeline.finalize_job(job, client, now=START + timedelta(hours=3))
     assert job.status == Job.Status.FINALIZED and job.ingest_error == ""
     assert failed < calls["n"]  # the failed one stopped early: its per-GPU reads were never sent
+
+
+@pytest.mark.django_db
+def test_a_finalize_computing_the_stats_here_stores_what_prometheus_stats_stored(
+    prom, sims, make_team, monkeypatch, settings
+):
+    """FINALIZE_STATS_HERE (one per-series read a signal, the cross-GPU stats computed here) against the
+    poll's way (Prometheus aggregates each signal in one query): the same archive rows, the same evaluation,
+    with fewer raw-sample passes on the server (tests/test_cross_gpu_prometheus.py compares the stats)."""
+    settings.FINALIZE_QUERY_CONCURRENCY = 4
+    client = _client(prom)
+    monkeypatch.setattr(ingest, "FINALIZE_STATS_HERE", False)
+    server = _register(sims["1001"], make_team("llm"), ended=True)
+    pipeline.finalize_job(server, client, now=START + timedelta(hours=3))
+    rows, figures = _snapshot(server), _job_figures(server)
+    assert figures["status"] == Job.Status.FINALIZED and figures["ingest_error"] == ""
+    server.delete()
+
+    monkeypatch.setattr(ingest, "FINALIZE_STATS_HERE", True)
+    here = _register(sims["1001"], make_team("llm"), ended=True)
+    pipeline.finalize_job(here, client, now=START + timedelta(hours=3))
+    _assert_same(_snapshot(here), rows)
+    assert _job_figures(here) == figures
+    assert {stat for _, stat, *_ in rows} >= {"mean", "min", "max", "count", "sampled", "gpu"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("failing", ["per-series", "sampled"])
+def test_either_query_of_a_signal_failing_fails_the_finalize_cleanly(
+    prom, sims, make_team, monkeypatch, settings, failing
+):
+    """With the stats computed here a signal is read by two queries (its per-series values and the
+    server-side sample count): either one failing leaves the polled archive as it was and the job
+    unfinalized, saying why, with no query left running."""
+    import threading
+
+    from jobs.metrics.prometheus import PrometheusQueryError
+
+    settings.FINALIZE_QUERY_CONCURRENCY = 4
+    monkeypatch.setattr(ingest, "FINALIZE_STATS_HERE", True)
+    client = _client(prom)
+    job = _register(sims["1001"], make_team("llm"), ended=False)
+    job = pipeline.poll_job(job, client, now=START + timedelta(hours=1))
+    job.ended_at = START + timedelta(hours=2)
+    job.save()
+    kept, status = _snapshot(job), job.status
+    original = PrometheusClient.range
+
+    def failing_range(self, query, start, end, step=None):
+        sampled = "count_over_time" in query
+        if "POWER_USAGE" in query and sampled == (failing == "sampled") and not query.startswith("avg by"):
+            raise PrometheusQueryError(f"{failing} query refused", error_type="execution")
+        return original(self, query, start, end, step)
+
+    monkeypatch.setattr(PrometheusClient, "range", failing_range)
+    job = pipeline.finalize_job(job, client, now=START + timedelta(hours=3))
+    assert job.status == status and job.finalized_at is None
+    assert f"{failing} query refused" in job.ingest_error
+    _assert_same(_snapshot(job), kept)
+    assert not [t for t in threading.enumerate() if t.name.startswith("finalize")]

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from jobs.metrics.sampling import grid_frame, place_on_grid
 from jobs.metrics.signals import COUNT, MAX, MEAN, MIN, NONZERO, THROTTLE_BITS, Signal
 
 #: A range query's points lie on its grid (start + k*step, in whole ms); a point farther than this from
@@ -164,10 +165,13 @@ def cross_gpu_stats(signal: Signal, values: np.ndarray, present: np.ndarray) -> 
 
 
 def stats_from_rows(signal: Signal, series: Sequence[Any], ts: np.ndarray) -> dict[str, np.ndarray]:
-    """`cross_gpu_stats` of a per-series range answer placed on `ts`. With no point at all, only NONZERO
-    (its `or vector(0)` answers at every step): Prometheus' answer then holds no other stat's series."""
+    """`cross_gpu_stats` of a per-series range answer, each stat then placed on `ts` as
+    `signal_queries.stats_from_series` places Prometheus' stat series (`sampling.place_on_grid`: a NaN or
+    infinite value is no value), so both store the same. With no point at all, only NONZERO (its
+    `or vector(0)` answers at every step): Prometheus' answer then holds no other stat's series."""
     values, present = on_grid_matrix(series, ts)
     stats = cross_gpu_stats(signal, values, present)
-    if present.any():
-        return stats
-    return {k: v for k, v in stats.items() if k == NONZERO}
+    if not present.any():
+        stats = {k: v for k, v in stats.items() if k == NONZERO}
+    origin, step = grid_frame(ts)
+    return {k: place_on_grid(ts, v, origin, step, ts.size) for k, v in stats.items()}

@@ -48,8 +48,9 @@ _NICE_STEPS = (30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 def prometheus_client() -> PrometheusClient:
     """The configured client (settings read at call time, not import time)."""
     return PrometheusClient(
-        settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S, retries=settings.PROMETHEUS_RETRIES
-    )
+        settings.PROMETHEUS_URL, timeout_s=settings.PROMETHEUS_TIMEOUT_S, retries=settings.PROMETHEUS_RETRIES,
+        compress=settings.PROMETHEUS_COMPRESSION,
+    )  # fmt: skip
 
 
 def job_selector(job: Job) -> Selector:
@@ -262,9 +263,14 @@ def mark_stale(job: Job, exc: Exception, now: datetime) -> Job:
 
 #: Raw samples (across the job's GPUs) one finalize range query may read: a 256-GPU x 3-day job's signal
 #: is read in a few queries of at most this, each far inside the client timeout (Prometheus evaluates
-#: tens of millions of samples per second per core; 2 M leaves room for the 5 stats of one query on a
-#: loaded server), and every part stays within Prometheus' 11,000 points per series.
+#: tens of millions of samples per second per core), every part stays within Prometheus' 11,000 points per
+#: series, and a per-series answer (FINALIZE_STATS_HERE: one point per GPU per step) stays ~8 MB of JSON.
 FINALIZE_MAX_SAMPLES = 2_000_000
+#: A finalize computes each signal's cross-GPU stats here from one per-series read (`jobs.metrics.cross_gpu`)
+#: instead of asking Prometheus for them in one query that evaluates the per-GPU expression once per stat
+#: (#26 item 6, a 256-GPU x 3-day job: those 44 queries cost Prometheus 41.5 of its 51.4 CPU-s). The same
+#: stats (cross_gpu's docstring says how exactly); False reads them as the poll does.
+FINALIZE_STATS_HERE = True
 #: GPUs per per-GPU finalize query of a job with an explicit GPU list.
 FINALIZE_GPU_BATCH = 64
 
@@ -322,7 +328,7 @@ def read_finalize(job: Job, client: PrometheusClient) -> Read:
     with RangeFetcher(client, settings.FINALIZE_QUERY_CONCURRENCY, name="finalize") as fetcher:
         sigs = fetch_job_signals(client, selector, first, end, step, scrape_interval_s=scrape,
                                  max_samples=FINALIZE_MAX_SAMPLES, gpus_hint=max(1, job.gpu_count),
-                                 fetcher=fetcher)  # fmt: skip
+                                 fetcher=fetcher, stats_here=FINALIZE_STATS_HERE)  # fmt: skip
         for batch in _gpu_batches(job, found):
             # Per-GPU rows by GPU batch (explicit GPU lists) and by time: no query over all GPUs x days.
             wide = fetch_job_signals(
