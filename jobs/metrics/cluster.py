@@ -309,18 +309,21 @@ def settled_until(sigs: JobSignals) -> float | None:
     scrape, a replica behind) ends the settled run, so the next poll re-reads from there.
     """
     ts = sigs.timestamps
-    full = np.ones(ts.size, dtype=bool)
-    any_data = False
-    for s in sigs.signals.values():
-        c = None if s.count is None else np.asarray(s.count, dtype=np.float64)
-        if c is None or c.size != ts.size or not np.isfinite(c).any():
-            continue
-        any_data = True
-        ok = np.isfinite(c)
-        first = int(np.argmax(ok))  # points before the signal's first sample are not late data
-        full[first:] &= (ok & (np.where(ok, c, -1.0) >= np.nanmax(c)))[first:]
-    if not any_data:
+    # Every signal's count as one row of a matrix, so the rule runs once per job, not once per signal.
+    counts = [
+        c for s in sigs.signals.values() if s.count is not None and (c := np.asarray(s.count)).size == ts.size
+    ]
+    if not counts:
         return None
+    c = np.vstack(counts).astype(np.float64, copy=False).reshape(len(counts), ts.size)
+    ok = np.isfinite(c)
+    with_data = ok.any(axis=1)
+    if not with_data.any():
+        return None
+    c, ok = c[with_data], ok[with_data]
+    most = np.nanmax(c, axis=1, keepdims=True)  # each signal's full GPU count
+    started = np.logical_or.accumulate(ok, axis=1)  # points before a signal's first sample are not late
+    full = ((ok & (np.where(ok, c, -1.0) >= most)) | ~started).all(axis=0)
     bad = np.flatnonzero(~full)
     if bad.size == 0:
         return float(ts[-1])

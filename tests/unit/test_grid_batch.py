@@ -14,12 +14,12 @@ import msgspec
 import numpy as np
 import pytest
 
-from jobs.metrics import prometheus
+from jobs.metrics import cluster, prometheus
 from jobs.metrics.prometheus import Series
 from jobs.metrics.promql import gpu_key
 from jobs.metrics.sampling import place_on_grid, place_rows, rows_on_grids
 from jobs.metrics.signal_queries import per_gpu_matrices, per_gpu_matrix, stats_from_series, stats_of_jobs
-from jobs.metrics.signals import GpuKey, grid
+from jobs.metrics.signals import COUNT, GpuKey, JobSignals, SignalSeries, grid
 
 T0 = 1_767_225_600.0
 
@@ -216,3 +216,47 @@ def test_an_unreadable_value_is_refused_as_before() -> None:
     body = json.dumps([{"metric": {}, "values": [[1, "0.5"], [2, "lots"]]}]).encode()
     with pytest.raises(ValueError):
         prometheus._matrix_series(msgspec.Raw(body))
+
+
+# ------------------------------------------------------------------------------------------ settled_until
+
+
+def _settled_one_by_one(sigs: JobSignals) -> float | None:
+    """`cluster.settled_until` as it was before it took every signal's counts in one matrix."""
+    ts = sigs.timestamps
+    full = np.ones(ts.size, dtype=bool)
+    any_data = False
+    for s in sigs.signals.values():
+        c = None if s.count is None else np.asarray(s.count, dtype=np.float64)
+        if c is None or c.size != ts.size or not np.isfinite(c).any():
+            continue
+        any_data = True
+        ok = np.isfinite(c)
+        first = int(np.argmax(ok))
+        full[first:] &= (ok & (np.where(ok, c, -1.0) >= np.nanmax(c)))[first:]
+    if not any_data:
+        return None
+    bad = np.flatnonzero(~full)
+    if bad.size == 0:
+        return float(ts[-1])
+    return float(ts[max(int(bad[0]) - 1, 0)])
+
+
+def test_settled_until_matches_the_signal_by_signal_rule() -> None:
+    rng = np.random.default_rng(9)
+    seen = set()
+    for trial in range(400):
+        n = int(rng.integers(0, 12))
+        ts = grid(T0, T0 + 30.0 * (n - 1), 30.0) if n else np.empty(0)
+        sigs = JobSignals(T0, T0 + 30.0 * n, 30.0, ts)
+        for k in range(int(rng.integers(0, 5))):
+            gpus = float(rng.integers(1, 9))
+            count = np.full(n, gpus) - rng.choice([0.0, 0.0, 0.0, 1.0], n)
+            count[rng.random(n) < 0.2] = np.nan
+            count[: int(rng.integers(0, n + 1))] = np.nan  # a signal whose first sample comes late (a rate)
+            stats = {} if k == 3 else {COUNT: count if trial % 11 else count[:-1]}  # no count / wrong length
+            sigs.signals[f"s{k}"] = SignalSeries(f"s{k}", "ratio", ts, stats)
+        got, want = cluster.settled_until(sigs), _settled_one_by_one(sigs)
+        assert got == want, (trial, got, want)
+        seen.add("none" if want is None else "last" if n and want == ts[-1] else "cut")
+    assert seen == {"none", "last", "cut"}  # every outcome was exercised
