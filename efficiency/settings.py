@@ -249,6 +249,9 @@ CACHES = {
         "TIMEOUT": 300,
     }
 }
+# The job page's rendered bodies kept in each web process's memory (jobs.views.job_page_cache), keyed by
+# the version of what they show: a warm 256-GPU page is ~0.7 MiB (issue 26 item 4). 0 renders every view.
+JOB_PAGE_CACHE_MIB = env_int("JOB_PAGE_CACHE_MIB", 64, min_value=0, max_value=65_536)
 PROMETHEUS_URL = env_url("PROMETHEUS_URL", "http://127.0.0.1:59090", schemes=("http", "https"))
 PROMETHEUS_TIMEOUT_S = env_float("PROMETHEUS_TIMEOUT_S", 10.0, min_value=0.1, max_value=300)
 # /healthz asks Prometheus with this short timeout and no retries, so a slow Prometheus cannot hold a

@@ -148,12 +148,12 @@ def test_job_page_names_the_straggler(client, member, finished, sims):
 def test_job_page_query_count_is_fixed(client, member, finished, django_assert_num_queries):
     client.force_login(member)
     url = reverse("job-detail", args=[finished.external_id])
-    client.get(url)  # warm caches (content types, sessions, the whole-job figures, the compare links)
-    # user, job, findings, artifacts, baseline (+ its runs when one exists), the user's teams for the write
-    # check, the job's alert incidents: 7. The session (cached_db sessions) and the runs to compare with
-    # (jobs.templatetags.compare_links) come from the cache; the series means and the per-GPU series (2 more
-    # on a cold cache) from the cached figures until the next poll.
-    with django_assert_num_queries(7):
+    client.get(url)  # warm caches (content types, sessions, the page's body, the compare links)
+    # user, the job with its content stamp (jobs.views.job_page_cache), the user's teams for the write check:
+    # 3. The session (cached_db sessions) and the runs to compare with (jobs.templatetags.compare_links) come
+    # from the cache, the body (findings, artifacts, baseline, alerts, figures) from this process's memory
+    # until a row it shows changes; a cold body reads them (7 statements and the figures' 2).
+    with django_assert_num_queries(3):
         assert client.get(url).status_code == 200
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -52,7 +53,8 @@ class Run:
     model_name: str
 
 
-def _run(job: Job) -> Run:
+def as_run(job: Job) -> Run:
+    """The link fields of `job`, without the model (cacheable)."""
     return Run(job.pk, job.external_id, job.name, job.team_id, job.started_at, job.config_fingerprint,
                job.model_name)  # fmt: skip
 
@@ -96,7 +98,7 @@ def _neighbours(job: Job, user: Any) -> list[Run]:
         same = others.filter(**{field: value})
         parts.append(same.filter(started_at__lte=job.started_at).order_by("-started_at")[:1])
         parts.append(same.filter(started_at__gt=job.started_at).order_by("started_at")[:1])
-    return [_run(o) for o in parts[0].union(*parts[1:], all=True)] if parts else []
+    return [as_run(o) for o in parts[0].union(*parts[1:], all=True)] if parts else []
 
 
 def _cache_key(job: Job, user: Any) -> str:
@@ -135,8 +137,14 @@ def compare_candidates(
     Only runs the viewer may read are offered. No query while the cached neighbours hold
     (`cached_neighbours`)."""
     request = context.get("request")
-    user = getattr(request, "user", None)
-    with_baseline = isinstance(baseline, Baseline)  # the template passes "" when the job has no baseline
+    runs = baseline.runs.all() if isinstance(baseline, Baseline) else None
+    return compare_runs(job, getattr(request, "user", None), runs)
+
+
+def compare_runs(job: Job, user: Any, baseline_runs: Iterable[Run | Job] | None) -> list[dict[str, Any]]:
+    """`compare_candidates` for `user`, with the baseline's runs as given (None: the job has no baseline):
+    the job page's view passes them from its cached body (`as_run` of each), so it reads no baseline."""
+    with_baseline = baseline_runs is not None  # the readable teams are read only to filter baseline runs
     neighbours, readable = cached_neighbours(job, user, with_readable=with_baseline)
     out: list[dict[str, Any]] = []
     seen = {job.pk}
@@ -155,10 +163,8 @@ def compare_candidates(
             if other is not None and other.pk not in seen:
                 seen.add(other.pk)
                 out.append(_link(job, other, f"{when} {what}"))
-    if isinstance(baseline, Baseline):
-        runs = [
-            r for r in baseline.runs.all() if r.pk not in seen and (readable is None or r.team_id in readable)
-        ]
+    if baseline_runs is not None:
+        runs = [r for r in baseline_runs if r.pk not in seen and (readable is None or r.team_id in readable)]
         for run in sorted(runs, key=lambda r: r.started_at, reverse=True)[:BASELINE_RUNS]:
             seen.add(run.pk)
             out.append(_link(job, run, "baseline run"))

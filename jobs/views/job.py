@@ -11,14 +11,18 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.messages import get_messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, render
+from django.middleware.csrf import get_token
+from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.templatetags.static import static
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_POST
 
-from jobs.access.permissions import can_write_team, readable_job_or_404
+from jobs.access.permissions import can_write_team, is_staff, readable_job_or_404
 from jobs.diagnosis.regimes import Resolution
 from jobs.evaluation import baselines
 from jobs.evaluation.load import reference_mfu
@@ -27,7 +31,9 @@ from jobs.intake.artifacts import UploadError, requeue, store_upload
 from jobs.intake.uploads import UploadRefusal, authorise_upload, install_upload_limit, upload_refused
 from jobs.models import Artifact, Job
 from jobs.outputs.roofline import job_roofline_data
+from jobs.templatetags.compare_links import as_run, compare_runs
 from jobs.views import artifacts as artifact_views
+from jobs.views import job_page_cache
 from jobs.views.job_figures import (
     BadParameter,
     build_figures,
@@ -47,6 +53,7 @@ from jobs.views.job_summary import (
     utilisation_verdict,
     with_coverage,
 )
+from jobs.views.page_body import Body, fill, hole, split
 from jobs.views.page_json import dumps, figure_stamp, json_response, page_json, roofline_update
 
 logger = logging.getLogger(__name__)
@@ -65,8 +72,47 @@ def _job_or_404(request: HttpRequest, external_id: str) -> Job:
 @require_GET
 def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     """The job page: KPIs with definitions, correlated time series with finding windows, per-GPU heatmap,
-    findings ranked by $/day, artifacts and their analyses, baseline comparison, readiness."""
-    job = _job_or_404(request, external_id)
+    findings ranked by $/day, artifacts and their analyses, baseline comparison, readiness.
+
+    The body is rendered once per version of what it shows and per viewer's rights, then answered from this
+    process's memory with the request's CSRF token and compare links filled in (jobs.views.job_page_cache):
+    a warm view reads the session, the user, the job with its content stamp and the viewer's teams."""
+    qs = Job.objects.select_related("team", "gpu_model").annotate(page_stamp=job_page_cache.content_stamp())
+    job = readable_job_or_404(request.user, qs, external_id=external_id)
+    can_write = can_write_team(request.user, job.team)
+    key = job_page_cache.body_key(job, can_write, is_staff(request.user))
+    pending = get_messages(request)
+    # Messages are placed inside the body (beside the form that caused them): such a view is not kept. A job
+    # never polled nor ended spans up to now (job_span_s), which no stamp follows: not kept either.
+    keep = not len(pending) and (job.ended_at is not None or job.data_until is not None)
+    body = job_page_cache.bodies().get(key) if keep else None
+    if body is None:
+        body = render_body(job, can_write=can_write, staff=key[2], messages=list(pending))
+        if keep:
+            job_page_cache.bodies().put(key, body)
+    compare = render_to_string(
+        "jobs/_job_compare.html",
+        {"job": job, "compare_runs": compare_runs(job, request.user, body.extra["baseline_runs"])},
+    )
+    holes = {"csrf": get_token(request).encode(), "compare": compare.encode()}
+    page = render_to_string("jobs/job_detail.html", {"job": job, "body": mark_safe(BODY_HOLE)}, request)
+    before, after = page.split(BODY_HOLE)
+    response = HttpResponse(before.encode() + fill(body, holes) + after.encode())
+    # The browser starts fetching the page's scripts when the response's headers arrive, before its renderer
+    # has parsed the <head> (on a busy 2-core machine that was 100-150 ms later: benchmarks/cold_load.py).
+    response["Link"] = preload_links(["vendor/plotly.min.js", "js/job.js"])
+    return response
+
+
+#: Where the page (base.html around the job's title and scripts) takes the body.
+BODY_HOLE = hole("body")
+
+
+def render_body(job: Job, *, can_write: bool, staff: bool, messages: list[Any]) -> Body:
+    """The job page's body (templates/jobs/_job_body.html) for a viewer with these rights, split at its
+    holes: `csrf` (every form's token) and `compare` (the per-viewer compare links). `extra` keeps the
+    baseline's runs, which the compare links of every later view of this body offer. Nothing of the
+    request goes in; `messages` are shown beside their forms (only on views that are not kept)."""
     findings = list(job.findings.all())  # Finding.Meta.ordering: most $/day first
     artifacts = [artifact_views.present(a) for a in job.artifacts.select_related("uploaded_by")]
     figures, figure_members = page_figures(
@@ -76,7 +122,6 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         artifacts=[(v.artifact.pk, v.artifact.status) for v in artifacts],
     )
     comparison = baselines.compare(job)
-    can_write = can_write_team(request.user, job.team)
     span_s = job_span_s(job)
     marks, bands = cached_finding_layout(job, findings, span_s)
     roofline = job_roofline_data(job)  # cached until the job changes: no query on a warm page
@@ -137,6 +182,7 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
             list(comparison.baseline.overrides.select_related("user", "job")) if comparison else []
         ),
         "can_write": can_write,
+        "viewer_is_staff": staff,
         "can_promote": bool(job.config_fingerprint) and job.ended_at is not None,
         "promote_blockers": baselines.health_blockers(findings) if can_write else [],
         "readiness": signal_readiness(job),
@@ -145,12 +191,13 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
         "grafana_url": grafana_link(job),
         # The same HTML for every viewer until the roofline's data changes: rendered once (job_fragments).
         "roofline_section": roofline_section(roofline),
+        "messages": messages,
+        "csrf_token": mark_safe(hole("csrf")),
+        "compare_hole": mark_safe(hole("compare")),
     }
-    response = render(request, "jobs/job_detail.html", context)
-    # The browser starts fetching the page's scripts when the response's headers arrive, before its renderer
-    # has parsed the <head> (on a busy 2-core machine that was 100-150 ms later: benchmarks/cold_load.py).
-    response["Link"] = preload_links(["vendor/plotly.min.js", "js/job.js"])
-    return response
+    runs = [as_run(r) for r in comparison.baseline.runs.all()] if comparison else None
+    html = render_to_string("jobs/_job_body.html", context)
+    return split(html, ("csrf", "compare"), extra={"baseline_runs": runs})
 
 
 def preload_links(scripts: Sequence[str]) -> str:
