@@ -28,6 +28,7 @@ Pure: numpy only, no Django, no HTTP.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -72,21 +73,67 @@ def on_grid_matrix(series: Sequence[RangeSeries], ts: np.ndarray) -> tuple[np.nd
         return values, present
     t0 = float(ts[0])
     step = float(ts[1] - ts[0]) if ts.size > 1 else 1.0
-    for i, s in enumerate(ordered):
-        times = np.asarray(s.timestamps, dtype=np.float64)
-        cols = np.rint((times - t0) / step).astype(np.int64)
-        inside = (cols >= 0) & (cols < ts.size)
-        off = np.abs(t0 + cols * step - times) > _ON_GRID_S
-        if (off | ~inside).any():
-            bad = times[off | ~inside][0]
-            raise ValueError(f"point at {bad} is not on the grid {t0} + k * {step} (k < {ts.size})")
-        values[i, cols] = np.asarray(s.values, dtype=np.float64)
-        present[i, cols] = True
+    # Every point in one pass (a 256-GPU answer holds 256 series): row and column of each.
+    times = np.concatenate([np.asarray(s.timestamps, dtype=np.float64) for s in ordered])
+    rows = np.repeat(np.arange(len(ordered)), [len(s.timestamps) for s in ordered])
+    cols = np.rint((times - t0) / step).astype(np.int64)
+    wrong = (cols < 0) | (cols >= ts.size) | (np.abs(t0 + cols * step - times) > _ON_GRID_S)
+    if wrong.any():
+        bad = times[wrong][0]
+        raise ValueError(f"point at {bad} is not on the grid {t0} + k * {step} (k < {ts.size})")
+    values[rows, cols] = np.concatenate([np.asarray(s.values, dtype=np.float64) for s in ordered])
+    present[rows, cols] = True
     return values, present
 
 
 def promql_avg(values: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """PromQL's `avg` over the rows at each column (see the module docstring); NaN where no row is present."""
+    """PromQL's `avg` over the rows at each column (see the module docstring); NaN where no row is present.
+
+    Columns where every row has a finite value (nearly all of a healthy job's) take the same steps with
+    the count known per row; the others go through the general rules."""
+    dense = present.all(axis=0) & np.isfinite(values).all(axis=0)
+    if values.shape[0] == 0 or not dense.any():
+        return _promql_avg_general(values, present)
+    out = np.empty(values.shape[1])
+    v = values[:, dense]
+    mean = v[0].copy()
+    for i in range(1, v.shape[0]):
+        n = float(i + 1)
+        mean += v[i] / n - mean / n  # engine.go: mean += v/n - mean/n (the right side first)
+    out[dense] = mean
+    if not dense.all():
+        out[~dense] = _promql_avg_general(values[:, ~dense], present[:, ~dense])
+    return out
+
+
+#: Up to this many columns the general rules run per column on Python floats (the same IEEE doubles): a
+#: few columns with a missed scrape would otherwise cost a dozen numpy calls per row each.
+_FEW_COLUMNS = 8
+
+
+def _avg_of(column: list[float], have: list[bool]) -> float:
+    """engine.go's avg of one column's present values, in order."""
+    mean, n = math.nan, 0
+    for v, ok in zip(column, have, strict=True):
+        if not ok:
+            continue
+        n += 1
+        if n == 1:
+            mean = v
+            continue
+        if math.isinf(mean) and (
+            (math.isinf(v) and (mean > 0) == (v > 0)) or (not math.isinf(v) and not math.isnan(v))
+        ):
+            continue
+        mean += v / n - mean / n
+    return mean
+
+
+def _promql_avg_general(values: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """`promql_avg` for any column: absent rows, NaN and infinite values."""
+    if values.shape[1] <= _FEW_COLUMNS:
+        pairs = zip(values.T.tolist(), present.T.tolist(), strict=True)
+        return np.array([_avg_of(c, h) for c, h in pairs], dtype=np.float64)
     cols = values.shape[1]
     mean = np.full(cols, np.nan)
     n = np.zeros(cols)
@@ -107,7 +154,33 @@ def promql_avg(values: np.ndarray, present: np.ndarray) -> np.ndarray:
 
 def _promql_extreme(values: np.ndarray, present: np.ndarray, *, smallest: bool) -> np.ndarray:
     """PromQL's `min` (`smallest`) or `max`: the first value, replaced by a smaller (larger) one, or any
-    value while the kept one is NaN."""
+    value while the kept one is NaN. Columns where every row has a value that is not NaN reduce in one
+    call: the same extreme whatever the order (of -0 and +0, equal, either may be kept; `place_on_grid`
+    writes both as +0)."""
+    dense = present.all(axis=0) & ~np.isnan(values).any(axis=0)
+    if values.shape[0] and dense.any():
+        out = (np.minimum if smallest else np.maximum).reduce(values, axis=0)
+        if not dense.all():
+            out[~dense] = _promql_extreme_general(values[:, ~dense], present[:, ~dense], smallest=smallest)
+        return out
+    return _promql_extreme_general(values, present, smallest=smallest)
+
+
+def _extreme_of(column: list[float], have: list[bool], smallest: bool) -> float:
+    """engine.go's min (`smallest`) or max of one column's present values, in order."""
+    out, seen = math.nan, False
+    for v, ok in zip(column, have, strict=True):
+        if ok and (not seen or (out > v if smallest else out < v) or math.isnan(out)):
+            out = v
+        seen = seen or ok
+    return out
+
+
+def _promql_extreme_general(values: np.ndarray, present: np.ndarray, *, smallest: bool) -> np.ndarray:
+    """`_promql_extreme` for any column, row by row as engine.go does it."""
+    if values.shape[1] <= _FEW_COLUMNS:
+        pairs = zip(values.T.tolist(), present.T.tolist(), strict=True)
+        return np.array([_extreme_of(c, h, smallest) for c, h in pairs], dtype=np.float64)
     cols = values.shape[1]
     out = np.full(cols, np.nan)
     seen = np.zeros(cols, dtype=bool)

@@ -161,3 +161,23 @@ def test_an_answer_without_points_has_only_the_nonzero_line() -> None:
 def test_mismatched_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="one 2-D shape"):
         cross_gpu_stats(SIGNALS["gpu_util"], np.zeros((2, 3)), np.zeros((2, 2), dtype=bool))
+
+
+def test_the_fast_path_for_full_columns_gives_the_row_by_row_rules_bit_for_bit() -> None:
+    from jobs.metrics.cross_gpu import _promql_avg_general, _promql_extreme_general
+
+    rng = np.random.default_rng(7)
+    values = rng.random((256, 400)) * rng.choice([1.0, 1e-3, 1e6], size=(256, 1))
+    present = np.ones_like(values, dtype=bool)
+    present[rng.integers(0, 256, 30), rng.integers(0, 400, 30)] = False  # some columns not full
+    values[rng.integers(0, 256, 5), rng.integers(0, 400, 5)] = NAN
+    values[3, 7] = INF
+    _same(promql_avg(values, present), _promql_avg_general(values, present))
+    for smallest, fast in ((True, promql_min), (False, promql_max)):
+        _same(fast(values, present), _promql_extreme_general(values, present, smallest=smallest))
+    # A few columns go through the same rules on Python floats: the same bits as the numpy rows.
+    few = [7, 11, 200]
+    _same(_promql_avg_general(values[:, few], present[:, few]), promql_avg(values, present)[few])
+    for smallest, fast in ((True, promql_min), (False, promql_max)):
+        got = _promql_extreme_general(values[:, few], present[:, few], smallest=smallest)
+        _same(got, fast(values, present)[few])
