@@ -208,9 +208,9 @@ def counting_archive_rows() -> Iterator[Counter[str]]:
     rows = Counter[str]()
     upsert = archive.upsert
 
-    def counted(batch: Any) -> Any:
+    def counted(batch: Any, **options: Any) -> Any:
         rows["rows"] += len(batch)
-        return upsert(batch)
+        return upsert(batch, **options)
 
     archive.upsert = counted  # type: ignore[assignment]
     try:

@@ -170,3 +170,32 @@ def test_reading_stored_chunks_returns_only_the_keys_asked_for_not_those_differi
     got = {wanted[at]: float(row[0]) for at, row in zip(positions.tolist(), values, strict=True)}
     assert got == {variants[n]: 0.0625 * (n + 1) for n in (0, 2, 4, 6)}
     assert len(positions.tolist()) == len(set(positions.tolist())) == 4
+
+
+def _tier_values(job: Job, step: int) -> list[float]:
+    """The stored max tier values of the windows from (T0, T0 + step] on (T0 need not start its chunk)."""
+    row = JobSeries.objects.get(job=job, stat="max", step_seconds=step)
+    values = archive.decode(bytes(row.values))
+    first = (T0 - int(row.start.timestamp())) // step
+    return values[first:].tolist()
+
+
+@pytest.mark.django_db
+def test_a_poll_write_refreshes_the_tier_windows_where_a_value_changed_and_only_those(make_team):
+    job = _job(make_team)
+    # Two 300 s windows: (T0, T0 + 300] and (T0 + 300, T0 + 600].
+    archive.upsert([_max(job, T0 + 30.0 * np.arange(1, 13), np.full(12, 0.25))])
+    assert _tier_values(job, 300) == [0.25, 0.25]
+    # A poll re-reads the first window unchanged and brings a new, higher point in the second; first both
+    # windows' tier values are stamped 0.125, as if something else had written the tier, to see which ones
+    # the write refreshes.
+    row = JobSeries.objects.get(job=job, stat="max", step_seconds=300)
+    stamped = archive.decode(bytes(row.values)).astype(np.float32)
+    stamped[np.isfinite(stamped)] = 0.125
+    JobSeries.objects.filter(pk=row.pk).update(values=stamped.tobytes())
+    poll = [_max(job, T0 + 30.0 * np.arange(1, 14), np.r_[np.full(12, 0.25), 0.75])]
+    archive.upsert(poll, tiers_of_changes=True)
+    assert _tier_values(job, 300) == [0.125, 0.75]  # only the window with a changed value
+    assert _tier_values(job, 3600)[0] == 0.75  # and its window one tier up
+    archive.upsert(poll)  # the default refreshes every window the write touched
+    assert _tier_values(job, 300) == [0.25, 0.75]

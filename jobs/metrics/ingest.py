@@ -402,10 +402,14 @@ def cycle_target(job: Job, now: datetime) -> cluster.Target | None:
 def archive_cycle(jobs: dict[int, Job], signals: dict[int, JobSignals]) -> bool:
     """Merge every job's new window into the archive in one `archive.upsert` (one COPY and one INSERT
     per level for the cycle instead of per job). False when it failed: then each job writes its own rows,
-    and a job whose rows cannot be written gets its own error."""
+    and a job whose rows cannot be written gets its own error.
+
+    Tiers are refreshed only where a polled value changed (`tiers_of_changes`): a poll re-reads its
+    overlap and its per-GPU lookback, whose values are mostly stored already, and the tier windows of what
+    polls stored were refreshed when it was stored (an 800-GPU cycle's write: ~0.2 of ~1.1 CPU-s)."""
     try:
         rows = [row for key, sigs in signals.items() for row in archive.rows_for(jobs[key], sigs, {})]
-        archive.upsert(rows)
+        archive.upsert(rows, tiers_of_changes=True)
     except Exception:
         log.exception("poll cycle: one archive write for all jobs failed; writing job by job")
         return False

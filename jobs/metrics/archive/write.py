@@ -350,12 +350,20 @@ def _coarser_level(keys: list[_Key], merged: np.ndarray, written: np.ndarray) ->
     return _Level(out_keys, values_out, mask_out)
 
 
-def upsert(rows: Sequence[Points]) -> int:
+def upsert(rows: Sequence[Points], *, tiers_of_changes: bool = False) -> int:
     """Merge `rows` into the archive and refresh the downsampled tiers of the windows they touch.
 
     Each point goes into its chunk at its offset; the chunk's other points are kept and a NaN (no sample)
     never overwrites a stored value, so overlapping, repeated, partial or out-of-order writes of any
     window converge to the union of what was read. Idempotent. Returns the rows written (all levels).
+
+    `tiers_of_changes`: refresh only the coarse windows in which a finer stored value changed, not every
+    window the write touched. The same rows wherever each tier window already holds the reduction of its
+    finer window as stored (every write that changes a finer value refreshes its window): true of what
+    polls write, which is why the poll cycle asks for it (`ingest.archive_cycle`: a poll re-reads its
+    overlap and per-GPU lookback, most of whose values are already stored, #26 item 2). Not for a write
+    that must rebuild tiers that may be missing (rows archived before the tiers existed) or that other
+    writes replaced (a finalize at a tier's step).
     """
     rows = [r for r in rows if r.times.size]
     if not rows:
@@ -367,11 +375,11 @@ def upsert(rows: Sequence[Points]) -> int:
         lock_jobs(sorted({r.job_id for r in rows}))
         level = _chunk_level(rows)
         while level.keys:
-            merged, changed = _merge_all(level)
+            merged, moved = _merge_all(level)
             # A chunk the write leaves as it was (a repeated window, a tier whose windows' min/max/count did
             # not move) is not rewritten: an UPDATE of an equal row still costs a new row version and WAL.
-            written += _store(level.keys, merged, changed)
-            level = _coarser_level(level.keys, merged, level.mask)
+            written += _store(level.keys, merged, np.flatnonzero(moved.any(axis=1)))
+            level = _coarser_level(level.keys, merged, moved if tiers_of_changes else level.mask)
     return written
 
 
@@ -421,18 +429,18 @@ _MERGE_BATCH = 4096
 
 def _merge_all(level: _Level) -> tuple[np.ndarray, np.ndarray]:
     """The level's new values over the stored ones (a NaN, nothing written there, keeps the stored value),
-    a batch of chunks per numpy pass, and the positions of the chunks whose merged values differ from the
-    stored ones (new chunks included): NaN gaps in the same places count as equal."""
+    a batch of chunks per numpy pass, and the points whose merged value differs from the stored one (all
+    the written points of a chunk not stored yet): NaN where NaN was stored counts as equal."""
     at, old = _existing(level.keys)
     merged = level.values.copy()
-    changed = np.ones(len(level.keys), dtype=bool)
+    moved = level.mask.copy()
     for b in range(0, at.size, _MERGE_BATCH):
         rows, prev = at[b : b + _MERGE_BATCH], old[b : b + _MERGE_BATCH]
         fresh = merged[rows]
         out = np.where(np.isnan(fresh), prev, fresh)
-        changed[rows] = ~((out == prev) | (np.isnan(out) & np.isnan(prev))).all(axis=1)
+        moved[rows] = ~((out == prev) | (np.isnan(out) & np.isnan(prev)))
         merged[rows] = out
-    return merged, np.flatnonzero(changed)
+    return merged, moved
 
 
 # The dict-of-chunks forms of the same steps, for Snapshot.merge (jobs.metrics.archive.snapshot), which
