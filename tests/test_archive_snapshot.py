@@ -134,7 +134,11 @@ def test_a_write_merged_into_a_snapshot_reads_as_the_database_after_that_write(m
         for r in JobSeries.objects.filter(job=job).exclude(stat__in=archive.EXTREMES)
         if r.stat != archive.GPU_STAT or r.signal == "gpu_util"
     }
-    assert {k: h.chunk.blob for k, h in snap._held.items()} == stored
+    held = {**snap._agg, **snap._gpu}  # the cross-GPU and the per-GPU chunks, held apart
+    assert {k: h.chunk.blob for k, h in held.items()} == stored
+    assert all(k[1] == archive.GPU_STAT for k in snap._gpu) and archive.GPU_STAT not in {
+        k[1] for k in snap._agg
+    }
     assert any(k[0] == archive.THROUGHPUT and k[3] == 3600 for k in stored)
 
 

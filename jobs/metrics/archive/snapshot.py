@@ -4,7 +4,7 @@ from it as the database would, a write merged into it as `upsert` merges it."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from django.db import connection
@@ -36,9 +36,9 @@ _HeldKey = tuple[str, str, str, int, int]  # signal, stat, GPU, step, chunk star
 SnapshotRow = tuple[str, str, str, int, float, float, bytes]
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
-    """One chunk a Snapshot holds, with its row's start and end as stored (the window filter's columns)."""
+class _Held(NamedTuple):
+    """One chunk a Snapshot holds, with its row's start and end as stored (the window filter's columns).
+    A named tuple: cheaper to build than a frozen dataclass (one per archive row, see `Chunk`)."""
 
     chunk: Chunk
     start: float  # Unix s
@@ -60,16 +60,20 @@ class Snapshot:
         `per_gpu` (the poll cycle reads a batch of jobs' snapshots in one query, #26 item 2)."""
         self.job = job
         self.gpu_signals = frozenset(per_gpu)
-        self._held: dict[_HeldKey, _Held] = {}
+        # The cross-GPU and the per-GPU chunks apart: each read wants one kind only.
+        self._agg: dict[_HeldKey, _Held] = {}
+        self._gpu: dict[_HeldKey, _Held] = {}
         if rows is None:
             rows = Snapshot.rows_of([job.pk], self.gpu_signals)[job.pk]
-        held = self._held
+        agg, gpu = self._agg, self._gpu
+        new = tuple.__new__  # what Chunk(...) and _Held(...) call, without their __new__'s Python frame
         for signal, stat, gpu_key, step, start, end, blob in rows:
             data = bytes(blob)
             count = len(data) // 4
             if count:
-                chunk = Chunk(signal, stat, gpu_key, step, start + step, count, data)
-                held[(signal, stat, gpu_key, step, round(start))] = _Held(chunk, start, end)
+                chunk = new(Chunk, (signal, stat, gpu_key, step, start + step, count, data))
+                table = gpu if stat == GPU_STAT else agg
+                table[(signal, stat, gpu_key, step, round(start))] = new(_Held, (chunk, start, end))
 
     @staticmethod
     def rows_of(job_ids: Sequence[int], per_gpu: Iterable[str] = ()) -> dict[int, list[SnapshotRow]]:
@@ -102,9 +106,9 @@ class Snapshot:
         # The bounds as the query would pass them (microseconds, `utc`), so the comparisons are the same.
         lo, hi = (utc(window[0]).timestamp(), utc(window[1]).timestamp()) if window is not None else (0, 0)
         out = []
-        for held in self._held.values():
+        for held in (self._gpu if per_gpu else self._agg).values():
             c = held.chunk
-            if (c.stat == GPU_STAT) != per_gpu or (wanted is not None and c.signal not in wanted):
+            if wanted is not None and c.signal not in wanted:
                 continue
             if window is not None and not (held.start < hi and held.end >= lo):
                 continue
@@ -137,7 +141,7 @@ class Snapshot:
         level = [r for r in rows if r.times.size and r.job_id == self.job.pk]
         while level:
             new, mask = _chunked(level)
-            old = {k: _padded(held.chunk.blob) for k in new if (held := self._held.get(k[1:])) is not None}
+            old = {k: _padded(held.chunk.blob) for k in new if (held := self._get(k[1:])) is not None}
             merged = _merge(new, old)
             for key, arr in merged.items():
                 self._put(key[1:], arr)
@@ -154,4 +158,8 @@ class Snapshot:
         end = int(CHUNK_POINTS - np.argmax(finite[::-1]))
         data = np.where(finite, values, np.float32("nan")).astype(_F4)[:end].tobytes()
         chunk = Chunk(signal, stat, gpu_key, step, float(start) + step, end, data)
-        self._held[key] = _Held(chunk, float(start), utc(start + end * step).timestamp())
+        table = self._gpu if stat == GPU_STAT else self._agg
+        table[key] = _Held(chunk, float(start), utc(start + end * step).timestamp())
+
+    def _get(self, key: _HeldKey) -> _Held | None:
+        return (self._gpu if key[1] == GPU_STAT else self._agg).get(key)
