@@ -185,9 +185,9 @@ class _MatrixItem(msgspec.Struct):
     values: list[tuple[float, str]] = []
 
 
-class _MatrixFloats(msgspec.Struct):
+class _MatrixRaw(msgspec.Struct, gc=False):  # gc=False: holds no cycle, need not be tracked
     metric: dict[str, str]
-    values: list[tuple[float, float]] = []
+    values: msgspec.Raw = msgspec.Raw(b"[]")  # the points' JSON as sent, parsed for all series at once
 
 
 class _VectorItem(msgspec.Struct):
@@ -202,7 +202,8 @@ _MATRIX = msgspec.json.Decoder(list[_MatrixItem])
 # "+Inf", "-Inf", "-0"); msgspec's lax mode parses them into floats while it decodes, in C, where numpy
 # parsing the strings afterwards cost more than the JSON itself. Lax mode refuses "+Inf" and reads "-0" as
 # +0.0: an answer holding either is read by `_MATRIX` and numpy instead (`_matrix_series`).
-_MATRIX_FLOATS = msgspec.json.Decoder(list[_MatrixFloats], strict=False)
+_MATRIX_RAW = msgspec.json.Decoder(list[_MatrixRaw])
+_LAX_FLOATS = msgspec.json.Decoder(list[float], strict=False)
 _STRICT_ONLY = (b'"+Inf"', b'"-0"')
 _VECTOR = msgspec.json.Decoder(list[_VectorItem])
 _SCALAR = msgspec.json.Decoder(tuple[float, str])
@@ -582,28 +583,45 @@ def _error_fields(resp: requests.Response) -> tuple[str | None, str]:
 def _matrix_series(raw: msgspec.Raw) -> list[Series]:
     """A matrix result's series: every point of the answer parsed in one pass into two arrays (timestamps,
     values), each series' arrays views of them. The poll cycle's answers hold hundreds of short series:
-    two numpy conversions per series cost more than the parsing."""
+    two numpy conversions per series, and a tuple per point, cost more than the parsing."""
     body = bytes(raw)
-    items: Sequence[_MatrixItem | _MatrixFloats] | None = None
     if not any(word in body for word in _STRICT_ONLY):
-        with contextlib.suppress(msgspec.ValidationError):  # a value lax mode does not read: numpy's turn
-            items = _MATRIX_FLOATS.decode(body)
-    if items is not None:
-        points = chain.from_iterable(chain.from_iterable(item.values for item in items))
-        n = sum(len(item.values) for item in items)
-        both = np.fromiter(points, dtype=np.float64, count=2 * n)  # time, value, time, value, ...
-        ts, values = both[0::2].copy(), both[1::2].copy()  # copies: each column contiguous
-    else:
-        items = _MATRIX.decode(body)
-        flat = list(chain.from_iterable(item.values for item in items))
-        ts = np.array([p[0] for p in flat], dtype=np.float64)
-        values = _floats([p[1] for p in flat])
+        fast = _lax_matrix(body)
+        if fast is not None:
+            return fast
+    items = _MATRIX.decode(body)
+    flat = list(chain.from_iterable(item.values for item in items))
+    ts = np.array([p[0] for p in flat], dtype=np.float64)
+    return _cut(items, [len(item.values) for item in items], ts, _floats([p[1] for p in flat]))
+
+
+def _lax_matrix(body: bytes) -> list[Series] | None:
+    """`_matrix_series` by msgspec's lax mode: each series' points kept as raw JSON, their brackets dropped
+    and the whole answer's numbers read as one flat list of floats (time, value, time, value, ...). None
+    when that does not read the answer (a value lax mode refuses, a bracket inside a value): the caller
+    then reads it point by point."""
+    items = _MATRIX_RAW.decode(body)
+    chunks = [bytes(item.values) for item in items]
+    counts = [chunk.count(b"[") - 1 for chunk in chunks]  # one bracket per point, one around them
+    numbers = [text for chunk in chunks if (text := chunk.translate(None, b"[]").strip())]
+    try:
+        both = np.array(_LAX_FLOATS.decode(b"[" + b",".join(numbers) + b"]"), dtype=np.float64)
+    except msgspec.DecodeError:
+        return None
+    if both.size != 2 * sum(counts):
+        return None
+    return _cut(items, counts, both[0::2].copy(), both[1::2].copy())  # copies: each contiguous
+
+
+def _cut(
+    items: Sequence[_MatrixItem | _MatrixRaw], counts: Sequence[int], ts: np.ndarray, values: np.ndarray
+) -> list[Series]:
+    """The answer's series, each with its `counts[i]` points: views of the answer's two arrays."""
     out = []
     at = 0
-    for item in items:
-        end = at + len(item.values)
-        out.append(Series(item.metric, ts[at:end], values[at:end]))
-        at = end
+    for item, n in zip(items, counts, strict=True):
+        out.append(Series(item.metric, ts[at : at + n], values[at : at + n]))
+        at += n
     return out
 
 

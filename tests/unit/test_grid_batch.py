@@ -197,12 +197,15 @@ def test_decoded_answers_are_bit_for_bit_the_per_series_decoding(extra: list[str
     for _ in range(20):
         body = _answer(rng, words)
         if not {"+Inf", "-0"} & set(extra):  # the lax path reads this answer itself (no fallback)
-            prometheus._MATRIX_FLOATS.decode(body)
-        got, want = prometheus._matrix_series(msgspec.Raw(body)), _old_decode(body)
-        assert [s.labels for s in got] == [s.labels for s in want]
-        for g, w in zip(got, want, strict=True):
-            _same(g.timestamps, w.timestamps)
-            _same(g.values, w.values)
+            assert prometheus._lax_matrix(body) is not None
+        want = _old_decode(body)
+        # As Prometheus writes it, and spaced out (a proxy that pretty-prints): the same series.
+        for text in (body, json.dumps(json.loads(body), indent=1).encode()):
+            got = prometheus._matrix_series(msgspec.Raw(text))
+            assert [s.labels for s in got] == [s.labels for s in want]
+            for g, w in zip(got, want, strict=True):
+                _same(g.timestamps, w.timestamps)
+                _same(g.values, w.values)
 
 
 def test_negative_zero_and_infinities_keep_their_sign() -> None:
@@ -212,8 +215,10 @@ def test_negative_zero_and_infinities_keep_their_sign() -> None:
     assert np.isnan(s.values[3])
 
 
-def test_an_unreadable_value_is_refused_as_before() -> None:
-    body = json.dumps([{"metric": {}, "values": [[1, "0.5"], [2, "lots"]]}]).encode()
+@pytest.mark.parametrize("value", ["lots", "1[", "[2]", ""])
+def test_an_unreadable_value_is_refused_as_before(value: str) -> None:
+    body = json.dumps([{"metric": {}, "values": [[1, "0.5"], [2, value]]}]).encode()
+    assert prometheus._lax_matrix(body) is None  # the point-by-point reading decides
     with pytest.raises(ValueError):
         prometheus._matrix_series(msgspec.Raw(body))
 
