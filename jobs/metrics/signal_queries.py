@@ -6,9 +6,11 @@ for all jobs at once.
 
 Every signal is aggregated across the job's GPUs on the server (one query per signal returns mean, min,
 max and count series, told apart by a `stat` label), so the number of queries grows with the number of
-signals, never with the number of GPUs. A second, optional query per signal returns one series per GPU
-(`by (Hostname, hostname, exported_*, gpu)`) at a coarse step for the heatmap. Values are normalised in
-PromQL to the registry's `unit` (see jobs.metrics.signals).
+signals, never with the number of GPUs. A finalize (`stats_here`) instead reads each signal's per-GPU
+expression once and aggregates it here (jobs.metrics.cross_gpu): PromQL evaluates that expression once
+per stat, so the one query read every raw sample five times. A second, optional query per signal
+returns one series per GPU (`by (Hostname, hostname, exported_*, gpu)`) at a coarse step for the heatmap.
+Values are normalised in PromQL to the registry's `unit` (see jobs.metrics.signals).
 """
 
 from __future__ import annotations
