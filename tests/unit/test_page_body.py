@@ -1,0 +1,83 @@
+"""A page body split at its holes and kept in memory (jobs.views.page_body): no database."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from jobs.views.page_body import Body, BodyCache, fill, hole, split
+
+
+def test_a_body_is_answered_with_each_requests_parts_in_its_holes() -> None:
+    html = f"<form>{hole('csrf')}</form>é<p>{hole('compare')}</p><form>{hole('csrf')}</form>"
+    body = split(html, ("csrf", "compare"))
+    assert body.holes == {"csrf", "compare"}
+    one = fill(body, {"csrf": b"token-1", "compare": b"<a>run</a>"})
+    two = fill(body, {"csrf": b"token-2", "compare": b""})
+    assert one.decode() == "<form>token-1</form>é<p><a>run</a></p><form>token-1</form>"
+    assert two.decode() == "<form>token-2</form>é<p></p><form>token-2</form>"
+    assert body.size == len(html.encode()) - 2 * len(hole("csrf")) - len(hole("compare"))
+
+
+def test_a_hole_may_be_absent_but_never_unknown_or_left_unfilled() -> None:
+    # A viewer who may not write sees no form, so no CSRF token: the body is valid without that hole.
+    assert fill(split("<p>read only</p>", ("csrf",)), {}) == b"<p>read only</p>"
+    with pytest.raises(ValueError, match="'user'"):
+        split(f"<p>{hole('user')}</p>", ("csrf",))  # no request would fill it: the marker would be answered
+    with pytest.raises(ValueError, match="'csrf'"):
+        fill(split(f"<p>{hole('csrf')}</p>", ("csrf",)), {})
+    with pytest.raises(ValueError, match="lowercase"):
+        hole("CSRF-->")
+
+
+def test_escaped_text_never_reads_as_a_hole() -> None:
+    # What a user stored reaches the page escaped: a job named like a marker stays text, not a hole.
+    from html import escape
+
+    name = escape(hole("csrf"))
+    assert fill(split(f"<h1>{name}</h1>", ("csrf",)), {"csrf": b"SECRET"}) == f"<h1>{name}</h1>".encode()
+
+
+def _body(n: int) -> Body:
+    return Body((b"x" * n,))
+
+
+def test_the_cache_keeps_the_most_recently_used_bodies_within_its_byte_budget() -> None:
+    cache = BodyCache(100)
+    cache.put("a", _body(40))
+    cache.put("b", _body(40))
+    assert cache.get("a") is not None  # a is now the most recently used
+    cache.put("c", _body(40))  # 120 > 100: the least recently used (b) goes
+    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
+    assert cache.bytes == 80 and len(cache) == 2
+    cache.put("a", _body(10))  # replacing an entry counts its new size only
+    assert cache.bytes == 50
+    cache.put("huge", _body(101))  # larger than the whole budget: not kept, nothing evicted for it
+    assert cache.get("huge") is None and len(cache) == 2
+    cache.clear()
+    assert cache.bytes == 0 and cache.get("a") is None
+
+
+def test_a_zero_budget_keeps_nothing_and_a_negative_one_is_refused() -> None:
+    cache = BodyCache(0)
+    cache.put("a", _body(1))
+    assert cache.get("a") is None
+    with pytest.raises(ValueError, match=">= 0"):
+        BodyCache(-1)
+
+
+def test_the_cache_stays_within_budget_under_concurrent_threads() -> None:
+    cache = BodyCache(1000)
+
+    def work(offset: int) -> None:
+        for i in range(500):
+            cache.put((offset, i % 50), _body(30))
+            cache.get((offset, (i * 7) % 50))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cache.bytes <= 1000 and cache.bytes == 30 * len(cache)
