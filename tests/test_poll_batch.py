@@ -233,3 +233,22 @@ def test_a_diagnosis_updates_found_codes_in_place_inserts_new_ones_and_deletes_t
     assert rows["throttling"].missing_signals == ["sm_active"] and rows["throttling"].severity == "warning"
     incident.refresh_from_db()
     assert incident.finding_id is None  # on_delete=SET_NULL, as the queryset delete did
+
+
+def test_the_store_keeps_full_collections_off_older_objects_and_hands_them_back():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with pipeline._collect_young_only():
+        frozen = gc.get_freeze_count()
+        assert frozen > 0  # what existed before is out of the collector's generations meanwhile
+        assert gc.collect() >= 0  # collections still run, on what was made meanwhile
+    assert gc.get_freeze_count() == 0  # handed back
+    gc.freeze()  # someone else's freeze (a preloading server): left as it is
+    try:
+        before = gc.get_freeze_count()
+        with pipeline._collect_young_only():
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
