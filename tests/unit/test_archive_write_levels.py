@@ -81,3 +81,26 @@ def test_the_dict_form_gives_the_same_coarse_points_as_lines() -> None:
     assert (line.stat, line.step) == ("min", 300)
     np.testing.assert_array_equal(line.times, [T0 + SPAN, T0 + SPAN + 300.0])
     np.testing.assert_array_equal(line.values, np.asarray([0.125, 0.75], dtype=np.float32))
+
+
+def test_rows_for_gives_one_line_per_gpu_with_a_value_at_the_per_gpu_step() -> None:
+    from jobs.metrics.archive import rows_for
+    from jobs.metrics.signals import GpuKey, JobSignals, SignalSeries
+    from jobs.models import Job
+
+    ts = T0 + 30.0 * np.arange(1, 11)
+    gpu_ts = T0 + 300.0 * np.arange(1, 4)
+    per_gpu = np.array([[0.5, 0.25, np.nan], [np.nan] * 3, [np.nan, np.nan, 0.75]])
+    gpus = (GpuKey("h", "0"), GpuKey("h", "1"), GpuKey("h", "2"))
+    stats = {"mean": np.full(10, 0.5), "count": np.full(10, np.nan)}
+    sigs = JobSignals(ts[0], ts[-1], 30, ts)
+    sigs.signals["gpu_util"] = SignalSeries("gpu_util", "ratio", ts, stats, gpus, gpu_ts, per_gpu)
+    rows = rows_for(Job(pk=5), sigs, {})
+    assert [(r.stat, r.gpu_key, r.step) for r in rows] == [
+        ("mean", "", 30),  # the all-NaN count brings no line, nor GPU 1's all-NaN row
+        ("gpu", str(gpus[0]), 300),
+        ("gpu", str(gpus[2]), 300),
+    ]
+    np.testing.assert_array_equal(rows[2].values, per_gpu[2])
+    np.testing.assert_array_equal(rows[1].times, gpu_ts)
+    assert all(isinstance(r.step, int) and r.job_id == 5 for r in rows)
