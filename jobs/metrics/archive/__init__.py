@@ -11,13 +11,16 @@ Writes merge (`upsert`): a window's points go into the existing chunk at their o
 be chunk-aligned, points outside it are kept and a NaN never overwrites a value, so a poll can write only
 its new window and finalize can add to what polling archived without deleting what Prometheus no longer
 holds. Rows travel by COPY into a temporary staging table plus one INSERT ... ON CONFLICT DO UPDATE; the
-merge itself is numpy on the chunks it touches, under a per-job advisory lock.
+merge itself is numpy on the chunks it touches, under a per-job advisory lock: each level of a write is one
+(chunks x CHUNK_POINTS) matrix of values and one of the points written, read back, merged, compared and
+reduced to the next tier as matrices (a cycle writes tens of thousands of chunks).
 
 Tiers: every write also refreshes downsampled copies of the windows it touched (AGG_TIERS for the cross-GPU
-stats, GPU_TIERS for per-GPU rows), each from the next finer level. Pages read the coarsest level that still
-gives their pixel budget (`max_points`), so a page's work does not grow with the job's GPU-hours; per-GPU
-rows finer than the first GPU tier are dropped after ARCHIVE_RAW_RETENTION_DAYS (`prune_raw`) while the
-tiers stay forever.
+stats, GPU_TIERS for per-GPU rows), each from the next finer level; the poll cycle's write refreshes only the
+windows in which a finer value changed (`upsert(tiers_of_changes=True)`: the others already hold it). Pages
+read the coarsest level that still gives their pixel budget (`max_points`), so a page's work does not grow
+with the job's GPU-hours; per-GPU rows finer than the first GPU tier are dropped after
+ARCHIVE_RAW_RETENTION_DAYS (`prune_raw`) while the tiers stay forever.
 
 Size (benchmarks/pages.py, a running 256-GPU x 7-day job: 30 s cross-GPU stats of the charted signals,
 300 s per-GPU rows of two signals; pg_column_size of the stored rows per GPU-hour): the polled rows take
