@@ -95,14 +95,25 @@ def _fetch(
     return chunks
 
 
-def _decoded(chunks: list[Chunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All chunks' values and times at once (one join, one decode) and each chunk's value count."""
-    counts = np.fromiter((c.count for c in chunks), dtype=np.int64, count=len(chunks))
-    values = decode(b"".join(c.blob for c in chunks))
+def _columns(chunks: list[Chunk]) -> tuple[tuple[Any, ...], ...]:
+    """The chunks' fields as columns (signal, stat, gpu_key, step, first, count, blob), transposed in C:
+    a poll assembles a few hundred chunks several times, and one generator pass per field cost more than
+    the numpy work on them (#26 item 2)."""
+    return tuple(zip(*chunks, strict=True)) if chunks else ((),) * len(Chunk._fields)
+
+
+def _decoded(
+    chunks: list[Chunk], columns: tuple[tuple[Any, ...], ...] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All chunks' values and times at once (one join, one decode) and each chunk's value count;
+    `columns`: `_columns(chunks)` when the caller has them already."""
+    _, _, _, chunk_steps, chunk_firsts, chunk_counts, blobs = columns or _columns(chunks)
+    counts = np.array(chunk_counts, dtype=np.int64)
+    values = decode(b"".join(blobs))
     begins = np.cumsum(counts) - counts
     position = np.arange(values.size, dtype=np.int64) - np.repeat(begins, counts)
-    firsts = np.fromiter((c.first for c in chunks), dtype=np.float64, count=len(chunks))
-    steps = np.fromiter((c.step for c in chunks), dtype=np.float64, count=len(chunks))
+    firsts = np.array(chunk_firsts, dtype=np.float64)
+    steps = np.array(chunk_steps, dtype=np.float64)
     times = np.repeat(firsts, counts) + np.repeat(steps, counts) * position
     return values, times, counts
 
@@ -121,28 +132,27 @@ def _one_step(chunks: list[Chunk], window: tuple[float, float] | None = None) ->
     """The step to read and its chunks: the finest step with values in (almost) as many windows of the
     coarsest step (within `window`) as the best-covering one. Rows of several steps would leave holes
     between their columns or pile several samples into one."""
-    by_step: dict[int, list[Chunk]] = defaultdict(list)
-    for c in chunks:
-        by_step[c.step].append(c)
-    if len(by_step) == 1:
-        step = next(iter(by_step))
-        return step, by_step[step]
-    coarsest = max(by_step)
+    columns = _columns(chunks)
+    chunk_steps = columns[3]
+    distinct = set(chunk_steps)
+    if len(distinct) == 1:
+        return chunk_steps[0], list(chunks)
+    coarsest = max(distinct)
     # Every step's coverage from one decode and one unique over (step, coarse window) pairs: a poll assembles
     # each job's three cross-GPU levels twice, and per-step decodes were most of that assembly's numpy calls.
-    values, times, counts = _decoded(chunks)
-    steps = np.repeat(np.fromiter((c.step for c in chunks), dtype=np.int64, count=len(chunks)), counts)
+    values, times, counts = _decoded(chunks, columns)
+    steps = np.repeat(np.array(chunk_steps, dtype=np.int64), counts)
     ok = np.isfinite(values)
     if window is not None:
         ok &= (times > window[0]) & (times - steps < window[1])
     windows = np.ceil(times[ok] / coarsest - _EPS).astype(np.int64)
     pairs = np.unique(steps[ok] * _PAIR + windows)  # windows < 2**40 (Unix s / coarsest step)
     stepped, covers = np.unique(pairs // _PAIR, return_counts=True)
-    covered = dict.fromkeys(by_step, 0)
+    covered = dict.fromkeys(distinct, 0)
     covered.update(zip(stepped.tolist(), covers.tolist(), strict=True))
     best = max(covered.values())
     step = min(s for s, c in covered.items() if c >= _COVERAGE_SLACK * best)
-    return step, by_step[step]
+    return step, [c for c in chunks if c.step == step]
 
 
 def _first(chunks: list[Chunk], decoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
@@ -202,7 +212,7 @@ def _spread(
     if not chunks or cols == 0:
         return out
     values, times, counts = _decoded(chunks)
-    wide = np.repeat(np.fromiter((c.step for c in chunks), dtype=np.float64, count=len(chunks)), counts)
+    wide = np.repeat(np.array(_columns(chunks)[3], dtype=np.float64), counts)
     line = np.repeat(np.asarray(line_of, dtype=np.int64), counts)
     ok = np.isfinite(values)
     values, times, wide, line = values[ok], times[ok], wide[ok], line[ok]
