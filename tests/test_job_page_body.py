@@ -128,7 +128,7 @@ def test_each_view_carries_its_own_csrf_token_and_the_kept_body_none(
     assert len(tokens_a) >= 2 and len(tokens_b) >= 2 and not tokens_a & tokens_b
     assert "alice" in html_a and "alice" not in html_b  # the user menu is each viewer's
     kept = b"".join(
-        p for p in next(iter(job_page_cache.bodies()._entries.values())).parts if isinstance(p, bytes)
+        p for p in next(iter(job_page_cache.bodies()._entries.values()))[0].parts if isinstance(p, bytes)
     )
     assert (
         b"alice" not in kept

@@ -35,7 +35,13 @@ from django.dispatch import receiver
 from django.test.signals import setting_changed
 
 from jobs.models import AlertIncident, Artifact, Baseline, Finding, GpuModel, Job, PromotionOverride, Team
+from jobs.views.job_figures import FIGURES_CACHE_S
 from jobs.views.page_body import BodyCache
+
+#: A body is rendered again after this long even when no row it shows changed: the figures and roofline it
+#: holds come from caches of the same age (jobs.views.job_figures.FIGURES_CACHE_S) whose keys name the job's
+#: columns, not every archive row (retention can thin a finalized job's per-GPU rows without touching it).
+MAX_AGE_S = FIGURES_CACHE_S
 
 _bodies: BodyCache | None = None
 
@@ -44,7 +50,7 @@ def bodies() -> BodyCache:
     """This process's job page bodies (`JOB_PAGE_CACHE_MIB` of them; 0 keeps none)."""
     global _bodies
     if _bodies is None:
-        _bodies = BodyCache(int(settings.JOB_PAGE_CACHE_MIB) * 2**20)
+        _bodies = BodyCache(int(settings.JOB_PAGE_CACHE_MIB) * 2**20, max_age_s=MAX_AGE_S)
     return _bodies
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,22 +81,35 @@ def fill(body: Body, values: Mapping[str, bytes]) -> bytes:
 
 class BodyCache:
     """Bodies by key, least recently used evicted first once their bytes pass `budget_bytes` (0: keeps
-    nothing). Thread-safe: gunicorn's threaded workers answer requests on several threads of one process."""
+    nothing), none answered once older than `max_age_s` (what a key cannot name, as the archive rows behind
+    cached figures, is then at most that old). Thread-safe: gunicorn's threaded workers answer requests on
+    several threads of one process. `clock`: seconds, monotonic (tests pass their own)."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(
+        self, budget_bytes: int, max_age_s: float = float("inf"), clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if budget_bytes < 0:
             raise ValueError(f"budget_bytes must be >= 0, not {budget_bytes}")
+        if not max_age_s > 0:
+            raise ValueError(f"max_age_s must be > 0, not {max_age_s}")
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[Hashable, Body] = OrderedDict()
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._entries: OrderedDict[Hashable, tuple[Body, float]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> Body | None:
         with self._lock:
-            body = self._entries.get(key)
-            if body is not None:
-                self._entries.move_to_end(key)
-            return body
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if self._clock() - entry[1] > self.max_age_s:
+                del self._entries[key]
+                self._bytes -= entry[0].size
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
 
     def put(self, key: Hashable, body: Body) -> None:
         """Keep `body` under `key` (replacing what was there); a body larger than the budget is not kept."""
@@ -103,13 +117,13 @@ class BodyCache:
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old.size
+                self._bytes -= old[0].size
             if size > self.budget_bytes:
                 return
-            self._entries[key] = body
+            self._entries[key] = (body, self._clock())
             self._bytes += size
             while self._bytes > self.budget_bytes:
-                _, evicted = self._entries.popitem(last=False)
+                _, (evicted, _) = self._entries.popitem(last=False)
                 self._bytes -= evicted.size
 
     def clear(self) -> None:

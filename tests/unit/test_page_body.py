@@ -59,6 +59,20 @@ def test_the_cache_keeps_the_most_recently_used_bodies_within_its_byte_budget() 
     assert cache.bytes == 0 and cache.get("a") is None
 
 
+def test_a_body_older_than_the_max_age_is_not_answered() -> None:
+    now = [1000.0]
+    cache = BodyCache(100, max_age_s=600, clock=lambda: now[0])
+    cache.put("a", _body(10))
+    now[0] += 600
+    assert cache.get("a") is not None  # exactly the max age: still answered
+    now[0] += 1
+    assert cache.get("a") is None and cache.bytes == 0 and len(cache) == 0
+    cache.put("a", _body(10))  # rendered again: a fresh entry
+    assert cache.get("a") is not None
+    with pytest.raises(ValueError, match="> 0"):
+        BodyCache(100, max_age_s=0)
+
+
 def test_a_zero_budget_keeps_nothing_and_a_negative_one_is_refused() -> None:
     cache = BodyCache(0)
     cache.put("a", _body(1))
