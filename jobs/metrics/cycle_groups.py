@@ -35,7 +35,7 @@ from jobs.metrics.signal_queries import (
     missing_reason,
     per_gpu_matrices,
     per_gpu_query,
-    stats_of_jobs,
+    stats_placed,
 )
 from jobs.metrics.signals import (
     COUNT,
@@ -45,6 +45,7 @@ from jobs.metrics.signals import (
     NONZERO,
     SAMPLED,
     SIGNALS,
+    STAT_LABEL,
     THROTTLE_BITS,
     GpuKey,
     JobSignals,
@@ -246,9 +247,10 @@ def read_group(
         queries += 1
     wide: list[tuple[Signal, list[tuple[Target, tuple[str, ...]]], float, Future[Sequence[Any]]]] = []
     for sig, names, answer in asked:
-        split = split_series(answer.result(), group)
-        # Every job's series of the answer placed on its grid in one pass (label groups).
-        placed = stats_of_jobs(split, grids) if group.labels else {}
+        answered = answer.result()
+        # Label groups: every job's series of the answer found and placed on its grid, one pass each.
+        placed = stats_placed(label_stats(answered, group), grids) if group.labels else {}
+        split = {} if group.labels else split_series(answered, group)
         for t, _ in group.members:
             ts = grids[t.key]
             if group.labels:
@@ -318,6 +320,23 @@ def selector_of(
         return Selector([[_any(n, [values[i] for _, values in members]) for i, n in enumerate(labels)]])
     refs = sorted({pair for t, _ in members for pair in t.gpus})
     return Selector.from_gpus([{"hostname": h, "gpu": g} for h, g in refs]).restricted(discovery.labels)
+
+
+def label_stats(series: Sequence[Any], group: Group) -> list[tuple[int, str, Any]]:
+    """(job key, stat, series) for each series of a label group's aggregate answer and each job it belongs
+    to, in answer order: `split_series` and `stats_of_jobs`' stat look-up in one pass over the answer's
+    hundreds of series (`signal_queries.stats_placed` places them)."""
+    owners: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for t, values in group.members:
+        owners[values].append(t.key)
+    names, blanks = group.labels, ("",) * len(group.labels)
+    picked: list[tuple[int, str, Any]] = []
+    for s in series:
+        labels = s.labels
+        stat = labels.get(STAT_LABEL)
+        if stat:
+            picked += [(key, stat, s) for key in owners.get(tuple(map(labels.get, names, blanks)), ())]
+    return picked
 
 
 def split_series(series: Sequence[Any], group: Group) -> dict[int, list[Any]]:

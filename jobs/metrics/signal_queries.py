@@ -229,15 +229,22 @@ def stats_of_jobs(
     series: Mapping[K, Sequence[Any]], grids: Mapping[K, np.ndarray]
 ) -> dict[K, dict[str, np.ndarray]]:
     """`stats_from_series` of many jobs at once (each key's series on that key's grid; a key without
-    series gets no stats), every series placed in one vectorised pass (`sampling.rows_on_grids`): the poll
-    cycle's answer of one signal holds a few series for each of hundreds of jobs."""
+    series gets no stats), every series placed in one vectorised pass (`stats_placed`): the poll cycle's
+    answer of one signal holds a few series for each of hundreds of jobs."""
+    picked = [
+        (key, stat, s) for key, mine in series.items() for s in mine if (stat := s.labels.get(STAT_LABEL))
+    ]
+    return stats_placed(picked, grids)
+
+
+def stats_placed(
+    picked: Sequence[tuple[K, str, Any]], grids: Mapping[K, np.ndarray]
+) -> dict[K, dict[str, np.ndarray]]:
+    """{job key: {stat: values}} of (job key, stat, series) triples, each series on its key's grid, all in
+    one `sampling.place_rows` pass (a key's stat seen twice: its last series wins; a key of `grids` with
+    no triple: no stats). For callers that find each series' job and stat in one pass over an answer (the
+    poll cycle's label groups: `cycle_groups.label_stats`)."""
     frames = {key: (*grid_frame(ts), len(ts)) for key, ts in grids.items()}
-    picked: list[tuple[K, str, Any]] = []
-    for key, mine in series.items():
-        for s in mine:
-            stat = s.labels.get(STAT_LABEL)
-            if stat:
-                picked.append((key, stat, s))
     spans = [frames[key] for key, _, _ in picked]
     flat = place_rows(
         [s.timestamps for _, _, s in picked], [s.values for _, _, s in picked],

@@ -15,10 +15,17 @@ import numpy as np
 import pytest
 
 from jobs.metrics import cluster, prometheus
+from jobs.metrics.cycle_groups import Group, Target, label_stats, split_series
 from jobs.metrics.prometheus import Series
-from jobs.metrics.promql import gpu_key
+from jobs.metrics.promql import Matcher, Selector, gpu_key
 from jobs.metrics.sampling import place_on_grid, place_rows, rows_on_grids
-from jobs.metrics.signal_queries import per_gpu_matrices, per_gpu_matrix, stats_from_series, stats_of_jobs
+from jobs.metrics.signal_queries import (
+    per_gpu_matrices,
+    per_gpu_matrix,
+    stats_from_series,
+    stats_of_jobs,
+    stats_placed,
+)
 from jobs.metrics.signals import COUNT, GpuKey, JobSignals, SignalSeries, grid
 
 T0 = 1_767_225_600.0
@@ -265,3 +272,24 @@ def test_settled_until_matches_the_signal_by_signal_rule() -> None:
         assert got == want, (trial, got, want)
         seen.add("none" if want is None else "last" if n and want == ts[-1] else "cut")
     assert seen == {"none", "last", "cut"}  # every outcome was exercised
+
+
+def test_label_stats_find_the_jobs_and_stats_split_series_and_stats_of_jobs_find() -> None:
+    rng = np.random.default_rng(13)
+    # Jobs 0 and 8 (and 1 and 9) share their label value: each gets the series of both.
+    targets = [Target(k, T0, T0 + 600, T0, labels={"hpc_job": str(k % 8)}) for k in range(10)]
+    members: list[tuple[Target, tuple[str, ...]]] = [(t, (str(t.key % 8),)) for t in targets]
+    group = Group(("hpc_job",), Selector([[Matcher("hpc_job", "=~", "[0-7]")]]), members)
+    answer = [
+        _random_series(rng, {"hpc_job": str(j), **({"stat": stat} if stat else {})}, T0, T0 + 600)
+        for j in range(12)  # label values 8..11 belong to no job
+        for stat in ("mean", "max", "", "mean")  # no stat label; a stat twice (the last one wins)
+    ]
+    grids = {t.key: grid(T0 + 30.0 * t.key, T0 + 600.0, 30.0) for t, _ in members}
+    got = stats_placed(label_stats(answer, group), grids)
+    want = stats_of_jobs(split_series(answer, group), grids)
+    assert list(got) == list(want)
+    for key in want:
+        assert list(got[key]) == list(want[key])
+        for stat in want[key]:
+            _same(got[key][stat], want[key][stat])
