@@ -235,3 +235,21 @@ def test_every_kind_of_row_the_body_shows_changes_it_even_written_without_a_save
         assert shown not in before, what
         write()
         assert shown in page(client, job), what
+
+
+def test_a_changed_setting_or_template_file_forgets_the_kept_bodies(
+    job: Job, llm: Team, make_user: Any, settings: Any
+) -> None:
+    from pathlib import Path
+
+    from django.utils.autoreload import file_changed
+
+    client = logged_in(make_user("alice", teams=[llm]))
+    assert 'id="grafana-link"' not in page(client, job) and len(job_page_cache.bodies()) == 1
+    settings.GRAFANA_URL = "https://grafana.example.com"  # printed in the body: the kept one is forgotten
+    assert len(job_page_cache.bodies()) == 0
+    assert 'id="grafana-link"' in page(client, job) and len(job_page_cache.bodies()) == 1
+    # The development server reloads a changed template in place (no new process): the bodies go too.
+    results = file_changed.send(sender=None, file_path=Path("templates/jobs/_job_body.html"))
+    assert len(job_page_cache.bodies()) == 0
+    assert dict(results)[job_page_cache._forget_bodies] is None  # None: the reload goes on

@@ -19,8 +19,9 @@ per request is not in the body but filled into its holes (jobs.views.page_body):
 compare links (per viewer: they name only runs the viewer may read). A request with messages to show (after
 an upload or a promotion) is rendered whole and not kept.
 
-Settings the page prints (GRAFANA_URL, ARTIFACT_MAX_BYTES, the scrape interval, ...) do not change while a
-process runs; a test that overrides one clears the bodies (`setting_changed`)."""
+Settings the page prints (GRAFANA_URL, ARTIFACT_MAX_BYTES, the scrape interval, ...) and its templates do not
+change while a process runs; a test that overrides a setting, and the development server's reload of a changed
+file, clear the bodies (`setting_changed`, `file_changed`)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from django.db.models import Model
 from django.db.models.expressions import RawSQL
 from django.dispatch import receiver
 from django.test.signals import setting_changed
+from django.utils.autoreload import file_changed
 
 from jobs.models import AlertIncident, Artifact, Baseline, Finding, GpuModel, Job, PromotionOverride, Team
 from jobs.views.job_figures import FIGURES_CACHE_S
@@ -55,8 +57,11 @@ def bodies() -> BodyCache:
 
 
 @receiver(setting_changed)
+@receiver(file_changed)
 def _forget_bodies(**_: Any) -> None:
-    # A body printed the settings it was rendered with; in a running service they never change.
+    # A body printed the settings it was rendered with, and its templates: in a running service neither
+    # changes, but a test overrides settings and the development server reloads templates in place
+    # (django.template.autoreload) without a new process. Returns None: the reload goes on as before.
     global _bodies
     _bodies = None
 
