@@ -104,3 +104,25 @@ def test_rows_for_gives_one_line_per_gpu_with_a_value_at_the_per_gpu_step() -> N
     np.testing.assert_array_equal(rows[2].values, per_gpu[2])
     np.testing.assert_array_equal(rows[1].times, gpu_ts)
     assert all(isinstance(r.step, int) and r.job_id == 5 for r in rows)
+
+
+def test_a_fine_chunk_straddling_two_coarse_chunks_splits_its_windows_between_them() -> None:
+    # A finalize's 120 s grid under the 300 s tier: a 120 s chunk spans 28,800 s, a 300 s chunk 72,000 s
+    # (2.5 fine chunks), so some fine chunks' windows close in two coarse chunks. Every window is written
+    # to the coarse chunk holding its closing point, at that point's column, with the window's mean.
+    fine_span = 120 * CHUNK_POINTS
+    start = T0 // TIER * TIER + 2 * fine_span  # from 57,600 s to 86,400 s past a coarse chunk start
+    times = start + 120.0 * np.arange(1, CHUNK_POINTS + 1)
+    values = np.arange(1, CHUNK_POINTS + 1, dtype=float) / CHUNK_POINTS
+    level = _chunk_level([_line(times, values, step=120)])
+    assert [k[5] for k in level.keys] == [start]
+    coarse = _coarser_level(level.keys, level.values, level.mask)
+    means = {k[5]: coarse.values[i] for i, k in enumerate(coarse.keys) if k[2] == "mean"}
+    first = start // TIER * TIER
+    assert sorted(means) == [first, first + TIER]  # the two coarse chunks, not a column past the first
+    fine = np.asarray(values, dtype=np.float32).astype(float)
+    for point in range(int(start // 300) + 1, int((start + fine_span) // 300) + 1):
+        inside = (times > (point - 1) * 300) & (times <= point * 300)
+        chunk = (point - 1) // CHUNK_POINTS * CHUNK_POINTS * 300
+        assert means[chunk][(point - 1) % CHUNK_POINTS] == np.float32(fine[inside].mean())
+    assert sum(int(np.isfinite(m).sum()) for m in means.values()) == fine_span // 300

@@ -278,8 +278,8 @@ def _tier_above(stat: str, step: int) -> int | None:
 def _coarser_level(keys: list[_Key], merged: np.ndarray, written: np.ndarray) -> _Level:
     """The next tier's chunks for the coarse windows a write touched, from the merged fine chunks (rows of
     `merged`; `written`: the points the write brought). Each coarse window (P - T, P] lies inside one fine
-    chunk (`_tier_above`), so it is computed whole, and a fine chunk's windows all lie in one coarse chunk
-    (its start is a multiple of CHUNK_POINTS x step, which the coarse chunk's span is a multiple of).
+    chunk (`_tier_above`), so it is computed whole; a fine chunk's windows lie in one coarse chunk when the
+    coarse step is a multiple of the fine one, and in two when it is not (120 s under 300 s).
 
     A chunk starts on a multiple of CHUNK_POINTS x step, which the coarse step divides, so every chunk of
     one (stat, step) splits into coarse windows at the same offsets: those chunks are reduced as one
@@ -316,31 +316,36 @@ def _coarser_level(keys: list[_Key], merged: np.ndarray, written: np.ndarray) ->
                 reduced[extreme] = _reduce(extreme, fine, starts, ratio)
         fine_keys = [keys[i] for i in rows.tolist()]
         jobs, signals, gpus = [k[0] for k in fine_keys], [k[1] for k in fine_keys], [k[3] for k in fine_keys]
-        span = CHUNK_POINTS * coarse
         fine_starts = np.asarray([k[5] for k in fine_keys], dtype=np.int64)
-        coarse_starts = fine_starts // span * span
-        # Column of coarse window m (local[starts] = 1, 2, ...) of each fine chunk in its coarse chunk.
-        columns = ((fine_starts - coarse_starts) // coarse)[:, None] + (local[starts] - 1)[None, :]
-        chunk_starts: list[int] = coarse_starts.tolist()
+        # The coarse point index k (its time k x coarse) closing each window of each fine chunk; it sits
+        # in coarse chunk (k - 1) // CHUNK_POINTS at column (k - 1) % CHUNK_POINTS, as `_chunk_batch` places
+        # points. A fine chunk's windows usually lie in one coarse chunk, but not when the coarse step is
+        # not a multiple of the fine one (a finalize's 120 s grid under the 300 s tier: 2.5 fine chunks a
+        # coarse one), so the cells are keyed per (fine row, coarse chunk), not per fine row.
+        point = (fine_starts // coarse)[:, None] + local[starts][None, :]
+        chunk = (point - 1) // CHUNK_POINTS
+        columns = (point - 1) % CHUNK_POINTS
+        c0 = int(chunk.min())
         for name, values in reduced.items():
             ok = touched & np.isfinite(values)
-            some = np.flatnonzero(ok.any(axis=1))
-            if not some.size:
+            r, c = np.nonzero(ok)
+            if not r.size:
                 continue
-            pick = some.tolist()
+            cell_chunk = chunk[r, c]
+            pairs, inverse = np.unique(r * 2**32 + (cell_chunk - c0), return_inverse=True)
             # A new key gets the next position (setdefault's default is read before it inserts).
             target = np.fromiter(
                 (
                     index.setdefault(
-                        (jobs[j], signals[j], name, gpus[j], coarse, chunk_starts[j]), len(index)
+                        (jobs[j], signals[j], name, gpus[j], coarse, (q + c0) * CHUNK_POINTS * coarse),
+                        len(index),
                     )
-                    for j in pick
+                    for j, q in zip((pairs >> 32).tolist(), (pairs & (2**32 - 1)).tolist(), strict=True)
                 ),
                 dtype=np.int64,
-                count=len(pick),
+                count=pairs.size,
             )
-            r, c = np.nonzero(ok[some])
-            parts.append((target[r], columns[some][r, c], values[some][r, c]))
+            parts.append((target[inverse.reshape(-1)], columns[r, c], values[r, c]))
     out_keys = list(index)
     values_out = np.full((len(out_keys), CHUNK_POINTS), np.nan, dtype=_F4)
     mask_out = np.zeros((len(out_keys), CHUNK_POINTS), dtype=bool)
