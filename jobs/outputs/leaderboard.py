@@ -195,7 +195,7 @@ _PRICE_INTERVALS = """
 
 _SQL = """
 WITH j AS (
-    SELECT id, team_id, gpu_model_id, COALESCE(NULLIF(price_tier, ''), %(tier)s) AS tier, mfu, mfu_fallback,
+    SELECT team_id, gpu_model_id, COALESCE(NULLIF(price_tier, ''), %(tier)s) AS tier, mfu, mfu_fallback,
            util_coverage, cost_per_day_usd, COALESCE(waste_per_day_usd, waste_lower_bound_per_day_usd) AS wr,
            waste_per_day_usd IS NULL AS waste_bound, started_at, COALESCE(ended_at, %(now)s) AS stop,
            COALESCE((evaluation->'sharing'->>'gpu_equivalents')::float8, gpu_count) AS gpu_count,
@@ -205,46 +205,50 @@ WITH j AS (
     WHERE started_at < %(last)s AND started_at < %(now)s AND (ended_at IS NULL OR ended_at > %(first)s)
 ),
 p (i, ps, pe) AS (VALUES {periods}),
+pr AS ({intervals}),
 o AS (
     SELECT j.*, p.i, GREATEST(j.started_at, p.ps) AS lo, LEAST(j.stop, p.pe) AS hi
     FROM j JOIN p ON j.started_at < p.pe AND j.stop > p.ps
 ),
-pr AS ({intervals}),
--- Each job's dated cost inside each period: GPU-equivalents x each price x the hours it held there.
-c AS (
-    SELECT o.id, o.i,
-           SUM(pr.usd * o.gpu_count
-               * EXTRACT(EPOCH FROM LEAST(o.hi, pr.pt) - GREATEST(o.lo, pr.pf))::float8 / 3600.0) AS usd
-    FROM o JOIN pr ON pr.gpu_model_id = o.gpu_model_id AND pr.tier = o.tier AND pr.pf < o.hi AND pr.pt > o.lo
-    WHERE o.cost_per_day_usd IS NOT NULL
-    GROUP BY o.id, o.i
-),
--- totals.waste_inside: the waste share (stored waste or its lower bound / stored cost, per day) x the dated
--- cost; a $0/day rate has no share: $0 when the dated cost is $0 too, else unknown (NULL).
-w AS (
-    SELECT o.*, EXTRACT(EPOCH FROM o.hi - o.lo)::float8 / 3600.0 AS h, c.usd AS cost,
-           CASE WHEN c.usd IS NULL OR o.wr IS NULL THEN NULL
-                WHEN o.cost_per_day_usd > 0 THEN o.wr / o.cost_per_day_usd * c.usd
-                WHEN c.usd = 0 THEN 0.0 END AS waste
-    FROM o LEFT JOIN c ON c.id = o.id AND c.i = o.i
+-- One row per job, period and price interval overlapping the job's hours inside the period (one row with
+-- no price when it has none: no rate stored, or no book for its model and tier). `first` marks the row of
+-- the interval holding the overlap's start, so per-job figures are counted once.
+s AS (
+    SELECT o.team_id, o.i, o.mfu, o.mfu_fallback, o.util_coverage, o.cost_per_day_usd, o.wr, o.waste_bound,
+           o.gpu_count, o.peak_count, pr.usd IS NULL AS unpriced, (pr.pf IS NULL OR pr.pf <= o.lo) AS first,
+           date_part('epoch', o.hi - o.lo) / 3600.0 AS h,
+           pr.usd * o.gpu_count
+               * date_part('epoch', LEAST(o.hi, pr.pt) - GREATEST(o.lo, pr.pf)) / 3600.0 AS cost,
+           -- A $0/day rate has no waste share: unknown when any hour inside was priced above $0.
+           CASE WHEN pr.usd IS NOT NULL AND o.cost_per_day_usd = 0 AND o.wr IS NOT NULL AND o.gpu_count > 0
+                THEN EXISTS (SELECT 1 FROM pr AS q WHERE q.gpu_model_id = o.gpu_model_id AND q.tier = o.tier
+                             AND q.usd > 0 AND q.pf < o.hi AND q.pt > o.lo)
+                ELSE false END AS share_unknown
+    FROM o LEFT JOIN pr ON o.cost_per_day_usd IS NOT NULL AND pr.gpu_model_id = o.gpu_model_id
+                           AND pr.tier = o.tier AND pr.pf < o.hi AND pr.pt > o.lo
 )
-SELECT w.team_id, t.slug, t.name, w.i, COUNT(*),
-       SUM(w.h * w.gpu_count),
-       SUM(w.cost),
-       SUM(w.waste),
-       SUM(w.mfu * w.peak_count * w.h) FILTER (WHERE w.mfu IS NOT NULL),
-       SUM(w.peak_count * w.h) FILTER (WHERE w.mfu IS NOT NULL),
-       COUNT(*) FILTER (WHERE w.cost IS NULL),
-       COUNT(*) FILTER (WHERE w.waste IS NULL OR w.waste_bound),
-       COUNT(*) FILTER (WHERE w.mfu IS NULL),
-       COUNT(*) FILTER (WHERE w.mfu IS NOT NULL AND w.mfu_fallback),
-       COUNT(*) FILTER (WHERE w.util_coverage IS NULL OR w.util_coverage < %(coverage)s),
-       COUNT(*) FILTER (WHERE w.cost IS NOT NULL AND w.wr IS NOT NULL AND w.waste IS NULL)
-FROM w JOIN {teams} t ON t.id = w.team_id
-GROUP BY w.team_id, t.slug, t.name, w.i
+SELECT s.team_id, t.slug, t.name, s.i, COUNT(*) FILTER (WHERE s.first),
+       SUM(s.h * s.gpu_count) FILTER (WHERE s.first),
+       SUM(s.cost),
+       -- totals.waste_inside: the waste share (stored waste or its lower bound / stored cost, per day) x
+       -- the dated cost, summed per price interval (the share is the job's own, so the sum is the same).
+       SUM(s.wr / s.cost_per_day_usd * s.cost) FILTER (WHERE s.cost_per_day_usd > 0),
+       SUM(s.mfu * s.peak_count * s.h) FILTER (WHERE s.first AND s.mfu IS NOT NULL),
+       SUM(s.peak_count * s.h) FILTER (WHERE s.first AND s.mfu IS NOT NULL),
+       COUNT(*) FILTER (WHERE s.first AND s.unpriced),
+       COUNT(*) FILTER (WHERE s.first AND (s.unpriced OR s.wr IS NULL OR s.waste_bound OR s.share_unknown)),
+       COUNT(*) FILTER (WHERE s.first AND s.mfu IS NULL),
+       COUNT(*) FILTER (WHERE s.first AND s.mfu IS NOT NULL AND s.mfu_fallback),
+       COUNT(*) FILTER (WHERE s.first AND (s.util_coverage IS NULL OR s.util_coverage < %(coverage)s)),
+       COUNT(*) FILTER (WHERE s.first AND s.share_unknown)
+FROM s JOIN {teams} t ON t.id = s.team_id
+GROUP BY s.team_id, t.slug, t.name, s.i
 """
 # An earlier form with generate_series() per job made the planner overestimate rows a thousandfold and
 # spend most of a second JIT-compiling a 20 ms query; a join on the overlap condition estimates well.
+# date_part('epoch', ...) is float8; EXTRACT returns numeric since PostgreSQL 14, slower per row. The price
+# intervals are joined into the same pass (not a second grouped pass over job-periods): one pass kept the
+# query near its cost before the book was joined (README, Scaling).
 
 
 def _price_intervals() -> str:
@@ -349,8 +353,7 @@ def _dated_cost(period: Period, now: datetime | None) -> CombinedExpression:
     job = connection.ops.quote_name(Job._meta.db_table)
     lo, hi = f"GREATEST({job}.started_at, %s)", f"LEAST(COALESCE({job}.ended_at, %s), %s)"
     sql = (
-        f"(SELECT SUM(pr.usd * EXTRACT(EPOCH FROM LEAST({hi}, pr.pt) - GREATEST({lo}, pr.pf))::float8"
-        " / 3600.0)"
+        f"(SELECT SUM(pr.usd * date_part('epoch', LEAST({hi}, pr.pt) - GREATEST({lo}, pr.pf)) / 3600.0)"
         f" FROM ({_price_intervals()}) pr WHERE pr.gpu_model_id = {job}.gpu_model_id"
         f" AND pr.tier = COALESCE(NULLIF({job}.price_tier, ''), %s) AND pr.pf < {hi} AND pr.pt > {lo})"
     )
@@ -386,9 +389,18 @@ def worst_jobs(
     qs = qs.annotate(
         waste_in_period=ExpressionWrapper(share * _dated_cost(period, now), output_field=FloatField())
     )
-    jobs: list[Job] = list(
-        qs.filter(waste_in_period__gt=0).order_by("-waste_in_period", "external_id")[:limit]
+    # Only jobs with a positive waste share can rank (cheap column tests); the dated cost is a subquery per
+    # job, so it is computed once, in the ORDER BY, and the few listed rows without a positive figure (no
+    # book, a $0 cost), which sort last, are dropped here rather than filtered (and recomputed) in SQL.
+    ranked = (
+        qs.filter(cost_per_day_usd__gt=0)
+        .filter(
+            Q(waste_per_day_usd__gt=0)
+            | Q(waste_per_day_usd__isnull=True, waste_lower_bound_per_day_usd__gt=0)
+        )
+        .order_by(F("waste_in_period").desc(nulls_last=True), "external_id")[:limit]
     )
+    jobs: list[Job] = [job for job in ranked if (job.waste_in_period or 0.0) > 0]
     for job in jobs:
         bound = job.waste_per_day_usd is None
         job.waste_in_period_is_lower_bound = bound  # type: ignore[attr-defined]
