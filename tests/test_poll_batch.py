@@ -252,3 +252,21 @@ def test_the_store_keeps_full_collections_off_older_objects_and_hands_them_back(
         assert gc.get_freeze_count() == before
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.django_db
+def test_the_whole_cycle_runs_with_the_older_objects_frozen_and_hands_them_back(monkeypatch, local_cache):  # noqa: F811
+    import gc
+
+    seen: list[int] = []
+
+    def body(client: Any, now: Any, **options: Any) -> dict[str, Any]:
+        seen.append(gc.get_freeze_count())
+        with pipeline._collect_young_only():  # the store's own use inside the cycle: left as it is
+            seen.append(gc.get_freeze_count())
+        return {"duration_s": 0.1, "jobs": 0, "stale": 0, "requests": 0}
+
+    monkeypatch.setattr(pipeline, "_poll_cycle", body)
+    pipeline.poll_cycle(object(), now=START)  # type: ignore[arg-type]
+    assert seen[0] > 0 and seen[1] == seen[0]
+    assert gc.get_freeze_count() == 0

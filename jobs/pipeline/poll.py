@@ -329,7 +329,8 @@ def poll_cycle(
         options: dict[str, Any] = {"shard_size": shard_size} if shard_size is not None else {}
         if dispatch is not None:
             options["dispatch"] = dispatch
-        report = _poll_cycle(client or prometheus_client(), now, **options)
+        with _collect_young_only():  # the whole cycle, not only its per-job store (see there)
+            report = _poll_cycle(client or prometheus_client(), now, **options)
         duration = float(report["duration_s"])
         service_health.record_cycle(
             service_health.cycle_end(now, duration),
@@ -359,12 +360,13 @@ def _store_jobs(
 
 @contextmanager
 def _collect_young_only() -> Iterator[None]:
-    """Keep the cyclic GC's full collections off the objects that existed before (`gc.freeze`): the
-    per-job work allocates many small containers (snapshot chunks, ORM rows), so full collections ran
-    once or twice per 100 jobs, each scanning the whole heap (Django, numpy, the cycle's signals):
-    0.10-0.17 CPU-s of ~1.4 in a steady 800-GPU cycle (#26 item 2). Collections of the objects made
-    meanwhile still run, and `unfreeze` hands the frozen ones back to the oldest generation. Left alone
-    when something else froze objects (a server preloading its app for copy-on-write)."""
+    """Keep the cyclic GC's full collections off the objects that existed before (`gc.freeze`): a cycle
+    allocates many small containers (series, archive chunks, ORM rows), so full collections ran 5-7 times
+    per 800-GPU cycle, each scanning the whole heap (Django, numpy, the cycle's signals): 0.28-0.29
+    CPU-s of ~2.9 (the per-job store's share 0.10-0.17 of ~1.4), #26 item 2. Collections of the
+    objects made meanwhile still run, and `unfreeze` hands the frozen ones back to the oldest generation.
+    Used around the whole cycle and around a shard's store; nested, or when something else froze objects
+    (a server preloading its app for copy-on-write), it leaves the freeze as it is."""
     if gc.get_freeze_count():
         yield
         return
