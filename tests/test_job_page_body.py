@@ -253,3 +253,35 @@ def test_a_changed_setting_or_template_file_forgets_the_kept_bodies(
     results = file_changed.send(sender=None, file_path=Path("templates/jobs/_job_body.html"))
     assert len(job_page_cache.bodies()) == 0
     assert dict(results)[job_page_cache._forget_bodies] is None  # None: the reload goes on
+
+
+def test_the_whole_job_figures_answer_is_kept_per_stamp_and_never_answered_outside_the_team(
+    job: Job, llm: Team, make_user: Any, make_team: Any, settings: Any, django_assert_num_queries: Any
+) -> None:
+    import gzip
+    import json
+
+    settings.READ_SCOPE = "team"
+    client = logged_in(make_user("alice", teams=[llm]))
+    url = f"/jobs/{job.external_id}/figures.json"
+    gz = {"accept-encoding": "gzip"}
+    plain, packed = client.get(url).content, client.get(url, headers=gz).content
+    assert len(job_page_cache.bodies()) == 2  # one answer per encoding
+    # Kept: the session (cache), the user, the job's view columns with its stamp; nothing else is read.
+    with django_assert_num_queries(2):
+        again = client.get(url, headers=gz)
+    assert again.content == packed and again.headers["Content-Encoding"] == "gzip"
+    assert again.headers["Cache-Control"] == "no-store" and "Accept-Encoding" in again.headers["Vary"]
+    assert gzip.decompress(packed) == plain == client.get(url).content
+    # A write the answer shows, without a save, is answered at once.
+    Job.objects.filter(pk=job.pk).update(gpu_util_mean=0.11)
+    assert json.loads(client.get(url).content)["ratios"]["gpu_util"] == 0.11
+    # Another team's member gets the 404 before any kept answer is looked up.
+    outsider = logged_in(make_user("mallory", teams=[make_team("other")]))
+    assert outsider.get(url).status_code == 404 and outsider.get(url, headers=gz).status_code == 404
+    # Zooms, the status-only refresh and a roofline stamp the page never sends are answered, not kept.
+    kept = len(job_page_cache.bodies())
+    start = job.started_at.timestamp()
+    for params in ({"only": "status"}, {"start": start, "end": start + 600}, {"roofline": "x" * 100}):
+        assert client.get(url, params).status_code == 200
+    assert len(job_page_cache.bodies()) == kept

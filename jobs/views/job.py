@@ -5,6 +5,7 @@ findings list and bands) and `job_figures` (time series, heatmap, their caches);
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -36,8 +37,10 @@ from jobs.views import artifacts as artifact_views
 from jobs.views import job_page_cache
 from jobs.views.job_figures import (
     BadParameter,
+    accepts_gzip,
     build_figures,
     cached_finding_layout,
+    figures_answer,
     page_figures,
     points_param,
     whole_job_response,
@@ -244,7 +247,24 @@ def resolution(archive_step_s: float | None, evaluated: Evaluation | None = None
 def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
     """Figures as JSON for the page's script: `?points=` (pixel budget), `?start=&end=` (Unix s) for the
     detail of a zoomed window, `?only=status` for just status, KPIs and artifact states. Polled every
-    minute while the job runs."""
+    minute while the job runs.
+
+    The whole-job answer is kept in this process's memory like the page's body (jobs.views.job_page_cache),
+    per content stamp, pixel budget, roofline the page drew and encoding: nothing in it is the viewer's, and
+    the stamp covers every row it is drawn from (job, artifacts, findings); a view that finds it reads the
+    session, the user and the job's view columns with the stamp, nothing else."""
+    params = request.GET
+    whole = params.get("only") != "status" and not params.get("start") and not params.get("end")
+    known = request.GET.get("roofline", "")
+    key = None
+    # Only a roofline stamp as the page sends it is a key (16 hex digits): other values answer the same.
+    if whole and (not known or re.fullmatch(r"[0-9a-f]{16}", known)):
+        qs = Job.objects.only(*VIEW_FIELDS).annotate(page_stamp=job_page_cache.content_stamp())
+        seen = readable_job_or_404(request.user, qs, external_id=external_id)
+        key = ("figures", job_page_cache.stamp_of(seen), points_param(request), known, accepts_gzip(request))
+        kept = job_page_cache.bodies().get(key)
+        if kept is not None:
+            return figures_answer(fill(kept, {}), gzipped=key[4])
     job = _job_or_404(request, external_id)
     statuses = list(job.artifacts.values_list("id", "status"))
     body: dict[str, Any] = {
@@ -270,7 +290,10 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
         except BadParameter as exc:
             return json_response({"detail": str(exc)}, status=400)
         if window is None:  # the whole job: spliced in from the cache, already serialised (and gzipped)
-            return whole_job_response(request, job, dumps(body), points_param(request), statuses)
+            response = whole_job_response(request, job, dumps(body), points_param(request), statuses)
+            if key is not None:
+                job_page_cache.bodies().put(key, Body((response.content,)))
+            return response
         figures = build_figures(
             job,
             list(job.findings.all()),

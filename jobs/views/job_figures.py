@@ -184,19 +184,31 @@ def whole_job_response(
     in it, so compression leaks nothing of the BREACH kind.)"""
     members, key = figures_json(job, points, statuses)
     body = head[:-1] + b"," + members[1:]
-    response = HttpResponse(content_type="application/json")
-    response["Cache-Control"] = "no-store"
-    patch_vary_headers(response, ("Accept-Encoding",))
-    if _ACCEPTS_GZIP.search(request.headers.get("Accept-Encoding", "")):
+    gzipped = accepts_gzip(request)
+    if gzipped:
         gzip_key = f"{key}:gzip:{hashlib.sha256(head).hexdigest()}"
         compressed = cache.get(gzip_key)
         if compressed is None:
             # mtime=0: the same bytes for the same answer (gzip's header otherwise carries the time).
             compressed = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
             cache.set(gzip_key, compressed, FIGURES_CACHE_S)
-        response["Content-Encoding"] = "gzip"
         body = bytes(compressed)
-    response.content = body
+    return figures_answer(body, gzipped)
+
+
+def accepts_gzip(request: HttpRequest) -> bool:
+    """Whether the client takes a gzip-encoded answer (its Accept-Encoding names gzip)."""
+    return bool(_ACCEPTS_GZIP.search(request.headers.get("Accept-Encoding", "")))
+
+
+def figures_answer(content: bytes, gzipped: bool) -> HttpResponse:
+    """The whole-job figures answer around its (gzipped or plain) bytes: never stored by a browser or proxy
+    (it is a team's data), varying with Accept-Encoding."""
+    response = HttpResponse(content, content_type="application/json")
+    response["Cache-Control"] = "no-store"
+    patch_vary_headers(response, ("Accept-Encoding",))
+    if gzipped:
+        response["Content-Encoding"] = "gzip"
     return response
 
 

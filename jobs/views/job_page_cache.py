@@ -108,10 +108,14 @@ def content_stamp() -> RawSQL:
     return RawSQL(f"md5(ROW({parts})::text)", ())
 
 
-def body_key(job: Job, can_write: bool, staff: bool) -> tuple[str, bool, bool]:
-    """The body's key: its content stamp (the queryset must carry `content_stamp()` as `page_stamp`) and the
-    viewer's rights that change what it shows."""
+def stamp_of(job: Job) -> str:
+    """The job's content stamp, as read with it (the queryset annotated `page_stamp=content_stamp()`)."""
     stamp = getattr(job, "page_stamp", None)
     if not stamp:
         raise ValueError("the job was read without its content stamp (annotate page_stamp=content_stamp())")
-    return (str(stamp), can_write, staff)
+    return str(stamp)
+
+
+def body_key(job: Job, can_write: bool, staff: bool) -> tuple[str, bool, bool]:
+    """The body's key: its content stamp and the viewer's rights that change what it shows."""
+    return (stamp_of(job), can_write, staff)
