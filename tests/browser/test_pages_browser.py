@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from jobs.models import Finding, Job
+from jobs.models import Finding, GpuModel, Job
 from tests.browser import data
 from tests.browser.conftest import LAPTOP, log_in
 
@@ -178,11 +178,13 @@ def test_uploading_an_artifact_shows_its_analysis(
 def test_leaderboard_sorts(watched, live_server, member):
     team = member.teams.get()
     vision = type(team).objects.create(slug="vision", name="Vision")
+    # On H100s: period cost and waste come from the GPU model's dated price book (jobs.evaluation.totals).
+    h100 = GpuModel.objects.get(name="H100 SXM")
     for i in range(12):
         start = data.START - timedelta(days=3) + timedelta(hours=7 * i)
         Job.objects.create(
             external_id=f"lb{i}", name=f"job {i}", team=team if i % 3 else vision, model_name="llama-7b",
-            gpu_count=8 * (1 + i % 4), started_at=start, ended_at=start + timedelta(hours=6),
+            gpu_model=h100, gpu_count=8 * (1 + i % 4), started_at=start, ended_at=start + timedelta(hours=6),
             status=Job.Status.FINALIZED, mfu=0.15 + 0.03 * i, cost_per_day_usd=2000.0,
             waste_per_day_usd=900.0 - 60 * i,
         )  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from jobs.models import Finding, Job
+from jobs.models import Finding, GpuModel, Job, PriceEntry
 from jobs.outputs.leaderboard import iso_week
 from tests.browser.conftest import log_in
 
@@ -17,11 +17,16 @@ def test_the_email_preview_fits_1280_px_and_shows_the_whole_email(watched, live_
 
     team = member.teams.get()
     week = iso_week(timezone.now().date()).previous()
+    # $2.50/GPU-h on demand, the $480/day of 8 GPUs: the email prices each job's week from the dated book.
+    gpu = GpuModel.objects.create(name="Preview test GPU")
+    PriceEntry.objects.create(
+        gpu_model=gpu, tier="on_demand", usd_per_gpu_hour=2.5, effective_from=week.start - timedelta(days=30)
+    )
     for i, waste in enumerate((480.0, 240.0, 0.05)):
         job = Job.objects.create(
             team=team, external_id=f"mail-{i}", name=f"pretrain-{i}",
             started_at=week.start + timedelta(hours=1), ended_at=week.start + timedelta(hours=25),
-            gpu_count=8, mfu=0.3, cost_per_day_usd=480.0,
+            gpu_count=8, gpu_model=gpu, mfu=0.3, cost_per_day_usd=480.0,
             waste_per_day_usd=waste, waste_lower_bound_per_day_usd=waste, model_name="llama-7b",
         )  # fmt: skip
         Finding.objects.create(
