@@ -149,16 +149,18 @@ class Amount:
 
 
 def spread(usd_per_day: float, hours: float) -> float:
-    """A $/day rate over `hours`: rate / 24 x hours, the one way a stored rate becomes dollars (a job's
-    total waste here, cost and waste inside a period in jobs.evaluation.totals and the leaderboard)."""
+    """A $/day rate over `hours`: rate / 24 x hours (a job's total waste, `total_waste`). A period's cost
+    and waste do not spread a rate: they follow the dated price book (jobs.evaluation.totals,
+    `book_cost`), which equals this while one price holds."""
     if not math.isfinite(usd_per_day):
         raise ValueError(f"a rate must be a finite number of dollars per day, got {usd_per_day!r}")
     return usd_per_day / HOURS_PER_DAY * _non_negative("hours", hours)
 
 
 def total_waste(per_day: Amount, duration_s: float | None) -> Amount:
-    """A job's total waste in USD: its stored waste $/day spread over its duration (`spread`, the same
-    rate the leaderboard and team pages spread over the hours inside a period). Keeps the rate's kind: a
+    """A job's total waste in USD: its stored waste $/day spread over its duration (`spread`). Equal to the
+    sum of its periods' waste (jobs.evaluation.totals.waste_inside, the waste share of the dated cost) while
+    one price held over the run; not when the price changed during it. Keeps the rate's kind: a
     lower bound stays "at least", an unknown rate (or an unknown duration) stays unknown with its reason."""
     if duration_s is None or not math.isfinite(duration_s) or duration_s < 0:
         return Amount(None, reason="the job's duration is unknown")

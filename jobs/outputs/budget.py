@@ -1,9 +1,10 @@
 """A team's monthly budget against its month-to-date spend. Pure: no Django.
 
 The spend is the team's `TeamRow.cost` for the calendar month (jobs.outputs.leaderboard.period_rows: each
-job's stored cost $/day spread over its hours inside the month, the same definition as "$ this week" on the
-leaderboard and team pages); the budget is `Team.monthly_budget_usd` ($ per calendar month, UTC). Nothing
-is computed a second way here: only the share of the budget that the spend uses, and what is left.
+job's dated price book over its hours inside the month x its GPU-equivalents, jobs.evaluation.totals, the
+same definition as "$ this week" on the leaderboard and team pages); the budget is `Team.monthly_budget_usd`
+($ per calendar month, UTC). Nothing is computed a second way here: only the share of the budget that the
+spend uses, and what is left.
 """
 
 from __future__ import annotations
