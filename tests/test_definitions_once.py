@@ -329,5 +329,6 @@ def test_adjacent_periods_costs_add_up_to_the_cost_the_evaluation_stored(
         job.cost_usd, rel=1e-9
     )
     # The old spread (today's $/day x hours) would have said 8 x 4.50 x 148 h: a different figure.
-    assert job.cost_per_day_usd == pytest.approx(8 * 4.5 * 24)
-    assert job.cost_per_day_usd / 24 * 148 != pytest.approx(job.cost_usd, rel=1e-3)
+    rate = job.cost_per_day_usd
+    assert rate == pytest.approx(8 * 4.5 * 24)
+    assert rate is not None and rate / 24 * 148 != pytest.approx(job.cost_usd, rel=1e-3)
