@@ -44,54 +44,54 @@ def _body(n: int) -> Body:
 
 
 def test_the_cache_keeps_the_most_recently_used_bodies_within_its_byte_budget() -> None:
-    cache = BodyCache(100)
-    cache.put("a", _body(40))
-    cache.put("b", _body(40))
-    assert cache.get("a") is not None  # a is now the most recently used
-    cache.put("c", _body(40))  # 120 > 100: the least recently used (b) goes
-    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
-    assert cache.bytes == 80 and len(cache) == 2
-    cache.put("a", _body(10))  # replacing an entry counts its new size only
-    assert cache.bytes == 50
-    cache.put("huge", _body(101))  # larger than the whole budget: not kept, nothing evicted for it
-    assert cache.get("huge") is None and len(cache) == 2
-    cache.clear()
-    assert cache.bytes == 0 and cache.get("a") is None
+    bodies = BodyCache(100)
+    bodies.put("a", _body(40))
+    bodies.put("b", _body(40))
+    assert bodies.get("a") is not None  # a is now the most recently used
+    bodies.put("c", _body(40))  # 120 > 100: the least recently used (b) goes
+    assert bodies.get("b") is None and bodies.get("a") is not None and bodies.get("c") is not None
+    assert bodies.bytes == 80 and len(bodies) == 2
+    bodies.put("a", _body(10))  # replacing an entry counts its new size only
+    assert bodies.bytes == 50
+    bodies.put("huge", _body(101))  # larger than the whole budget: not kept, nothing evicted for it
+    assert bodies.get("huge") is None and len(bodies) == 2
+    bodies.clear()
+    assert bodies.bytes == 0 and bodies.get("a") is None
 
 
 def test_a_body_older_than_the_max_age_is_not_answered() -> None:
     now = [1000.0]
-    cache = BodyCache(100, max_age_s=600, clock=lambda: now[0])
-    cache.put("a", _body(10))
+    bodies = BodyCache(100, max_age_s=600, clock=lambda: now[0])
+    bodies.put("a", _body(10))
     now[0] += 600
-    assert cache.get("a") is not None  # exactly the max age: still answered
+    assert bodies.get("a") is not None  # exactly the max age: still answered
     now[0] += 1
-    assert cache.get("a") is None and cache.bytes == 0 and len(cache) == 0
-    cache.put("a", _body(10))  # rendered again: a fresh entry
-    assert cache.get("a") is not None
+    assert bodies.get("a") is None and bodies.bytes == 0 and len(bodies) == 0
+    bodies.put("a", _body(10))  # rendered again: a fresh entry
+    assert bodies.get("a") is not None
     with pytest.raises(ValueError, match="> 0"):
         BodyCache(100, max_age_s=0)
 
 
 def test_a_zero_budget_keeps_nothing_and_a_negative_one_is_refused() -> None:
-    cache = BodyCache(0)
-    cache.put("a", _body(1))
-    assert cache.get("a") is None
+    bodies = BodyCache(0)
+    bodies.put("a", _body(1))
+    assert bodies.get("a") is None
     with pytest.raises(ValueError, match=">= 0"):
         BodyCache(-1)
 
 
 def test_the_cache_stays_within_budget_under_concurrent_threads() -> None:
-    cache = BodyCache(1000)
+    bodies = BodyCache(1000)
 
     def work(offset: int) -> None:
         for i in range(500):
-            cache.put((offset, i % 50), _body(30))
-            cache.get((offset, (i * 7) % 50))
+            bodies.put((offset, i % 50), _body(30))
+            bodies.get((offset, (i * 7) % 50))
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert cache.bytes <= 1000 and cache.bytes == 30 * len(cache)
+    assert bodies.bytes <= 1000 and bodies.bytes == 30 * len(bodies)
