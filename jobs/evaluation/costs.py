@@ -149,24 +149,42 @@ class Amount:
 
 
 def spread(usd_per_day: float, hours: float) -> float:
-    """A $/day rate over `hours`: rate / 24 x hours (a job's total waste, `total_waste`). A period's cost
-    and waste do not spread a rate: they follow the dated price book (jobs.evaluation.totals,
-    `book_cost`), which equals this while one price holds."""
+    """A $/day rate over `hours`: rate / 24 x hours. Cost and waste totals do not spread a rate: a job's and
+    a period's follow the dated price book (`book_cost`, `waste_of_cost`), which equals this while one price
+    holds."""
     if not math.isfinite(usd_per_day):
         raise ValueError(f"a rate must be a finite number of dollars per day, got {usd_per_day!r}")
     return usd_per_day / HOURS_PER_DAY * _non_negative("hours", hours)
 
 
-def total_waste(per_day: Amount, duration_s: float | None) -> Amount:
-    """A job's total waste in USD: its stored waste $/day spread over its duration (`spread`). Equal to the
-    sum of its periods' waste (jobs.evaluation.totals.waste_inside, the waste share of the dated cost) while
-    one price held over the run; not when the price changed during it. Keeps the rate's kind: a
-    lower bound stays "at least", an unknown rate (or an unknown duration) stays unknown with its reason."""
-    if duration_s is None or not math.isfinite(duration_s) or duration_s < 0:
-        return Amount(None, reason="the job's duration is unknown")
-    if per_day.usd is None:
-        return per_day
-    return Amount(spread(per_day.usd, duration_s / SECONDS_PER_HOUR), per_day.lower_bound, per_day.reason)
+#: Why a dated cost that is not $0 has no known waste when the job's stored cost rate is $0/day.
+ZERO_RATE_REASON = "the job was priced at $0/day when evaluated, so the share of its spend wasted is unknown"
+
+
+def waste_of_cost(per_day: Amount, cost_per_day: float | None, cost: float | None) -> Amount:
+    """The waste of a dated cost (a job's total `Job.cost_usd`, or its cost inside a period): the share of
+    its spend wasted (`waste_share` of its stored waste and cost rates) x that cost. The one rule for a
+    job's total waste (`total_waste`) and a period's (jobs.evaluation.totals.waste_inside, the leaderboard's
+    SQL), so the periods covering a run add up to the job's total even when the price changed during it.
+
+    Keeps the rate's kind: a lower bound ("at least" the idle waste) stays one with its reason; an unknown
+    rate stays unknown with its reason; an unknown cost (no price) makes the waste unknown; a $0/day rate
+    gives no share, which is harmless only for a $0 cost."""
+    if per_day.usd is None or cost is None or cost_per_day is None:
+        return Amount(None, reason=per_day.reason)
+    share = waste_share(per_day.usd, cost_per_day)
+    if share is None:
+        if cost != 0:
+            return Amount(None, reason=ZERO_RATE_REASON)
+        share = 0.0
+    return Amount(share * cost, per_day.lower_bound, per_day.reason)
+
+
+def total_waste(per_day: Amount, cost_per_day: float | None, cost_usd: float | None) -> Amount:
+    """A job's total waste in USD: `waste_of_cost` of its stored total cost (`Job.cost_usd`, from the dated
+    price book, so far while it runs) with its stored rates. Unknown, with the reason, when the cost is
+    (no price) or the rate is."""
+    return waste_of_cost(per_day, cost_per_day, cost_usd)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ jobs, so the SQL is a fast copy of this module, not a second definition.
 * waste inside = the job's waste share x its cost inside, where the share is the stored waste $/day /
   the stored cost $/day (`costs.waste_share`: the share of spend wasted, which does not depend on the
   price); the "at least" lower bound (the idle waste, when MFU is unknown) is its share x the cost inside
-  the same way. Over a window with one price this is the stored rate / 24 x hours (`costs.spread`, which
-  the job page's total waste uses: `costs.total_waste`).
+  the same way (`costs.waste_of_cost`, which the job's total waste uses too: `costs.total_waste` of
+  `Job.cost_usd`). Over a window with one price this is the stored rate / 24 x hours (`costs.spread`).
 * a cost is unknown (None; counted apart, never $0) when the evaluation found no price (stored cost rate
   None) or the book has no entry for the job's GPU model and tier; its waste is then unknown too. A waste
   that is unknown (no MFU) contributes its stated lower bound and keeps the "at least" mark. A stored cost
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 
 from jobs.evaluation.checks import non_negative as _non_negative
-from jobs.evaluation.costs import SECONDS_PER_HOUR, Amount, book_cost, waste_share
+from jobs.evaluation.costs import SECONDS_PER_HOUR, Amount, book_cost, waste_of_cost
 
 
 @dataclass(frozen=True)
@@ -96,24 +96,15 @@ def cost_inside(job: JobRates, start: datetime, end: datetime) -> float | None:
     return book_cost(job.prices, max(job.started, start), min(job.stopped, end), job.gpu_equivalents).usd
 
 
-ZERO_RATE_REASON = "the job was priced at $0/day when evaluated, so the share of its spend wasted is unknown"
-
-
 def waste_inside(job: JobRates, start: datetime, end: datetime, reason: str = "") -> Amount:
-    """The job's waste inside the window: its waste share x its cost inside, exact; "at least" its idle
-    waste's share x that cost when MFU is unknown (`reason` says why); unknown when the cost is, when not
-    even the idle part is known, or when a $0/day cost rate gives no share for a cost that is not $0."""
-    cost = cost_inside(job, start, end)
+    """The job's waste inside the window: `costs.waste_of_cost` of its cost inside (the share of its spend
+    wasted x that cost): exact; "at least" its idle waste's share when MFU is unknown (`reason` says why);
+    unknown when the cost is, when not even the idle part is known, or when a $0/day cost rate gives no
+    share for a cost that is not $0."""
     exact = job.waste_per_day_usd is not None
     rate = job.waste_per_day_usd if exact else job.waste_lower_bound_per_day_usd
-    if cost is None or rate is None or job.cost_per_day_usd is None:
-        return Amount(None, reason=reason)
-    share = waste_share(rate, job.cost_per_day_usd)
-    if share is None:
-        if cost != 0:
-            return Amount(None, reason=ZERO_RATE_REASON)
-        share = 0.0
-    return Amount(share * cost, lower_bound=not exact, reason="" if exact else reason)
+    per_day = Amount(rate, lower_bound=not exact and rate is not None, reason="" if exact else reason)
+    return waste_of_cost(per_day, job.cost_per_day_usd, cost_inside(job, start, end))
 
 
 def weighted_mfu(items: Iterable[tuple[float | None, float]]) -> float | None:

@@ -156,5 +156,9 @@ def job_cost_total(job: Any) -> Amount:
 
 @register.filter
 def job_waste_total(job: Any) -> Amount:
-    """The job's total waste: stored waste $/day × its duration (jobs.evaluation.costs.total_waste)."""
-    return total_waste(job.waste_amount, job_duration_s(job))
+    """The job's total waste: the share of its spend wasted × its stored total cost from the dated price
+    book (jobs.evaluation.costs.total_waste); unknown without a price."""
+    amount = job.waste_amount
+    if job.cost_usd is None and amount.usd is not None:
+        return Amount(None, reason=NO_PRICE)
+    return total_waste(amount, job.cost_per_day_usd, job.cost_usd)

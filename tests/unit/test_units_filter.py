@@ -81,7 +81,8 @@ def _job(duration_s: float | None = 7200.0, **kw: object) -> SimpleNamespace:
     base: dict[str, object] = {
         "gpu_hours": 16.0,
         "gpu_count": 8,
-        "cost_usd": 64.0,
+        "cost_usd": 64.0,  # $4/GPU-h x 8 GPUs x 2 h
+        "cost_per_day_usd": 768.0,  # $4/GPU-h x 8 GPUs x 24 h
         "waste_per_day_usd": 240.0,
         "waste_lower_bound_per_day_usd": 240.0,
         "waste_unknown_reason": "",
@@ -120,9 +121,13 @@ def test_job_totals_unknown_stay_unknown() -> None:
     assert job_cost_total(no_price).usd is None
     assert job_waste_total(no_price).usd is None
     assert job_waste_total(no_price).reason == "no price for the job's GPU model and tier"
-    not_evaluated = _job(duration_s=None, gpu_hours=None)
+    not_evaluated = _job(duration_s=None, gpu_hours=None, cost_usd=None, cost_per_day_usd=None,
+                         waste_per_day_usd=None, waste_lower_bound_per_day_usd=None)  # fmt: skip
     assert job_duration_s(not_evaluated) is None
     assert job_waste_total(not_evaluated).usd is None
+    # A rate without a stored total cost (no price in the book for the job's hours) is no total either.
+    assert job_waste_total(_job(cost_usd=None)).usd is None
+    assert job_waste_total(_job(cost_usd=None)).reason == "no price for the job's GPU model and tier"
 
 
 def test_the_total_on_shared_gpus_uses_the_stored_duration_not_gpu_hours_over_gpus() -> None:
@@ -130,7 +135,7 @@ def test_the_total_on_shared_gpus_uses_the_stored_duration_not_gpu_hours_over_gp
     # share: 4 x 24 h = 96 GPU-h; waste/day (already per share) $182.94. Over one day the total is $182.94;
     # 96 GPU-h / 8 GPUs = 12 h rebuilt the duration as half a day and showed $91.47.
     shared = _job(duration_s=86_400.0, gpu_hours=96.0, gpu_count=8, waste_per_day_usd=182.94,
-                  waste_lower_bound_per_day_usd=182.94)  # fmt: skip
+                  waste_lower_bound_per_day_usd=182.94, cost_usd=731.76, cost_per_day_usd=731.76)  # fmt: skip
     assert job_duration_s(shared) == pytest.approx(86_400.0)
     total = job_waste_total(shared)
     assert total.usd == pytest.approx(182.94)
@@ -146,8 +151,23 @@ def test_job_waste_total_keeps_the_lower_bound() -> None:
     assert total.usd == pytest.approx(10.0) and total.lower_bound and total.reason == "MFU unknown"
 
 
-def test_total_waste_refuses_a_bad_duration() -> None:
-    assert total_waste(Amount(100.0), None).usd is None
-    assert total_waste(Amount(100.0), float("nan")).usd is None
-    assert total_waste(Amount(100.0), -1.0).usd is None
-    assert total_waste(Amount(100.0), 86400.0 * 3).usd == pytest.approx(300.0)
+def test_total_waste_is_the_wasted_share_of_the_stored_cost_and_unknown_without_one() -> None:
+    assert total_waste(Amount(100.0), 400.0, 1200.0).usd == pytest.approx(300.0)  # 25 % of $1,200
+    assert total_waste(Amount(100.0), None, None).usd is None  # no price: no cost, no waste
+    assert total_waste(Amount(100.0), 400.0, None).usd is None
+    bound = total_waste(Amount(40.0, lower_bound=True, reason="MFU unknown"), 400.0, 1200.0)
+    assert (bound.usd, bound.lower_bound, bound.reason) == (pytest.approx(120.0), True, "MFU unknown")
+    assert total_waste(Amount(None, reason="MFU unknown"), 400.0, 1200.0).reason == "MFU unknown"
+    # Priced at $0/day: nothing spent is nothing wasted; a cost that is not $0 has no known share.
+    assert total_waste(Amount(0.0), 0.0, 0.0).usd == 0.0
+    assert total_waste(Amount(0.0), 0.0, 5.0).usd is None
+
+
+def test_job_waste_total_follows_the_dated_cost_when_the_price_changed_during_the_run() -> None:
+    # Two hours on 8 GPUs at $4/GPU-h, then the price fell to $2 for the last hour: the evaluation stored
+    # cost_usd = 8 x (4 + 2) = $48 and today's rate 8 x 2 x 24 = $384/day; waste $120/day is 31.25 % of
+    # that. The waste total is 31.25 % of the $48 actually spent ($15), not $120/day x 1/12 day ($10).
+    job = _job(
+        cost_usd=48.0, cost_per_day_usd=384.0, waste_per_day_usd=120.0, waste_lower_bound_per_day_usd=120.0
+    )
+    assert job_waste_total(job).usd == pytest.approx(15.0)
