@@ -26,7 +26,8 @@ clients at once, each sending `--runs` requests back to back (issue 26: p95 < 30
 256-GPU x 7-day job); `--concurrency 1,10` runs one client, then ten, against the same server.
 `--only-running` skips the finalized job and the list pages (a quicker fill); `--job-pages-only` fills
 both 256-GPU jobs but not the 100,000 (two minutes of the fill) and times only their pages and figures
-JSON.
+JSON; `--lists-only` fills the 100,000 jobs (on GPU models priced in the default tier, at their latest
+price) and times only the pages that list them (leaderboard, job list, team and readiness pages).
 
 The benchmark user is an ordinary (not staff) member of every team: the pages run their team-scoped
 queries (`jobs.access.permissions.scope_to_teams`) as a user's would, and the team page of any team answers
@@ -252,7 +253,23 @@ def _fill_jobs(n: int) -> None:
 
     rng = np.random.default_rng(3)
     teams = [Team.objects.create(slug=f"team-{i:02d}", name=f"Team {i:02d}") for i in range(20)]
-    gpus = list(GpuModel.objects.all()[:5])
+    # GPU models with a price in the default tier, at their latest price: a period's cost follows the dated
+    # book (jobs.evaluation.totals), so jobs on models the seed does not price would all read "no price".
+    from django.conf import settings
+
+    from jobs.models import PriceEntry
+
+    priced = (
+        PriceEntry.objects.filter(tier=settings.DEFAULT_PRICE_TIER)
+        .order_by("gpu_model_id", "-effective_from")
+        .values_list("gpu_model_id", "usd_per_gpu_hour")
+    )
+    latest: dict[int, float] = {}
+    for model_id, usd in priced:
+        latest.setdefault(model_id, float(usd))
+    gpus = list(GpuModel.objects.filter(pk__in=latest).order_by("pk")[:5])
+    if not gpus:
+        raise SystemExit(f"no GPU model has a {settings.DEFAULT_PRICE_TIER} price: seed the catalog first")
     now = datetime.now(UTC)
     batch = []
     for i in range(n):
@@ -261,10 +278,11 @@ def _fill_jobs(n: int) -> None:
         end = start + timedelta(hours=hours)
         running = end > now
         mfu = float(rng.uniform(0.05, 0.6)) if rng.random() > 0.05 else None
-        cost = float(rng.choice([8, 16, 64, 256])) * 24 * 4.0
+        gpu, count = gpus[i % len(gpus)], int(rng.choice([8, 16, 64, 256]))
+        cost = count * 24 * latest[gpu.pk]
         batch.append(Job(
             external_id=f"bulk-{i}", name=f"job {i}", team=teams[i % 20], model_name=f"model-{i % 12}",
-            gpu_model=gpus[i % len(gpus)], gpu_count=int(rng.choice([8, 16, 64, 256])), started_at=start,
+            gpu_model=gpu, gpu_count=count, started_at=start,
             ended_at=None if running else end, status=Job.Status.RUNNING if running else Job.Status.FINALIZED,
             mfu=mfu, sm_active_mean=float(rng.uniform(0.2, 0.8)), cost_per_day_usd=cost,
             waste_per_day_usd=cost * (1 - (mfu or 0.2) / 0.45) if mfu and mfu < 0.45 else 0.0,
@@ -433,8 +451,14 @@ def main() -> None:
     parser.add_argument(
         "--job-pages-only", action="store_true", help="both 256-GPU jobs' pages, no 100k jobs or list pages"
     )
+    parser.add_argument(
+        "--lists-only", action="store_true", help="the 100k jobs' list pages (leaderboard...), no 256-GPU job"
+    )
     args = parser.parse_args()
     lists = not (args.only_running or args.job_pages_only)  # the 100k jobs and the pages that list them
+    finalized_job = not (args.only_running or args.lists_only)
+    if args.lists_only:
+        args.skip_running = True
     try:
         counts = [int(n) for n in args.concurrency.split(",") if int(n) > 0]
     except ValueError:
@@ -456,7 +480,7 @@ def main() -> None:
         user = get_user_model().objects.create_user("bench", password="x")
         Membership.objects.create(team=team, user=user)
         gpu = GpuModel.objects.get(name="H100 SXM")
-        if not args.only_running:
+        if finalized_job:
             t0 = time.perf_counter()
             finished = _make_job(team, gpu, "big-finished", running=False)
             n = _fill_series(finished, 300, 1800, list(SIGNALS), list(SIGNALS))
@@ -489,7 +513,7 @@ def main() -> None:
         client.force_login(user)
         today = datetime.now(UTC).date()
         week = f"{today.isocalendar()[0]}-W{today.isocalendar()[1]:02d}"
-        cases: list[tuple[str, str, float | None]] = [] if args.only_running else [
+        cases: list[tuple[str, str, float | None]] = [] if not finalized_job else [
             ("job page, finalized 256 GPUs x 7 days", "/jobs/big-finished/", 300.0),
             ("figures JSON (refresh), finalized", "/jobs/big-finished/figures.json?points=1200", 300.0),
         ]  # fmt: skip
@@ -531,7 +555,7 @@ def main() -> None:
         if counts:
             session = client.cookies[settings.SESSION_COOKIE_NAME].value
             paths = []
-            if not args.only_running:
+            if finalized_job:
                 paths += [
                     ("job page, finalized 256 GPUs x 7 days", "/jobs/big-finished/"),
                     ("figures JSON (refresh), finalized", "/jobs/big-finished/figures.json?points=1200"),
