@@ -40,6 +40,7 @@ class Features:
         self.sigs: JobSignals | None = inp.signals
         self._gpu_cache: dict[tuple[str, ...], GpuData | None] = {}
         self._level_cache: dict[tuple[str, float, bool], float | None] = {}
+        self._per_gpu_cache: dict[tuple[str, float], tuple[GpuData, np.ndarray] | None] = {}
 
     # ---------------------------------------------------------------------------------- aggregates
 
@@ -193,7 +194,18 @@ class Features:
         return mask
 
     def per_gpu_level(self, key: str, q: float = 0.5) -> tuple[GpuData, np.ndarray] | None:
-        """Each GPU's q-quantile of `key` over its own busy samples (NaN for a GPU never busy)."""
+        """Each GPU's q-quantile of `key` over its own busy samples (NaN for a GPU never busy).
+
+        Cached per (key, q): straggler asks for the utilisation's levels once per metric and throttling for
+        the clock's again (#26 item 2). The levels array is shared: callers must not write to it."""
+        cache_key = (key, q)
+        if cache_key in self._per_gpu_cache:
+            return self._per_gpu_cache[cache_key]
+        result = self._per_gpu_level(key, q)
+        self._per_gpu_cache[cache_key] = result
+        return result
+
+    def _per_gpu_level(self, key: str, q: float) -> tuple[GpuData, np.ndarray] | None:
         data = self.gpu_data((key, self.util_key) if self.util_key else (key,))
         if data is None:
             return None
@@ -204,9 +216,8 @@ class Features:
             else np.ones_like(v, dtype=bool)
         )
         masked = np.where(busy & np.isfinite(v), v, np.nan)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            levels = np.nanquantile(masked, q, axis=1)
+        levels = D.row_nanquantiles(masked, q)
+        levels.flags.writeable = False  # shared through the cache
         return data, levels
 
     # --------------------------------------------------------------------------------- resolution

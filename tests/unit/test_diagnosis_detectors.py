@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -186,3 +188,25 @@ def test_regularity_and_windows():
     assert D.merge_windows([(0, 10), (15, 20), (100, 110)], gap_s=5) == [(0, 20), (100, 110)]
     many = [(i * 100.0, i * 100.0 + i) for i in range(30)]
     assert len(D.merge_windows(many, limit=5)) == 5
+
+
+def test_row_nanquantiles_equal_numpys_nanquantile_along_rows_bit_for_bit():
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        rows, cols = int(rng.integers(1, 12)), int(rng.integers(1, 80))
+        m = rng.normal(size=(rows, cols)) * [1.0, 1e-3, 1e6][trial % 3] + 0.5
+        m[rng.random((rows, cols)) < rng.random()] = np.nan
+        if trial % 5 == 0:
+            m[0] = np.nan  # a GPU never busy
+        for q in (0.0, 0.05, 0.25, 1 / 3, 0.5, 0.95, 1.0):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = np.nanquantile(m, q, axis=1)
+            assert np.array_equal(D.row_nanquantiles(m, q), want, equal_nan=True), (trial, q)
+
+
+def test_row_nanquantiles_of_no_columns_are_nan_and_a_vector_is_refused():
+    assert np.isnan(D.row_nanquantiles(np.zeros((3, 0)), 0.5)).all()
+    assert D.row_nanquantiles(np.zeros((0, 4)), 0.5).shape == (0,)
+    with pytest.raises(ValueError, match="2-D"):
+        D.row_nanquantiles(np.zeros(4), 0.5)
