@@ -157,3 +157,38 @@ def test_a_snapshot_of_an_empty_archive_reads_nothing(make_team):
     snap = archive.Snapshot(job, per_gpu=("gpu_util",))
     assert snap.load_job_signals(per_gpu=("gpu_util",)) is None
     assert snap.load_per_gpu("gpu_util") is None
+
+
+@pytest.mark.django_db
+def test_a_merge_of_some_signals_reads_them_as_the_database_and_refuses_the_skipped_ones(make_team):
+    job = _job(make_team)
+    _history(job)
+    snap = archive.Snapshot(job, per_gpu=("gpu_util",))
+    ts = T0 + 30.0 * np.arange(480, 700)
+    mfu = np.linspace(0.1, 0.6, ts.size)
+    rows = [_line(job, archive.MFU, "mean", ts, mfu), _line(job, archive.THROUGHPUT, "mean", ts, mfu * 1e5)]
+    snap.merge(rows, only=["gpu_util", archive.MFU])
+    archive.upsert(rows)
+    for w in WINDOWS:
+        signals = ["gpu_util", archive.MFU]
+        _assert_same(snap.load_job_signals(per_gpu=False, signals=signals, window=w),
+                     archive.load_job_signals(job, per_gpu=False, signals=signals, window=w))  # fmt: skip
+    # The throughput write was not merged: its old chunks must not answer, nor a read of every signal.
+    with pytest.raises(ValueError, match="was not merged"):
+        snap.load_job_signals(per_gpu=False, signals=[archive.THROUGHPUT])
+    with pytest.raises(ValueError, match="was not merged"):
+        snap.load_job_signals(per_gpu=("gpu_util",))
+
+
+@pytest.mark.django_db
+def test_a_merge_that_skips_no_written_signal_leaves_every_read_open(make_team):
+    job = _job(make_team)
+    _history(job)
+    snap = archive.Snapshot(job, per_gpu=("gpu_util",))
+    ts = T0 + 30.0 * np.arange(480, 700)
+    rows = [_line(job, archive.MFU, "mean", ts, np.linspace(0.1, 0.6, ts.size))]
+    snap.merge(rows, only=[archive.MFU])
+    archive.upsert(rows)
+    _assert_same(
+        snap.load_job_signals(per_gpu=("gpu_util",)), archive.load_job_signals(job, per_gpu=("gpu_util",))
+    )

@@ -58,6 +58,13 @@ _LINES = (
     "xid_errors.nonzero",
 )
 
+#: The signals the rules read of a job's archive (`job_view`): the cross-GPU lines above, and of them
+#: GPU_UTIL, GR_ENGINE_ACTIVE and SM_CLOCK per GPU. The poll merges its derived rows of these alone into
+#: the snapshot it hands `evaluate_job` (jobs.pipeline.poll; the snapshot refuses reads of any other).
+RULE_SIGNALS = frozenset(
+    {line.split(".")[0] for line in _LINES} | {"gpu_util", "gr_engine_active", "sm_clock"}
+)
+
 
 def rule_configs() -> dict[str, RuleConfig]:
     """Each rule's threshold and minimum duration from settings (read at call time)."""

@@ -176,7 +176,8 @@ def _store_locked(
     rows: list[Any] = []
     if archived is not None:
         rows = archive.derived_rows(*derived_since(job, archived, derived, sigs.start))
-        snapshot.merge(rows)  # the rules read the archive as it is once these rows are written
+        # The rules read the archive as it is once these rows are written: their signals only.
+        snapshot.merge(rows, only=alerts.RULE_SIGNALS)
     # The ingestion state after the evaluation, which does not read it: the poll's metrics-side work
     # stays together instead of interleaving with the evaluation's.
     record_missing(job, sigs)

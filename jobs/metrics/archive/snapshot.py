@@ -63,6 +63,8 @@ class Snapshot:
         # The cross-GPU and the per-GPU chunks apart: each read wants one kind only.
         self._agg: dict[_HeldKey, _Held] = {}
         self._gpu: dict[_HeldKey, _Held] = {}
+        # Signals a `merge` skipped (`only`): the held chunks no longer show the archive for them.
+        self._stale: set[str] = set()
         if rows is None:
             rows = Snapshot.rows_of([job.pk], self.gpu_signals)[job.pk]
         agg, gpu = self._agg, self._gpu
@@ -99,6 +101,9 @@ class Snapshot:
     ) -> list[Chunk]:
         """`_fetch`'s WHERE clause (without stats or steps) on the held chunks."""
         wanted = None if signals is None else set(signals)
+        if self._stale and (wanted is None or wanted & self._stale):
+            asked = "every signal" if wanted is None else sorted(wanted & self._stale)
+            raise ValueError(f"{asked}: a write of {sorted(self._stale)} was not merged into this snapshot")
         if per_gpu and (wanted is None or not wanted <= self.gpu_signals):
             raise ValueError(
                 f"per-GPU rows of {sorted(wanted or ())} were not read (held: {self.gpu_signals})"
@@ -134,11 +139,18 @@ class Snapshot:
         """What `load_per_gpu(job, signal, window)` reads, from this snapshot."""
         return _per_gpu_series(signal, self._chunks(per_gpu=True, signals=[signal], window=window), window)
 
-    def merge(self, rows: Sequence[Points]) -> None:
+    def merge(self, rows: Sequence[Points], only: Iterable[str] | None = None) -> None:
         """Apply `upsert(rows)` to the held chunks (the same chunking, merge and tier refresh), so the
         snapshot shows the archive after that write. Levels it does not hold (the extremes, per-GPU rows
-        of other signals) are skipped: nothing it holds is computed from them."""
+        of other signals) are skipped: nothing it holds is computed from them. `only`: merge the rows of
+        these signals alone (what later reads ask for: the poll's alert rules read MFU, not throughput, and
+        the merge's chunking and tiers cost in proportion to the lines, #26 item 2); a later read of a
+        skipped signal, or of every signal, raises ValueError instead of answering from the old chunks."""
         level = [r for r in rows if r.times.size and r.job_id == self.job.pk]
+        if only is not None:
+            keep = frozenset(only)
+            self._stale |= {r.signal for r in level if r.signal not in keep}
+            level = [r for r in level if r.signal in keep]
         while level:
             new, mask = _chunked(level)
             old = {k: _padded(held.chunk.blob) for k in new if (held := self._get(k[1:])) is not None}
