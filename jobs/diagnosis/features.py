@@ -41,6 +41,7 @@ class Features:
         self._gpu_cache: dict[tuple[str, ...], GpuData | None] = {}
         self._level_cache: dict[tuple[str, float, bool], float | None] = {}
         self._per_gpu_cache: dict[tuple[str, float], tuple[GpuData, np.ndarray] | None] = {}
+        self._matrix_cache: dict[tuple[str, tuple[str, ...], bytes], np.ndarray] = {}
 
     # ---------------------------------------------------------------------------------- aggregates
 
@@ -174,15 +175,25 @@ class Features:
         names = sorted({str(g) for s in series if s is not None for g in s.gpus}, key=_gpu_order)
         row_of = {n: i for i, n in enumerate(names)}
         values: dict[str, np.ndarray] = {}
+        grid = (tuple(names), ts.tobytes())
         for key, s in zip(keys, series, strict=True):
             assert s is not None and s.per_gpu is not None and s.gpu_timestamps is not None
-            out = np.full((len(names), ts.size), np.nan)
-            cols = np.rint((np.asarray(s.gpu_timestamps) - ts[0]) / step).astype(np.int64)
-            ok = (cols >= 0) & (cols < ts.size)
-            for g, row in zip(s.gpus, np.asarray(s.per_gpu, dtype=np.float64), strict=True):
-                out[row_of[str(g)], cols[ok]] = row[ok]
-            if key in PROFILING_KEYS and self.capture_runs:
-                out[:, self._capture_cols(ts)] = np.nan
+            # One signal's matrix on one GPU order and grid is the same whichever signals it is aligned
+            # with: built once per diagnosis and shared (read-only) by every combination (#26 item 2).
+            out = self._matrix_cache.get((key, *grid))
+            if out is None:
+                out = np.full((len(names), ts.size), np.nan)
+                cols = np.rint((np.asarray(s.gpu_timestamps) - ts[0]) / step).astype(np.int64)
+                ok = (cols >= 0) & (cols < ts.size)
+                matrix = np.asarray(s.per_gpu, dtype=np.float64)
+                if len(s.gpus) != matrix.shape[0]:
+                    raise ValueError(f"{key}: {len(s.gpus)} GPUs named for {matrix.shape[0]} per-GPU rows")
+                rows = np.array([row_of[str(g)] for g in s.gpus], dtype=np.intp)
+                out[np.ix_(rows, cols[ok])] = matrix[:, ok]
+                if key in PROFILING_KEYS and self.capture_runs:
+                    out[:, self._capture_cols(ts)] = np.nan
+                out.flags.writeable = False
+                self._matrix_cache[(key, *grid)] = out
             values[key] = out
         hosts = tuple(n.rpartition("/")[0] for n in names)
         return GpuData(tuple(names), hosts, ts, step, values)
