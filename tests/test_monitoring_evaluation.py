@@ -6,6 +6,7 @@ import io
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 from django.utils import timezone
 
@@ -180,3 +181,36 @@ def test_the_upload_sets_the_logs_time_zone_and_the_analysis_states_it(
     assert artifact.analysis["time_zone"]["zone"] == "UTC"
     job.refresh_from_db()
     assert job.evaluated is not None and job.evaluated.idle_share == pytest.approx(0.25)
+
+
+@pytest.mark.django_db
+def test_logs_taken_from_the_diagnosis_artifacts_read_equal_the_logs_query(
+    two_gpu_job: tuple[Job, datetime],
+) -> None:
+    """The diagnosis passes the artifacts it read (`used`) instead of a second query: same logs, newest
+    first, so the same merge, sources, notes and interval."""
+    from jobs.evaluation.load import DEFAULT_STEP_S
+    from jobs.evaluation.monitoring_logs import with_monitoring_logs
+    from jobs.metrics.signals import grid
+
+    job, start = two_gpu_job
+    for name, idle in (("old.csv", 120), ("new.csv", 40)):  # the newer log wins where both have samples
+        artifact = store_upload(job, io.BytesIO(_log(start, 240, idle)), filename=name, parse=False)
+        parse_artifact(artifact.pk)
+    job.refresh_from_db()
+    used = list(Artifact.objects.used_in_diagnosis().filter(job=job).order_by("uploaded_at", "pk"))
+    assert len(used) == 2
+    end = job.ended_at.timestamp() if job.ended_at else start.timestamp()
+    ts = grid(start.timestamp(), end, DEFAULT_STEP_S)
+    queried = with_monitoring_logs(job, None, ts, float(DEFAULT_STEP_S), end)
+    given = with_monitoring_logs(job, None, ts, float(DEFAULT_STEP_S), end, used=used)
+    assert queried.signals is not None and given.signals is not None
+    assert (given.sources, given.notes, given.interval_s) == (
+        queried.sources,
+        queried.notes,
+        queried.interval_s,
+    )
+    assert "new.csv" in given.sources["gpu_util"]
+    for key, series in queried.signals.signals.items():
+        for stat, values in series.stats.items():
+            assert np.array_equal(given.signals.signals[key].stats[stat], values, equal_nan=True), (key, stat)

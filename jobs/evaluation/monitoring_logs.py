@@ -14,7 +14,7 @@ A dstat log whose host could not be checked is listed with why, not used.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,18 +77,25 @@ def with_monitoring_logs(
     step: float,
     end_unix: float,
     cycle: CycleContext | None = None,
+    used: Sequence[Artifact] | None = None,
 ) -> MonitoringMerge:
     """`sigs` (DCGM and node_exporter, fresh or archived; None when the job has none) with the job's
     nvidia-smi logs filling what DCGM lacks and its dstat logs what node_exporter lacks, on the evaluation
-    grid `ts` (step `step`)."""
-    if not _has_logs(job, cycle):
+    grid `ts` (step `step`). `used`: the job's artifacts `Artifact.objects.used_in_diagnosis()` gives, when
+    the caller has read them already (the diagnosis does): the logs are taken from them, not read again."""
+    if used is not None:
+        # The query's order and limit below, on the rows the caller read (#26 item 2: one query less).
+        uploaded = sorted((a for a in used if a.kind in LOG_KINDS), key=lambda a: (a.uploaded_at, a.pk))
+        uploaded = uploaded[::-1][: 2 * MAX_LOGS]
+    elif not _has_logs(job, cycle):
         return MonitoringMerge(sigs)
-    # One query for both kinds: the newest logs (at most MAX_LOGS of each are read below).
-    uploaded = list(
-        Artifact.objects.used_in_diagnosis()
-        .filter(job=job, kind__in=LOG_KINDS)
-        .order_by("-uploaded_at", "-pk")[: 2 * MAX_LOGS]
-    )
+    else:
+        # One query for both kinds: the newest logs (at most MAX_LOGS of each are read below).
+        uploaded = list(
+            Artifact.objects.used_in_diagnosis()
+            .filter(job=job, kind__in=LOG_KINDS)
+            .order_by("-uploaded_at", "-pk")[: 2 * MAX_LOGS]
+        )
     artifacts = [a for a in uploaded if a.kind == Artifact.Kind.NVIDIA_SMI][:MAX_LOGS]
     dstats = [a for a in uploaded if a.kind == Artifact.Kind.DSTAT][:MAX_LOGS]
     start = job.started_at.timestamp()

@@ -42,15 +42,18 @@ def _step_time_ms(job: Job, artifacts: list[ArtifactAnalysis]) -> float | None:
     return medians[len(medians) // 2] if medians else None
 
 
-def _with_logs(job: Job, signals: JobSignals | None) -> tuple[JobSignals | None, float | None]:
+def _with_logs(
+    job: Job, signals: JobSignals | None, used: list[Artifact]
+) -> tuple[JobSignals | None, float | None]:
     """The signals with the job's uploaded nvidia-smi logs where DCGM has none (as the evaluation reads
-    them: jobs.evaluation.monitoring_logs), and the log's interval when GPU utilisation came from one."""
+    them: jobs.evaluation.monitoring_logs), and the log's interval when GPU utilisation came from one.
+    `used`: the job's artifacts used in diagnosis, already read (the logs are among them)."""
     end = min(job.ended_at or timezone.now(), timezone.now()).timestamp()
     if signals is not None:
         ts, step = signals.timestamps, float(signals.step)
     else:
         ts, step = grid(job.started_at.timestamp(), end, DEFAULT_STEP_S), float(DEFAULT_STEP_S)
-    got = with_monitoring_logs(job, signals, ts, step, end)
+    got = with_monitoring_logs(job, signals, ts, step, end, used=used)
     return got.signals, got.interval_s
 
 
@@ -64,7 +67,8 @@ def build_checked_input(job: Job) -> tuple[DiagnosisInput, list[ArtifactAnalysis
     host to compare; `jobs.diagnosis.belonging`) and that no user has confirmed."""
     artifacts: list[ArtifactAnalysis] = []
     unverified: list[ArtifactAnalysis] = []
-    for a in job.artifacts.used_in_diagnosis().order_by("uploaded_at", "pk"):
+    used = list(job.artifacts.used_in_diagnosis().order_by("uploaded_at", "pk"))
+    for a in used:
         if not isinstance(a.analysis, dict) or not a.analysis:
             continue
         art = ArtifactAnalysis(kind=a.kind, analysis=a.analysis, name=a.original_name, rank=a.rank)
@@ -80,7 +84,7 @@ def build_checked_input(job: Job) -> tuple[DiagnosisInput, list[ArtifactAnalysis
     # The coarser of the scrape interval and the archive's step is what a pattern must outlast to be seen.
     scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)
     interval = max(scrape, float(signals.step)) if signals is not None else scrape
-    signals, log_interval = _with_logs(job, signals)
+    signals, log_interval = _with_logs(job, signals, used)
     if log_interval is not None:  # utilisation from an uploaded nvidia-smi log: its own sampling interval
         interval = log_interval
     inp = DiagnosisInput(
