@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jobs.metrics.archive.layout import _EPS
-from jobs.metrics.archive.read import _COVERAGE_SLACK, Chunk, _decoded, _one_step
+from jobs.metrics.archive.read import _COVERAGE_SLACK, Chunk, _coverage, _decoded, _one_step
 
 T0 = 1_780_000_000 // 21600 * 21600
 
@@ -75,3 +75,21 @@ def test_the_finer_level_wins_when_it_misses_under_five_percent_of_the_windows()
     gone = np.ones(240)
     gone[:120] = np.nan  # the whole first hour missing at 30 s: 1 of 2 windows covered
     assert _one_step([_chunk(30, T0 + 30, gone), _chunk(3600, T0 + 3600, np.ones(2))])[0] == 3600
+
+
+@pytest.mark.parametrize("spread", [1, 10**9])  # windows of a few hours (the table), of decades (the sort)
+def test_coverage_counts_each_steps_distinct_windows_by_either_route(spread: int) -> None:
+    rng = np.random.default_rng(spread)
+    steps = [30, 300, 3600, 21600]
+    rank = rng.integers(0, 3, 5000)  # the last step has no values: it counts 0
+    windows = 493_000 + rng.integers(0, 40, 5000) * spread
+    expected = {
+        s: len({w for r, w in zip(rank, windows, strict=True) if r == i}) for i, s in enumerate(steps)
+    }
+    assert _coverage(rank, windows, steps) == expected
+    assert expected[21600] == 0 and min(expected[s] for s in steps[:3]) == 40
+
+
+def test_coverage_of_no_values_is_zero_for_every_step() -> None:
+    empty = np.array([], dtype=np.int64)
+    assert _coverage(empty, empty, [30, 300]) == {30: 0, 300: 0}

@@ -141,18 +141,46 @@ def _one_step(chunks: list[Chunk], window: tuple[float, float] | None = None) ->
     # Every step's coverage from one decode and one unique over (step, coarse window) pairs: a poll assembles
     # each job's three cross-GPU levels twice, and per-step decodes were most of that assembly's numpy calls.
     values, times, counts = _decoded(chunks, columns)
-    steps = np.repeat(np.array(chunk_steps, dtype=np.int64), counts)
+    order = sorted(distinct)
+    # Each value's step as its index in `order` (looked up per chunk, then repeated).
+    rank = np.repeat(np.searchsorted(np.asarray(order, dtype=np.int64), np.asarray(chunk_steps)), counts)
     ok = np.isfinite(values)
     if window is not None:
+        steps = np.asarray(order, dtype=np.float64)[rank]
         ok &= (times > window[0]) & (times - steps < window[1])
     windows = np.ceil(times[ok] / coarsest - _EPS).astype(np.int64)
-    pairs = np.unique(steps[ok] * _PAIR + windows)  # windows < 2**40 (Unix s / coarsest step)
-    stepped, covers = np.unique(pairs // _PAIR, return_counts=True)
-    covered = dict.fromkeys(distinct, 0)
-    covered.update(zip(stepped.tolist(), covers.tolist(), strict=True))
+    covered = _coverage(rank[ok], windows, order)
     best = max(covered.values())
     step = min(s for s, c in covered.items() if c >= _COVERAGE_SLACK * best)
     return step, [c for c in chunks if c.step == step]
+
+
+#: `_coverage` marks (step, window) cells in a table while it has at most this many cells per value (or
+#: this many in all): a dense table of a few kilobytes; a sparse one (values scattered over a long span)
+#: counts through a sort instead.
+_TABLE_CELLS_PER_VALUE = 8
+_TABLE_CELLS_MIN = 1 << 16
+
+
+def _coverage(rank: np.ndarray, windows: np.ndarray, steps: list[int]) -> dict[int, int]:
+    """How many distinct coarse `windows` each of `steps` (sorted) has values in (`rank[i]`: the index in
+    `steps` of the step of the value in window `windows[i]`). A boolean table over the windows' span when
+    it is small next to the values (the poll's case: a running job's hours), else one unique over packed
+    pairs; the same counts either way (#26 item 2: the unique's sort was most of `_one_step`)."""
+    covered = dict.fromkeys(steps, 0)
+    if windows.size == 0:
+        return covered
+    low = int(windows.min())
+    span = int(windows.max()) - low + 1
+    if span * len(steps) <= max(_TABLE_CELLS_PER_VALUE * windows.size, _TABLE_CELLS_MIN):
+        seen = np.zeros(len(steps) * span, dtype=bool)
+        seen[rank * span + (windows - low)] = True
+        covered.update(zip(steps, seen.reshape(len(steps), span).sum(axis=1).tolist(), strict=True))
+        return covered
+    pairs = np.unique(rank * _PAIR + (windows - low))  # windows - low < span < 2**40
+    ranked, covers = np.unique(pairs // _PAIR, return_counts=True)
+    covered.update(zip([steps[i] for i in ranked.tolist()], covers.tolist(), strict=True))
+    return covered
 
 
 def _first(chunks: list[Chunk], decoded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
