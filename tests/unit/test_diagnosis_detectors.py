@@ -210,3 +210,24 @@ def test_row_nanquantiles_of_no_columns_are_nan_and_a_vector_is_refused():
     assert D.row_nanquantiles(np.zeros((0, 4)), 0.5).shape == (0,)
     with pytest.raises(ValueError, match="2-D"):
         D.row_nanquantiles(np.zeros(4), 0.5)
+
+
+def test_row_nanmedians_equal_numpys_nanmedian_along_rows_bit_for_bit():
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        rows, cols = int(rng.integers(1, 200)), int(rng.integers(1, 70))
+        m = rng.normal(size=(rows, cols)) * [1.0, 1e-3, 1e6][trial % 3] + 0.5
+        m[rng.random((rows, cols)) < rng.random()] = np.nan
+        if trial % 5 == 0:
+            m[-1] = np.nan  # an all-NaN window
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = np.nanmedian(m, axis=1)
+        assert np.array_equal(D.row_nanmedians(m), want, equal_nan=True), trial
+
+
+def test_a_rolling_median_of_an_all_nan_stretch_is_nan_and_of_no_columns_is_nan():
+    x = np.array([1.0, np.nan, np.nan, np.nan, np.nan, np.nan, 3.0])
+    got = D.rolling_median(x, 3)
+    assert got[0] == 1.0 and np.isnan(got[2:5]).all() and got[-1] == 3.0
+    assert np.isnan(D.row_nanmedians(np.zeros((2, 0)))).all()
