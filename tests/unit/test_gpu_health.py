@@ -143,3 +143,21 @@ def test_xid_and_health_fields_share_one_finding() -> None:
     assert f is not None and f.severity is Severity.CRITICAL
     assert "XID" in f.title and "1 HBM rows remapped after uncorrectable errors" in f.title
     assert "XID catalogue" in f.recommendation and "nvidia-smi -r" in f.recommendation
+
+
+def test_the_health_fast_path_skips_only_matrices_whose_every_gpu_row_shows_nothing():
+    from jobs.diagnosis.rules.gpu_errors import _may_show, _rise_mask, counter_increase
+
+    rng = np.random.default_rng(5)
+    for trial in range(400):
+        x = np.full((4, 30), float(trial % 3))
+        if trial % 2:  # one GPU's count moves (a rise, or a drop that is a reset)
+            x[int(rng.integers(0, 4)), int(rng.integers(1, 30)) :] += float(rng.choice([-1.0, 2.0]))
+        x[rng.random(x.shape) < 0.3] = np.nan
+        if trial % 7 == 0:
+            x[:] = np.nan
+        rows_show = any(counter_increase(r) > 0 or _rise_mask(r).any() for r in x)
+        assert _may_show(x, "increase") or not rows_show, trial
+        assert _may_show(x, "state") == bool((np.isfinite(x) & (x > 0)).any())
+    assert not _may_show(np.array([[0.0, np.nan, 0.0], [3.0, 3.0, np.nan]]), "increase")
+    assert _may_show(np.array([[0.0, np.nan, 1.0]]), "increase")

@@ -159,6 +159,20 @@ def aggregate_increase(mean: np.ndarray, count: np.ndarray) -> tuple[float, np.n
     return float(d[up].sum()), mask
 
 
+def _may_show(x: np.ndarray, kind: str) -> bool:
+    """Whether any GPU's row of a health field can show a rise (`kind` "increase": some row's finite
+    samples are not all equal) or a set state (a sample above 0). False lets `_health` skip its per-GPU
+    loop, whose rows would all give nothing: the usual healthy job, 13 fields x every GPU (#26 item 2)."""
+    finite = np.isfinite(x)
+    if kind != "increase":
+        return bool((finite & (x > 0)).any())
+    if not finite.any():
+        return False
+    low = np.where(finite, x, np.inf).min(axis=1)
+    high = np.where(finite, x, -np.inf).max(axis=1)
+    return bool((low < high).any())
+
+
 @dataclass(slots=True)
 class _Seen:
     health: Health
@@ -178,7 +192,7 @@ def _health(f: Features) -> tuple[list[_Seen], list[str]]:
         if data is not None:
             x = data.values[h.key]
             amount, gpus, windows = 0.0, [], []
-            for i, gpu in enumerate(data.gpus):
+            for i, gpu in enumerate(data.gpus) if _may_show(x, h.kind) else ():
                 if h.kind == "increase":
                     inc, mask = counter_increase(x[i]), _rise_mask(x[i])
                 else:
