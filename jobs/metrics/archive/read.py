@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from itertools import compress
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -152,7 +153,7 @@ def _one_step(chunks: list[Chunk], window: tuple[float, float] | None = None) ->
     covered = _coverage(rank[ok], windows, order)
     best = max(covered.values())
     step = min(s for s, c in covered.items() if c >= _COVERAGE_SLACK * best)
-    return step, [c for c in chunks if c.step == step]
+    return step, list(compress(chunks, [s == step for s in chunk_steps]))  # no attribute read per Chunk
 
 
 #: `_coverage` marks (step, window) cells in a table while it has at most this many cells per value (or
@@ -189,6 +190,15 @@ def _first(chunks: list[Chunk], decoded: tuple[np.ndarray, np.ndarray, np.ndarra
     values, times, _ = decoded if decoded is not None else _decoded(chunks)
     finite = np.isfinite(values)
     return float(times[finite].min()) if finite.any() else min(c.first for c in chunks)
+
+
+def _last(chunks: list[Chunk], decoded: tuple[np.ndarray, np.ndarray, np.ndarray]) -> float:
+    """`max(c.last for c in chunks)` from `_decoded(chunks)`: each chunk's last time is its last decoded
+    time (first + (count - 1) x step, the same double), without a property call per chunk (#26 item 2)."""
+    _, times, counts = decoded
+    if counts.size == 0 or counts.min() < 1:  # an empty chunk has no decoded time of its own
+        return max(c.last for c in chunks)
+    return float(times[np.cumsum(counts) - 1].max())
 
 
 def _place(
@@ -345,7 +355,7 @@ def _assemble(
     step, agg = _one_step(agg, window)
     decoded = _decoded(agg)  # one decode for the start and the placement
     start = _first(agg, decoded)
-    end = max(c.last for c in agg)
+    end = _last(agg, decoded)
     ts = grid(start, end, step)
     result = JobSignals(start, end, step, ts)
     lines = sorted({(c.signal, c.stat) for c in agg})
