@@ -42,6 +42,7 @@ class Features:
         self._level_cache: dict[tuple[str, float, bool], float | None] = {}
         self._per_gpu_cache: dict[tuple[str, float], tuple[GpuData, np.ndarray] | None] = {}
         self._matrix_cache: dict[tuple[str, tuple[str, ...], bytes], np.ndarray] = {}
+        self._order_cache: dict[tuple[tuple[object, ...], ...], tuple[list[str], dict[str, int]]] = {}
 
     # ---------------------------------------------------------------------------------- aggregates
 
@@ -172,8 +173,7 @@ class Features:
         assert first is not None and first.gpu_timestamps is not None
         ts = np.asarray(first.gpu_timestamps, dtype=np.float64)
         step = float(ts[1] - ts[0]) if ts.size > 1 else self.step
-        names = sorted({str(g) for s in series if s is not None for g in s.gpus}, key=_gpu_order)
-        row_of = {n: i for i, n in enumerate(names)}
+        names, row_of = self._gpu_order_of(tuple(s.gpus for s in series if s is not None))
         values: dict[str, np.ndarray] = {}
         grid = (tuple(names), ts.tobytes())
         for key, s in zip(keys, series, strict=True):
@@ -197,6 +197,16 @@ class Features:
             values[key] = out
         hosts = tuple(n.rpartition("/")[0] for n in names)
         return GpuData(tuple(names), hosts, ts, step, values)
+
+    def _gpu_order_of(self, gpu_lists: tuple[tuple[object, ...], ...]) -> tuple[list[str], dict[str, int]]:
+        """The union of the series' GPUs in host/index order and each one's row: the same few lists are
+        aligned a dozen times a diagnosis, so they are sorted once (#26 item 2)."""
+        got = self._order_cache.get(gpu_lists)
+        if got is None:
+            names = sorted({str(g) for gpus in gpu_lists for g in gpus}, key=_gpu_order)
+            got = (names, {n: i for i, n in enumerate(names)})
+            self._order_cache[gpu_lists] = got
+        return got
 
     def _capture_cols(self, ts: np.ndarray) -> np.ndarray:
         mask = np.zeros(ts.size, dtype=bool)
