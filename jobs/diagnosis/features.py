@@ -42,7 +42,9 @@ class Features:
         self._level_cache: dict[tuple[str, float, bool], float | None] = {}
         self._per_gpu_cache: dict[tuple[str, float], tuple[GpuData, np.ndarray] | None] = {}
         self._matrix_cache: dict[tuple[str, tuple[str, ...], bytes], np.ndarray] = {}
-        self._order_cache: dict[tuple[tuple[object, ...], ...], tuple[list[str], dict[str, int]]] = {}
+        self._order_cache: dict[
+            tuple[int, ...], tuple[tuple[tuple[object, ...], ...], list[str], dict[str, int]]
+        ] = {}
 
     # ---------------------------------------------------------------------------------- aggregates
 
@@ -201,12 +203,15 @@ class Features:
     def _gpu_order_of(self, gpu_lists: tuple[tuple[object, ...], ...]) -> tuple[list[str], dict[str, int]]:
         """The union of the series' GPUs in host/index order and each one's row: the same few lists are
         aligned a dozen times a diagnosis, so they are sorted once (#26 item 2)."""
-        got = self._order_cache.get(gpu_lists)
+        # Keyed by the lists' identities (GpuKey's dataclass hash and == cost more than the sort); the
+        # entry holds the lists, so no id is reused while it is cached.
+        key = tuple(id(gpus) for gpus in gpu_lists)
+        got = self._order_cache.get(key)
         if got is None:
             names = sorted({str(g) for gpus in gpu_lists for g in gpus}, key=_gpu_order)
-            got = (names, {n: i for i, n in enumerate(names)})
-            self._order_cache[gpu_lists] = got
-        return got
+            got = (gpu_lists, names, {n: i for i, n in enumerate(names)})
+            self._order_cache[key] = got
+        return got[1], got[2]
 
     def _capture_cols(self, ts: np.ndarray) -> np.ndarray:
         mask = np.zeros(ts.size, dtype=bool)
