@@ -20,6 +20,46 @@ from jobs.metrics.signals import SIGNALS, JobSignals
 
 PROFILING_KEYS: tuple[str, ...] = tuple(k for k, s in SIGNALS.items() if s.field.startswith("DCGM_FI_PROF_"))
 
+#: The GPU signals whose per-GPU rows the rules read (`Features.gpu_data`, `level`, `per_gpu_level`): the
+#: utilisation, the levels the rules compare, the straggler's clocks and throttle reasons, the XID and
+#: health fields (jobs.diagnosis.rules.gpu_errors.HEALTH). The diagnosis loads per-GPU rows of these only
+#: (jobs.pipeline.findings: a fifth of a default exporter's per-GPU archive is fb_free, mem_clock,
+#: mem_copy_util, NVLink bandwidth and energy, which no rule reads per GPU; #26 item 2). `gpu_data` refuses
+#: any other GPU signal, so a rule that needs one fails its tests until it is added here.
+PER_GPU_KEYS: frozenset[str] = frozenset(
+    {
+        "gpu_util",
+        "gr_engine_active",
+        "sm_active",
+        "sm_occupancy",
+        "tensor_active",
+        "dram_active",
+        "fp32_active",
+        "sm_clock",
+        "clock_throttle_reasons",
+        "fb_used",
+        "gpu_temp",
+        "memory_temp",
+        "power_usage",
+        "pcie_rx_bytes",
+        "pcie_tx_bytes",
+        "xid_errors",
+        "ecc_sbe_volatile",
+        "ecc_dbe_volatile",
+        "retired_pending",
+        "retired_dbe",
+        "correctable_remapped_rows",
+        "uncorrectable_remapped_rows",
+        "row_remap_failure",
+        "row_remap_pending",
+        "nvlink_crc_flit_errors",
+        "nvlink_crc_data_errors",
+        "nvlink_replay_errors",
+        "nvlink_recovery_errors",
+        "pcie_replay",
+    }
+)
+
 
 @dataclass(frozen=True, slots=True)
 class GpuData:
@@ -161,6 +201,11 @@ class Features:
         wanted = tuple(k for k in keys if k)
         if wanted in self._gpu_cache:
             return self._gpu_cache[wanted]
+        unlisted = [k for k in wanted if k in SIGNALS and k not in PER_GPU_KEYS]
+        if unlisted:
+            raise ValueError(
+                f"per-GPU rows of {unlisted} are not loaded for the diagnosis: add to PER_GPU_KEYS"
+            )
         result = self._align(wanted)
         self._gpu_cache[wanted] = result
         return result

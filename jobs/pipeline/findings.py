@@ -19,6 +19,7 @@ from django.utils import timezone
 from jobs.diagnosis import ArtifactAnalysis, DiagnosisInput
 from jobs.diagnosis import Finding as Diagnosis
 from jobs.diagnosis.belonging import diagnose_checked
+from jobs.diagnosis.features import PER_GPU_KEYS
 from jobs.evaluation.baselines import active_baseline
 from jobs.evaluation.load import DEFAULT_STEP_S, reference_mfu
 from jobs.evaluation.monitoring_logs import with_monitoring_logs
@@ -78,8 +79,9 @@ def build_checked_input(job: Job) -> tuple[DiagnosisInput, list[ArtifactAnalysis
     gpu = job.gpu_model
     baseline = active_baseline(job)
     # At the resolution the evaluation reads (archive.EVALUATION_MAX_POINTS: the tiers for a long job), so a
-    # running job's re-diagnosis costs the same every 10 minutes instead of growing with its GPU-hours.
-    signals = load_for_evaluation(job)
+    # running job's re-diagnosis costs the same every 10 minutes instead of growing with its GPU-hours;
+    # per-GPU rows only of the signals the rules read per GPU (features.PER_GPU_KEYS, #26 item 2).
+    signals = load_for_evaluation(job, per_gpu=PER_GPU_KEYS)
     evaluated = job.evaluated
     # The coarser of the scrape interval and the archive's step is what a pattern must outlast to be seen.
     scrape = float(settings.PROMETHEUS_SCRAPE_INTERVAL_S)

@@ -617,3 +617,33 @@ def test_real_pyspy_profile_of_a_tokenizer_points_at_the_input_pipeline():
     f = run("data_pipeline_stall", art_input(ArtifactAnalysis("pyspy_speedscope", py, "bpe")))
     assert f is not None and "py-spy" in f.sources
     assert any("bpe" in e.label for e in f.evidence)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_per_gpu_rows_outside_per_gpu_keys_change_no_finding(scenario):
+    """The diagnosis loads per-GPU rows of PER_GPU_KEYS only (jobs.pipeline.findings): the findings of a
+    job with every per-GPU row equal those without the others."""
+    from jobs.diagnosis.features import PER_GPU_KEYS
+
+    full = sim_input(scenario, gpus=16)
+    assert full.signals is not None
+    narrow = copy.deepcopy(full)
+    assert narrow.signals is not None
+    dropped = 0
+    for key, series in narrow.signals.signals.items():
+        if key not in PER_GPU_KEYS and series.per_gpu is not None:
+            series.per_gpu, series.gpu_timestamps, series.gpus = None, None, ()
+            dropped += 1
+    assert dropped >= 5  # fb_free, mem_clock, energy, NVLink bytes ... were there to drop
+
+    def seen(inp: DiagnosisInput) -> list[tuple[Any, ...]]:
+        return [(f.code, f.severity, f.confidence, f.title, f.windows, f.evidence) for f in diagnose(inp)]
+
+    assert seen(narrow) == seen(full)
+
+
+def test_features_refuse_per_gpu_rows_of_a_signal_the_diagnosis_does_not_load():
+    f = Features(sim_input("healthy"))
+    assert f.gpu_data(("sm_active",)) is not None
+    with pytest.raises(ValueError, match="PER_GPU_KEYS"):
+        f.gpu_data(("mem_clock",))
