@@ -343,22 +343,6 @@ def poll_cycle(
         lock.release()
 
 
-def _store_jobs(
-    client: PrometheusClient,
-    now: datetime,
-    jobs: dict[int, Job],
-    inputs: dict[int, tuple[JobSignals, float]],
-    archived_rows: bool,
-    neighbours: Neighbours | None,
-    shared: CycleContext | None,
-) -> dict[int, Job]:
-    """Store, evaluate, diagnose (when due) and alert on each job of `inputs` (its new signals and window
-    end), then write their derived rows in one upsert: the cycle's per-job work, in the cycle's process or
-    in one shard. One job's failure marks that job stale, never the others."""
-    with _collect_young_only():
-        return _store_all(client, now, jobs, inputs, archived_rows, neighbours, shared)
-
-
 @contextmanager
 def _collect_young_only() -> Iterator[None]:
     """Keep the cyclic GC's full collections off the objects that existed before (`gc.freeze`): a cycle
@@ -378,7 +362,8 @@ def _collect_young_only() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _store_all(
+@_collect_young_only()  # a ContextDecorator: each call freezes anew
+def _store_jobs(
     client: PrometheusClient,
     now: datetime,
     jobs: dict[int, Job],
@@ -387,7 +372,9 @@ def _store_all(
     neighbours: Neighbours | None,
     shared: CycleContext | None,
 ) -> dict[int, Job]:
-    """`_store_jobs`' work: the batches, then the derived rows in one upsert."""
+    """Store, evaluate, diagnose (when due) and alert on each job of `inputs` (its new signals and window
+    end), then write their derived rows in one upsert: the cycle's per-job work, in the cycle's process or
+    in one shard. One job's failure marks that job stale, never the others."""
     done: dict[int, Job] = {}
     derived: list[Any] = []
     keys = list(inputs)
