@@ -46,6 +46,16 @@ def nanquantile(x: npt.ArrayLike, q: float) -> float | None:
     return float(np.quantile(a, q)) if a.size else None
 
 
+def _sorted_rows(matrix: npt.ArrayLike, name: str) -> tuple[FloatArray, npt.NDArray[np.intp]]:
+    """A 2-D array's rows sorted (NaN last) and each row's count of non-NaN values; `name` (the caller)
+    is in the error for anything but a 2-D array."""
+    a = as_float(matrix)
+    if a.ndim != 2:
+        raise ValueError(f"{name} needs a 2-D array, got shape {a.shape}")
+    a = np.sort(a, axis=1)
+    return a, np.count_nonzero(~np.isnan(a), axis=1)
+
+
 def row_nanquantiles(matrix: npt.ArrayLike, q: float) -> FloatArray:
     """Each row's q-quantile of its non-NaN values (NaN for a row with none): bit for bit what
     `np.nanquantile(matrix, q, axis=1)` (method "linear") gives, without its Python loop over rows.
@@ -56,14 +66,10 @@ def row_nanquantiles(matrix: npt.ArrayLike, q: float) -> FloatArray:
     The same arithmetic on the same doubles gives the same result; a sort gives the order statistics its
     partition does. Per-row overhead was most of the diagnosis' CPU on a small job (#26 item 2).
     """
-    a = as_float(matrix)
-    if a.ndim != 2:
-        raise ValueError(f"row_nanquantiles needs a 2-D array, got shape {a.shape}")
+    a, n = _sorted_rows(matrix, "row_nanquantiles")
     rows = a.shape[0]
     if a.size == 0:
         return np.full(rows, np.nan)
-    a = np.sort(a, axis=1)  # NaN sorts last
-    n = np.count_nonzero(~np.isnan(a), axis=1)
     virtual = (n - 1) * np.float64(q)
     below = np.floor(virtual)
     last = virtual >= n - 1
@@ -117,14 +123,10 @@ def row_nanmedians(matrix: npt.ArrayLike) -> FloatArray:
     count (x + x) / 2 = x; the same doubles give the same result. Rows must hold no infinities (numpy's
     masked median sorts them among the masked NaNs); callers pass exporter samples, which are finite or NaN.
     """
-    a = as_float(matrix)
-    if a.ndim != 2:
-        raise ValueError(f"row_nanmedians needs a 2-D array, got shape {a.shape}")
+    a, n = _sorted_rows(matrix, "row_nanmedians")
     rows = a.shape[0]
     if a.size == 0:
         return np.full(rows, np.nan)
-    a = np.sort(a, axis=1)  # NaN sorts last
-    n = np.count_nonzero(~np.isnan(a), axis=1)
     hi = n // 2
     lo = np.where(n % 2 == 1, hi, hi - 1)
     empty = n == 0
