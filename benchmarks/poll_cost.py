@@ -52,21 +52,25 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.on = False
-        self.sent: list[tuple[str, str, Any, Any]] = []
+        self.sent: list[tuple[str, str, Any, Any, Any]] = []
         self._original = _setup.tap_requests(self._seen)
 
     def _seen(self, method: str, url: str, kwargs: dict[str, Any]) -> None:
         if self.on:
-            self.sent.append((method, url, kwargs.get("data"), kwargs.get("params")))
+            # The headers too: the client asks for uncompressed answers unless PROMETHEUS_COMPRESSION is
+            # on, and a replay asking for gzip (requests' default) would bill Prometheus for compressing.
+            self.sent.append((method, url, kwargs.get("data"), kwargs.get("params"), kwargs.get("headers")))
 
     def replay(self, workers: int, timeout_s: float) -> float:
         """Send the recorded requests again (`workers` at a time); returns the wall seconds."""
         session = requests.Session()
         original = self._original
 
-        def send(item: tuple[str, str, Any, Any]) -> None:
-            method, url, data, params = item
-            resp = original(session, method, url, data=data, params=params, timeout=timeout_s)
+        def send(item: tuple[str, str, Any, Any, Any]) -> None:
+            method, url, data, params, headers = item
+            resp = original(
+                session, method, url, data=data, params=params, headers=headers, timeout=timeout_s
+            )
             resp.raise_for_status()
             _ = resp.content  # the whole body, as the client reads it
 
