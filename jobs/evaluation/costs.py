@@ -157,6 +157,9 @@ def spread(usd_per_day: float, hours: float) -> float:
     return usd_per_day / HOURS_PER_DAY * _non_negative("hours", hours)
 
 
+#: Why a job's cost (and so its waste) is unknown: the evaluation found no price in the book.
+NO_PRICE_REASON = "no price for the job's GPU model and tier"
+
 #: Why a dated cost that is not $0 has no known waste when the job's stored cost rate is $0/day.
 ZERO_RATE_REASON = "the job was priced at $0/day when evaluated, so the share of its spend wasted is unknown"
 
@@ -164,27 +167,23 @@ ZERO_RATE_REASON = "the job was priced at $0/day when evaluated, so the share of
 def waste_of_cost(per_day: Amount, cost_per_day: float | None, cost: float | None) -> Amount:
     """The waste of a dated cost (a job's total `Job.cost_usd`, or its cost inside a period): the share of
     its spend wasted (`waste_share` of its stored waste and cost rates) x that cost. The one rule for a
-    job's total waste (`total_waste`) and a period's (jobs.evaluation.totals.waste_inside, the leaderboard's
-    SQL), so the periods covering a run add up to the job's total even when the price changed during it.
+    job's total waste (of `Job.cost_usd`: templatetags.units.job_waste_total) and a period's
+    (jobs.evaluation.totals.waste_inside, the leaderboard's SQL), so the periods covering a run add up to
+    the job's total even when the price changed during it.
 
     Keeps the rate's kind: a lower bound ("at least" the idle waste) stays one with its reason; an unknown
-    rate stays unknown with its reason; an unknown cost (no price) makes the waste unknown; a $0/day rate
-    gives no share, which is harmless only for a $0 cost."""
-    if per_day.usd is None or cost is None or cost_per_day is None:
+    rate stays unknown with its reason; an unknown cost makes the waste unknown for want of a price
+    (`NO_PRICE_REASON`); a $0/day rate gives no share, which is harmless only for a $0 cost."""
+    if per_day.usd is None:
         return Amount(None, reason=per_day.reason)
+    if cost is None or cost_per_day is None:
+        return Amount(None, reason=NO_PRICE_REASON)
     share = waste_share(per_day.usd, cost_per_day)
     if share is None:
         if cost != 0:
             return Amount(None, reason=ZERO_RATE_REASON)
         share = 0.0
     return Amount(share * cost, per_day.lower_bound, per_day.reason)
-
-
-def total_waste(per_day: Amount, cost_per_day: float | None, cost_usd: float | None) -> Amount:
-    """A job's total waste in USD: `waste_of_cost` of its stored total cost (`Job.cost_usd`, from the dated
-    price book, so far while it runs) with its stored rates. Unknown, with the reason, when the cost is
-    (no price) or the rate is."""
-    return waste_of_cost(per_day, cost_per_day, cost_usd)
 
 
 @dataclass(frozen=True)
@@ -224,7 +223,7 @@ def split_waste(
     the idle waste. Only when the busy GPUs beat the reference is idle time the larger (and real) loss.
     """
     if daily_cost is None:
-        return Waste(None, None, None, None, "no price for the job's GPU model and tier")
+        return Waste(None, None, None, None, NO_PRICE_REASON)
     cost = _non_negative("daily_cost", daily_cost)
     idle = None
     if idle_share is not None:

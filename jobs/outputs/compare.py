@@ -343,7 +343,7 @@ KPIS: tuple[Kpi, ...] = (
         "Waste (total)",
         "usd",
         "lower",
-        "share of the spend wasted × the total cost from the price book (costs.total_waste)",
+        "share of the spend wasted × the total cost from the price book (costs.waste_of_cost)",
         False,
     ),
     Kpi(

@@ -8,7 +8,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from jobs.evaluation.costs import Amount, format_usd, total_waste
+from jobs.evaluation.costs import NO_PRICE_REASON, Amount, format_usd, waste_of_cost
 from jobs.outputs.numbers import format_number
 
 register = template.Library()
@@ -22,7 +22,7 @@ MONEY_UNITS = {
     "month": " this month",
     "period": " in the period",
 }
-NO_PRICE = "no price for the job's GPU model and tier"
+NO_PRICE = NO_PRICE_REASON
 
 _MISSING = mark_safe('<span class="na" title="not available">—</span>')
 
@@ -157,8 +157,5 @@ def job_cost_total(job: Any) -> Amount:
 @register.filter
 def job_waste_total(job: Any) -> Amount:
     """The job's total waste: the share of its spend wasted × its stored total cost from the dated price
-    book (jobs.evaluation.costs.total_waste); unknown without a price."""
-    amount = job.waste_amount
-    if job.cost_usd is None and amount.usd is not None:
-        return Amount(None, reason=NO_PRICE)
-    return total_waste(amount, job.cost_per_day_usd, job.cost_usd)
+    book (jobs.evaluation.costs.waste_of_cost, as a period's waste); unknown without a price."""
+    return waste_of_cost(job.waste_amount, job.cost_per_day_usd, job.cost_usd)

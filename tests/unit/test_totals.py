@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.evaluation.costs import Amount, spread, total_waste
+from jobs.evaluation.costs import Amount, spread, waste_of_cost
 from jobs.evaluation.totals import (
     JobRates,
     cost_inside,
@@ -128,7 +128,7 @@ def test_a_jobs_total_waste_is_its_waste_inside_its_whole_run() -> None:
     stored_total_cost = cost_inside(
         job, job.started, job.stopped
     )  # the book's cost of the run, as kpis stores it
-    assert total_waste(Amount(48.0), job.cost_per_day_usd, stored_total_cost) == whole
+    assert waste_of_cost(Amount(48.0), job.cost_per_day_usd, stored_total_cost) == whole
 
 
 def test_weighted_mfu_weights_by_peak_equivalent_hours_and_skips_unknown_mfu() -> None:

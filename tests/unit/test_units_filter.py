@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from django.template import Context, Template
 
-from jobs.evaluation.costs import Amount, total_waste
+from jobs.evaluation.costs import Amount, waste_of_cost
 from jobs.evaluation.schema import Evaluation
 from jobs.templatetags.units import (
     job_cost_total,
@@ -152,15 +152,15 @@ def test_job_waste_total_keeps_the_lower_bound() -> None:
 
 
 def test_total_waste_is_the_wasted_share_of_the_stored_cost_and_unknown_without_one() -> None:
-    assert total_waste(Amount(100.0), 400.0, 1200.0).usd == pytest.approx(300.0)  # 25 % of $1,200
-    assert total_waste(Amount(100.0), None, None).usd is None  # no price: no cost, no waste
-    assert total_waste(Amount(100.0), 400.0, None).usd is None
-    bound = total_waste(Amount(40.0, lower_bound=True, reason="MFU unknown"), 400.0, 1200.0)
+    assert waste_of_cost(Amount(100.0), 400.0, 1200.0).usd == pytest.approx(300.0)  # 25 % of $1,200
+    assert waste_of_cost(Amount(100.0), None, None).usd is None  # no price: no cost, no waste
+    assert waste_of_cost(Amount(100.0), 400.0, None).usd is None
+    bound = waste_of_cost(Amount(40.0, lower_bound=True, reason="MFU unknown"), 400.0, 1200.0)
     assert (bound.usd, bound.lower_bound, bound.reason) == (pytest.approx(120.0), True, "MFU unknown")
-    assert total_waste(Amount(None, reason="MFU unknown"), 400.0, 1200.0).reason == "MFU unknown"
+    assert waste_of_cost(Amount(None, reason="MFU unknown"), 400.0, 1200.0).reason == "MFU unknown"
     # Priced at $0/day: nothing spent is nothing wasted; a cost that is not $0 has no known share.
-    assert total_waste(Amount(0.0), 0.0, 0.0).usd == 0.0
-    assert total_waste(Amount(0.0), 0.0, 5.0).usd is None
+    assert waste_of_cost(Amount(0.0), 0.0, 0.0).usd == 0.0
+    assert waste_of_cost(Amount(0.0), 0.0, 5.0).usd is None
 
 
 def test_job_waste_total_follows_the_dated_cost_when_the_price_changed_during_the_run() -> None:
