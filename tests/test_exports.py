@@ -49,7 +49,6 @@ def jobs(team, make_team):
             ended_at=start + timedelta(hours=hours), gpu_count=8, gpu_hours=8.0 * hours, mfu=0.3,
             cost_usd=20.0 * hours, cost_per_day_usd=480.0, waste_per_day_usd=160.0,
             waste_lower_bound_per_day_usd=160.0, status=Job.Status.FINALIZED,
-            # The totals read the stored evaluation's duration (templatetags.units.job_duration_s).
             evaluation=encode(Evaluation(duration_s=hours * 3600.0, gpu_hours=8.0 * hours)),
         )  # fmt: skip
         fields.update(kw)

@@ -22,7 +22,6 @@ MONEY_UNITS = {
     "month": " this month",
     "period": " in the period",
 }
-NO_PRICE = NO_PRICE_REASON
 
 _MISSING = mark_safe('<span class="na" title="not available">—</span>')
 
@@ -133,24 +132,11 @@ def money_header(label: str, unit: str) -> str:
     return f"{label} (${money_unit(unit)})"
 
 
-def job_duration_s(job: Any) -> float | None:
-    """The evaluated job's duration in seconds, as its stored evaluation has it (`Evaluation.duration_s`).
-
-    Never rebuilt from the GPU-hours: those are GPU-equivalents × duration, and on shared (time-sliced) or
-    MIG GPUs the GPU-equivalents are GPUs × the job's share (jobs.evaluation.sharing), so dividing by the GPU
-    count gave share × duration (8 GPUs at 4 GPU-equivalents for a day: half a day, half the total).
-    None before the first evaluation (or after a schema change)."""
-    evaluated = job.evaluated
-    if evaluated is None:
-        return None
-    return float(evaluated.duration_s)
-
-
 @register.filter
 def job_cost_total(job: Any) -> Amount:
     """The job's stored total cost (so far while it runs), or unknown without a price."""
     if job.cost_usd is None:
-        return Amount(None, reason=NO_PRICE)
+        return Amount(None, reason=NO_PRICE_REASON)
     return Amount(job.cost_usd)
 
 

@@ -65,8 +65,8 @@ _LIST_FIELDS = (
     "ended_at", "mfu", "sm_active_mean", "gpu_hours", "cost_usd", "waste_per_day_usd",
     "waste_lower_bound_per_day_usd", "waste_unknown_reason",
     "team__name", "team__slug", "gpu_model__name",
-    # The totals read the stored evaluation's duration (templatetags.units.job_duration_s).
-    "evaluation",
+    # The total waste is the wasted share of the stored cost (templatetags.units.job_waste_total).
+    "cost_per_day_usd",
 )  # fmt: skip
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,6 @@ from jobs.evaluation.costs import Amount, waste_of_cost
 from jobs.evaluation.schema import Evaluation
 from jobs.templatetags.units import (
     job_cost_total,
-    job_duration_s,
     job_waste_total,
     money,
     money_header,
@@ -103,7 +102,6 @@ def _job(duration_s: float | None = 7200.0, **kw: object) -> SimpleNamespace:
 
 def test_job_totals_from_the_stored_columns() -> None:
     job = _job()
-    assert job_duration_s(job) == pytest.approx(7200.0)
     assert job_cost_total(job) == Amount(64.0)
     # $240/day × 1/12 day = $20 of waste in total.
     total = job_waste_total(job)
@@ -123,7 +121,6 @@ def test_job_totals_unknown_stay_unknown() -> None:
     assert job_waste_total(no_price).reason == "no price for the job's GPU model and tier"
     not_evaluated = _job(duration_s=None, gpu_hours=None, cost_usd=None, cost_per_day_usd=None,
                          waste_per_day_usd=None, waste_lower_bound_per_day_usd=None)  # fmt: skip
-    assert job_duration_s(not_evaluated) is None
     assert job_waste_total(not_evaluated).usd is None
     # A rate without a stored total cost (no price in the book for the job's hours) is no total either.
     assert job_waste_total(_job(cost_usd=None)).usd is None
@@ -136,7 +133,6 @@ def test_the_total_on_shared_gpus_uses_the_stored_duration_not_gpu_hours_over_gp
     # 96 GPU-h / 8 GPUs = 12 h rebuilt the duration as half a day and showed $91.47.
     shared = _job(duration_s=86_400.0, gpu_hours=96.0, gpu_count=8, waste_per_day_usd=182.94,
                   waste_lower_bound_per_day_usd=182.94, cost_usd=731.76, cost_per_day_usd=731.76)  # fmt: skip
-    assert job_duration_s(shared) == pytest.approx(86_400.0)
     total = job_waste_total(shared)
     assert total.usd == pytest.approx(182.94)
     assert money(total, "total") == "$183 total"  # format_usd: whole dollars from $100
