@@ -72,6 +72,18 @@ def _job_or_404(request: HttpRequest, external_id: str) -> Job:
     )
 
 
+def _stamped_job_or_404(request: HttpRequest, external_id: str) -> Job:
+    """`_job_or_404` with only the columns a view from a kept body uses (VIEW_FIELDS) and the content stamp
+    (jobs.views.job_page_cache), read and scope-checked in one statement."""
+    qs = Job.objects.only(*VIEW_FIELDS).annotate(page_stamp=job_page_cache.content_stamp())
+    return readable_job_or_404(request.user, qs, external_id=external_id)
+
+
+def _full_job(seen: Job) -> Job:
+    """The whole job (with team and GPU model) after `_stamped_job_or_404` read and scope-checked it."""
+    return Job.objects.select_related("team", "gpu_model").get(pk=seen.pk)
+
+
 @require_GET
 def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     """The job page: KPIs with definitions, correlated time series with finding windows, per-GPU heatmap,
@@ -82,18 +94,17 @@ def job_detail(request: HttpRequest, external_id: str) -> HttpResponse:
     a warm view reads the session, the user, the job with its content stamp and the viewer's teams."""
     # Only the columns a view from a kept body uses: the full job (~90 columns with its team and GPU model)
     # costs more to compile and build than the rest of such a view; a body to render reads it again.
-    qs = Job.objects.only(*VIEW_FIELDS).annotate(page_stamp=job_page_cache.content_stamp())
-    job = readable_job_or_404(request.user, qs, external_id=external_id)
+    job = _stamped_job_or_404(request, external_id)
     can_write = can_write_team(request.user, job.team_id)
-    key = job_page_cache.body_key(job, can_write, is_staff(request.user))
+    staff = is_staff(request.user)
+    key = job_page_cache.body_key(job, can_write, staff)
     pending = get_messages(request)
     # Messages are placed inside the body (beside the form that caused them): such a view is not kept. A job
     # never polled nor ended spans up to now (job_span_s), which no stamp follows: not kept either.
     keep = not len(pending) and (job.ended_at is not None or job.data_until is not None)
     body = job_page_cache.bodies().get(key) if keep else None
     if body is None:
-        full = Job.objects.select_related("team", "gpu_model").get(pk=job.pk)
-        body = render_body(full, can_write=can_write, staff=key[2], messages=list(pending))
+        body = render_body(_full_job(job), can_write=can_write, staff=staff, messages=list(pending))
         if keep:
             job_page_cache.bodies().put(key, body)
     compare = render_to_string(
@@ -259,13 +270,14 @@ def job_figures(request: HttpRequest, external_id: str) -> HttpResponse:
     key = None
     # Only a roofline stamp as the page sends it is a key (16 hex digits): other values answer the same.
     if whole and (not known or re.fullmatch(r"[0-9a-f]{16}", known)):
-        qs = Job.objects.only(*VIEW_FIELDS).annotate(page_stamp=job_page_cache.content_stamp())
-        seen = readable_job_or_404(request.user, qs, external_id=external_id)
+        seen = _stamped_job_or_404(request, external_id)
         key = ("figures", job_page_cache.stamp_of(seen), points_param(request), known, accepts_gzip(request))
         kept = job_page_cache.bodies().get(key)
         if kept is not None:
             return figures_answer(fill(kept, {}), gzipped=key[4])
-    job = _job_or_404(request, external_id)
+        job = _full_job(seen)  # read and scope-checked above: not a second permission query
+    else:
+        job = _job_or_404(request, external_id)
     statuses = list(job.artifacts.values_list("id", "status"))
     body: dict[str, Any] = {
         "status": job.status,

@@ -25,6 +25,7 @@ file, clear the bodies (`setting_changed`, `file_changed`)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from django.conf import settings
@@ -98,6 +99,13 @@ def content_stamp() -> RawSQL:
     """An annotation for a Job queryset: the md5 of every row the job page's body is drawn from (see the
     module's docstring). Rows are hashed as Postgres prints them; ROW(...)::text, unlike concat_ws, tells a
     NULL from an empty string and keeps each part in its place."""
+    return RawSQL(_stamp_sql(), ())
+
+
+@functools.cache
+def _stamp_sql() -> str:
+    """The stamp's SQL, built once per process: it depends only on the models' tables (every page view and
+    every minute's figures poll asks for it)."""
     tables: dict[str, type[Model]] = {
         "job": Job, "team": Team, "gpu": GpuModel, "finding": Finding, "artifact": Artifact,
         "incident": AlertIncident, "baseline": Baseline, "runs": Baseline.runs.through,
@@ -105,7 +113,7 @@ def content_stamp() -> RawSQL:
     }  # fmt: skip
     names = {k: connection.ops.quote_name(m._meta.db_table) for k, m in tables.items()}
     parts = ", ".join(p.format(**names) for p in _STAMP_PARTS)
-    return RawSQL(f"md5(ROW({parts})::text)", ())
+    return f"md5(ROW({parts})::text)"
 
 
 def stamp_of(job: Job) -> str:
