@@ -1,5 +1,6 @@
-"""`{% compare_candidates job as runs %}`: the runs a job page offers to compare with (previous and next
-run of the same config fingerprint or model, the baseline's runs), each as before/after ids.
+"""`compare_runs`: the runs a job page offers to compare with (previous and next run of the same config
+fingerprint or model, the baseline's runs), each as before/after ids; the page fills them in per viewer
+(jobs/_job_compare.html, jobs.views.job).
 
 The neighbours are cached per (job, viewer): finding them is one UNION of four scoped queries, about a
 fifth of a warm job page's CPU (issue 26 item 4, cProfile of the test client), and they change only when a
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django import template
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
@@ -25,9 +25,8 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from jobs.access.permissions import is_staff, readable_jobs, readable_team_ids
-from jobs.models import Baseline, Job
+from jobs.models import Job
 
-register = template.Library()
 BASELINE_RUNS = 5
 #: The Job fields a candidate link uses (template: name, external_id, started_at; matching: the rest).
 _LINK_FIELDS = ("id", "external_id", "name", "team_id", "started_at", "config_fingerprint", "model_name")
@@ -128,21 +127,10 @@ def cached_neighbours(job: Job, user: Any, with_readable: bool) -> tuple[list[Ru
     return list(entry["runs"]), entry.get("readable")
 
 
-@register.simple_tag(takes_context=True)
-def compare_candidates(
-    context: template.Context, job: Job, baseline: Baseline | str | None = None
-) -> list[dict[str, Any]]:
-    """Previous / next run with the same config fingerprint, else of the same model; the runs of
-    `baseline` (the page's already-loaded active baseline, runs prefetched). Earlier run first (A = before).
-    Only runs the viewer may read are offered. No query while the cached neighbours hold
-    (`cached_neighbours`)."""
-    request = context.get("request")
-    runs = baseline.runs.all() if isinstance(baseline, Baseline) else None
-    return compare_runs(job, getattr(request, "user", None), runs)
-
-
 def compare_runs(job: Job, user: Any, baseline_runs: Iterable[Run | Job] | None) -> list[dict[str, Any]]:
-    """`compare_candidates` for `user`, with the baseline's runs as given (None: the job has no baseline):
+    """Previous / next run with the same config fingerprint, else of the same model, and the baseline's runs,
+    for `user` (only runs the viewer may read; earlier run first, A = before), with the baseline's runs as
+    given (None: the job has no baseline):
     the job page's view passes them from its cached body (`as_run` of each), so it reads no baseline."""
     with_baseline = baseline_runs is not None  # the readable teams are read only to filter baseline runs
     neighbours, readable = cached_neighbours(job, user, with_readable=with_baseline)
