@@ -43,7 +43,7 @@ from jobs.metrics.promql import (
     validate_label_name,
     validate_metric_name,
 )
-from jobs.metrics.sampling import PROMETHEUS_RESOLUTION_S, place_on_grid
+from jobs.metrics.sampling import grid_frame, place_on_grid
 
 __all__ = [
     "HOST_LABELS",
@@ -134,8 +134,8 @@ class Series:
         """
         if len(grid) == 0 or len(self.timestamps) == 0:
             return np.full(len(grid), np.nan)
-        step = float(grid[1] - grid[0]) if len(grid) > 1 else PROMETHEUS_RESOLUTION_S
-        return place_on_grid(self.timestamps, self.values, float(grid[0]), step, len(grid))
+        origin, step = grid_frame(grid)
+        return place_on_grid(self.timestamps, self.values, origin, step, len(grid))
 
 
 @dataclass(frozen=True, slots=True)

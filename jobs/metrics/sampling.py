@@ -90,17 +90,17 @@ def lattice_point(t: float, step_s: float) -> float:
     return math.ceil(t / step_s - _EPS) * step_s
 
 
-def grid_columns(times: npt.ArrayLike, origin: float, step_s: float) -> np.ndarray:
+def grid_columns(times: npt.ArrayLike, origin: npt.ArrayLike, step_s: npt.ArrayLike) -> np.ndarray:
     """Column of each timestamp on the grid origin + k*step: the point closing the window that holds it.
 
     A sample exactly on a grid point (up to float noise) keeps that point. An off-grid sample goes to the
     next point, never to the nearest: rounding a half-step offset (`np.rint`, which rounds .5 to even)
     sends two consecutive samples to one column and leaves the next column empty, while with the
     ceiling samples one step apart always land in consecutive columns. Columns may fall outside
-    [0, size); callers drop those.
+    [0, size); callers drop those. `origin` and `step_s` may be arrays, one per timestamp (`place_rows`).
     """
     t = np.asarray(times, dtype=np.float64)
-    return np.ceil((t - origin) / step_s - _EPS).astype(np.int64)
+    return np.ceil((t - np.asarray(origin)) / np.asarray(step_s) - _EPS).astype(np.int64)
 
 
 def place_on_grid(
@@ -170,7 +170,7 @@ def place_rows(
     row = np.repeat(np.arange(n), lengths)
     t = np.concatenate(times).astype(np.float64, copy=False)
     v = np.concatenate(values).astype(np.float64, copy=False)
-    cols = np.ceil((t - o[row]) / s[row] - _EPS).astype(np.int64)  # `grid_columns`, per row
+    cols = grid_columns(t, o[row], s[row])
     ok = (cols >= 0) & (cols < z[row]) & np.isfinite(v)
     cells = (starts[:-1][row] + cols)[ok]
     sums = np.bincount(cells, weights=v[ok], minlength=total)
