@@ -148,15 +148,6 @@ class Amount:
         return value + unit
 
 
-def spread(usd_per_day: float, hours: float) -> float:
-    """A $/day rate over `hours`: rate / 24 x hours. Cost and waste totals do not spread a rate: a job's and
-    a period's follow the dated price book (`book_cost`, `waste_of_cost`), which equals this while one price
-    holds."""
-    if not math.isfinite(usd_per_day):
-        raise ValueError(f"a rate must be a finite number of dollars per day, got {usd_per_day!r}")
-    return usd_per_day / HOURS_PER_DAY * _non_negative("hours", hours)
-
-
 #: Why a job's cost (and so its waste) is unknown: the evaluation found no price in the book.
 NO_PRICE_REASON = "no price for the job's GPU model and tier"
 
@@ -281,12 +272,6 @@ def window_cost(
         gpu_hours=sum(segment.gpu_hours for segment in segments),
         segments=tuple(segments),
     )
-
-
-def book_start(prices: Iterable[tuple[datetime | date, float]], like: datetime) -> datetime | None:
-    """When the price book starts (its earliest `effective_from`, in `like`'s timezone when it is a date);
-    None for an empty book."""
-    return min((_as_datetime(effective_from, like) for effective_from, _ in prices), default=None)
 
 
 def book_cost(

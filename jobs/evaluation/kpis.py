@@ -531,8 +531,8 @@ def _cost(
         k.notes.append(f"no price in the price book for {label}")
         return
     usable = sorted(prices)
-    first = costs.book_start(usable, start)
-    if first is not None and first > start:
+    first = usable[0][0]
+    if first > start:
         # The book starts after the job did: costs.book_cost charges the earliest known price for the
         # hours before it (the same rule as a period's cost, jobs.evaluation.totals); say so on the job.
         k.notes.append(f"the price book for {label} starts {first:%Y-%m-%d}; earlier hours use that price")

@@ -20,7 +20,7 @@ jobs, so the SQL is a fast copy of this module, not a second definition.
   the stored cost $/day (`costs.waste_share`: the share of spend wasted, which does not depend on the
   price); the "at least" lower bound (the idle waste, when MFU is unknown) is its share x the cost inside
   the same way (`costs.waste_of_cost`, which the job's total waste uses too, of `Job.cost_usd`). Over a
-  window with one price this is the stored rate / 24 x hours (`costs.spread`).
+  window with one price this is the stored rate / 24 x hours.
 * a cost is unknown (None; counted apart, never $0) when the evaluation found no price (stored cost rate
   None) or the book has no entry for the job's GPU model and tier; its waste is then unknown too. A waste
   that is unknown (no MFU) contributes its stated lower bound and keeps the "at least" mark. A stored cost

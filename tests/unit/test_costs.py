@@ -93,13 +93,11 @@ def test_book_cost_charges_the_earliest_price_for_hours_before_the_book_starts()
     result = costs.book_cost(book, T0, T0 + timedelta(hours=8), gpus=2)
     assert result.usd == pytest.approx(36.0) and result.gpu_hours == pytest.approx(16.0)
     assert [s.usd_per_gpu_hour for s in result.segments] == [2.0, 3.0]
-    assert costs.book_start(book, T0) == T0 + timedelta(hours=4)
     # A window after the book starts is window_cost's answer unchanged.
     later = costs.book_cost(book, T0 + timedelta(hours=5), T0 + timedelta(hours=7), gpus=1)
     assert later == costs.window_cost(book, T0 + timedelta(hours=5), T0 + timedelta(hours=7), gpus=1)
     with pytest.raises(ValueError, match="no prices given"):
         costs.book_cost([], T0, T0 + timedelta(hours=1), gpus=1)
-    assert costs.book_start([], T0) is None
 
 
 def test_waste_share_is_the_share_of_spend_wasted_and_none_for_a_zero_rate() -> None:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.evaluation.costs import Amount, spread, waste_of_cost
+from jobs.evaluation.costs import Amount, waste_of_cost
 from jobs.evaluation.totals import (
     JobRates,
     cost_inside,
@@ -112,14 +112,6 @@ def test_waste_inside_is_exact_at_least_or_unknown() -> None:
     assert bounded == Amount(12.0, lower_bound=True, reason="MFU unknown")
     unknown = waste_inside(_job(waste_per_day_usd=None, waste_lower_bound_per_day_usd=None), T0, T0 + H, "x")
     assert unknown.usd is None and unknown.reason == "x"
-
-
-def test_spread_is_the_rate_over_hours_and_refuses_nonsense() -> None:
-    assert spread(48.0, 36.0) == pytest.approx(72.0)
-    with pytest.raises(ValueError, match="hours must not be negative"):
-        spread(48.0, -1.0)
-    with pytest.raises(ValueError, match="finite"):
-        spread(float("nan"), 1.0)
 
 
 def test_a_jobs_total_waste_is_its_waste_inside_its_whole_run() -> None:
