@@ -89,39 +89,23 @@ _KEEP = object()  # store_poll: keep the job's energy from the last read
 
 
 def store_poll(
-    job: Job,
-    sigs: JobSignals,
-    end: float,
-    now: datetime,
-    client: PrometheusClient | None,
-    *,
+    job: Job, sigs: JobSignals, end: float, now: datetime, client: PrometheusClient | None, *,
     energy_j: object = _KEEP,
-    archived_rows: bool = False,
-    derived_out: list[Any] | None = None,
-    neighbours: Neighbours | None = None,
-    cycle: CycleContext | None = None,
-    snapshot_rows: Sequence[archive.SnapshotRow] | None = None,
-) -> Job:
+) -> Job:  # fmt: skip
     """Archive one poll's signals, re-evaluate the job and advance `data_until` to where its data has
     settled (`settled_data_until`); then the diagnosis (when due) and the alert rules.
 
     The per-job path (`poll_job`); the cycle stores its jobs a batch at a time (`_store_batch`), each job
-    through the same `_store_locked`. `archived_rows=True`: the job's rows are written already (the cycle
-    merges every job's rows in one `archive.upsert`); `derived_out` collects the derived rows to merge
-    them once too; `neighbours` is the cycle's sharing index (jobs.evaluation.sharing.Neighbours);
-    `snapshot_rows`: the job's archive as the cycle read it for a batch of jobs after that write
-    (`archive.Snapshot.rows_of`, #26 item 2), instead of a read of its own."""
+    through the same `_store_locked`, with its rows archived already, its snapshot read for the batch and
+    the cycle's sharing index and shared reads."""
     with transaction.atomic():
         job = _locked([job.pk])[job.pk]
-        step = _store_locked(job, sigs, end, now, client, energy_j=energy_j, archived_rows=archived_rows,
-                             neighbours=neighbours, cycle=cycle, snapshot_rows=snapshot_rows)  # fmt: skip
-        if derived_out is None:
-            archive.upsert(step.derived)
-        else:
-            derived_out.extend(step.derived)
+        step = _store_locked(job, sigs, end, now, client, energy_j=energy_j, archived_rows=False,
+                             neighbours=None, cycle=None, snapshot_rows=None)  # fmt: skip
+        archive.upsert(step.derived)
         # Only the columns this poll changed (the evaluation's JSON is most of the row and often the same).
         job.save(update_fields=_changed_columns(job, step.stored))
-    _after_store(step, now, cycle)
+    _after_store(step, now, None)
     return job
 
 
