@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from jobs.metrics.archive import CHUNK_POINTS, EXTREMES, Points
-from jobs.metrics.archive.write import _chunk_level, _coarser, _coarser_level
+from jobs.metrics.archive.write import _chunk_level, _coarser_level
 
 SPAN = 30 * CHUNK_POINTS  # 7,200 s: one 30 s chunk
 T0 = 1_780_000_000 // SPAN * SPAN
@@ -70,17 +70,6 @@ def test_a_coarse_point_from_two_fine_steps_of_one_stat_takes_the_later_steps_va
     coarse = _coarser_level(level.keys, level.values, level.mask)
     column = (T0 - T0 // TIER * TIER) // 300
     assert len(coarse.keys) == 1 and coarse.values[0, column] == np.float32(0.75)
-
-
-def test_the_dict_form_gives_the_same_coarse_points_as_lines() -> None:
-    times = T0 + SPAN + 30.0 * np.array([-2, -1, 0, 1, 2])
-    level = _chunk_level([_line(times, [0.125, 0.25, 0.5, 0.75, 1.0], stat="min")])
-    merged = dict(zip(level.keys, level.values, strict=True))
-    written = dict(zip(level.keys, level.mask, strict=True))
-    (line,) = _coarser(merged, written)
-    assert (line.stat, line.step) == ("min", 300)
-    np.testing.assert_array_equal(line.times, [T0 + SPAN, T0 + SPAN + 300.0])
-    np.testing.assert_array_equal(line.values, np.asarray([0.125, 0.75], dtype=np.float32))
 
 
 def test_rows_for_gives_one_line_per_gpu_with_a_value_at_the_per_gpu_step() -> None:

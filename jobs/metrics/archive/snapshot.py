@@ -23,11 +23,7 @@ from jobs.metrics.archive.read import (
     _assemble,
     _per_gpu_series,
 )
-from jobs.metrics.archive.write import (
-    _chunked,
-    _coarser,
-    _merge,
-)
+from jobs.metrics.archive.write import _chunk_level, _coarser_level, _Level
 from jobs.metrics.signals import JobSignals, SignalSeries
 from jobs.models import Job, JobSeries
 
@@ -153,13 +149,18 @@ class Snapshot:
             keep = frozenset(only)
             self._stale |= {r.signal for r in level if r.signal not in keep}
             level = [r for r in level if r.signal in keep]
-        while level:
-            new, mask = _chunked(level)
-            old = {k: _padded(held.chunk.blob) for k in new if (held := self._get(k[1:])) is not None}
-            merged = _merge(new, old)
-            for key, arr in merged.items():
-                self._put(key[1:], arr)
-            level = [p for p in _coarser(merged, mask) if p.stat not in EXTREMES]
+        chunks = _chunk_level(level)
+        while chunks.keys:
+            # New values over the held ones: a NaN (nothing written there) keeps the held value, as `upsert`.
+            merged = chunks.values.copy()
+            for i, key in enumerate(chunks.keys):
+                held = self._get(key[1:])
+                if held is not None:
+                    merged[i] = np.where(np.isnan(merged[i]), _padded(held.chunk.blob), merged[i])
+                self._put(key[1:], merged[i])
+            coarse = _coarser_level(chunks.keys, merged, chunks.mask)
+            kept = [i for i, key in enumerate(coarse.keys) if key[2] not in EXTREMES]
+            chunks = _Level([coarse.keys[i] for i in kept], coarse.values[kept], coarse.mask[kept])
 
     def _put(self, key: _HeldKey, arr: np.ndarray) -> None:
         signal, stat, gpu_key, step, start = key

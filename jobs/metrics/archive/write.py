@@ -29,7 +29,7 @@ from jobs.metrics.downsample import MEAN_HIGH, MEAN_LOW
 from jobs.metrics.signals import COUNT, MAX, MIN, SAMPLED
 from jobs.models import JobSeries
 
-#: Lines `_chunked` places per numpy pass: bounds its (chunks x CHUNK_POINTS) matrices on a 4k-GPU cycle.
+#: Lines `_chunk_level` places per numpy pass: bounds its (chunks x CHUNK_POINTS) matrices on a 4k-GPU cycle.
 _CHUNK_BATCH = 2048
 
 
@@ -446,38 +446,3 @@ def _merge_all(level: _Level) -> tuple[np.ndarray, np.ndarray]:
         moved[rows] = ~((out == prev) | (np.isnan(out) & np.isnan(prev)))
         merged[rows] = out
     return merged, moved
-
-
-# The dict-of-chunks forms of the same steps, for Snapshot.merge (jobs.metrics.archive.snapshot), which
-# applies a write to one job's held chunks as `upsert` applies it to the table.
-
-
-def _chunked(rows: Iterable[Points]) -> tuple[dict[_Key, np.ndarray], dict[_Key, np.ndarray]]:
-    """`_chunk_level` as {key: values} and {key: mask of the points written}."""
-    level = _chunk_level(rows)
-    return dict(zip(level.keys, level.values, strict=True)), dict(zip(level.keys, level.mask, strict=True))
-
-
-def _coarser(merged: dict[_Key, np.ndarray], written: dict[_Key, np.ndarray]) -> list[Points]:
-    """`_coarser_level` of {key: merged values} as the lines of the next level (one per coarse chunk)."""
-    keys = list(merged)
-    if not keys:
-        return []
-    level = _coarser_level(keys, np.stack([merged[k] for k in keys]), np.stack([written[k] for k in keys]))
-    out = []
-    for (job_id, signal, stat, gpu_key, step, start), values, mask in zip(
-        level.keys, level.values, level.mask, strict=True
-    ):
-        cols = np.flatnonzero(mask)
-        times = start + step * (cols + 1).astype(np.float64)
-        out.append(Points(job_id, signal, stat, gpu_key, step, times, values[cols].astype(np.float64)))
-    return out
-
-
-def _merge(new: dict[_Key, np.ndarray], old: dict[_Key, np.ndarray]) -> dict[_Key, np.ndarray]:
-    """New chunk values over the stored ones: a NaN (nothing written there) keeps the stored value."""
-    merged = {}
-    for key, arr in new.items():
-        prev = old.get(key)
-        merged[key] = arr if prev is None else np.where(np.isnan(arr), prev, arr).astype(_F4)
-    return merged
