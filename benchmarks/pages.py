@@ -249,16 +249,12 @@ def _poll_write(job: Job) -> None:
 
 
 def _fill_jobs(n: int) -> None:
-    from jobs.models import GpuModel, Job, Team
+    from jobs.models import GpuModel, Job, PriceEntry, Team
 
     rng = np.random.default_rng(3)
     teams = [Team.objects.create(slug=f"team-{i:02d}", name=f"Team {i:02d}") for i in range(20)]
     # GPU models with a price in the default tier, at their latest price: a period's cost follows the dated
     # book (jobs.evaluation.totals), so jobs on models the seed does not price would all read "no price".
-    from django.conf import settings
-
-    from jobs.models import PriceEntry
-
     priced = (
         PriceEntry.objects.filter(tier=settings.DEFAULT_PRICE_TIER)
         .order_by("gpu_model_id", "-effective_from")
